@@ -1,0 +1,241 @@
+//! The fencelock state machine: a lock table that applies committed commands
+//! in order and issues fencing tokens.
+//!
+//! This is the crate to reuse on its own. [`LockTable::apply`] is a pure
+//! function of the table and one command: no clock, no I/O, no raft, no
+//! threads, no randomness. Replicas that apply the same commands in the same
+//! order hold equal tables and produce byte-identical snapshots.
+//!
+//! Architecture invariants:
+//! - Fencing tokens come from a counter that is part of the table (and of its
+//!   snapshot). Every Granted token is greater than every token issued before
+//!   it, and a token is never issued twice, across snapshot and restore too.
+//! - A key has at most one holder. Expire, and Release or Renew with a token,
+//!   act only while that token holds the key, so a late or duplicated command
+//!   never touches a newer lock.
+//! - Lock outcomes are values in [`ApplyResult`]; `apply` never fails and
+//!   never panics on a command, however it was decoded. Bytes that are not a
+//!   valid command give [`ApplyResult::Invalid`], the same on every replica.
+//! - Leases are lengths here, not deadlines: this crate never reads a clock.
+//!   A lock leaves the table only by a committed Release or Expire.
+//!
+//! Using the state machine alone:
+//!
+//! ```
+//! use fencelock_fsm::LockTable;
+//! use fencelock_types::{ApplyResult, Command, Key, LeaseMs, Owner};
+//!
+//! let mut table = LockTable::new();
+//! let key = Key::new(b"jobs/nightly".to_vec())?;
+//! let grant = |owner: &[u8]| Command::Grant {
+//!     key: key.clone(),
+//!     lease_ms: LeaseMs::new(10_000).unwrap(),
+//!     owner: Owner::new(owner.to_vec()).unwrap(),
+//! };
+//!
+//! let ApplyResult::Granted { token, .. } = table.apply(grant(b"worker-1")) else {
+//!     panic!("a free key is granted");
+//! };
+//! // Another owner is turned away; the holder's retry gets its own token back.
+//! assert_eq!(table.apply(grant(b"worker-2")), ApplyResult::GrantRejected { holder_token: token });
+//! assert!(matches!(table.apply(grant(b"worker-1")), ApplyResult::Granted { existing: true, .. }));
+//!
+//! // The lease runs out: the leader's Expire removes the lock, and the next
+//! // holder gets a greater token, which the protected resource can check.
+//! table.apply(Command::Expire { key: key.clone(), token });
+//! let ApplyResult::Granted { token: next, .. } = table.apply(grant(b"worker-2")) else {
+//!     panic!("an expired key is granted again");
+//! };
+//! assert!(next > token);
+//!
+//! // A replica restored from a snapshot carries on exactly the same way.
+//! let replica = LockTable::restore(&table.snapshot())?;
+//! assert_eq!(replica, table);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod snapshot;
+
+pub use snapshot::{SnapshotError, SNAPSHOT_VERSION};
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use fencelock_types::{
+    decode_batch, ApplyResult, Command, FencingToken, InvalidReason, Key, LeaseMs, Owner,
+};
+
+/// One held lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lock {
+    pub token: FencingToken,
+    pub owner: Owner,
+    /// The lease of the last Grant or Renew, as a length: each node turns it
+    /// into a deadline on its own clock.
+    pub lease_ms: LeaseMs,
+}
+
+/// The replicated lock table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LockTable {
+    // A BTreeMap, so that listings and snapshots come out in one order on
+    // every replica.
+    locks: BTreeMap<Key, Lock>,
+    last_token: Option<FencingToken>,
+}
+
+impl LockTable {
+    /// An empty table that has issued no token.
+    pub fn new() -> LockTable {
+        LockTable::default()
+    }
+
+    /// Applies one committed command.
+    pub fn apply(&mut self, command: Command) -> ApplyResult {
+        match command {
+            Command::Grant {
+                key,
+                lease_ms,
+                owner,
+            } => self.grant(key, lease_ms, owner),
+            Command::Release { key, token } => self.release(&key, token),
+            Command::Expire { key, token } => self.expire(&key, token),
+            Command::Renew {
+                key,
+                token,
+                lease_ms,
+            } => self.renew(&key, token, lease_ms),
+            Command::Noop => ApplyResult::Noop,
+        }
+    }
+
+    /// Applies the payload of one committed log entry: a command batch, one
+    /// result per command, in order. Bytes that are not a batch give a single
+    /// [`InvalidReason::Undecodable`] result and change nothing.
+    pub fn apply_entry(&mut self, data: &[u8]) -> Vec<ApplyResult> {
+        let mut results = Vec::new();
+        self.apply_entry_into(data, &mut results);
+        results
+    }
+
+    /// Like [`LockTable::apply_entry`], appending to `results` so that a
+    /// caller can reuse one buffer.
+    pub fn apply_entry_into(&mut self, data: &[u8], results: &mut Vec<ApplyResult>) {
+        match decode_batch(data) {
+            Ok(commands) => results.extend(commands.into_iter().map(|command| match command {
+                Ok(command) => self.apply(command),
+                Err(reason) => ApplyResult::Invalid { reason },
+            })),
+            Err(reason) => results.push(ApplyResult::Invalid { reason }),
+        }
+    }
+
+    /// The lock on `key`, if one is held.
+    pub fn holder(&self, key: &[u8]) -> Option<&Lock> {
+        self.locks.get(key)
+    }
+
+    /// Up to `limit` held locks whose keys start with `prefix`, in key order.
+    pub fn list<'a>(
+        &'a self,
+        prefix: &'a [u8],
+        limit: usize,
+    ) -> impl Iterator<Item = (&'a Key, &'a Lock)> + 'a {
+        self.locks
+            .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
+            .take_while(move |(key, _)| key.as_bytes().starts_with(prefix))
+            .take(limit)
+    }
+
+    /// The number of locks held.
+    pub fn len(&self) -> usize {
+        self.locks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.locks.is_empty()
+    }
+
+    /// The last token issued, `None` before the first grant.
+    pub fn last_token(&self) -> Option<FencingToken> {
+        self.last_token
+    }
+
+    fn grant(&mut self, key: Key, lease_ms: LeaseMs, owner: Owner) -> ApplyResult {
+        if let Some(lock) = self.locks.get_mut(&key) {
+            if lock.owner != owner {
+                return ApplyResult::GrantRejected {
+                    holder_token: lock.token,
+                };
+            }
+            // A retry by the holder: same token, lease restarted.
+            lock.lease_ms = lease_ms;
+            return ApplyResult::Granted {
+                token: lock.token,
+                lease_ms,
+                existing: true,
+            };
+        }
+        let token = match self.last_token {
+            None => FencingToken::FIRST,
+            Some(last) => match last.next() {
+                Some(token) => token,
+                None => {
+                    return ApplyResult::Invalid {
+                        reason: InvalidReason::TokensExhausted,
+                    }
+                }
+            },
+        };
+        assert!(
+            self.last_token < Some(token),
+            "fencing tokens never go backwards"
+        );
+        self.last_token = Some(token);
+        self.locks.insert(
+            key,
+            Lock {
+                token,
+                owner,
+                lease_ms,
+            },
+        );
+        ApplyResult::Granted {
+            token,
+            lease_ms,
+            existing: false,
+        }
+    }
+
+    fn release(&mut self, key: &Key, token: Option<FencingToken>) -> ApplyResult {
+        match self.locks.get(key) {
+            Some(lock) if token.is_none_or(|token| token == lock.token) => {
+                let token = lock.token;
+                self.locks.remove(key);
+                ApplyResult::Released { token }
+            }
+            _ => ApplyResult::NotFound,
+        }
+    }
+
+    fn expire(&mut self, key: &Key, token: FencingToken) -> ApplyResult {
+        let existed = self.locks.get(key).is_some_and(|lock| lock.token == token);
+        if existed {
+            self.locks.remove(key);
+        }
+        ApplyResult::Expired { existed }
+    }
+
+    fn renew(&mut self, key: &Key, token: FencingToken, lease_ms: LeaseMs) -> ApplyResult {
+        match self.locks.get_mut(key) {
+            Some(lock) if lock.token == token => {
+                lock.lease_ms = lease_ms;
+                ApplyResult::Renewed { token, lease_ms }
+            }
+            _ => ApplyResult::NotFound,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

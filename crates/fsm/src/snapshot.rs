@@ -1,0 +1,160 @@
+//! The snapshot format of the lock table, a permanent format.
+//!
+//! ```text
+//! offset  size  field
+//!      0     4  magic "FLKT"
+//!      4     2  format version, little-endian (1)
+//!      6     2  reserved, must be 0
+//!      8     8  body length in bytes, little-endian
+//!     16     4  CRC-32 (IEEE) of the body, little-endian
+//!     20     n  body: a protobuf `fencelock.TableSnapshot`
+//! ```
+//!
+//! The body lists the locks in ascending key order, so equal tables give
+//! equal bytes. Restoring checks everything (length, checksum, each record,
+//! key order, token uniqueness, the token counter) before it builds the table,
+//! so a corrupt snapshot gives an error and never a half-restored table.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use fencelock_types::{pb, FencingToken, InvalidReason, Key, LeaseMs, Owner};
+use protobuf::Message;
+
+use crate::{Lock, LockTable};
+
+/// The snapshot format version this build writes. It reads this one only.
+pub const SNAPSHOT_VERSION: u16 = 1;
+
+const MAGIC: [u8; 4] = *b"FLKT";
+const HEADER_LEN: usize = 20;
+
+/// Why bytes could not be restored as a lock table.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("snapshot is {len} bytes, shorter than its {HEADER_LEN}-byte header")]
+    TooShort { len: usize },
+    #[error("not a lock-table snapshot (bad magic)")]
+    BadMagic,
+    #[error("snapshot format version {0} is not supported (this build reads {SNAPSHOT_VERSION})")]
+    UnsupportedVersion(u16),
+    #[error("snapshot header has reserved bits set ({0:#06x})")]
+    ReservedBits(u16),
+    #[error("snapshot body is {actual} bytes, header says {declared}")]
+    LengthMismatch { declared: u64, actual: u64 },
+    #[error("snapshot checksum mismatch")]
+    Checksum,
+    #[error("snapshot body is not a TableSnapshot: {0}")]
+    Protobuf(String),
+    #[error("lock record {index} is invalid: {reason}")]
+    InvalidRecord { index: usize, reason: InvalidReason },
+    #[error("lock record {index} is out of key order")]
+    KeysOutOfOrder { index: usize },
+    #[error("lock record {index} repeats token {token}")]
+    DuplicateToken { index: usize, token: FencingToken },
+    #[error("lock record {index} holds token {token}, past the last issued token")]
+    TokenPastLast { index: usize, token: FencingToken },
+}
+
+impl LockTable {
+    /// Encodes the table as a snapshot. Equal tables give equal bytes.
+    pub fn snapshot(&self) -> Vec<u8> {
+        let body = pb::TableSnapshot {
+            last_token: self.last_token.map_or(0, FencingToken::get),
+            locks: self
+                .locks
+                .iter()
+                .map(|(key, lock)| pb::LockRecord {
+                    key: key.as_bytes().to_vec(),
+                    token: lock.token.get(),
+                    owner: lock.owner.as_bytes().to_vec(),
+                    lease_ms: lock.lease_ms.get(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+        .write_to_bytes()
+        .expect("encoding a TableSnapshot into a Vec cannot fail");
+
+        let mut bytes = Vec::with_capacity(HEADER_LEN + body.len());
+        bytes.extend_from_slice(&MAGIC);
+        bytes.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
+        bytes.extend_from_slice(&0u16.to_le_bytes());
+        bytes.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+        bytes.extend_from_slice(&body);
+        bytes
+    }
+
+    /// Rebuilds a table from [`LockTable::snapshot`] bytes, or says why not.
+    pub fn restore(bytes: &[u8]) -> Result<LockTable, SnapshotError> {
+        let body = check_header(bytes)?;
+        let snapshot = pb::TableSnapshot::parse_from_bytes(body)
+            .map_err(|err| SnapshotError::Protobuf(err.to_string()))?;
+        let last_token = FencingToken::new(snapshot.last_token);
+
+        let mut locks = BTreeMap::new();
+        let mut tokens = BTreeSet::new();
+        let mut previous_key: Option<Key> = None;
+        for (index, record) in snapshot.locks.into_iter().enumerate() {
+            let invalid = |reason| SnapshotError::InvalidRecord { index, reason };
+            let key = Key::new(record.key).map_err(invalid)?;
+            let owner = Owner::new(record.owner).map_err(invalid)?;
+            let lease_ms = LeaseMs::new(record.lease_ms).map_err(invalid)?;
+            let token = FencingToken::new(record.token).ok_or(invalid(InvalidReason::ZeroToken))?;
+            if previous_key
+                .as_ref()
+                .is_some_and(|previous| *previous >= key)
+            {
+                return Err(SnapshotError::KeysOutOfOrder { index });
+            }
+            if last_token.is_none_or(|last| token > last) {
+                return Err(SnapshotError::TokenPastLast { index, token });
+            }
+            if !tokens.insert(token) {
+                return Err(SnapshotError::DuplicateToken { index, token });
+            }
+            previous_key = Some(key.clone());
+            locks.insert(
+                key,
+                Lock {
+                    token,
+                    owner,
+                    lease_ms,
+                },
+            );
+        }
+        Ok(LockTable { locks, last_token })
+    }
+}
+
+/// Checks the header and returns the body.
+fn check_header(bytes: &[u8]) -> Result<&[u8], SnapshotError> {
+    let Some((header, body)) = bytes.split_first_chunk::<HEADER_LEN>() else {
+        return Err(SnapshotError::TooShort { len: bytes.len() });
+    };
+    let (magic, rest) = header.split_at(4);
+    if magic != MAGIC {
+        return Err(SnapshotError::BadMagic);
+    }
+    let version = u16::from_le_bytes([rest[0], rest[1]]);
+    if version != SNAPSHOT_VERSION {
+        return Err(SnapshotError::UnsupportedVersion(version));
+    }
+    let reserved = u16::from_le_bytes([rest[2], rest[3]]);
+    if reserved != 0 {
+        return Err(SnapshotError::ReservedBits(reserved));
+    }
+    let mut len = [0; 8];
+    len.copy_from_slice(&rest[4..12]);
+    let declared = u64::from_le_bytes(len);
+    let actual = body.len() as u64;
+    if declared != actual {
+        return Err(SnapshotError::LengthMismatch { declared, actual });
+    }
+    let crc = u32::from_le_bytes([rest[12], rest[13], rest[14], rest[15]]);
+    if crc32fast::hash(body) != crc {
+        return Err(SnapshotError::Checksum);
+    }
+    Ok(body)
+}

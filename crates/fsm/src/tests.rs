@@ -1,0 +1,733 @@
+//! Tests of the lock table: examples of each command, properties over random
+//! histories checked against a reference model, and snapshot corruption.
+
+use fencelock_types::{
+    encode_batch, pb, ApplyResult, Command, FencingToken, InvalidReason, Key, LeaseMs, Owner,
+};
+use proptest::prelude::*;
+use protobuf::Message;
+
+use crate::{LockTable, SnapshotError};
+
+fn key(name: &str) -> Key {
+    Key::new(name.as_bytes().to_vec()).unwrap()
+}
+
+fn owner(name: &str) -> Owner {
+    Owner::new(name.as_bytes().to_vec()).unwrap()
+}
+
+fn lease(ms: u64) -> LeaseMs {
+    LeaseMs::new(ms).unwrap()
+}
+
+fn token(value: u64) -> FencingToken {
+    FencingToken::new(value).unwrap()
+}
+
+fn grant(k: &str, o: &str) -> Command {
+    Command::Grant {
+        key: key(k),
+        lease_ms: lease(1000),
+        owner: owner(o),
+    }
+}
+
+fn granted(table: &mut LockTable, k: &str, o: &str) -> FencingToken {
+    match table.apply(grant(k, o)) {
+        ApplyResult::Granted { token, .. } => token,
+        other => panic!("expected Granted, got {other:?}"),
+    }
+}
+
+#[test]
+fn tokens_start_at_one_and_increase_across_keys() {
+    let mut table = LockTable::new();
+    assert_eq!(table.last_token(), None);
+    assert_eq!(granted(&mut table, "a", "o1"), token(1));
+    assert_eq!(granted(&mut table, "b", "o1"), token(2));
+    assert_eq!(
+        table.apply(Command::Release {
+            key: key("a"),
+            token: Some(token(1))
+        }),
+        ApplyResult::Released { token: token(1) }
+    );
+    assert_eq!(granted(&mut table, "a", "o2"), token(3));
+    assert_eq!(table.last_token(), Some(token(3)));
+    assert_eq!(table.len(), 2);
+}
+
+#[test]
+fn grant_by_the_holder_is_idempotent_and_restarts_the_lease() {
+    let mut table = LockTable::new();
+    let first = granted(&mut table, "a", "o1");
+    let retry = table.apply(Command::Grant {
+        key: key("a"),
+        lease_ms: lease(5000),
+        owner: owner("o1"),
+    });
+    assert_eq!(
+        retry,
+        ApplyResult::Granted {
+            token: first,
+            lease_ms: lease(5000),
+            existing: true
+        }
+    );
+    assert_eq!(table.holder(b"a").unwrap().lease_ms, lease(5000));
+    // No token was burnt by the retry.
+    assert_eq!(table.last_token(), Some(first));
+}
+
+#[test]
+fn grant_by_another_owner_is_rejected() {
+    let mut table = LockTable::new();
+    let first = granted(&mut table, "a", "o1");
+    assert_eq!(
+        table.apply(grant("a", "o2")),
+        ApplyResult::GrantRejected {
+            holder_token: first
+        }
+    );
+    assert_eq!(table.holder(b"a").unwrap().owner, owner("o1"));
+}
+
+#[test]
+fn release_with_a_stale_token_cannot_free_the_successor() {
+    let mut table = LockTable::new();
+    let old = granted(&mut table, "a", "o1");
+    table.apply(Command::Expire {
+        key: key("a"),
+        token: old,
+    });
+    let new = granted(&mut table, "a", "o2");
+    assert_eq!(
+        table.apply(Command::Release {
+            key: key("a"),
+            token: Some(old)
+        }),
+        ApplyResult::NotFound
+    );
+    assert_eq!(table.holder(b"a").unwrap().token, new);
+}
+
+#[test]
+fn force_release_removes_whoever_holds_the_key() {
+    let mut table = LockTable::new();
+    let held = granted(&mut table, "a", "o1");
+    assert_eq!(
+        table.apply(Command::Release {
+            key: key("a"),
+            token: None
+        }),
+        ApplyResult::Released { token: held }
+    );
+    assert_eq!(
+        table.apply(Command::Release {
+            key: key("a"),
+            token: None
+        }),
+        ApplyResult::NotFound
+    );
+    assert!(table.is_empty());
+}
+
+#[test]
+fn late_and_duplicate_expires_change_nothing() {
+    let mut table = LockTable::new();
+    let old = granted(&mut table, "a", "o1");
+    assert_eq!(
+        table.apply(Command::Expire {
+            key: key("a"),
+            token: old
+        }),
+        ApplyResult::Expired { existed: true }
+    );
+    assert_eq!(
+        table.apply(Command::Expire {
+            key: key("a"),
+            token: old
+        }),
+        ApplyResult::Expired { existed: false }
+    );
+    let new = granted(&mut table, "a", "o1");
+    // The same owner acquiring again after expiry gets a new, greater token.
+    assert!(new > old);
+    assert_eq!(
+        table.apply(Command::Expire {
+            key: key("a"),
+            token: old
+        }),
+        ApplyResult::Expired { existed: false }
+    );
+    assert_eq!(table.holder(b"a").unwrap().token, new);
+}
+
+#[test]
+fn renew_needs_the_current_token() {
+    let mut table = LockTable::new();
+    let held = granted(&mut table, "a", "o1");
+    let renew = |t| Command::Renew {
+        key: key("a"),
+        token: t,
+        lease_ms: lease(9000),
+    };
+    assert_eq!(
+        table.apply(renew(token(held.get() + 1))),
+        ApplyResult::NotFound
+    );
+    assert_eq!(table.holder(b"a").unwrap().lease_ms, lease(1000));
+    assert_eq!(
+        table.apply(renew(held)),
+        ApplyResult::Renewed {
+            token: held,
+            lease_ms: lease(9000)
+        }
+    );
+    assert_eq!(table.holder(b"a").unwrap().lease_ms, lease(9000));
+    table.apply(Command::Release {
+        key: key("a"),
+        token: Some(held),
+    });
+    assert_eq!(table.apply(renew(held)), ApplyResult::NotFound);
+}
+
+#[test]
+fn noop_is_noop() {
+    let mut table = LockTable::new();
+    granted(&mut table, "a", "o1");
+    let before = table.clone();
+    assert_eq!(table.apply(Command::Noop), ApplyResult::Noop);
+    assert_eq!(table, before);
+}
+
+#[test]
+fn list_is_ordered_prefix_scoped_and_limited() {
+    let mut table = LockTable::new();
+    for k in ["jobs/b", "jobs/a", "job", "jobs/c", "other", "jobs0"] {
+        granted(&mut table, k, "o");
+    }
+    let names = |prefix: &[u8], limit| -> Vec<String> {
+        table
+            .list(prefix, limit)
+            .map(|(k, _)| k.to_string())
+            .collect()
+    };
+    assert_eq!(names(b"jobs/", 10), ["jobs/a", "jobs/b", "jobs/c"]);
+    assert_eq!(names(b"jobs/", 2), ["jobs/a", "jobs/b"]);
+    assert_eq!(
+        names(b"job", 10),
+        ["job", "jobs/a", "jobs/b", "jobs/c", "jobs0"]
+    );
+    assert_eq!(names(b"", 100).len(), 6);
+    assert!(names(b"zzz", 10).is_empty());
+    assert!(names(b"jobs/", 0).is_empty());
+}
+
+#[test]
+fn entries_apply_in_order_with_one_result_per_command() {
+    let mut table = LockTable::new();
+    let entry = encode_batch(&[
+        grant("a", "o1"),
+        Command::Release {
+            key: key("a"),
+            token: Some(token(1)),
+        },
+        grant("a", "o2"),
+        Command::Noop,
+    ]);
+    assert_eq!(
+        table.apply_entry(&entry),
+        [
+            ApplyResult::Granted {
+                token: token(1),
+                lease_ms: lease(1000),
+                existing: false
+            },
+            ApplyResult::Released { token: token(1) },
+            ApplyResult::Granted {
+                token: token(2),
+                lease_ms: lease(1000),
+                existing: false
+            },
+            ApplyResult::Noop,
+        ]
+    );
+    assert!(table.apply_entry(&encode_batch(&[])).is_empty());
+}
+
+#[test]
+fn undecodable_entries_give_one_invalid_result_and_change_nothing() {
+    let mut table = LockTable::new();
+    granted(&mut table, "a", "o1");
+    let before = table.snapshot();
+    let results = table.apply_entry(&[0x0a, 0x7f, 0x01]);
+    assert_eq!(
+        results,
+        [ApplyResult::Invalid {
+            reason: InvalidReason::Undecodable
+        }]
+    );
+    assert_eq!(table.snapshot(), before);
+}
+
+#[test]
+fn invalid_commands_in_an_entry_do_not_stop_the_valid_ones() {
+    let mut table = LockTable::new();
+    let bad = pb::Command {
+        kind: Some(pb::Command_oneof_kind::grant(pb::Grant {
+            key: vec![b'k'; fencelock_types::KEY_LEN_MAX + 1],
+            lease_ms: 5,
+            owner: b"o".to_vec(),
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    let good = grant("a", "o1").to_pb();
+    let entry = pb::CommandBatch {
+        commands: vec![bad, good].into(),
+        ..Default::default()
+    }
+    .write_to_bytes()
+    .unwrap();
+    let results = table.apply_entry(&entry);
+    assert_eq!(
+        results[0],
+        ApplyResult::Invalid {
+            reason: InvalidReason::KeyTooLong
+        }
+    );
+    assert!(matches!(results[1], ApplyResult::Granted { .. }));
+    assert_eq!(table.len(), 1);
+}
+
+#[test]
+fn token_space_exhaustion_is_a_result_not_a_panic() {
+    let table = LockTable {
+        last_token: Some(token(u64::MAX)),
+        ..LockTable::new()
+    };
+    let mut restored = LockTable::restore(&table.snapshot()).unwrap();
+    assert_eq!(
+        restored.apply(grant("a", "o1")),
+        ApplyResult::Invalid {
+            reason: InvalidReason::TokensExhausted
+        }
+    );
+    assert!(restored.is_empty());
+}
+
+// ---------------------------------------------------------------------------
+// Snapshots
+
+fn sample_table() -> LockTable {
+    let mut table = LockTable::new();
+    for (k, o) in [("a", "o1"), ("b", "o2"), ("c", "o3"), ("d", "o1")] {
+        granted(&mut table, k, o);
+    }
+    table.apply(Command::Release {
+        key: key("b"),
+        token: None,
+    });
+    table
+}
+
+#[test]
+fn snapshot_restores_an_equal_table() {
+    let table = sample_table();
+    let restored = LockTable::restore(&table.snapshot()).unwrap();
+    assert_eq!(restored, table);
+    assert_eq!(restored.snapshot(), table.snapshot());
+    assert_eq!(
+        LockTable::restore(&LockTable::new().snapshot()).unwrap(),
+        LockTable::new()
+    );
+}
+
+#[test]
+fn every_truncation_of_a_snapshot_is_refused() {
+    let bytes = sample_table().snapshot();
+    for len in 0..bytes.len() {
+        assert!(
+            LockTable::restore(&bytes[..len]).is_err(),
+            "truncated to {len} bytes"
+        );
+    }
+    let mut longer = bytes.clone();
+    longer.push(0);
+    assert!(LockTable::restore(&longer).is_err());
+}
+
+#[test]
+fn every_single_bit_flip_in_a_snapshot_is_refused() {
+    let bytes = sample_table().snapshot();
+    for i in 0..bytes.len() {
+        for bit in 0..8 {
+            let mut corrupt = bytes.clone();
+            corrupt[i] ^= 1 << bit;
+            assert!(
+                LockTable::restore(&corrupt).is_err(),
+                "flip of bit {bit} in byte {i}"
+            );
+        }
+    }
+}
+
+/// Wraps a hand-made body in a valid header, as a buggy writer could have.
+fn framed(body: &pb::TableSnapshot) -> Vec<u8> {
+    let body = body.write_to_bytes().unwrap();
+    let mut bytes = b"FLKT".to_vec();
+    bytes.extend_from_slice(&crate::SNAPSHOT_VERSION.to_le_bytes());
+    bytes.extend_from_slice(&[0, 0]);
+    bytes.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    bytes.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    bytes.extend_from_slice(&body);
+    bytes
+}
+
+fn record(k: &str, t: u64) -> pb::LockRecord {
+    pb::LockRecord {
+        key: k.as_bytes().to_vec(),
+        token: t,
+        owner: b"o".to_vec(),
+        lease_ms: 100,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn snapshots_with_valid_checksums_but_broken_contents_are_refused() {
+    let body = |last_token, locks: Vec<pb::LockRecord>| pb::TableSnapshot {
+        last_token,
+        locks: locks.into(),
+        ..Default::default()
+    };
+    assert!(LockTable::restore(&framed(&body(2, vec![record("a", 1), record("b", 2)]))).is_ok());
+
+    let cases = [
+        (
+            body(2, vec![record("b", 1), record("a", 2)]),
+            SnapshotError::KeysOutOfOrder { index: 1 },
+        ),
+        (
+            body(2, vec![record("a", 1), record("a", 2)]),
+            SnapshotError::KeysOutOfOrder { index: 1 },
+        ),
+        (
+            body(2, vec![record("a", 2), record("b", 2)]),
+            SnapshotError::DuplicateToken {
+                index: 1,
+                token: token(2),
+            },
+        ),
+        (
+            body(1, vec![record("a", 1), record("b", 2)]),
+            SnapshotError::TokenPastLast {
+                index: 1,
+                token: token(2),
+            },
+        ),
+        (
+            body(0, vec![record("a", 1)]),
+            SnapshotError::TokenPastLast {
+                index: 0,
+                token: token(1),
+            },
+        ),
+        (
+            body(3, vec![record("a", 0)]),
+            SnapshotError::InvalidRecord {
+                index: 0,
+                reason: InvalidReason::ZeroToken,
+            },
+        ),
+        (
+            body(3, vec![record("", 1)]),
+            SnapshotError::InvalidRecord {
+                index: 0,
+                reason: InvalidReason::EmptyKey,
+            },
+        ),
+        (
+            body(
+                3,
+                vec![pb::LockRecord {
+                    lease_ms: 0,
+                    ..record("a", 1)
+                }],
+            ),
+            SnapshotError::InvalidRecord {
+                index: 0,
+                reason: InvalidReason::ZeroLease,
+            },
+        ),
+        (
+            body(
+                3,
+                vec![pb::LockRecord {
+                    owner: Vec::new(),
+                    ..record("a", 1)
+                }],
+            ),
+            SnapshotError::InvalidRecord {
+                index: 0,
+                reason: InvalidReason::EmptyOwner,
+            },
+        ),
+    ];
+    for (body, expected) in cases {
+        assert_eq!(LockTable::restore(&framed(&body)), Err(expected));
+    }
+}
+
+#[test]
+fn snapshot_header_errors_are_specific() {
+    let bytes = sample_table().snapshot();
+    let mut magic = bytes.clone();
+    magic[0] = b'X';
+    assert_eq!(LockTable::restore(&magic), Err(SnapshotError::BadMagic));
+    let mut version = bytes.clone();
+    version[4] = 9;
+    assert_eq!(
+        LockTable::restore(&version),
+        Err(SnapshotError::UnsupportedVersion(9))
+    );
+    assert_eq!(
+        LockTable::restore(&bytes[..3]),
+        Err(SnapshotError::TooShort { len: 3 })
+    );
+    let mut body = bytes.clone();
+    let last = body.len() - 1;
+    body[last] ^= 0xff;
+    assert_eq!(LockTable::restore(&body), Err(SnapshotError::Checksum));
+}
+
+// ---------------------------------------------------------------------------
+// Properties over random histories
+
+/// A deliberately naive model of the lock table: a vector scanned linearly.
+#[derive(Default)]
+struct Model {
+    locks: Vec<(Key, FencingToken, Owner, LeaseMs)>,
+    last_token: u64,
+}
+
+impl Model {
+    fn position(&self, key: &Key) -> Option<usize> {
+        self.locks.iter().position(|(k, ..)| k == key)
+    }
+
+    fn apply(&mut self, command: &Command) -> ApplyResult {
+        match command.clone() {
+            Command::Grant {
+                key,
+                lease_ms,
+                owner,
+            } => match self.position(&key) {
+                Some(i) if self.locks[i].2 == owner => {
+                    self.locks[i].3 = lease_ms;
+                    ApplyResult::Granted {
+                        token: self.locks[i].1,
+                        lease_ms,
+                        existing: true,
+                    }
+                }
+                Some(i) => ApplyResult::GrantRejected {
+                    holder_token: self.locks[i].1,
+                },
+                None => {
+                    self.last_token += 1;
+                    let t = token(self.last_token);
+                    self.locks.push((key, t, owner, lease_ms));
+                    ApplyResult::Granted {
+                        token: t,
+                        lease_ms,
+                        existing: false,
+                    }
+                }
+            },
+            Command::Release { key, token } => match self.position(&key) {
+                Some(i) if token.is_none() || token == Some(self.locks[i].1) => {
+                    ApplyResult::Released {
+                        token: self.locks.remove(i).1,
+                    }
+                }
+                _ => ApplyResult::NotFound,
+            },
+            Command::Expire { key, token } => match self.position(&key) {
+                Some(i) if self.locks[i].1 == token => {
+                    self.locks.remove(i);
+                    ApplyResult::Expired { existed: true }
+                }
+                _ => ApplyResult::Expired { existed: false },
+            },
+            Command::Renew {
+                key,
+                token,
+                lease_ms,
+            } => match self.position(&key) {
+                Some(i) if self.locks[i].1 == token => {
+                    self.locks[i].3 = lease_ms;
+                    ApplyResult::Renewed { token, lease_ms }
+                }
+                _ => ApplyResult::NotFound,
+            },
+            Command::Noop => ApplyResult::Noop,
+        }
+    }
+}
+
+fn arb_key() -> impl Strategy<Value = Key> {
+    prop::sample::select(vec!["a", "b", "c", "ab"]).prop_map(key)
+}
+
+fn arb_owner() -> impl Strategy<Value = Owner> {
+    prop::sample::select(vec!["o1", "o2", "o3"]).prop_map(owner)
+}
+
+fn arb_lease() -> impl Strategy<Value = LeaseMs> {
+    prop::sample::select(vec![1u64, 500, 30_000]).prop_map(lease)
+}
+
+/// Tokens from a small range, so that commands hit current, stale and future
+/// tokens alike.
+fn arb_token() -> impl Strategy<Value = FencingToken> {
+    (1u64..=12).prop_map(token)
+}
+
+fn arb_command() -> impl Strategy<Value = Command> {
+    prop_oneof![
+        4 => (arb_key(), arb_lease(), arb_owner()).prop_map(|(key, lease_ms, owner)| Command::Grant { key, lease_ms, owner }),
+        2 => (arb_key(), prop::option::weighted(0.8, arb_token())).prop_map(|(key, token)| Command::Release { key, token }),
+        2 => (arb_key(), arb_token()).prop_map(|(key, token)| Command::Expire { key, token }),
+        2 => (arb_key(), arb_token(), arb_lease()).prop_map(|(key, token, lease_ms)| Command::Renew { key, token, lease_ms }),
+        1 => Just(Command::Noop),
+    ]
+}
+
+fn arb_history() -> impl Strategy<Value = Vec<Command>> {
+    prop::collection::vec(arb_command(), 0..200)
+}
+
+/// A history cut into log entries of 1 to 4 commands, with some undecodable
+/// entries mixed in.
+fn arb_entries() -> impl Strategy<Value = Vec<Vec<u8>>> {
+    let entry = prop_oneof![
+        8 => prop::collection::vec(arb_command(), 1..4).prop_map(|c| encode_batch(&c)),
+        1 => prop::collection::vec(any::<u8>(), 0..12),
+    ];
+    prop::collection::vec(entry, 0..80)
+}
+
+fn token_of(result: &ApplyResult) -> Option<FencingToken> {
+    match result {
+        ApplyResult::Granted {
+            token,
+            existing: false,
+            ..
+        } => Some(*token),
+        _ => None,
+    }
+}
+
+proptest! {
+    #[test]
+    fn the_table_behaves_like_the_model(history in arb_history()) {
+        let mut table = LockTable::new();
+        let mut model = Model::default();
+        for command in history {
+            let expected = model.apply(&command);
+            prop_assert_eq!(table.apply(command), expected);
+        }
+        let mut model_locks: Vec<_> = model.locks.iter().map(|(k, t, ..)| (k.clone(), *t)).collect();
+        model_locks.sort();
+        let table_locks: Vec<_> = table.list(b"", usize::MAX).map(|(k, l)| (k.clone(), l.token)).collect();
+        prop_assert_eq!(table_locks, model_locks);
+        prop_assert_eq!(table.last_token().map_or(0, FencingToken::get), model.last_token);
+    }
+
+    #[test]
+    fn equal_histories_give_equal_results_and_snapshot_bytes(entries in arb_entries()) {
+        let mut one = LockTable::new();
+        let mut two = LockTable::new();
+        for entry in &entries {
+            prop_assert_eq!(one.apply_entry(entry), two.apply_entry(entry));
+            prop_assert_eq!(one.snapshot(), two.snapshot());
+        }
+    }
+
+    #[test]
+    fn every_new_token_is_greater_than_all_before_it(history in arb_history()) {
+        let mut table = LockTable::new();
+        let mut issued: Vec<FencingToken> = Vec::new();
+        for command in history {
+            let result = table.apply(command);
+            if let Some(token) = token_of(&result) {
+                prop_assert!(issued.iter().all(|earlier| *earlier < token), "{:?} after {:?}", token, issued);
+                issued.push(token);
+            }
+            // Whatever the command, every holder's token was issued.
+            for (_, lock) in table.list(b"", usize::MAX) {
+                prop_assert!(issued.contains(&lock.token));
+            }
+        }
+    }
+
+    #[test]
+    fn snapshot_restore_then_continue_equals_continuing(
+        before in arb_history(),
+        after in arb_history(),
+    ) {
+        let mut straight = LockTable::new();
+        for command in before.clone() {
+            straight.apply(command);
+        }
+        let mut restored = LockTable::restore(&straight.snapshot()).unwrap();
+        prop_assert_eq!(&restored, &straight);
+        for command in after {
+            prop_assert_eq!(restored.apply(command.clone()), straight.apply(command));
+        }
+        prop_assert_eq!(restored.snapshot(), straight.snapshot());
+    }
+
+    #[test]
+    fn stale_tokens_never_change_the_holder(history in arb_history(), k in arb_key(), lease_ms in arb_lease()) {
+        let mut table = LockTable::new();
+        for command in history {
+            table.apply(command);
+        }
+        let Some(holder) = table.holder(k.as_bytes()).cloned() else { return Ok(()) };
+        for stale in 1..holder.token.get() {
+            let stale = token(stale);
+            for command in [
+                Command::Expire { key: k.clone(), token: stale },
+                Command::Release { key: k.clone(), token: Some(stale) },
+                Command::Renew { key: k.clone(), token: stale, lease_ms },
+            ] {
+                let before = table.snapshot();
+                table.apply(command);
+                prop_assert_eq!(table.snapshot(), before);
+            }
+        }
+    }
+
+    #[test]
+    fn applying_an_expire_twice_equals_applying_it_once(history in arb_history(), k in arb_key(), t in arb_token()) {
+        let mut once = LockTable::new();
+        for command in history {
+            once.apply(command);
+        }
+        let mut twice = once.clone();
+        let expire = Command::Expire { key: k, token: t };
+        once.apply(expire.clone());
+        twice.apply(expire.clone());
+        prop_assert_eq!(twice.apply(expire), ApplyResult::Expired { existed: false });
+        prop_assert_eq!(once.snapshot(), twice.snapshot());
+    }
+
+    #[test]
+    fn random_snapshot_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..128)) {
+        let _ = LockTable::restore(&bytes);
+    }
+}

@@ -1,0 +1,304 @@
+//! The replicated vocabulary of fencelock: the commands that travel in raft
+//! log entries, the results the state machine gives for them, and their codec.
+//!
+//! Two layers live here:
+//! - [`pb`], the protobuf messages generated from `proto/fencelock.proto`. They
+//!   are the permanent on-disk and on-wire format: fields are added, never
+//!   renumbered.
+//! - Checked Rust types ([`Command`], [`ApplyResult`], [`Key`], [`Owner`],
+//!   [`LeaseMs`], [`FencingToken`]). A value of these types is valid by
+//!   construction: a [`Key`] is never empty nor over [`KEY_LEN_MAX`], a
+//!   [`FencingToken`] is never 0. Code above this crate works with these and
+//!   never with raw generated structs.
+//!
+//! Architecture invariants: this crate owns no logic beyond validation and
+//! conversion. It knows nothing of raft, clocks, threads or I/O, and it never
+//! panics on bytes from outside: every decoder returns an error instead.
+//!
+//! ```
+//! use fencelock_types::{decode_batch, encode_batch, Command, Key, LeaseMs, Owner};
+//!
+//! let grant = Command::Grant {
+//!     key: Key::new(b"jobs/nightly".to_vec())?,
+//!     lease_ms: LeaseMs::new(10_000)?,
+//!     owner: Owner::new(b"worker-7".to_vec())?,
+//! };
+//! let entry = encode_batch(&[grant.clone()]);
+//! let decoded = decode_batch(&entry)?;
+//! assert_eq!(decoded, vec![Ok(grant)]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod command;
+mod result;
+
+pub use command::{decode_batch, encode_batch, Command};
+pub use result::{decode_results, encode_results, ApplyResult};
+
+use std::fmt;
+use std::num::NonZeroU64;
+
+/// The protobuf messages generated from `proto/fencelock.proto`.
+pub mod pb {
+    #![allow(warnings, clippy::all, clippy::pedantic, missing_debug_implementations)]
+    include!(concat!(env!("OUT_DIR"), "/fencelock.rs"));
+}
+
+/// The longest key, in bytes. Longer keys are refused with
+/// [`InvalidReason::KeyTooLong`].
+pub const KEY_LEN_MAX: usize = 1024;
+
+/// The longest owner identity, in bytes.
+pub const OWNER_LEN_MAX: usize = 256;
+
+/// The longest lease a command may carry: 30 days, in milliseconds. Servers
+/// configure tighter bounds; this one only keeps deadline arithmetic far from
+/// overflow on every replica.
+pub const LEASE_MS_MAX: u64 = 30 * 24 * 60 * 60 * 1000;
+
+/// Why a command was refused before it touched the lock table. Every replica
+/// computes the same reason for the same bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
+pub enum InvalidReason {
+    #[error("entry is not a decodable command batch")]
+    Undecodable,
+    #[error("unknown command kind")]
+    UnknownCommand,
+    #[error("key is empty")]
+    EmptyKey,
+    #[error("key is longer than {KEY_LEN_MAX} bytes")]
+    KeyTooLong,
+    #[error("lease_ms is 0")]
+    ZeroLease,
+    #[error("lease_ms is over {LEASE_MS_MAX}")]
+    LeaseTooLong,
+    #[error("owner is empty")]
+    EmptyOwner,
+    #[error("owner is longer than {OWNER_LEN_MAX} bytes")]
+    OwnerTooLong,
+    #[error("token is 0, which is never issued")]
+    ZeroToken,
+    #[error("every fencing token has been issued")]
+    TokensExhausted,
+}
+
+/// An error decoding bytes that came from outside: a log entry, a snapshot, a
+/// peer or a client.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("malformed protobuf: {0}")]
+    Protobuf(#[from] protobuf::ProtobufError),
+    #[error("message {message} has no {field}")]
+    Missing {
+        message: &'static str,
+        field: &'static str,
+    },
+    #[error("invalid value in {message}: {reason}")]
+    Invalid {
+        message: &'static str,
+        reason: InvalidReason,
+    },
+}
+
+/// A fencing token. Tokens start at 1 and strictly increase over the whole
+/// lock table; 0 is never a token, which the type makes unrepresentable.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken(NonZeroU64);
+
+impl FencingToken {
+    /// The first token a table issues.
+    pub const FIRST: FencingToken = FencingToken(NonZeroU64::MIN);
+
+    /// Returns the token for `value`, or `None` for 0.
+    pub fn new(value: u64) -> Option<FencingToken> {
+        NonZeroU64::new(value).map(FencingToken)
+    }
+
+    pub fn get(self) -> u64 {
+        self.0.get()
+    }
+
+    /// The token after this one, or `None` when the `u64` space is spent.
+    pub fn next(self) -> Option<FencingToken> {
+        self.0.checked_add(1).map(FencingToken)
+    }
+}
+
+impl fmt::Debug for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FencingToken({})", self.0)
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// Turns a token field of the wire format into a token, 0 meaning none.
+fn optional_token(value: u64) -> Option<FencingToken> {
+    FencingToken::new(value)
+}
+
+/// The raw wire value of an optional token, 0 meaning none.
+fn token_value(token: Option<FencingToken>) -> u64 {
+    token.map_or(0, FencingToken::get)
+}
+
+/// A lock's name: 1 to [`KEY_LEN_MAX`] arbitrary bytes. Keys order
+/// byte-wise, which is the order of listings.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Key(Vec<u8>);
+
+impl Key {
+    pub fn new(bytes: Vec<u8>) -> Result<Key, InvalidReason> {
+        if bytes.is_empty() {
+            return Err(InvalidReason::EmptyKey);
+        }
+        if bytes.len() > KEY_LEN_MAX {
+            return Err(InvalidReason::KeyTooLong);
+        }
+        Ok(Key(bytes))
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.0
+    }
+}
+
+impl std::borrow::Borrow<[u8]> for Key {
+    fn borrow(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key(\"{}\")", self.0.escape_ascii())
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0.escape_ascii())
+    }
+}
+
+/// An opaque client identity: 1 to [`OWNER_LEN_MAX`] bytes. A Grant from the
+/// owner that already holds a key is a retry, answered with the same token.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Owner(Vec<u8>);
+
+impl Owner {
+    pub fn new(bytes: Vec<u8>) -> Result<Owner, InvalidReason> {
+        if bytes.is_empty() {
+            return Err(InvalidReason::EmptyOwner);
+        }
+        if bytes.len() > OWNER_LEN_MAX {
+            return Err(InvalidReason::OwnerTooLong);
+        }
+        Ok(Owner(bytes))
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.0
+    }
+}
+
+impl fmt::Debug for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Owner(\"{}\")", self.0.escape_ascii())
+    }
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0.escape_ascii())
+    }
+}
+
+/// A lease length in milliseconds, from 1 to [`LEASE_MS_MAX`].
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LeaseMs(u64);
+
+impl LeaseMs {
+    pub fn new(ms: u64) -> Result<LeaseMs, InvalidReason> {
+        if ms == 0 {
+            return Err(InvalidReason::ZeroLease);
+        }
+        if ms > LEASE_MS_MAX {
+            return Err(InvalidReason::LeaseTooLong);
+        }
+        Ok(LeaseMs(ms))
+    }
+
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Debug for LeaseMs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}ms", self.0)
+    }
+}
+
+impl InvalidReason {
+    /// Every reason, in wire order.
+    pub const ALL: [InvalidReason; 10] = [
+        InvalidReason::Undecodable,
+        InvalidReason::UnknownCommand,
+        InvalidReason::EmptyKey,
+        InvalidReason::KeyTooLong,
+        InvalidReason::ZeroLease,
+        InvalidReason::LeaseTooLong,
+        InvalidReason::EmptyOwner,
+        InvalidReason::OwnerTooLong,
+        InvalidReason::ZeroToken,
+        InvalidReason::TokensExhausted,
+    ];
+
+    pub fn to_pb(self) -> pb::InvalidReason {
+        match self {
+            InvalidReason::Undecodable => pb::InvalidReason::UNDECODABLE,
+            InvalidReason::UnknownCommand => pb::InvalidReason::UNKNOWN_COMMAND,
+            InvalidReason::EmptyKey => pb::InvalidReason::EMPTY_KEY,
+            InvalidReason::KeyTooLong => pb::InvalidReason::KEY_TOO_LONG,
+            InvalidReason::ZeroLease => pb::InvalidReason::ZERO_LEASE,
+            InvalidReason::LeaseTooLong => pb::InvalidReason::LEASE_TOO_LONG,
+            InvalidReason::EmptyOwner => pb::InvalidReason::EMPTY_OWNER,
+            InvalidReason::OwnerTooLong => pb::InvalidReason::OWNER_TOO_LONG,
+            InvalidReason::ZeroToken => pb::InvalidReason::ZERO_TOKEN,
+            InvalidReason::TokensExhausted => pb::InvalidReason::TOKENS_EXHAUSTED,
+        }
+    }
+
+    /// `None` for `INVALID_REASON_UNSPECIFIED`, which no replica writes.
+    pub fn from_pb(reason: pb::InvalidReason) -> Option<InvalidReason> {
+        Some(match reason {
+            pb::InvalidReason::INVALID_REASON_UNSPECIFIED => return None,
+            pb::InvalidReason::UNDECODABLE => InvalidReason::Undecodable,
+            pb::InvalidReason::UNKNOWN_COMMAND => InvalidReason::UnknownCommand,
+            pb::InvalidReason::EMPTY_KEY => InvalidReason::EmptyKey,
+            pb::InvalidReason::KEY_TOO_LONG => InvalidReason::KeyTooLong,
+            pb::InvalidReason::ZERO_LEASE => InvalidReason::ZeroLease,
+            pb::InvalidReason::LEASE_TOO_LONG => InvalidReason::LeaseTooLong,
+            pb::InvalidReason::EMPTY_OWNER => InvalidReason::EmptyOwner,
+            pb::InvalidReason::OWNER_TOO_LONG => InvalidReason::OwnerTooLong,
+            pb::InvalidReason::ZERO_TOKEN => InvalidReason::ZeroToken,
+            pb::InvalidReason::TOKENS_EXHAUSTED => InvalidReason::TokensExhausted,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

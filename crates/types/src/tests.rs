@@ -1,0 +1,293 @@
+//! Codec and validation tests: every command and result round-trips, and no
+//! bytes from outside can panic a decoder.
+
+use proptest::prelude::*;
+use protobuf::Message;
+
+use crate::*;
+
+fn key() -> impl Strategy<Value = Key> {
+    proptest::collection::vec(any::<u8>(), 1..=KEY_LEN_MAX).prop_map(|b| Key::new(b).unwrap())
+}
+
+fn owner() -> impl Strategy<Value = Owner> {
+    proptest::collection::vec(any::<u8>(), 1..=OWNER_LEN_MAX).prop_map(|b| Owner::new(b).unwrap())
+}
+
+fn lease() -> impl Strategy<Value = LeaseMs> {
+    (1..=LEASE_MS_MAX).prop_map(|ms| LeaseMs::new(ms).unwrap())
+}
+
+fn token() -> impl Strategy<Value = FencingToken> {
+    (1..=u64::MAX).prop_map(|t| FencingToken::new(t).unwrap())
+}
+
+fn command() -> impl Strategy<Value = Command> {
+    prop_oneof![
+        (key(), lease(), owner()).prop_map(|(key, lease_ms, owner)| Command::Grant {
+            key,
+            lease_ms,
+            owner
+        }),
+        (key(), proptest::option::of(token()))
+            .prop_map(|(key, token)| Command::Release { key, token }),
+        (key(), token()).prop_map(|(key, token)| Command::Expire { key, token }),
+        (key(), token(), lease()).prop_map(|(key, token, lease_ms)| Command::Renew {
+            key,
+            token,
+            lease_ms
+        }),
+        Just(Command::Noop),
+    ]
+}
+
+fn invalid_reason() -> impl Strategy<Value = InvalidReason> {
+    proptest::sample::select(InvalidReason::ALL.to_vec())
+}
+
+fn apply_result() -> impl Strategy<Value = ApplyResult> {
+    prop_oneof![
+        (token(), lease(), any::<bool>()).prop_map(|(token, lease_ms, existing)| {
+            ApplyResult::Granted {
+                token,
+                lease_ms,
+                existing,
+            }
+        }),
+        token().prop_map(|holder_token| ApplyResult::GrantRejected { holder_token }),
+        token().prop_map(|token| ApplyResult::Released { token }),
+        Just(ApplyResult::NotFound),
+        any::<bool>().prop_map(|existed| ApplyResult::Expired { existed }),
+        Just(ApplyResult::Noop),
+        (token(), lease()).prop_map(|(token, lease_ms)| ApplyResult::Renewed { token, lease_ms }),
+        invalid_reason().prop_map(|reason| ApplyResult::Invalid { reason }),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn command_batches_round_trip(commands in proptest::collection::vec(command(), 0..8)) {
+        let bytes = encode_batch(&commands);
+        let decoded = decode_batch(&bytes).unwrap();
+        let expected: Vec<_> = commands.into_iter().map(Ok).collect();
+        prop_assert_eq!(decoded, expected);
+    }
+
+    #[test]
+    fn result_batches_round_trip(results in proptest::collection::vec(apply_result(), 0..8)) {
+        let bytes = encode_results(&results);
+        prop_assert_eq!(decode_results(&bytes).unwrap(), results);
+    }
+
+    #[test]
+    fn random_bytes_never_panic_decoders(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let _ = decode_batch(&bytes);
+        let _ = decode_results(&bytes);
+    }
+
+    #[test]
+    fn corrupted_batches_never_panic(
+        commands in proptest::collection::vec(command(), 1..4),
+        flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+    ) {
+        let mut bytes = encode_batch(&commands);
+        for (at, value) in flips {
+            let i = at.index(bytes.len());
+            bytes[i] = value;
+        }
+        let _ = decode_batch(&bytes);
+        let _ = decode_batch(&bytes[..bytes.len() / 2]);
+    }
+}
+
+/// Encodes one raw protobuf command as a batch, the way a buggy or newer
+/// leader might have written it.
+fn raw_entry(kind: pb::Command_oneof_kind) -> Vec<u8> {
+    let command = pb::Command {
+        kind: Some(kind),
+        ..Default::default()
+    };
+    pb::CommandBatch {
+        commands: vec![command].into(),
+        ..Default::default()
+    }
+    .write_to_bytes()
+    .unwrap()
+}
+
+fn decode_one(bytes: &[u8]) -> Result<Command, InvalidReason> {
+    let mut decoded = decode_batch(bytes).unwrap();
+    assert_eq!(decoded.len(), 1);
+    decoded.remove(0)
+}
+
+#[test]
+fn invalid_commands_are_refused_with_their_reason() {
+    use pb::Command_oneof_kind as K;
+    let grant = |key: &[u8], lease_ms: u64, owner: &[u8]| {
+        K::grant(pb::Grant {
+            key: key.to_vec(),
+            lease_ms,
+            owner: owner.to_vec(),
+            ..Default::default()
+        })
+    };
+    let long_key = vec![b'k'; KEY_LEN_MAX + 1];
+    let cases = [
+        (grant(b"", 1000, b"o"), InvalidReason::EmptyKey),
+        (grant(&long_key, 1000, b"o"), InvalidReason::KeyTooLong),
+        (grant(b"k", 0, b"o"), InvalidReason::ZeroLease),
+        (
+            grant(b"k", LEASE_MS_MAX + 1, b"o"),
+            InvalidReason::LeaseTooLong,
+        ),
+        (grant(b"k", 1000, b""), InvalidReason::EmptyOwner),
+        (
+            grant(b"k", 1000, &[b'o'; OWNER_LEN_MAX + 1]),
+            InvalidReason::OwnerTooLong,
+        ),
+        (
+            K::expire(pb::Expire {
+                key: b"k".to_vec(),
+                token: 0,
+                ..Default::default()
+            }),
+            InvalidReason::ZeroToken,
+        ),
+        (
+            K::renew(pb::Renew {
+                key: b"k".to_vec(),
+                token: 0,
+                lease_ms: 5,
+                ..Default::default()
+            }),
+            InvalidReason::ZeroToken,
+        ),
+        (
+            K::renew(pb::Renew {
+                key: b"k".to_vec(),
+                token: 3,
+                lease_ms: 0,
+                ..Default::default()
+            }),
+            InvalidReason::ZeroLease,
+        ),
+        (
+            K::release(pb::Release {
+                key: Vec::new(),
+                token: 3,
+                ..Default::default()
+            }),
+            InvalidReason::EmptyKey,
+        ),
+    ];
+    for (kind, reason) in cases {
+        assert_eq!(decode_one(&raw_entry(kind)), Err(reason));
+    }
+}
+
+#[test]
+fn limits_are_inclusive() {
+    assert!(Key::new(vec![b'k'; KEY_LEN_MAX]).is_ok());
+    assert!(Owner::new(vec![b'o'; OWNER_LEN_MAX]).is_ok());
+    assert!(LeaseMs::new(LEASE_MS_MAX).is_ok());
+    assert!(LeaseMs::new(1).is_ok());
+}
+
+#[test]
+fn release_without_token_is_a_force_release() {
+    let bytes = raw_entry(pb::Command_oneof_kind::release(pb::Release {
+        key: b"k".to_vec(),
+        token: 0,
+        ..Default::default()
+    }));
+    assert_eq!(
+        decode_one(&bytes),
+        Ok(Command::Release {
+            key: Key::new(b"k".to_vec()).unwrap(),
+            token: None
+        })
+    );
+}
+
+#[test]
+fn unknown_command_kinds_are_refused_not_dropped() {
+    // A command whose oneof carries a field number this version does not
+    // know (field 99, an empty message): what a newer leader could write.
+    let command_bytes = [0x9a, 0x06, 0x00];
+    let mut entry = vec![0x0a, command_bytes.len() as u8];
+    entry.extend_from_slice(&command_bytes);
+    assert_eq!(
+        decode_batch(&entry).unwrap(),
+        vec![Err(InvalidReason::UnknownCommand)]
+    );
+}
+
+#[test]
+fn one_invalid_command_does_not_void_the_batch() {
+    let good = Command::Noop.to_pb();
+    let bad = pb::Command::default();
+    let bytes = pb::CommandBatch {
+        commands: vec![good, bad].into(),
+        ..Default::default()
+    }
+    .write_to_bytes()
+    .unwrap();
+    assert_eq!(
+        decode_batch(&bytes).unwrap(),
+        vec![Ok(Command::Noop), Err(InvalidReason::UnknownCommand)]
+    );
+}
+
+#[test]
+fn garbage_is_undecodable() {
+    // A length-delimited field whose length runs past the end.
+    assert_eq!(
+        decode_batch(&[0x0a, 0x7f, 0x01]),
+        Err(InvalidReason::Undecodable)
+    );
+}
+
+#[test]
+fn results_with_zero_tokens_are_malformed() {
+    let result = pb::Result {
+        kind: Some(pb::Result_oneof_kind::granted(pb::Granted {
+            token: 0,
+            lease_ms: 5,
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    assert!(matches!(
+        ApplyResult::from_pb(&result),
+        Err(DecodeError::Invalid {
+            reason: InvalidReason::ZeroToken,
+            ..
+        })
+    ));
+    assert!(matches!(
+        ApplyResult::from_pb(&pb::Result::default()),
+        Err(DecodeError::Missing { .. })
+    ));
+}
+
+#[test]
+fn every_invalid_reason_round_trips_through_pb() {
+    for reason in InvalidReason::ALL {
+        assert_eq!(InvalidReason::from_pb(reason.to_pb()), Some(reason));
+    }
+    assert_eq!(
+        InvalidReason::from_pb(pb::InvalidReason::INVALID_REASON_UNSPECIFIED),
+        None
+    );
+}
+
+#[test]
+fn tokens_order_and_advance() {
+    assert_eq!(FencingToken::FIRST.get(), 1);
+    assert_eq!(FencingToken::new(0), None);
+    let t = FencingToken::new(41).unwrap();
+    assert_eq!(t.next().unwrap().get(), 42);
+    assert!(t < t.next().unwrap());
+    assert_eq!(FencingToken::new(u64::MAX).unwrap().next(), None);
+}
