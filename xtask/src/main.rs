@@ -1,1 +1,90 @@
-fn main() {}
+//! The workspace's automation, in Rust: `cargo xtask <task>`.
+//!
+//! A bare `cargo xtask` lists the tasks. Each task is a few calls to cargo
+//! with the repository root as the working directory, so it behaves the same
+//! from any folder, on a developer's machine and in CI.
+
+mod tidy;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+const TASKS: &[(&str, &str)] = &[
+    (
+        "ci",
+        "everything CI checks: format, clippy (warnings denied), tidy, all tests",
+    ),
+    (
+        "tidy",
+        "architecture rules: dependency arrows, module docs, banned APIs in the cores",
+    ),
+];
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let root = project_root();
+    match args.first().map(String::as_str) {
+        None | Some("help" | "-h" | "--help") => {
+            print_tasks();
+            Ok(())
+        }
+        Some("ci") => ci(&root),
+        Some("tidy") => tidy::run(&root),
+        Some(other) => {
+            print_tasks();
+            bail!("unknown task `{other}`")
+        }
+    }
+}
+
+fn print_tasks() {
+    println!("Usage: cargo xtask <task>\n\nTasks:");
+    for (name, about) in TASKS {
+        println!("  {name:<8} {about}");
+    }
+}
+
+fn ci(root: &Path) -> Result<()> {
+    cargo(root, &["fmt", "--all", "--", "--check"])
+        .context("code is not formatted: run `cargo fmt --all`")?;
+    cargo(
+        root,
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--locked",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    )?;
+    tidy::run(root)?;
+    cargo(root, &["test", "--workspace", "--locked"])?;
+    println!("xtask ci: all checks passed");
+    Ok(())
+}
+
+/// Runs cargo with `args` in `root`, failing when it fails.
+fn cargo(root: &Path, args: &[&str]) -> Result<()> {
+    eprintln!("$ cargo {}", args.join(" "));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let status = Command::new(cargo)
+        .args(args)
+        .current_dir(root)
+        .status()
+        .with_context(|| format!("cannot run `cargo {}`", args.join(" ")))?;
+    if !status.success() {
+        bail!("`cargo {}` failed with {status}", args.join(" "));
+    }
+    Ok(())
+}
+
+fn project_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}

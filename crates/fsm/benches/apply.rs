@@ -1,1 +1,76 @@
-fn main() {}
+//! Decode plus apply of a Grant/Release mix over 100,000 keys.
+//!
+//! The table starts with the 50,000 even keys held. One pass releases each
+//! of them with its token and grants each odd key: 100,000 commands, encoded
+//! as log entries the way the driver writes them, then decoded and applied
+//! by `LockTable::apply_entry_into`. Run with `cargo bench -p fencelock-fsm`.
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use fencelock_fsm::LockTable;
+use fencelock_types::{encode_batch, ApplyResult, Command, Key, LeaseMs, Owner};
+
+const KEYS: usize = 100_000;
+
+fn key(i: usize) -> Key {
+    Key::new(format!("bench/lock/{i:06}").into_bytes()).expect("bench keys are valid")
+}
+
+fn grant(i: usize) -> Command {
+    Command::Grant {
+        key: key(i),
+        lease_ms: LeaseMs::new(10_000).expect("valid lease"),
+        owner: Owner::new(format!("client-{}", i % 256).into_bytes()).expect("valid owner"),
+    }
+}
+
+/// The table with every even key held, and the commands of one pass.
+fn workload() -> (LockTable, Vec<Command>) {
+    let mut table = LockTable::new();
+    let mut commands = Vec::with_capacity(KEYS);
+    for i in 0..KEYS {
+        if i % 2 == 0 {
+            let ApplyResult::Granted { token, .. } = table.apply(grant(i)) else {
+                unreachable!("a free key is granted")
+            };
+            commands.push(Command::Release {
+                key: key(i),
+                token: Some(token),
+            });
+        } else {
+            commands.push(grant(i));
+        }
+    }
+    (table, commands)
+}
+
+fn bench_apply(c: &mut Criterion) {
+    let (table, commands) = workload();
+    let mut group = c.benchmark_group("decode_apply");
+    group.throughput(Throughput::Elements(KEYS as u64));
+    group.sample_size(20);
+    for commands_per_entry in [1usize, 64] {
+        let entries: Vec<Vec<u8>> = commands
+            .chunks(commands_per_entry)
+            .map(encode_batch)
+            .collect();
+        group.bench_function(format!("100k_keys_{commands_per_entry}_per_entry"), |b| {
+            b.iter_batched_ref(
+                || (table.clone(), Vec::with_capacity(commands_per_entry)),
+                |(table, results)| {
+                    for entry in &entries {
+                        results.clear();
+                        table.apply_entry_into(entry, results);
+                        black_box(&results);
+                    }
+                },
+                BatchSize::LargeInput,
+            );
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_apply);
+criterion_main!(benches);

@@ -1,0 +1,304 @@
+//! `cargo xtask tidy`: the architecture rules of `docs/ARCHITECTURE.md`,
+//! checked mechanically.
+//!
+//! - Dependency arrows: each workspace crate may depend only on the
+//!   workspace crates its row allows, and a crate with no row is an error.
+//! - The pure cores (the state machine) have an allow-list of external
+//!   crates, so that raft, crossbeam, slog or anything doing I/O cannot creep
+//!   in, and their sources may not name clocks, threads, sockets, files,
+//!   randomness or `HashMap`.
+//! - Every Rust file in `crates/` and `xtask/` opens with a `//!` doc.
+//! - No `todo!`, `unimplemented!`, `dbg!` or `#[ignore]` in the tree.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use cargo_metadata::{DependencyKind, MetadataCommand, PackageId};
+
+/// The allowed arrows between workspace crates. A crate missing here fails
+/// tidy: adding a crate means deciding its place in the graph.
+const ARROWS: &[(&str, &[&str])] = &[
+    ("fencelock-types", &[]),
+    ("fencelock-fsm", &["fencelock-types"]),
+    ("xtask", &[]),
+];
+
+/// The pure cores and the whole set of crates (direct and indirect, normal
+/// dependencies) each may build on.
+const PURE_CORES: &[(&str, &str, &[&str])] = &[(
+    "fencelock-fsm",
+    "crates/fsm/src",
+    &[
+        "fencelock-types",
+        "protobuf",
+        "crc32fast",
+        "cfg-if",
+        "thiserror",
+        "thiserror-impl",
+        "proc-macro2",
+        "quote",
+        "syn",
+        "unicode-ident",
+    ],
+)];
+
+/// What the source of a pure core may not mention, and why.
+const BANNED_IN_CORES: &[(&str, &str)] = &[
+    ("std::time", "reads a clock"),
+    ("Instant", "reads a clock"),
+    ("SystemTime", "reads a clock"),
+    ("std::thread", "spawns threads"),
+    ("std::net", "does network I/O"),
+    ("std::fs", "does file I/O"),
+    ("std::io", "does I/O"),
+    ("std::process", "runs processes"),
+    ("std::env", "reads the environment"),
+    ("rand::", "uses randomness"),
+    (
+        "HashMap",
+        "iterates in an order that can differ between replicas",
+    ),
+    (
+        "HashSet",
+        "iterates in an order that can differ between replicas",
+    ),
+    ("raft", "knows raft"),
+    ("crossbeam", "knows channels"),
+    ("slog", "logs"),
+];
+
+pub fn run(root: &Path) -> Result<()> {
+    let mut problems = Vec::new();
+    let graph = Graph::load(root)?;
+    check_arrows(&graph, &mut problems);
+    for (package, src, allowed) in PURE_CORES {
+        check_core_dependencies(&graph, package, allowed, &mut problems);
+        for file in rust_files(&root.join(src))? {
+            let text = read(&file)?;
+            for problem in scan_core_source(&text) {
+                problems.push(format!("{}: {problem}", relative(root, &file)));
+            }
+        }
+    }
+    for dir in ["crates", "xtask"] {
+        for file in rust_files(&root.join(dir))? {
+            let text = read(&file)?;
+            for problem in scan_any_source(&text) {
+                problems.push(format!("{}: {problem}", relative(root, &file)));
+            }
+        }
+    }
+    if !problems.is_empty() {
+        for problem in &problems {
+            eprintln!("tidy: {problem}");
+        }
+        bail!("tidy found {} problem(s)", problems.len());
+    }
+    println!("tidy: ok");
+    Ok(())
+}
+
+fn check_arrows(graph: &Graph, problems: &mut Vec<String>) {
+    for package in &graph.workspace {
+        let Some((_, allowed)) = ARROWS.iter().find(|(name, _)| name == package) else {
+            problems.push(format!(
+                "crate {package} has no row in xtask/src/tidy.rs ARROWS: decide its place in the graph"
+            ));
+            continue;
+        };
+        for dependency in graph.direct(package) {
+            if graph.workspace.contains(&dependency) && !allowed.contains(&dependency.as_str()) {
+                problems.push(format!("arrow {package} -> {dependency} is not allowed"));
+            }
+        }
+    }
+}
+
+fn check_core_dependencies(
+    graph: &Graph,
+    package: &str,
+    allowed: &[&str],
+    problems: &mut Vec<String>,
+) {
+    for dependency in graph.transitive(package) {
+        if !allowed.contains(&dependency.as_str()) {
+            problems.push(format!(
+                "pure core {package} depends on {dependency}; it may build only on {allowed:?}"
+            ));
+        }
+    }
+}
+
+/// The normal (not dev, not build) dependency graph of the workspace, by
+/// package name.
+struct Graph {
+    workspace: BTreeSet<String>,
+    edges: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl Graph {
+    fn load(root: &Path) -> Result<Graph> {
+        let metadata = MetadataCommand::new()
+            .current_dir(root)
+            .exec()
+            .context("cannot read `cargo metadata`")?;
+        let name_of: BTreeMap<&PackageId, &str> = metadata
+            .packages
+            .iter()
+            .map(|package| (&package.id, package.name.as_str()))
+            .collect();
+        let workspace = metadata
+            .workspace_members
+            .iter()
+            .filter_map(|id| name_of.get(id))
+            .map(|name| (*name).to_owned())
+            .collect();
+        let resolve = metadata
+            .resolve
+            .context("`cargo metadata` gave no dependency graph")?;
+        let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for node in resolve.nodes {
+            let Some(from) = name_of.get(&node.id) else {
+                continue;
+            };
+            let to = node
+                .deps
+                .iter()
+                .filter(|dep| {
+                    dep.dep_kinds
+                        .iter()
+                        .any(|kind| kind.kind == DependencyKind::Normal)
+                })
+                .filter_map(|dep| name_of.get(&dep.pkg))
+                .map(|name| (*name).to_owned());
+            edges.entry((*from).to_owned()).or_default().extend(to);
+        }
+        Ok(Graph { workspace, edges })
+    }
+
+    fn direct(&self, package: &str) -> BTreeSet<String> {
+        self.edges.get(package).cloned().unwrap_or_default()
+    }
+
+    fn transitive(&self, package: &str) -> BTreeSet<String> {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![package.to_owned()];
+        while let Some(next) = stack.pop() {
+            for dependency in self.direct(&next) {
+                if seen.insert(dependency.clone()) {
+                    stack.push(dependency);
+                }
+            }
+        }
+        seen
+    }
+}
+
+/// Problems in the source of a pure core. Comments are skipped, so prose
+/// may name what the code must not use.
+fn scan_core_source(text: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (number, line) in code_lines(text) {
+        for (word, why) in BANNED_IN_CORES {
+            if line.contains(word) {
+                problems.push(format!("line {number}: `{word}` in a pure core ({why})"));
+            }
+        }
+    }
+    problems
+}
+
+/// Problems any Rust file in the tree may have.
+fn scan_any_source(text: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    if !text.starts_with("//!") {
+        problems.push("does not open with a `//!` module doc".to_owned());
+    }
+    for (number, line) in code_lines(text) {
+        for marker in [
+            concat!("todo", "!("),
+            concat!("unimplemented", "!("),
+            concat!("dbg", "!("),
+            concat!("#[", "ignore"),
+        ] {
+            if line.contains(marker) {
+                problems.push(format!("line {number}: `{marker}` left in the code"));
+            }
+        }
+    }
+    problems
+}
+
+/// Lines with their 1-based numbers, without `//` comments.
+fn code_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    text.lines().enumerate().filter_map(|(i, line)| {
+        let code = line.split("//").next().unwrap_or("");
+        (!code.trim().is_empty()).then_some((i + 1, code))
+    })
+}
+
+fn rust_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in fs::read_dir(&dir).with_context(|| format!("cannot list {}", dir.display()))? {
+            let path = entry?.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+fn read(path: &Path) -> Result<String> {
+    fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+fn relative(root: &Path, path: &Path) -> String {
+    path.strip_prefix(root)
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cores_may_not_touch_clocks_sockets_or_raft() {
+        let text =
+            "//! doc\nuse std::time::Instant;\nuse std::net::TcpStream;\nuse raft::RawNode;\n";
+        let problems = scan_core_source(text);
+        assert!(
+            problems.iter().any(|p| p.contains("std::time")),
+            "{problems:?}"
+        );
+        assert!(
+            problems.iter().any(|p| p.contains("std::net")),
+            "{problems:?}"
+        );
+        assert!(problems.iter().any(|p| p.contains("raft")), "{problems:?}");
+    }
+
+    #[test]
+    fn comments_may_name_what_code_may_not_use() {
+        assert!(
+            scan_core_source("//! no std::time here\n// nor a HashMap\nfn f() {} // raft\n")
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn files_need_a_module_doc_and_no_stubs() {
+        let stub = concat!("fn f() { ", "todo", "!() }\n");
+        assert_eq!(scan_any_source(stub).len(), 2);
+        assert!(scan_any_source("//! doc\nfn f() {}\n").is_empty());
+    }
+}
