@@ -146,83 +146,65 @@ fn token_value(token: Option<FencingToken>) -> u64 {
     token.map_or(0, FencingToken::get)
 }
 
-/// A lock's name: 1 to [`KEY_LEN_MAX`] arbitrary bytes. Keys order
-/// byte-wise, which is the order of listings.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Key(Vec<u8>);
+/// Defines a byte-string newtype that is 1 to `$max` bytes long.
+macro_rules! bounded_bytes {
+    ($(#[$doc:meta])* $name:ident, $max:expr, $empty:ident, $too_long:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name(Vec<u8>);
 
-impl Key {
-    pub fn new(bytes: Vec<u8>) -> Result<Key, InvalidReason> {
-        if bytes.is_empty() {
-            return Err(InvalidReason::EmptyKey);
+        impl $name {
+            pub fn new(bytes: Vec<u8>) -> Result<$name, InvalidReason> {
+                if bytes.is_empty() {
+                    return Err(InvalidReason::$empty);
+                }
+                if bytes.len() > $max {
+                    return Err(InvalidReason::$too_long);
+                }
+                Ok($name(bytes))
+            }
+
+            pub fn as_bytes(&self) -> &[u8] {
+                &self.0
+            }
+
+            pub fn into_bytes(self) -> Vec<u8> {
+                self.0
+            }
         }
-        if bytes.len() > KEY_LEN_MAX {
-            return Err(InvalidReason::KeyTooLong);
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}(\"{}\")", stringify!($name), self.0.escape_ascii())
+            }
         }
-        Ok(Key(bytes))
-    }
 
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.0
-    }
-
-    pub fn into_bytes(self) -> Vec<u8> {
-        self.0
-    }
+        /// Printable ASCII as is, other bytes escaped.
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}", self.0.escape_ascii())
+            }
+        }
+    };
 }
 
+bounded_bytes!(
+    /// A lock's name: 1 to [`KEY_LEN_MAX`] arbitrary bytes. Keys order
+    /// byte-wise, which is the order of listings.
+    Key, KEY_LEN_MAX, EmptyKey, KeyTooLong
+);
+
+bounded_bytes!(
+    /// An opaque client identity: 1 to [`OWNER_LEN_MAX`] bytes. A Grant from
+    /// the owner that already holds a key is a retry, answered with the same
+    /// token.
+    Owner, OWNER_LEN_MAX, EmptyOwner, OwnerTooLong
+);
+
+/// Lets maps keyed by [`Key`] be searched with plain byte slices.
 impl std::borrow::Borrow<[u8]> for Key {
     fn borrow(&self) -> &[u8] {
         &self.0
-    }
-}
-
-impl fmt::Debug for Key {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Key(\"{}\")", self.0.escape_ascii())
-    }
-}
-
-impl fmt::Display for Key {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0.escape_ascii())
-    }
-}
-
-/// An opaque client identity: 1 to [`OWNER_LEN_MAX`] bytes. A Grant from the
-/// owner that already holds a key is a retry, answered with the same token.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Owner(Vec<u8>);
-
-impl Owner {
-    pub fn new(bytes: Vec<u8>) -> Result<Owner, InvalidReason> {
-        if bytes.is_empty() {
-            return Err(InvalidReason::EmptyOwner);
-        }
-        if bytes.len() > OWNER_LEN_MAX {
-            return Err(InvalidReason::OwnerTooLong);
-        }
-        Ok(Owner(bytes))
-    }
-
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.0
-    }
-
-    pub fn into_bytes(self) -> Vec<u8> {
-        self.0
-    }
-}
-
-impl fmt::Debug for Owner {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Owner(\"{}\")", self.0.escape_ascii())
-    }
-}
-
-impl fmt::Display for Owner {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0.escape_ascii())
     }
 }
 

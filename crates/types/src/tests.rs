@@ -291,3 +291,14 @@ fn tokens_order_and_advance() {
     assert!(t < t.next().unwrap());
     assert_eq!(FencingToken::new(u64::MAX).unwrap().next(), None);
 }
+
+#[test]
+fn keys_and_owners_print_escaped() {
+    let key = Key::new(b"jobs/\x00a".to_vec()).unwrap();
+    assert_eq!(format!("{key:?}"), r#"Key("jobs/\x00a")"#);
+    assert_eq!(key.to_string(), r"jobs/\x00a");
+    assert_eq!(
+        format!("{:?}", Owner::new(b"w-1".to_vec()).unwrap()),
+        r#"Owner("w-1")"#
+    );
+}
