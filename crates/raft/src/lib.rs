@@ -1,0 +1,249 @@
+//! The fencelock raft driver: turns proposed lock commands into committed,
+//! durably stored and applied ones, around raft-rs's `RawNode`.
+//!
+//! ```text
+//!              inputs                                   effects
+//!  propose(id, commands) ─┐                        ┌─▶ messages to peers
+//!  read(id, query)        ├─▶ Replica ── one Ready ─┼─▶ replies, by request id
+//!  step(peer message)     │   (raft-rs + LockTable) ├─▶ applied events (lease timer)
+//!  tick()                 ┘        │                └─▶ role changes
+//!                                  ▼
+//!                        Durable store (fsync per Ready)
+//! ```
+//!
+//! [`Replica`] is the core. It reads no clock and owns no thread or socket:
+//! time arrives as `tick()`, peers as `step()`, and what should happen leaves
+//! as [`Effects`]. Its only I/O is the [`Durable`] store it is given, which
+//! is raft-engine on disk in production ([`EngineStore`]) and memory in tests
+//! ([`MemStore`]); the simulator plugs a modelled disk into the same seam.
+//! [`shell::spawn`] runs a replica on a thread, over bounded crossbeam
+//! channels.
+//!
+//! Architecture invariants:
+//! - The `Ready` order of raft-rs's `five_mem_node` example: entries and hard
+//!   state are synced (one write per `Ready`) before the messages that
+//!   depend on them are sent and before any result is handed out.
+//! - Results reach proposers by the request id carried in the entry's
+//!   context, and only when the entry was proposed by this node in the term
+//!   recorded for the request; never by position.
+//! - The leader proposes at most one command per key at a time, in the order
+//!   it accepted them, and decides every Grant against the applied table;
+//!   nothing is proposed before the leader has applied an entry of its own
+//!   term. So a normal workload never meets `GrantRejected`, and an Expire
+//!   and a Renew of one lock are never in flight together.
+//! - Losing leadership fails every pending request with a retryable error.
+//! - A storage error is fatal: the replica reports it and must be dropped.
+//!
+//! ```
+//! use fencelock_raft::{Config, MemStore, NodeId, Replica, RequestId, Response};
+//! use fencelock_types::{ApplyResult, Command, Key, LeaseMs, Owner};
+//!
+//! let logger = slog::Logger::root(slog::Discard, slog::o!());
+//! let config = Config::new(NodeId(1), vec![NodeId(1)]);
+//! let mut replica = Replica::open(config, MemStore::new(), &logger)?;
+//! replica.campaign()?;
+//! // A one-node cluster elects itself and commits its own-term entry.
+//! while !replica.is_leader_ready() {
+//!     replica.run_ready()?;
+//! }
+//! let grant = Command::Grant {
+//!     key: Key::new(b"jobs/nightly".to_vec())?,
+//!     lease_ms: LeaseMs::new(10_000)?,
+//!     owner: Owner::new(b"worker-1".to_vec())?,
+//! };
+//! replica.propose(RequestId(7), vec![grant]);
+//! replica.run_ready()?;
+//! let replies = replica.take_effects().replies;
+//! assert!(matches!(
+//!     replies.as_slice(),
+//!     [(RequestId(7), Ok(Response::Applied(results)))] if matches!(results[0], ApplyResult::Granted { .. })
+//! ));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod replica;
+pub mod shell;
+mod storage;
+
+pub use replica::{Effects, NodeStatus, Replica, Role, Stats};
+pub use storage::{Durable, EngineStore, LogCache, MemStore, Recovered, StorageError, WriteBatch};
+
+use fencelock_fsm::Lock;
+use fencelock_types::{ApplyResult, FencingToken, Key, LeaseMs};
+
+/// A node of the cluster, as raft-rs numbers it (never 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NodeId(pub u64);
+
+/// A request's id on the node that received it. The shell assigns them; the
+/// driver carries them in the log to route results back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RequestId(pub u64);
+
+/// The driver's settings. Times are in ticks; the server converts
+/// milliseconds to ticks once, in its config.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub id: NodeId,
+    /// Every voter of the cluster, this node included.
+    pub voters: Vec<NodeId>,
+    /// Ticks without a leader before a follower campaigns (the lower bound).
+    pub election_ticks: usize,
+    /// The upper bound (exclusive) of the randomized election timeout;
+    /// `None` is raft-rs's default of twice `election_ticks`. A simulation
+    /// pins it to `election_ticks + 1` for reproducible runs.
+    pub election_ticks_max: Option<usize>,
+    pub heartbeat_ticks: usize,
+    /// A snapshot of the lock table is taken, and the log compacted, every
+    /// this many applied entries.
+    pub snapshot_interval_entries: u64,
+    /// Requests (proposals and reads) waiting or in flight at once; more are
+    /// refused with [`RequestError::Overloaded`].
+    pub pending_requests_max: usize,
+    /// The most commands one log entry carries.
+    pub entry_commands_max: usize,
+    /// raft-rs's limits on replication messages.
+    pub max_inflight_msgs: usize,
+    pub max_size_per_msg_bytes: u64,
+}
+
+impl Config {
+    /// Settings for a cluster of `voters`, with defaults for the rest.
+    pub fn new(id: NodeId, voters: Vec<NodeId>) -> Config {
+        Config {
+            id,
+            voters,
+            election_ticks: 10,
+            election_ticks_max: None,
+            heartbeat_ticks: 2,
+            snapshot_interval_entries: 10_000,
+            pending_requests_max: 65_536,
+            entry_commands_max: 4_096,
+            max_inflight_msgs: 256,
+            max_size_per_msg_bytes: 1 << 20,
+        }
+    }
+
+    /// Checks the rules between fields.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |reason: String| Err(ConfigError(reason));
+        if self.id.0 == 0 {
+            return invalid("node id 0 is reserved".into());
+        }
+        if !self.voters.contains(&self.id) {
+            return invalid(format!("node {} is not among the voters {:?}", self.id.0, self.voters));
+        }
+        let mut voters = self.voters.clone();
+        voters.sort();
+        voters.dedup();
+        if voters.len() != self.voters.len() || voters.contains(&NodeId(0)) {
+            return invalid("voters must be distinct and non-zero".into());
+        }
+        if self.heartbeat_ticks == 0 || self.election_ticks <= self.heartbeat_ticks {
+            return invalid("election_ticks must be greater than heartbeat_ticks > 0".into());
+        }
+        if self.election_ticks_max.is_some_and(|max| max <= self.election_ticks) {
+            return invalid("election_ticks_max must be greater than election_ticks".into());
+        }
+        if self.snapshot_interval_entries == 0 {
+            return invalid("snapshot_interval_entries must be positive".into());
+        }
+        if self.pending_requests_max == 0 || self.entry_commands_max == 0 {
+            return invalid("pending_requests_max and entry_commands_max must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+/// A config that breaks a rule between its fields.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid driver config: {0}")]
+pub struct ConfigError(pub String);
+
+/// A linearizable read, answered through raft's ReadIndex.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Query {
+    /// The lock on a key.
+    Holder(Key),
+    /// Whether `token` holds `key` right now.
+    Check { key: Key, token: FencingToken },
+    /// Up to `limit` locks whose keys start with `prefix`, in key order.
+    List { prefix: Vec<u8>, limit: usize },
+}
+
+/// A successful answer to a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Response {
+    /// One result per proposed command, in order.
+    Applied(Vec<ApplyResult>),
+    Holder(Option<Lock>),
+    Check(bool),
+    List(Vec<(Key, Lock)>),
+}
+
+/// The answer to a request.
+pub type Reply = Result<Response, RequestError>;
+
+/// Why a request was not answered with a result. Every variant but `Held`
+/// is retryable; a retried acquire with the same owner can never grant twice.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// This node is not the leader; nothing was proposed.
+    #[error("not the leader (leader hint: {leader_hint:?})")]
+    NotLeader { leader_hint: Option<NodeId> },
+    /// Leadership was lost after the request was proposed: it may or may not
+    /// take effect.
+    #[error("leadership lost before the request applied; its outcome is unknown")]
+    LeadershipLost { leader_hint: Option<NodeId> },
+    /// raft-rs refused the proposal (for example, too much uncommitted
+    /// data); nothing was proposed.
+    #[error("proposal dropped by raft")]
+    Dropped,
+    /// Too many requests are pending; nothing was proposed.
+    #[error("too many pending requests")]
+    Overloaded,
+    /// A Grant in the request names a key another owner holds; nothing was
+    /// proposed.
+    #[error("key {key} is held under token {holder_token}")]
+    Held { key: Key, holder_token: FencingToken },
+    /// The node stopped before answering.
+    #[error("node stopped")]
+    Stopped,
+}
+
+/// A change of the lock table, for the lease timer. Emitted on every node as
+/// entries apply, in log order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AppliedEvent {
+    /// A lock was granted (`existing`: re-granted to its holder, lease restarted).
+    Granted { key: Key, token: FencingToken, lease_ms: LeaseMs, existing: bool },
+    Renewed { key: Key, token: FencingToken, lease_ms: LeaseMs },
+    Released { key: Key, token: FencingToken },
+    Expired { key: Key, token: FencingToken },
+    /// The table was replaced by a snapshot; rebuild from [`Replica::table`].
+    Restored,
+}
+
+/// Leadership as this node sees it, reported when it changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoleChange {
+    Follower { term: u64, leader: Option<NodeId> },
+    Candidate { term: u64 },
+    /// Elected, but nothing of its own term is applied yet.
+    Leader { term: u64 },
+    /// The leader applied an entry of its own term: it may now propose.
+    LeaderReady { term: u64 },
+}
+
+/// An error that stops the node.
+#[derive(Debug, thiserror::Error)]
+pub enum FatalError {
+    #[error("storage failed: {0}")]
+    Storage(#[from] StorageError),
+    #[error("raft failed: {0}")]
+    Raft(#[from] raft::Error),
+    #[error("stored snapshot does not restore: {0}")]
+    Snapshot(#[from] fencelock_fsm::SnapshotError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}

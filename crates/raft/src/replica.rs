@@ -1,0 +1,718 @@
+//! The sans-IO driver core: one raft-rs `RawNode`, the lock table it applies
+//! to, and the bookkeeping that routes results back to requests.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use fencelock_fsm::LockTable;
+use fencelock_types::{decode_batch, encode_batch, pb, ApplyResult, Command, FencingToken, Key};
+use protobuf::Message as _;
+use raft::prelude::{ConfChange, ConfChangeV2, ConfState, Entry, EntryType, Message, MessageType, Snapshot};
+use raft::{RawNode, SnapshotStatus, StateRole};
+use slog::{debug, info, warn, Logger};
+
+use crate::storage::{Durable, LogCache, WriteBatch};
+use crate::{
+    AppliedEvent, Config, FatalError, NodeId, Query, Reply, RequestError, RequestId, Response,
+    RoleChange,
+};
+
+/// What the driver asks its shell to do, drained with [`Replica::take_effects`].
+#[derive(Debug, Default)]
+pub struct Effects {
+    /// Raft messages to send to peers. Dropping some is safe: raft retries.
+    pub messages: Vec<Message>,
+    /// Answers to requests, by id.
+    pub replies: Vec<(RequestId, Reply)>,
+    /// Lock-table changes, in apply order.
+    pub applied: Vec<AppliedEvent>,
+    /// Leadership changes, in order.
+    pub roles: Vec<RoleChange>,
+}
+
+/// Counters for measuring batching.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Requests proposed (each one or more commands).
+    pub requests_proposed: u64,
+    pub commands_proposed: u64,
+    pub entries_proposed: u64,
+    /// Synced writes to the durable store.
+    pub syncs: u64,
+    pub readies: u64,
+    pub entries_applied: u64,
+    pub snapshots_taken: u64,
+    pub snapshots_installed: u64,
+}
+
+/// Raft's role, as reported by [`Replica::status`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Follower,
+    Candidate,
+    PreCandidate,
+    Leader,
+}
+
+/// A point-in-time view of a replica.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeStatus {
+    pub id: NodeId,
+    pub role: Role,
+    pub term: u64,
+    pub leader: Option<NodeId>,
+    pub leader_ready: bool,
+    pub commit_index: u64,
+    pub applied_index: u64,
+    pub last_index: u64,
+    pub snapshot_index: u64,
+    pub locks: usize,
+    pub last_token: Option<FencingToken>,
+    pub pending_requests: usize,
+}
+
+/// A request the leader accepted and has not answered yet.
+#[derive(Debug)]
+struct Pending {
+    /// Taken when the request is proposed.
+    commands: Vec<Command>,
+    /// The distinct keys it touches, in order.
+    keys: Vec<Key>,
+    /// The term it was proposed in, once proposed.
+    proposed_term: Option<u64>,
+    /// Whether it sits in `ready_to_propose`.
+    queued: bool,
+}
+
+/// The driver core. See the crate docs for the invariants it keeps.
+pub struct Replica<D: Durable> {
+    id: NodeId,
+    config: Config,
+    raw: RawNode<LogCache>,
+    durable: D,
+    table: LockTable,
+    logger: Logger,
+
+    /// The role and term last reported, to notice changes.
+    reported: (StateRole, u64, u64),
+    /// The leader has applied an entry of its own term.
+    leader_ready: bool,
+
+    /// Requests accepted while leader, waiting or in flight.
+    pending: BTreeMap<RequestId, Pending>,
+    /// Per key, the requests that touch it, in acceptance order. The head is
+    /// the one in flight (or next to go).
+    key_queues: BTreeMap<Key, VecDeque<RequestId>>,
+    /// Requests at the head of all their keys' queues, not yet proposed.
+    ready_to_propose: VecDeque<RequestId>,
+
+    /// Reads waiting for their ReadIndex.
+    reads: BTreeMap<RequestId, Query>,
+    /// Reads whose ReadIndex is known, waiting for apply to reach it.
+    reads_at_index: Vec<(u64, RequestId)>,
+
+    /// Peers that were sent a snapshot in this turn.
+    snapshots_sent: Vec<u64>,
+    effects: Effects,
+    stats: Stats,
+}
+
+impl<D: Durable> std::fmt::Debug for Replica<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replica").field("status", &self.status()).finish_non_exhaustive()
+    }
+}
+
+impl<D: Durable> Replica<D> {
+    /// Opens a replica on `durable`: recovers its log, hard state and
+    /// snapshot, or bootstraps an empty store with `config.voters`.
+    pub fn open(config: Config, mut durable: D, logger: &Logger) -> Result<Replica<D>, FatalError> {
+        config.validate()?;
+        let logger = logger.new(slog::o!("node_id" => config.id.0));
+        let mut recovered = durable.recover()?;
+        if recovered.conf_state.is_none() {
+            let conf_state = ConfState::from((config.voters.iter().map(|v| v.0).collect::<Vec<_>>(), vec![]));
+            durable.write(WriteBatch { conf_state: Some(&conf_state), ..Default::default() })?;
+            recovered.conf_state = Some(conf_state);
+        }
+        let table = if recovered.snapshot.get_metadata().index == 0 {
+            LockTable::new()
+        } else {
+            LockTable::restore(recovered.snapshot.get_data())?
+        };
+        let snapshot_index = recovered.snapshot.get_metadata().index;
+        let cache = LogCache::from_recovered(recovered);
+        info!(logger, "replica opened";
+            "snapshot_index" => snapshot_index,
+            "last_index" => raft::Storage::last_index(&cache).unwrap_or(0),
+            "term" => cache.hard_state().term,
+            "commit" => cache.hard_state().commit);
+
+        let mut raft_config = raft::Config {
+            id: config.id.0,
+            election_tick: config.election_ticks,
+            heartbeat_tick: config.heartbeat_ticks,
+            // Entries after the snapshot are applied again: the table was
+            // rebuilt from the snapshot alone.
+            applied: snapshot_index,
+            max_size_per_msg: config.max_size_per_msg_bytes,
+            max_inflight_msgs: config.max_inflight_msgs,
+            check_quorum: true,
+            pre_vote: true,
+            read_only_option: raft::ReadOnlyOption::Safe,
+            ..Default::default()
+        };
+        if let Some(max) = config.election_ticks_max {
+            raft_config.min_election_tick = config.election_ticks;
+            raft_config.max_election_tick = max;
+        }
+        raft_config.validate()?;
+        let raw = RawNode::new(&raft_config, cache, &logger)?;
+        let reported = (raw.raft.state, raw.raft.term, raw.raft.leader_id);
+        Ok(Replica {
+            id: config.id,
+            config,
+            raw,
+            durable,
+            table,
+            logger,
+            reported,
+            leader_ready: false,
+            pending: BTreeMap::new(),
+            key_queues: BTreeMap::new(),
+            ready_to_propose: VecDeque::new(),
+            reads: BTreeMap::new(),
+            reads_at_index: Vec::new(),
+            snapshots_sent: Vec::new(),
+            effects: Effects::default(),
+            stats: Stats::default(),
+        })
+    }
+
+    /// Accepts a request of commands. The answer comes later in
+    /// [`Effects::replies`], or at once when the request is refused.
+    pub fn propose(&mut self, id: RequestId, commands: Vec<Command>) {
+        if let Err(err) = self.admit() {
+            self.reply(id, Err(err));
+            return;
+        }
+        if commands.is_empty() {
+            self.reply(id, Ok(Response::Applied(Vec::new())));
+            return;
+        }
+        let mut keys: Vec<Key> = commands.iter().filter_map(Command::key).cloned().collect();
+        keys.sort();
+        keys.dedup();
+        for key in &keys {
+            self.key_queues.entry(key.clone()).or_default().push_back(id);
+        }
+        self.pending.insert(id, Pending { commands, keys, proposed_term: None, queued: false });
+        self.queue_if_ready(id);
+    }
+
+    /// Accepts a linearizable read.
+    pub fn read(&mut self, id: RequestId, query: Query) {
+        if let Err(err) = self.admit() {
+            self.reply(id, Err(err));
+            return;
+        }
+        self.reads.insert(id, query);
+        self.raw.read_index(id.0.to_le_bytes().to_vec());
+    }
+
+    /// Feeds a raft message from a peer. Messages not for this node, and
+    /// snapshots whose table does not restore, are dropped.
+    pub fn step(&mut self, message: Message) {
+        if message.to != self.id.0 {
+            warn!(self.logger, "dropping message for another node"; "to" => message.to, "from" => message.from);
+            return;
+        }
+        if message.get_msg_type() == MessageType::MsgSnapshot {
+            if let Err(err) = LockTable::restore(message.get_snapshot().get_data()) {
+                warn!(self.logger, "dropping snapshot that does not restore";
+                    "from" => message.from, "error" => %err);
+                return;
+            }
+        }
+        if let Err(err) = self.raw.step(message) {
+            debug!(self.logger, "raft refused a message"; "error" => %err);
+        }
+    }
+
+    /// Advances raft's logical clock by one tick.
+    pub fn tick(&mut self) {
+        self.raw.tick();
+    }
+
+    /// Starts an election now (a one-node cluster, or a test).
+    pub fn campaign(&mut self) -> Result<(), FatalError> {
+        Ok(self.raw.campaign()?)
+    }
+
+    /// Does one turn: proposes what is ready as one batch of entries, then
+    /// handles one raft `Ready`. Call it after feeding inputs; then drain
+    /// [`Replica::take_effects`]. An error is fatal: drop the replica.
+    pub fn run_ready(&mut self) -> Result<(), FatalError> {
+        self.notice_role_change();
+        self.propose_ready_requests();
+        self.handle_ready()?;
+        self.notice_role_change();
+        for to in std::mem::take(&mut self.snapshots_sent) {
+            // The transport does not report delivery. Saying "finished"
+            // returns the peer to probing: if the snapshot was lost, the probe
+            // fails and a new snapshot is sent.
+            self.raw.report_snapshot(to, SnapshotStatus::Finish);
+        }
+        Ok(())
+    }
+
+    pub fn take_effects(&mut self) -> Effects {
+        std::mem::take(&mut self.effects)
+    }
+
+    pub fn has_ready(&self) -> bool {
+        self.raw.has_ready() || !self.ready_to_propose.is_empty() && self.leader_ready
+    }
+
+    pub fn is_leader_ready(&self) -> bool {
+        self.leader_ready
+    }
+
+    /// The applied lock table (not linearizable: see [`Replica::read`]).
+    pub fn table(&self) -> &LockTable {
+        &self.table
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    pub fn status(&self) -> NodeStatus {
+        let raft = &self.raw.raft;
+        NodeStatus {
+            id: self.id,
+            role: match raft.state {
+                StateRole::Follower => Role::Follower,
+                StateRole::Candidate => Role::Candidate,
+                StateRole::PreCandidate => Role::PreCandidate,
+                StateRole::Leader => Role::Leader,
+            },
+            term: raft.term,
+            leader: self.leader_hint(),
+            leader_ready: self.leader_ready,
+            commit_index: raft.raft_log.committed,
+            applied_index: raft.raft_log.applied,
+            last_index: raft.raft_log.last_index(),
+            snapshot_index: self.raw.store().snapshot_index(),
+            locks: self.table.len(),
+            last_token: self.table.last_token(),
+            pending_requests: self.pending.len() + self.reads.len(),
+        }
+    }
+
+    fn leader_hint(&self) -> Option<NodeId> {
+        match self.raw.raft.leader_id {
+            0 => None,
+            id => Some(NodeId(id)),
+        }
+    }
+
+    fn admit(&self) -> Result<(), RequestError> {
+        if self.raw.raft.state != StateRole::Leader {
+            return Err(RequestError::NotLeader { leader_hint: self.leader_hint() });
+        }
+        if self.pending.len() + self.reads.len() >= self.config.pending_requests_max {
+            return Err(RequestError::Overloaded);
+        }
+        Ok(())
+    }
+
+    fn reply(&mut self, id: RequestId, reply: Reply) {
+        self.effects.replies.push((id, reply));
+    }
+
+    /// Queues `id` for proposal once it heads the queue of every key it touches.
+    fn queue_if_ready(&mut self, id: RequestId) {
+        let Some(pending) = self.pending.get(&id) else { return };
+        if pending.queued || pending.proposed_term.is_some() {
+            return;
+        }
+        let heads_all =
+            pending.keys.iter().all(|key| self.key_queues.get(key).and_then(VecDeque::front) == Some(&id));
+        if heads_all {
+            if let Some(pending) = self.pending.get_mut(&id) {
+                pending.queued = true;
+            }
+            self.ready_to_propose.push_back(id);
+        }
+    }
+
+    /// Forgets an answered request and lets the next request on its keys go.
+    fn finish(&mut self, id: RequestId, reply: Reply) {
+        self.reply(id, reply);
+        let Some(pending) = self.pending.remove(&id) else { return };
+        let mut next = Vec::new();
+        for key in pending.keys {
+            let Some(queue) = self.key_queues.get_mut(&key) else { continue };
+            queue.retain(|queued| *queued != id);
+            match queue.front() {
+                Some(head) => next.push(*head),
+                None => {
+                    self.key_queues.remove(&key);
+                }
+            }
+        }
+        for head in next {
+            self.queue_if_ready(head);
+        }
+    }
+
+    /// The holder that a Grant in `commands` would be turned away by.
+    fn grant_conflict(&self, commands: &[Command]) -> Option<(Key, FencingToken)> {
+        commands.iter().find_map(|command| match command {
+            Command::Grant { key, owner, .. } => self
+                .table
+                .holder(key.as_bytes())
+                .filter(|lock| lock.owner != *owner)
+                .map(|lock| (key.clone(), lock.token)),
+            _ => None,
+        })
+    }
+
+    /// Proposes every ready request, many per entry.
+    fn propose_ready_requests(&mut self) {
+        if self.raw.raft.state != StateRole::Leader || !self.leader_ready {
+            return;
+        }
+        let term = self.raw.raft.term;
+        let mut commands = Vec::new();
+        let mut tags = Vec::new();
+        while let Some(id) = self.ready_to_propose.pop_front() {
+            let Some(pending) = self.pending.get(&id) else { continue };
+            // Nothing else is in flight on these keys, so the applied table is
+            // what this request will meet.
+            if let Some((key, holder_token)) = self.grant_conflict(&pending.commands) {
+                self.finish(id, Err(RequestError::Held { key, holder_token }));
+                continue;
+            }
+            let Some(pending) = self.pending.get_mut(&id) else { continue };
+            pending.queued = false;
+            pending.proposed_term = Some(term);
+            let taken = std::mem::take(&mut pending.commands);
+            tags.push(pb::RequestTag { request_id: id.0, commands: taken.len() as u32, ..Default::default() });
+            commands.extend(taken);
+            if commands.len() >= self.config.entry_commands_max {
+                self.propose_entry(std::mem::take(&mut commands), std::mem::take(&mut tags));
+            }
+        }
+        if !commands.is_empty() {
+            self.propose_entry(commands, tags);
+        }
+    }
+
+    fn propose_entry(&mut self, commands: Vec<Command>, tags: Vec<pb::RequestTag>) {
+        let ids: Vec<RequestId> = tags.iter().map(|tag| RequestId(tag.request_id)).collect();
+        let context = pb::EntryTags { proposer: self.id.0, requests: tags.into(), ..Default::default() }
+            .write_to_bytes()
+            .expect("encoding EntryTags into a Vec cannot fail");
+        let n_commands = commands.len() as u64;
+        match self.raw.propose(context, encode_batch(&commands)) {
+            Ok(()) => {
+                self.stats.entries_proposed += 1;
+                self.stats.commands_proposed += n_commands;
+                self.stats.requests_proposed += ids.len() as u64;
+            }
+            Err(err) => {
+                debug!(self.logger, "proposal dropped"; "error" => %err, "requests" => ids.len());
+                for id in ids {
+                    self.finish(id, Err(RequestError::Dropped));
+                }
+            }
+        }
+    }
+
+    /// Reports role changes, and fails every pending request when this node
+    /// stops being the leader of the term it was leading.
+    fn notice_role_change(&mut self) {
+        let raft = &self.raw.raft;
+        let now = (raft.state, raft.term, raft.leader_id);
+        if now == self.reported {
+            return;
+        }
+        let (was_state, was_term, _) = self.reported;
+        self.reported = now;
+        let (state, term, _) = now;
+        if was_state == StateRole::Leader && (state != StateRole::Leader || term != was_term) {
+            self.leader_ready = false;
+            self.fail_all_requests();
+        }
+        let change = match state {
+            StateRole::Leader => RoleChange::Leader { term },
+            StateRole::Candidate | StateRole::PreCandidate => RoleChange::Candidate { term },
+            StateRole::Follower => RoleChange::Follower { term, leader: self.leader_hint() },
+        };
+        if state == StateRole::Leader {
+            self.leader_ready = false;
+        }
+        info!(self.logger, "role changed"; "role" => ?state, "term" => term, "leader" => self.raw.raft.leader_id);
+        self.effects.roles.push(change);
+    }
+
+    fn fail_all_requests(&mut self) {
+        let leader_hint = self.leader_hint();
+        for (id, pending) in std::mem::take(&mut self.pending) {
+            let err = match pending.proposed_term {
+                Some(_) => RequestError::LeadershipLost { leader_hint },
+                None => RequestError::NotLeader { leader_hint },
+            };
+            self.reply(id, Err(err));
+        }
+        for id in std::mem::take(&mut self.reads).into_keys() {
+            self.reply(id, Err(RequestError::NotLeader { leader_hint }));
+        }
+        self.key_queues.clear();
+        self.ready_to_propose.clear();
+        self.reads_at_index.clear();
+    }
+
+    fn handle_ready(&mut self) -> Result<(), FatalError> {
+        if !self.raw.has_ready() {
+            return Ok(());
+        }
+        self.stats.readies += 1;
+        let mut ready = self.raw.ready();
+
+        // A leader may send before its own write: followers persist in parallel.
+        self.send(ready.take_messages());
+
+        let installed = !ready.snapshot().is_empty();
+        if installed {
+            let snapshot = ready.snapshot().clone();
+            self.install_snapshot(snapshot)?;
+        }
+
+        for read in ready.take_read_states() {
+            let id = read_request_id(&read.request_ctx);
+            if self.reads.contains_key(&id) {
+                self.reads_at_index.push((read.index, id));
+            }
+        }
+
+        let committed = ready.take_committed_entries();
+        self.apply_entries(committed)?;
+
+        let cache = self.raw.mut_store();
+        cache.append(ready.entries());
+        if let Some(hard_state) = ready.hs() {
+            cache.set_hard_state(hard_state.clone());
+        }
+        let write_hard_state = installed || ready.hs().is_some();
+        let cache = self.raw.store();
+        let batch = WriteBatch {
+            snapshot: installed.then(|| cache.last_snapshot()),
+            install: installed,
+            entries: ready.entries(),
+            hard_state: write_hard_state.then(|| cache.hard_state()),
+            conf_state: installed.then(|| cache.conf_state()),
+        };
+        if !(batch.entries.is_empty() && batch.snapshot.is_none() && batch.hard_state.is_none()) {
+            self.durable.write(batch)?;
+            self.stats.syncs += 1;
+        }
+
+        // Only now, with entries and hard state synced, may votes and
+        // append acknowledgements leave.
+        self.send(ready.take_persisted_messages());
+
+        let mut light = self.raw.advance(ready);
+        if let Some(commit) = light.commit_index() {
+            self.raw.mut_store().set_commit(commit);
+        }
+        self.send(light.take_messages());
+        self.apply_entries(light.take_committed_entries())?;
+        self.raw.advance_apply();
+        self.answer_reads();
+        self.maybe_snapshot()?;
+        Ok(())
+    }
+
+    fn send(&mut self, messages: Vec<Message>) {
+        for message in &messages {
+            if message.get_msg_type() == MessageType::MsgSnapshot {
+                self.snapshots_sent.push(message.to);
+            }
+        }
+        self.effects.messages.extend(messages);
+    }
+
+    fn install_snapshot(&mut self, snapshot: Snapshot) -> Result<(), FatalError> {
+        // Checked when the message arrived; a failure here is a bug or a
+        // corrupt store, and fatal.
+        let table = LockTable::restore(snapshot.get_data())?;
+        let index = snapshot.get_metadata().index;
+        info!(self.logger, "installing snapshot"; "index" => index, "locks" => table.len());
+        self.table = table;
+        self.raw.mut_store().install_snapshot(snapshot);
+        self.stats.snapshots_installed += 1;
+        self.effects.applied.push(AppliedEvent::Restored);
+        Ok(())
+    }
+
+    fn apply_entries(&mut self, entries: Vec<Entry>) -> Result<(), FatalError> {
+        for entry in entries {
+            match entry.get_entry_type() {
+                EntryType::EntryNormal if entry.data.is_empty() => {}
+                EntryType::EntryNormal => self.apply_commands(&entry),
+                EntryType::EntryConfChange => {
+                    let mut change = ConfChange::default();
+                    match change.merge_from_bytes(&entry.data) {
+                        Ok(()) => self.apply_conf_change(&change)?,
+                        Err(err) => warn!(self.logger, "undecodable conf change"; "index" => entry.index, "error" => %err),
+                    }
+                }
+                EntryType::EntryConfChangeV2 => {
+                    let mut change = ConfChangeV2::default();
+                    match change.merge_from_bytes(&entry.data) {
+                        Ok(()) => self.apply_conf_change(&change)?,
+                        Err(err) => warn!(self.logger, "undecodable conf change"; "index" => entry.index, "error" => %err),
+                    }
+                }
+            }
+            self.stats.entries_applied += 1;
+            if !self.leader_ready && self.raw.raft.state == StateRole::Leader && entry.term == self.raw.raft.term {
+                self.leader_ready = true;
+                info!(self.logger, "leader ready"; "term" => entry.term, "index" => entry.index);
+                self.effects.roles.push(RoleChange::LeaderReady { term: entry.term });
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_conf_change(&mut self, change: &impl raft_proto::ConfChangeI) -> Result<(), FatalError> {
+        match self.raw.apply_conf_change(change) {
+            Ok(conf_state) => {
+                self.durable.write(WriteBatch { conf_state: Some(&conf_state), ..Default::default() })?;
+                self.raw.mut_store().set_conf_state(conf_state);
+            }
+            Err(err) => warn!(self.logger, "conf change refused"; "error" => %err),
+        }
+        Ok(())
+    }
+
+    /// Applies one entry's command batch and routes its results.
+    fn apply_commands(&mut self, entry: &Entry) {
+        let results: Vec<ApplyResult> = match decode_batch(&entry.data) {
+            Err(reason) => vec![ApplyResult::Invalid { reason }],
+            Ok(commands) => commands
+                .into_iter()
+                .map(|command| match command {
+                    Ok(command) => self.apply_command(command),
+                    Err(reason) => ApplyResult::Invalid { reason },
+                })
+                .collect(),
+        };
+        let Ok(tags) = pb::EntryTags::parse_from_bytes(&entry.context) else {
+            warn!(self.logger, "entry context does not decode"; "index" => entry.index);
+            return;
+        };
+        if tags.proposer != self.id.0 {
+            return;
+        }
+        let mut offset = 0usize;
+        for tag in tags.requests.iter() {
+            let end = offset.saturating_add(tag.commands as usize);
+            let id = RequestId(tag.request_id);
+            let ours = self.pending.get(&id).is_some_and(|pending| pending.proposed_term == Some(entry.term));
+            if ours {
+                let reply = match results.get(offset..end) {
+                    Some(slice) => Ok(Response::Applied(slice.to_vec())),
+                    // Tags that do not match the batch: the entry is corrupt.
+                    None => Err(RequestError::Dropped),
+                };
+                self.finish(id, reply);
+            }
+            offset = end;
+        }
+    }
+
+    fn apply_command(&mut self, command: Command) -> ApplyResult {
+        let key = command.key().cloned();
+        let expire_token = match &command {
+            Command::Expire { token, .. } => Some(*token),
+            _ => None,
+        };
+        let last_token = self.table.last_token();
+        let result = self.table.apply(command);
+        assert!(self.table.last_token() >= last_token, "fencing tokens never go backwards");
+        let Some(key) = key else { return result };
+        let event = match (result, expire_token) {
+            (ApplyResult::Granted { token, lease_ms, existing }, _) => {
+                AppliedEvent::Granted { key, token, lease_ms, existing }
+            }
+            (ApplyResult::Renewed { token, lease_ms }, _) => AppliedEvent::Renewed { key, token, lease_ms },
+            (ApplyResult::Released { token }, _) => AppliedEvent::Released { key, token },
+            (ApplyResult::Expired { existed: true }, Some(token)) => AppliedEvent::Expired { key, token },
+            _ => return result,
+        };
+        self.effects.applied.push(event);
+        result
+    }
+
+    fn answer_reads(&mut self) {
+        let applied = self.raw.raft.raft_log.applied;
+        let (due, waiting): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.reads_at_index).into_iter().partition(|(index, _)| *index <= applied);
+        self.reads_at_index = waiting;
+        for (_, id) in due {
+            let Some(query) = self.reads.remove(&id) else { continue };
+            let response = match query {
+                Query::Holder(key) => Response::Holder(self.table.holder(key.as_bytes()).cloned()),
+                Query::Check { key, token } => {
+                    Response::Check(self.table.holder(key.as_bytes()).is_some_and(|lock| lock.token == token))
+                }
+                Query::List { prefix, limit } => Response::List(
+                    self.table.list(&prefix, limit).map(|(key, lock)| (key.clone(), lock.clone())).collect(),
+                ),
+            };
+            self.reply(id, Ok(response));
+        }
+    }
+
+    /// Takes a snapshot and compacts the log every
+    /// `snapshot_interval_entries` applied entries.
+    fn maybe_snapshot(&mut self) -> Result<(), FatalError> {
+        let applied = self.raw.raft.raft_log.applied;
+        let cache = self.raw.store();
+        if applied < cache.snapshot_index() + self.config.snapshot_interval_entries {
+            return Ok(());
+        }
+        let term = raft::Storage::term(cache, applied)?;
+        let mut snapshot = Snapshot::default();
+        snapshot.set_data(self.table.snapshot().into());
+        let metadata = snapshot.mut_metadata();
+        metadata.index = applied;
+        metadata.term = term;
+        metadata.set_conf_state(cache.conf_state().clone());
+        // The stored commit must never fall behind the snapshot, or a restart
+        // would find its hard state out of range.
+        let mut hard_state = cache.hard_state().clone();
+        hard_state.commit = hard_state.commit.max(applied);
+        self.durable.write(WriteBatch {
+            snapshot: Some(&snapshot),
+            install: false,
+            hard_state: Some(&hard_state),
+            ..Default::default()
+        })?;
+        self.stats.syncs += 1;
+        self.stats.snapshots_taken += 1;
+        debug!(self.logger, "snapshot taken"; "index" => applied, "term" => term, "locks" => self.table.len());
+        self.raw.mut_store().compact(snapshot);
+        Ok(())
+    }
+}
+
+fn read_request_id(context: &[u8]) -> RequestId {
+    let mut bytes = [0u8; 8];
+    let n = context.len().min(8);
+    bytes[..n].copy_from_slice(&context[..n]);
+    RequestId(u64::from_le_bytes(bytes))
+}

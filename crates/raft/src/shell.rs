@@ -1,0 +1,173 @@
+//! The thread around a [`Replica`]: a `crossbeam_channel::select!` loop over
+//! bounded channels and a tick timer. Each turn it drains what is waiting,
+//! runs one `Ready`, and dispatches the effects.
+//!
+//! The network layer (or a test's router) plugs into `peers_in` and
+//! `peers_out`; the server sends [`Request`]s and waits on each request's
+//! own reply channel.
+
+use std::collections::HashMap;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{never, select, tick, Receiver, Sender, TrySendError};
+use fencelock_types::Command;
+use raft::prelude::Message;
+use slog::{crit, info, Logger};
+
+use crate::replica::{Effects, NodeStatus, Replica, Stats};
+use crate::storage::Durable;
+use crate::{FatalError, Query, Reply, RequestError, RequestId};
+
+/// What callers ask of a running replica.
+#[derive(Debug)]
+pub enum Request {
+    Propose { commands: Vec<Command>, reply: Sender<Reply> },
+    Read { query: Query, reply: Sender<Reply> },
+    /// Answered at once from local state, not through raft.
+    Status { reply: Sender<NodeStatus> },
+    /// The applied index and the lock table's snapshot bytes, at once from
+    /// local state: for checking that replicas converge.
+    Table { reply: Sender<(u64, Vec<u8>)> },
+}
+
+/// Settings of the thread loop.
+#[derive(Clone, Debug)]
+pub struct ShellConfig {
+    /// The wall-clock length of one raft tick.
+    pub tick_interval: Duration,
+    /// The most inputs taken from the channels in one turn before the turn's
+    /// `Ready` is handled.
+    pub drain_max: usize,
+}
+
+/// The channels a shell runs on.
+#[derive(Debug)]
+pub struct Channels {
+    pub requests: Receiver<Request>,
+    pub peers_in: Receiver<Message>,
+    /// Bounded; a full queue drops the message (raft retransmits).
+    pub peers_out: Sender<Message>,
+    /// A message, or dropping the sender, stops the loop.
+    pub stop: Receiver<()>,
+}
+
+/// Starts `replica` on a thread named `fencelock-raft-<id>`. The thread ends
+/// when told to stop or when every request sender is gone (`Ok`, with the
+/// final counters), or on a fatal error (`Err`), after answering every
+/// outstanding request with [`RequestError::Stopped`].
+pub fn spawn<D: Durable + Send + 'static>(
+    replica: Replica<D>,
+    config: ShellConfig,
+    channels: Channels,
+    logger: &Logger,
+) -> std::io::Result<JoinHandle<Result<Stats, FatalError>>> {
+    let logger = logger.new(slog::o!("node_id" => replica.status().id.0));
+    std::thread::Builder::new()
+        .name(format!("fencelock-raft-{}", replica.status().id.0))
+        .spawn(move || {
+            let mut shell = Shell { replica, waiting: HashMap::new(), next_request_id: 0, logger };
+            let result = shell.run(&config, channels);
+            shell.fail_waiting();
+            match &result {
+                Ok(_) => info!(shell.logger, "driver stopped"),
+                Err(err) => crit!(shell.logger, "driver stopped on a fatal error"; "error" => %err),
+            }
+            result
+        })
+}
+
+struct Shell<D: Durable> {
+    replica: Replica<D>,
+    waiting: HashMap<RequestId, Sender<Reply>>,
+    next_request_id: u64,
+    logger: Logger,
+}
+
+impl<D: Durable> Shell<D> {
+    fn run(&mut self, config: &ShellConfig, channels: Channels) -> Result<Stats, FatalError> {
+        let ticker = tick(config.tick_interval);
+        let requests = channels.requests;
+        let mut peers_in = channels.peers_in;
+        loop {
+            select! {
+                recv(channels.stop) -> _ => return Ok(self.replica.stats()),
+                recv(requests) -> request => match request {
+                    Ok(request) => self.on_request(request),
+                    Err(_) => return Ok(self.replica.stats()),
+                },
+                recv(peers_in) -> message => match message {
+                    Ok(message) => self.replica.step(message),
+                    Err(_) => peers_in = never(),
+                },
+                recv(ticker) -> _ => self.replica.tick(),
+            }
+            // Group commit: take everything already waiting into this turn.
+            for _ in 0..config.drain_max {
+                let mut drained = false;
+                if let Ok(request) = requests.try_recv() {
+                    self.on_request(request);
+                    drained = true;
+                }
+                if let Ok(message) = peers_in.try_recv() {
+                    self.replica.step(message);
+                    drained = true;
+                }
+                if !drained {
+                    break;
+                }
+            }
+            self.replica.run_ready()?;
+            let effects = self.replica.take_effects();
+            self.dispatch(effects, &channels.peers_out);
+        }
+    }
+
+    fn on_request(&mut self, request: Request) {
+        match request {
+            Request::Propose { commands, reply } => {
+                let id = self.register(reply);
+                self.replica.propose(id, commands);
+            }
+            Request::Read { query, reply } => {
+                let id = self.register(reply);
+                self.replica.read(id, query);
+            }
+            Request::Status { reply } => {
+                let _ = reply.send(self.replica.status());
+            }
+            Request::Table { reply } => {
+                let applied = self.replica.status().applied_index;
+                let _ = reply.send((applied, self.replica.table().snapshot()));
+            }
+        }
+    }
+
+    fn register(&mut self, reply: Sender<Reply>) -> RequestId {
+        self.next_request_id += 1;
+        let id = RequestId(self.next_request_id);
+        self.waiting.insert(id, reply);
+        id
+    }
+
+    fn dispatch(&mut self, effects: Effects, peers_out: &Sender<Message>) {
+        for message in effects.messages {
+            match peers_out.try_send(message) {
+                Ok(()) | Err(TrySendError::Full(_)) => {}
+                Err(TrySendError::Disconnected(_)) => {}
+            }
+        }
+        for (id, reply) in effects.replies {
+            if let Some(sender) = self.waiting.remove(&id) {
+                // The caller may have gone; its request still took effect.
+                let _ = sender.send(reply);
+            }
+        }
+    }
+
+    fn fail_waiting(&mut self) {
+        for (_, sender) in self.waiting.drain() {
+            let _ = sender.send(Err(RequestError::Stopped));
+        }
+    }
+}

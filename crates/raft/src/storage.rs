@@ -1,0 +1,383 @@
+//! Raft log storage: an in-memory [`LogCache`] that raft-rs reads, behind it a
+//! [`Durable`] store that every write goes through, synced, before the driver
+//! acts on it.
+//!
+//! The split keeps raft-rs's reads off the disk and gives the simulator one
+//! seam to model a disk: implement [`Durable`]. Production uses
+//! [`EngineStore`] (raft-engine); tests use [`MemStore`].
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use protobuf::Message as _;
+use raft::prelude::{ConfState, Entry, HardState, Snapshot};
+use raft::{GetEntriesContext, RaftState, StorageError as RaftStorageError};
+
+/// One synced write: what a `Ready` asks to persist, or a local snapshot.
+#[derive(Debug, Default)]
+pub struct WriteBatch<'a> {
+    /// A snapshot to store. With `install`, it replaces the whole log (a
+    /// snapshot received from the leader); without, it only drops the entries
+    /// it covers (a snapshot taken locally, for compaction).
+    pub snapshot: Option<&'a Snapshot>,
+    pub install: bool,
+    /// Entries to append; an entry at an index already stored replaces it and
+    /// everything after it.
+    pub entries: &'a [Entry],
+    pub hard_state: Option<&'a HardState>,
+    pub conf_state: Option<&'a ConfState>,
+}
+
+impl WriteBatch<'_> {
+    fn is_empty(&self) -> bool {
+        self.snapshot.is_none()
+            && self.entries.is_empty()
+            && self.hard_state.is_none()
+            && self.conf_state.is_none()
+    }
+}
+
+/// What a store holds after a restart.
+#[derive(Debug, Default, Clone)]
+pub struct Recovered {
+    pub hard_state: HardState,
+    /// `None` for a store that was never written.
+    pub conf_state: Option<ConfState>,
+    /// The last stored snapshot; the default (index 0) when there is none.
+    pub snapshot: Snapshot,
+    /// The entries after the snapshot, in index order.
+    pub entries: Vec<Entry>,
+}
+
+/// Durable storage of the raft log, hard state, conf state and snapshot.
+pub trait Durable {
+    /// Reads back what was written before a restart.
+    fn recover(&mut self) -> Result<Recovered, StorageError>;
+
+    /// Writes `batch` atomically and syncs it before returning.
+    fn write(&mut self, batch: WriteBatch<'_>) -> Result<(), StorageError>;
+}
+
+/// A storage failure. The driver treats every one as fatal for the node.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("raft-engine: {0}")]
+    Engine(#[from] raft_engine::Error),
+    #[error("stored {what} is corrupt: {detail}")]
+    Corrupt { what: &'static str, detail: String },
+    #[error("store is poisoned by a panic in another thread")]
+    Poisoned,
+}
+
+/// The in-memory raft log that raft-rs reads through [`raft::Storage`].
+#[derive(Debug, Default)]
+pub struct LogCache {
+    hard_state: HardState,
+    conf_state: ConfState,
+    /// The last snapshot, with its data; its index is where the log starts.
+    snapshot: Snapshot,
+    /// `entries[i].index == snapshot index + 1 + i`.
+    entries: Vec<Entry>,
+}
+
+impl LogCache {
+    pub fn from_recovered(recovered: Recovered) -> LogCache {
+        let snapshot_index = recovered.snapshot.get_metadata().index;
+        let entries: Vec<Entry> =
+            recovered.entries.into_iter().filter(|entry| entry.index > snapshot_index).collect();
+        LogCache {
+            hard_state: recovered.hard_state,
+            conf_state: recovered.conf_state.unwrap_or_default(),
+            snapshot: recovered.snapshot,
+            entries,
+        }
+    }
+
+    pub fn snapshot_index(&self) -> u64 {
+        self.snapshot.get_metadata().index
+    }
+
+    pub fn last_snapshot(&self) -> &Snapshot {
+        &self.snapshot
+    }
+
+    pub fn conf_state(&self) -> &ConfState {
+        &self.conf_state
+    }
+
+    pub fn hard_state(&self) -> &HardState {
+        &self.hard_state
+    }
+
+    fn last(&self) -> u64 {
+        self.snapshot_index() + self.entries.len() as u64
+    }
+
+    /// Appends entries, replacing any stored suffix they conflict with.
+    pub fn append(&mut self, entries: &[Entry]) {
+        let Some(first) = entries.first() else { return };
+        let snapshot_index = self.snapshot_index();
+        assert!(first.index > snapshot_index, "appending below the snapshot at {snapshot_index}");
+        assert!(first.index <= self.last() + 1, "appending {} leaves a hole after {}", first.index, self.last());
+        self.entries.truncate((first.index - snapshot_index - 1) as usize);
+        self.entries.extend_from_slice(entries);
+    }
+
+    /// Installs a snapshot received from the leader: the log restarts after it.
+    pub fn install_snapshot(&mut self, snapshot: Snapshot) {
+        self.conf_state = snapshot.get_metadata().get_conf_state().clone();
+        let meta = snapshot.get_metadata();
+        if self.hard_state.commit < meta.index {
+            self.hard_state.commit = meta.index;
+        }
+        if self.hard_state.term < meta.term {
+            self.hard_state.term = meta.term;
+        }
+        self.entries.clear();
+        self.snapshot = snapshot;
+    }
+
+    /// Keeps a snapshot taken locally and drops the entries it covers.
+    pub fn compact(&mut self, snapshot: Snapshot) {
+        let index = snapshot.get_metadata().index;
+        let snapshot_index = self.snapshot_index();
+        assert!(index >= snapshot_index, "compaction goes backwards: {index} < {snapshot_index}");
+        assert!(index <= self.last(), "compacting past the last entry");
+        self.entries.drain(..(index - snapshot_index) as usize);
+        self.snapshot = snapshot;
+    }
+
+    pub fn set_hard_state(&mut self, hard_state: HardState) {
+        self.hard_state = hard_state;
+    }
+
+    pub fn set_commit(&mut self, commit: u64) {
+        self.hard_state.commit = commit;
+    }
+
+    pub fn set_conf_state(&mut self, conf_state: ConfState) {
+        self.conf_state = conf_state;
+    }
+}
+
+impl raft::Storage for LogCache {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        Ok(RaftState::new(self.hard_state.clone(), self.conf_state.clone()))
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        _context: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        let snapshot_index = self.snapshot_index();
+        if low <= snapshot_index {
+            return Err(raft::Error::Store(RaftStorageError::Compacted));
+        }
+        if high > self.last() + 1 {
+            return Err(raft::Error::Store(RaftStorageError::Unavailable));
+        }
+        let start = (low - snapshot_index - 1) as usize;
+        let end = (high - snapshot_index - 1) as usize;
+        let mut entries = self.entries[start..end].to_vec();
+        raft::util::limit_size(&mut entries, max_size.into());
+        Ok(entries)
+    }
+
+    fn term(&self, index: u64) -> raft::Result<u64> {
+        let snapshot_index = self.snapshot_index();
+        if index == snapshot_index {
+            return Ok(self.snapshot.get_metadata().term);
+        }
+        if index < snapshot_index {
+            return Err(raft::Error::Store(RaftStorageError::Compacted));
+        }
+        match self.entries.get((index - snapshot_index - 1) as usize) {
+            Some(entry) => Ok(entry.term),
+            None => Err(raft::Error::Store(RaftStorageError::Unavailable)),
+        }
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        Ok(self.snapshot_index() + 1)
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        Ok(self.last())
+    }
+
+    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        if self.snapshot_index() < request_index {
+            return Err(raft::Error::Store(RaftStorageError::SnapshotTemporarilyUnavailable));
+        }
+        Ok(self.snapshot.clone())
+    }
+}
+
+/// An in-memory [`Durable`] store. Clones share the same data, so a test can
+/// drop a node and restart it on "the same disk".
+#[derive(Debug, Default, Clone)]
+pub struct MemStore {
+    disk: Arc<Mutex<Recovered>>,
+}
+
+impl MemStore {
+    pub fn new() -> MemStore {
+        MemStore::default()
+    }
+}
+
+impl Durable for MemStore {
+    fn recover(&mut self) -> Result<Recovered, StorageError> {
+        let disk = self.disk.lock().map_err(|_: PoisonError<_>| StorageError::Poisoned)?;
+        Ok(disk.clone())
+    }
+
+    fn write(&mut self, batch: WriteBatch<'_>) -> Result<(), StorageError> {
+        let mut disk = self.disk.lock().map_err(|_: PoisonError<_>| StorageError::Poisoned)?;
+        if let Some(snapshot) = batch.snapshot {
+            let index = snapshot.get_metadata().index;
+            if batch.install {
+                disk.entries.clear();
+            } else {
+                disk.entries.retain(|entry| entry.index > index);
+            }
+            disk.snapshot = snapshot.clone();
+        }
+        if let Some(first) = batch.entries.first() {
+            disk.entries.retain(|entry| entry.index < first.index);
+            disk.entries.extend_from_slice(batch.entries);
+        }
+        if let Some(hard_state) = batch.hard_state {
+            disk.hard_state = hard_state.clone();
+        }
+        if let Some(conf_state) = batch.conf_state {
+            disk.conf_state = Some(conf_state.clone());
+        }
+        Ok(())
+    }
+}
+
+/// The production [`Durable`] store: raft-engine in a directory, every write
+/// synced.
+pub struct EngineStore {
+    engine: raft_engine::Engine,
+    /// Local snapshots written since the last purge of obsolete log files.
+    compactions_since_purge: u32,
+}
+
+impl std::fmt::Debug for EngineStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineStore").field("dir", &self.engine.path()).finish()
+    }
+}
+
+/// The one raft group this store holds.
+const GROUP: u64 = 1;
+const HARD_STATE_KEY: &[u8] = b"hard_state";
+const CONF_STATE_KEY: &[u8] = b"conf_state";
+const SNAPSHOT_KEY: &[u8] = b"snapshot";
+/// How many local snapshots pass between purges of obsolete log files.
+const PURGE_EVERY_COMPACTIONS: u32 = 8;
+
+#[derive(Clone, Debug)]
+struct EntryExt;
+
+impl raft_engine::MessageExt for EntryExt {
+    type Entry = Entry;
+
+    fn index(entry: &Entry) -> u64 {
+        entry.index
+    }
+}
+
+impl EngineStore {
+    /// Opens (or creates) the store in `dir`.
+    pub fn open(dir: &Path) -> Result<EngineStore, StorageError> {
+        let config = raft_engine::Config {
+            dir: dir.to_string_lossy().into_owned(),
+            // A torn write at the tail (a crash mid-write) is dropped; it was
+            // never synced, so nothing was acknowledged from it.
+            recovery_mode: raft_engine::RecoveryMode::TolerateTailCorruption,
+            ..Default::default()
+        };
+        let engine = raft_engine::Engine::open(config)?;
+        Ok(EngineStore { engine, compactions_since_purge: 0 })
+    }
+}
+
+impl Durable for EngineStore {
+    fn recover(&mut self) -> Result<Recovered, StorageError> {
+        let hard_state: HardState = self.engine.get_message(GROUP, HARD_STATE_KEY)?.unwrap_or_default();
+        let conf_state: Option<ConfState> = self.engine.get_message(GROUP, CONF_STATE_KEY)?;
+        let snapshot: Snapshot = self.engine.get_message(GROUP, SNAPSHOT_KEY)?.unwrap_or_default();
+        let mut entries = Vec::new();
+        if let (Some(first), Some(last)) = (self.engine.first_index(GROUP), self.engine.last_index(GROUP)) {
+            self.engine.fetch_entries_to::<EntryExt>(GROUP, first, last + 1, None, &mut entries)?;
+        }
+        let snapshot_index = snapshot.get_metadata().index;
+        entries.retain(|entry| entry.index > snapshot_index);
+        if let Some(first) = entries.first() {
+            if first.index != snapshot_index + 1 {
+                return Err(StorageError::Corrupt {
+                    what: "raft log",
+                    detail: format!("log starts at {} after a snapshot at {snapshot_index}", first.index),
+                });
+            }
+        }
+        Ok(Recovered { hard_state, conf_state, snapshot, entries })
+    }
+
+    fn write(&mut self, batch: WriteBatch<'_>) -> Result<(), StorageError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let mut log_batch = raft_engine::LogBatch::default();
+        let mut compacted = false;
+        if let Some(snapshot) = batch.snapshot {
+            let index = snapshot.get_metadata().index;
+            if batch.install {
+                // Drop the whole old log, including any suffix past the
+                // snapshot, then write the group's state afresh below.
+                log_batch.add_command(GROUP, raft_engine::Command::Clean);
+                if batch.hard_state.is_none() {
+                    let hard_state: HardState =
+                        self.engine.get_message(GROUP, HARD_STATE_KEY)?.unwrap_or_default();
+                    log_batch.put_message(GROUP, HARD_STATE_KEY.to_vec(), &hard_state)?;
+                }
+                let conf_state = snapshot.get_metadata().get_conf_state();
+                if batch.conf_state.is_none() {
+                    log_batch.put_message(GROUP, CONF_STATE_KEY.to_vec(), conf_state)?;
+                }
+            } else {
+                log_batch.add_command(GROUP, raft_engine::Command::Compact { index: index + 1 });
+                compacted = true;
+            }
+            log_batch.put(GROUP, SNAPSHOT_KEY.to_vec(), snapshot.write_to_bytes().map_err(corrupt_snapshot)?)?;
+        }
+        if !batch.entries.is_empty() {
+            log_batch.add_entries::<EntryExt>(GROUP, batch.entries)?;
+        }
+        if let Some(hard_state) = batch.hard_state {
+            log_batch.put_message(GROUP, HARD_STATE_KEY.to_vec(), hard_state)?;
+        }
+        if let Some(conf_state) = batch.conf_state {
+            log_batch.put_message(GROUP, CONF_STATE_KEY.to_vec(), conf_state)?;
+        }
+        self.engine.write(&mut log_batch, true)?;
+        if compacted {
+            self.compactions_since_purge += 1;
+            if self.compactions_since_purge >= PURGE_EVERY_COMPACTIONS {
+                self.compactions_since_purge = 0;
+                self.engine.purge_expired_files()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn corrupt_snapshot(err: protobuf::ProtobufError) -> StorageError {
+    StorageError::Corrupt { what: "snapshot", detail: err.to_string() }
+}

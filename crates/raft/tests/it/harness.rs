@@ -1,0 +1,286 @@
+//! An in-process cluster of real drivers (`shell::spawn` over raft-engine on
+//! temporary data directories), joined by router threads instead of sockets.
+//! The routers can isolate and partition nodes; nodes can be crashed (the
+//! thread stopped and the engine dropped without any flush) and restarted
+//! on their data directories.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, Receiver, Sender};
+use fencelock_raft::shell::{self, Channels, Request, ShellConfig};
+use fencelock_raft::{Config, EngineStore, FatalError, NodeId, NodeStatus, Query, Reply, Replica, RequestError, Response, Role, Stats};
+use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner};
+use raft::prelude::Message;
+use tempfile::TempDir;
+
+/// How long a test waits for anything before failing.
+pub const DEADLINE: Duration = Duration::from_secs(20);
+
+pub struct Cluster {
+    pub size: u64,
+    dirs: Vec<TempDir>,
+    nodes: Vec<Option<RunningNode>>,
+    /// Each node's inbound peer channel, looked up by the routers.
+    inboxes: Arc<RwLock<Vec<Option<Sender<Message>>>>>,
+    /// Pairs (from, to) whose messages are dropped.
+    cut: Arc<RwLock<BTreeSet<(u64, u64)>>>,
+    tune: fn(&mut Config),
+    logger: slog::Logger,
+}
+
+struct RunningNode {
+    requests: Sender<Request>,
+    stop: Sender<()>,
+    thread: JoinHandle<Result<Stats, FatalError>>,
+    router: JoinHandle<()>,
+}
+
+impl Cluster {
+    pub fn start(size: u64) -> Cluster {
+        Cluster::start_with(size, |_| {})
+    }
+
+    /// Starts `size` nodes; `tune` adjusts each node's driver config.
+    pub fn start_with(size: u64, tune: fn(&mut Config)) -> Cluster {
+        let dirs = (0..size).map(|_| tempfile::tempdir().expect("temporary directory")).collect();
+        let mut cluster = Cluster {
+            size,
+            dirs,
+            nodes: (0..size).map(|_| None).collect(),
+            inboxes: Arc::new(RwLock::new(vec![None; size as usize])),
+            cut: Arc::new(RwLock::new(BTreeSet::new())),
+            tune,
+            logger: test_logger(),
+        };
+        for id in 1..=size {
+            cluster.restart(id);
+        }
+        cluster
+    }
+
+    /// Starts node `id` on its data directory (again).
+    pub fn restart(&mut self, id: u64) {
+        assert!(self.nodes[idx(id)].is_none(), "node {id} is running");
+        let voters = (1..=self.size).map(NodeId).collect();
+        let mut config = Config::new(NodeId(id), voters);
+        config.election_ticks = 10;
+        config.heartbeat_ticks = 2;
+        (self.tune)(&mut config);
+        let store = EngineStore::open(self.dirs[idx(id)].path()).expect("open raft-engine");
+        let replica = Replica::open(config, store, &self.logger).expect("open replica");
+
+        let (requests_tx, requests_rx) = bounded(1024);
+        let (peers_in_tx, peers_in_rx) = bounded(4096);
+        let (peers_out_tx, peers_out_rx) = bounded::<Message>(4096);
+        let (stop_tx, stop_rx) = bounded(1);
+        let shell_config = ShellConfig { tick_interval: Duration::from_millis(10), drain_max: 4096 };
+        let channels = Channels { requests: requests_rx, peers_in: peers_in_rx, peers_out: peers_out_tx, stop: stop_rx };
+        let thread = shell::spawn(replica, shell_config, channels, &self.logger).expect("spawn driver");
+        self.inboxes.write().unwrap()[idx(id)] = Some(peers_in_tx);
+        let router = self.spawn_router(id, peers_out_rx);
+        self.nodes[idx(id)] = Some(RunningNode { requests: requests_tx, stop: stop_tx, thread, router });
+    }
+
+    fn spawn_router(&self, from: u64, outbound: Receiver<Message>) -> JoinHandle<()> {
+        let inboxes = Arc::clone(&self.inboxes);
+        let cut = Arc::clone(&self.cut);
+        std::thread::spawn(move || {
+            for message in outbound {
+                let to = message.to;
+                if cut.read().unwrap().contains(&(from, to)) {
+                    continue;
+                }
+                let inbox = inboxes.read().unwrap().get(idx(to)).cloned().flatten();
+                if let Some(inbox) = inbox {
+                    let _ = inbox.try_send(message);
+                }
+            }
+        })
+    }
+
+    /// Stops node `id` at once: no clean shutdown, no flush beyond what each
+    /// `Ready` already synced.
+    pub fn crash(&mut self, id: u64) -> Result<Stats, FatalError> {
+        let node = self.nodes[idx(id)].take().expect("node is running");
+        self.inboxes.write().unwrap()[idx(id)] = None;
+        let _ = node.stop.send(());
+        let result = node.thread.join().expect("driver thread panicked");
+        node.router.join().expect("router thread panicked");
+        result
+    }
+
+    pub fn is_running(&self, id: u64) -> bool {
+        self.nodes[idx(id)].is_some()
+    }
+
+    pub fn running(&self) -> Vec<u64> {
+        (1..=self.size).filter(|id| self.is_running(*id)).collect()
+    }
+
+    /// Drops every message between `a` and the rest, both ways.
+    pub fn isolate(&self, a: u64) {
+        let others: Vec<u64> = (1..=self.size).filter(|id| *id != a).collect();
+        self.partition(&[vec![a], others]);
+    }
+
+    /// Drops every message between different groups.
+    pub fn partition(&self, groups: &[Vec<u64>]) {
+        let mut cut = self.cut.write().unwrap();
+        cut.clear();
+        for (i, one) in groups.iter().enumerate() {
+            for (j, other) in groups.iter().enumerate() {
+                if i != j {
+                    for a in one {
+                        for b in other {
+                            cut.insert((*a, *b));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn heal(&self) {
+        self.cut.write().unwrap().clear();
+    }
+
+    pub fn status(&self, id: u64) -> Option<NodeStatus> {
+        let node = self.nodes[idx(id)].as_ref()?;
+        let (tx, rx) = bounded(1);
+        node.requests.send(Request::Status { reply: tx }).ok()?;
+        rx.recv_timeout(DEADLINE).ok()
+    }
+
+    pub fn table(&self, id: u64) -> Option<(u64, Vec<u8>)> {
+        let node = self.nodes[idx(id)].as_ref()?;
+        let (tx, rx) = bounded(1);
+        node.requests.send(Request::Table { reply: tx }).ok()?;
+        rx.recv_timeout(DEADLINE).ok()
+    }
+
+    /// Waits for a ready leader among `among` that every other node of
+    /// `among` follows.
+    pub fn leader_among(&self, among: &[u64]) -> u64 {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let statuses: Vec<NodeStatus> = among.iter().filter_map(|id| self.status(*id)).collect();
+            let leader = statuses.iter().find(|s| s.role == Role::Leader && s.leader_ready);
+            if let Some(leader) = leader {
+                let term = leader.term;
+                if statuses.iter().all(|s| s.term == term && s.leader == Some(leader.id)) {
+                    return leader.id.0;
+                }
+            }
+            assert!(Instant::now() < deadline, "no leader among {among:?}: {statuses:#?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn leader(&self) -> u64 {
+        self.leader_among(&self.running())
+    }
+
+    /// Sends a proposal to `id` and returns the channel its reply comes on.
+    pub fn propose_async(&self, id: u64, commands: Vec<Command>) -> Receiver<Reply> {
+        let (tx, rx) = bounded(1);
+        let node = self.nodes[idx(id)].as_ref().expect("node is running");
+        node.requests.send(Request::Propose { commands, reply: tx }).expect("driver is running");
+        rx
+    }
+
+    pub fn propose(&self, id: u64, commands: Vec<Command>) -> Reply {
+        self.propose_async(id, commands).recv_timeout(DEADLINE).expect("a reply within the deadline")
+    }
+
+    pub fn read(&self, id: u64, query: Query) -> Reply {
+        let (tx, rx) = bounded(1);
+        let node = self.nodes[idx(id)].as_ref().expect("node is running");
+        node.requests.send(Request::Read { query, reply: tx }).expect("driver is running");
+        rx.recv_timeout(DEADLINE).expect("a reply within the deadline")
+    }
+
+    /// Proposes through whichever node leads, retrying retryable errors (a
+    /// retried Grant by the same owner can never grant twice).
+    pub fn propose_on_leader(&self, commands: Vec<Command>) -> Vec<ApplyResult> {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let leader = self.leader();
+            match self.propose(leader, commands.clone()) {
+                Ok(Response::Applied(results)) => return results,
+                Ok(other) => panic!("unexpected response {other:?}"),
+                Err(RequestError::Held { .. }) => panic!("held: {commands:?}"),
+                Err(err) => assert!(Instant::now() < deadline, "gave up on {commands:?}: {err}"),
+            }
+        }
+    }
+
+    /// Grants `key` to `owner` through the leader and returns the token.
+    pub fn grant(&self, key: &str, owner: &str) -> FencingToken {
+        match self.propose_on_leader(vec![grant(key, owner)]).as_slice() {
+            [ApplyResult::Granted { token, .. }] => *token,
+            other => panic!("grant of {key} to {owner}: {other:?}"),
+        }
+    }
+
+    /// Waits until every running node has applied the same index and holds
+    /// byte-identical tables; returns those bytes.
+    pub fn converged(&self) -> Vec<u8> {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let tables: Vec<(u64, Vec<u8>)> = self.running().iter().filter_map(|id| self.table(*id)).collect();
+            if tables.len() == self.running().len() && tables.windows(2).all(|w| w[0] == w[1]) {
+                return tables[0].1.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "tables did not converge: {:?}",
+                tables.iter().map(|(applied, bytes)| (*applied, bytes.len())).collect::<Vec<_>>()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Stops every node and returns each one's final counters.
+    pub fn stop(mut self) -> Vec<Stats> {
+        self.running().into_iter().filter_map(|id| self.crash(id).ok()).collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in self.nodes.iter_mut().filter_map(Option::take) {
+            let _ = node.stop.send(());
+            let _ = node.thread.join();
+        }
+        self.inboxes.write().map(|mut inboxes| inboxes.clear()).ok();
+    }
+}
+
+fn idx(id: u64) -> usize {
+    (id - 1) as usize
+}
+
+pub fn test_logger() -> slog::Logger {
+    slog::Logger::root(slog::Discard, slog::o!())
+}
+
+pub fn key(name: &str) -> Key {
+    Key::new(name.as_bytes().to_vec()).unwrap()
+}
+
+pub fn grant(key_name: &str, owner: &str) -> Command {
+    Command::Grant {
+        key: key(key_name),
+        lease_ms: LeaseMs::new(30_000).unwrap(),
+        owner: Owner::new(owner.as_bytes().to_vec()).unwrap(),
+    }
+}
+
+pub fn release(key_name: &str, token: Option<FencingToken>) -> Command {
+    Command::Release { key: key(key_name), token }
+}
