@@ -12,14 +12,8 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 
 const TASKS: &[(&str, &str)] = &[
-    (
-        "ci",
-        "everything CI checks: format, clippy (warnings denied), tidy, all tests",
-    ),
-    (
-        "tidy",
-        "architecture rules: dependency arrows, module docs, banned APIs in the cores",
-    ),
+    ("ci", "everything CI checks: format, clippy (warnings denied), tidy, all tests"),
+    ("tidy", "architecture rules: dependency arrows, module docs, banned APIs in the cores"),
 ];
 
 fn main() -> Result<()> {
@@ -49,18 +43,7 @@ fn print_tasks() {
 fn ci(root: &Path) -> Result<()> {
     cargo(root, &["fmt", "--all", "--", "--check"])
         .context("code is not formatted: run `cargo fmt --all`")?;
-    cargo(
-        root,
-        &[
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--locked",
-            "--",
-            "-D",
-            "warnings",
-        ],
-    )?;
+    cargo(root, &["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"])?;
     tidy::run(root)?;
     cargo(root, &["test", "--workspace", "--locked"])?;
     println!("xtask ci: all checks passed");

@@ -22,6 +22,7 @@ use cargo_metadata::{DependencyKind, MetadataCommand, PackageId};
 const ARROWS: &[(&str, &[&str])] = &[
     ("fencelock-types", &[]),
     ("fencelock-fsm", &["fencelock-types"]),
+    ("fencelock-raft", &["fencelock-types", "fencelock-fsm"]),
     ("xtask", &[]),
 ];
 
@@ -33,6 +34,8 @@ const PURE_CORES: &[(&str, &str, &[&str])] = &[(
     &[
         "fencelock-types",
         "protobuf",
+        // protobuf's `bytes` feature, switched on workspace-wide by raft-proto.
+        "bytes",
         "crc32fast",
         "cfg-if",
         "thiserror",
@@ -56,14 +59,8 @@ const BANNED_IN_CORES: &[(&str, &str)] = &[
     ("std::process", "runs processes"),
     ("std::env", "reads the environment"),
     ("rand::", "uses randomness"),
-    (
-        "HashMap",
-        "iterates in an order that can differ between replicas",
-    ),
-    (
-        "HashSet",
-        "iterates in an order that can differ between replicas",
-    ),
+    ("HashMap", "iterates in an order that can differ between replicas"),
+    ("HashSet", "iterates in an order that can differ between replicas"),
     ("raft", "knows raft"),
     ("crossbeam", "knows channels"),
     ("slog", "logs"),
@@ -116,12 +113,7 @@ fn check_arrows(graph: &Graph, problems: &mut Vec<String>) {
     }
 }
 
-fn check_core_dependencies(
-    graph: &Graph,
-    package: &str,
-    allowed: &[&str],
-    problems: &mut Vec<String>,
-) {
+fn check_core_dependencies(graph: &Graph, package: &str, allowed: &[&str], problems: &mut Vec<String>) {
     for dependency in graph.transitive(package) {
         if !allowed.contains(&dependency.as_str()) {
             problems.push(format!(
@@ -140,24 +132,17 @@ struct Graph {
 
 impl Graph {
     fn load(root: &Path) -> Result<Graph> {
-        let metadata = MetadataCommand::new()
-            .current_dir(root)
-            .exec()
-            .context("cannot read `cargo metadata`")?;
-        let name_of: BTreeMap<&PackageId, &str> = metadata
-            .packages
-            .iter()
-            .map(|package| (&package.id, package.name.as_str()))
-            .collect();
+        let metadata =
+            MetadataCommand::new().current_dir(root).exec().context("cannot read `cargo metadata`")?;
+        let name_of: BTreeMap<&PackageId, &str> =
+            metadata.packages.iter().map(|package| (&package.id, package.name.as_str())).collect();
         let workspace = metadata
             .workspace_members
             .iter()
             .filter_map(|id| name_of.get(id))
             .map(|name| (*name).to_owned())
             .collect();
-        let resolve = metadata
-            .resolve
-            .context("`cargo metadata` gave no dependency graph")?;
+        let resolve = metadata.resolve.context("`cargo metadata` gave no dependency graph")?;
         let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for node in resolve.nodes {
             let Some(from) = name_of.get(&node.id) else {
@@ -166,11 +151,7 @@ impl Graph {
             let to = node
                 .deps
                 .iter()
-                .filter(|dep| {
-                    dep.dep_kinds
-                        .iter()
-                        .any(|kind| kind.kind == DependencyKind::Normal)
-                })
+                .filter(|dep| dep.dep_kinds.iter().any(|kind| kind.kind == DependencyKind::Normal))
                 .filter_map(|dep| name_of.get(&dep.pkg))
                 .map(|name| (*name).to_owned());
             edges.entry((*from).to_owned()).or_default().extend(to);
@@ -261,10 +242,7 @@ fn read(path: &Path) -> Result<String> {
 }
 
 fn relative(root: &Path, path: &Path) -> String {
-    path.strip_prefix(root)
-        .unwrap_or(path)
-        .display()
-        .to_string()
+    path.strip_prefix(root).unwrap_or(path).display().to_string()
 }
 
 #[cfg(test)]
@@ -273,26 +251,16 @@ mod tests {
 
     #[test]
     fn cores_may_not_touch_clocks_sockets_or_raft() {
-        let text =
-            "//! doc\nuse std::time::Instant;\nuse std::net::TcpStream;\nuse raft::RawNode;\n";
+        let text = "//! doc\nuse std::time::Instant;\nuse std::net::TcpStream;\nuse raft::RawNode;\n";
         let problems = scan_core_source(text);
-        assert!(
-            problems.iter().any(|p| p.contains("std::time")),
-            "{problems:?}"
-        );
-        assert!(
-            problems.iter().any(|p| p.contains("std::net")),
-            "{problems:?}"
-        );
+        assert!(problems.iter().any(|p| p.contains("std::time")), "{problems:?}");
+        assert!(problems.iter().any(|p| p.contains("std::net")), "{problems:?}");
         assert!(problems.iter().any(|p| p.contains("raft")), "{problems:?}");
     }
 
     #[test]
     fn comments_may_name_what_code_may_not_use() {
-        assert!(
-            scan_core_source("//! no std::time here\n// nor a HashMap\nfn f() {} // raft\n")
-                .is_empty()
-        );
+        assert!(scan_core_source("//! no std::time here\n// nor a HashMap\nfn f() {} // raft\n").is_empty());
     }
 
     #[test]

@@ -34,10 +34,7 @@ fn workload() -> (LockTable, Vec<Command>) {
             let ApplyResult::Granted { token, .. } = table.apply(grant(i)) else {
                 unreachable!("a free key is granted")
             };
-            commands.push(Command::Release {
-                key: key(i),
-                token: Some(token),
-            });
+            commands.push(Command::Release { key: key(i), token: Some(token) });
         } else {
             commands.push(grant(i));
         }
@@ -51,10 +48,7 @@ fn bench_apply(c: &mut Criterion) {
     group.throughput(Throughput::Elements(KEYS as u64));
     group.sample_size(20);
     for commands_per_entry in [1usize, 64] {
-        let entries: Vec<Vec<u8>> = commands
-            .chunks(commands_per_entry)
-            .map(encode_batch)
-            .collect();
+        let entries: Vec<Vec<u8>> = commands.chunks(commands_per_entry).map(encode_batch).collect();
         group.bench_function(format!("100k_keys_{commands_per_entry}_per_entry"), |b| {
             b.iter_batched_ref(
                 || (table.clone(), Vec::with_capacity(commands_per_entry)),

@@ -61,9 +61,7 @@ pub use snapshot::{SnapshotError, SNAPSHOT_VERSION};
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use fencelock_types::{
-    decode_batch, ApplyResult, Command, FencingToken, InvalidReason, Key, LeaseMs, Owner,
-};
+use fencelock_types::{decode_batch, ApplyResult, Command, FencingToken, InvalidReason, Key, LeaseMs, Owner};
 
 /// One held lock.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,18 +91,10 @@ impl LockTable {
     /// Applies one committed command.
     pub fn apply(&mut self, command: Command) -> ApplyResult {
         match command {
-            Command::Grant {
-                key,
-                lease_ms,
-                owner,
-            } => self.grant(key, lease_ms, owner),
+            Command::Grant { key, lease_ms, owner } => self.grant(key, lease_ms, owner),
             Command::Release { key, token } => self.release(&key, token),
             Command::Expire { key, token } => self.expire(&key, token),
-            Command::Renew {
-                key,
-                token,
-                lease_ms,
-            } => self.renew(&key, token, lease_ms),
+            Command::Renew { key, token, lease_ms } => self.renew(&key, token, lease_ms),
             Command::Noop => ApplyResult::Noop,
         }
     }
@@ -164,47 +154,23 @@ impl LockTable {
     fn grant(&mut self, key: Key, lease_ms: LeaseMs, owner: Owner) -> ApplyResult {
         if let Some(lock) = self.locks.get_mut(&key) {
             if lock.owner != owner {
-                return ApplyResult::GrantRejected {
-                    holder_token: lock.token,
-                };
+                return ApplyResult::GrantRejected { holder_token: lock.token };
             }
             // A retry by the holder: same token, lease restarted.
             lock.lease_ms = lease_ms;
-            return ApplyResult::Granted {
-                token: lock.token,
-                lease_ms,
-                existing: true,
-            };
+            return ApplyResult::Granted { token: lock.token, lease_ms, existing: true };
         }
         let token = match self.last_token {
             None => FencingToken::FIRST,
             Some(last) => match last.next() {
                 Some(token) => token,
-                None => {
-                    return ApplyResult::Invalid {
-                        reason: InvalidReason::TokensExhausted,
-                    }
-                }
+                None => return ApplyResult::Invalid { reason: InvalidReason::TokensExhausted },
             },
         };
-        assert!(
-            self.last_token < Some(token),
-            "fencing tokens never go backwards"
-        );
+        assert!(self.last_token < Some(token), "fencing tokens never go backwards");
         self.last_token = Some(token);
-        self.locks.insert(
-            key,
-            Lock {
-                token,
-                owner,
-                lease_ms,
-            },
-        );
-        ApplyResult::Granted {
-            token,
-            lease_ms,
-            existing: false,
-        }
+        self.locks.insert(key, Lock { token, owner, lease_ms });
+        ApplyResult::Granted { token, lease_ms, existing: false }
     }
 
     fn release(&mut self, key: &Key, token: Option<FencingToken>) -> ApplyResult {

@@ -102,10 +102,7 @@ impl LockTable {
             let owner = Owner::new(record.owner).map_err(invalid)?;
             let lease_ms = LeaseMs::new(record.lease_ms).map_err(invalid)?;
             let token = FencingToken::new(record.token).ok_or(invalid(InvalidReason::ZeroToken))?;
-            if previous_key
-                .as_ref()
-                .is_some_and(|previous| *previous >= key)
-            {
+            if previous_key.as_ref().is_some_and(|previous| *previous >= key) {
                 return Err(SnapshotError::KeysOutOfOrder { index });
             }
             if last_token.is_none_or(|last| token > last) {
@@ -115,14 +112,7 @@ impl LockTable {
                 return Err(SnapshotError::DuplicateToken { index, token });
             }
             previous_key = Some(key.clone());
-            locks.insert(
-                key,
-                Lock {
-                    token,
-                    owner,
-                    lease_ms,
-                },
-            );
+            locks.insert(key, Lock { token, owner, lease_ms });
         }
         Ok(LockTable { locks, last_token })
     }

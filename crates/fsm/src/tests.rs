@@ -26,11 +26,7 @@ fn token(value: u64) -> FencingToken {
 }
 
 fn grant(k: &str, o: &str) -> Command {
-    Command::Grant {
-        key: key(k),
-        lease_ms: lease(1000),
-        owner: owner(o),
-    }
+    Command::Grant { key: key(k), lease_ms: lease(1000), owner: owner(o) }
 }
 
 fn granted(table: &mut LockTable, k: &str, o: &str) -> FencingToken {
@@ -47,10 +43,7 @@ fn tokens_start_at_one_and_increase_across_keys() {
     assert_eq!(granted(&mut table, "a", "o1"), token(1));
     assert_eq!(granted(&mut table, "b", "o1"), token(2));
     assert_eq!(
-        table.apply(Command::Release {
-            key: key("a"),
-            token: Some(token(1))
-        }),
+        table.apply(Command::Release { key: key("a"), token: Some(token(1)) }),
         ApplyResult::Released { token: token(1) }
     );
     assert_eq!(granted(&mut table, "a", "o2"), token(3));
@@ -62,19 +55,8 @@ fn tokens_start_at_one_and_increase_across_keys() {
 fn grant_by_the_holder_is_idempotent_and_restarts_the_lease() {
     let mut table = LockTable::new();
     let first = granted(&mut table, "a", "o1");
-    let retry = table.apply(Command::Grant {
-        key: key("a"),
-        lease_ms: lease(5000),
-        owner: owner("o1"),
-    });
-    assert_eq!(
-        retry,
-        ApplyResult::Granted {
-            token: first,
-            lease_ms: lease(5000),
-            existing: true
-        }
-    );
+    let retry = table.apply(Command::Grant { key: key("a"), lease_ms: lease(5000), owner: owner("o1") });
+    assert_eq!(retry, ApplyResult::Granted { token: first, lease_ms: lease(5000), existing: true });
     assert_eq!(table.holder(b"a").unwrap().lease_ms, lease(5000));
     // No token was burnt by the retry.
     assert_eq!(table.last_token(), Some(first));
@@ -84,12 +66,7 @@ fn grant_by_the_holder_is_idempotent_and_restarts_the_lease() {
 fn grant_by_another_owner_is_rejected() {
     let mut table = LockTable::new();
     let first = granted(&mut table, "a", "o1");
-    assert_eq!(
-        table.apply(grant("a", "o2")),
-        ApplyResult::GrantRejected {
-            holder_token: first
-        }
-    );
+    assert_eq!(table.apply(grant("a", "o2")), ApplyResult::GrantRejected { holder_token: first });
     assert_eq!(table.holder(b"a").unwrap().owner, owner("o1"));
 }
 
@@ -97,18 +74,9 @@ fn grant_by_another_owner_is_rejected() {
 fn release_with_a_stale_token_cannot_free_the_successor() {
     let mut table = LockTable::new();
     let old = granted(&mut table, "a", "o1");
-    table.apply(Command::Expire {
-        key: key("a"),
-        token: old,
-    });
+    table.apply(Command::Expire { key: key("a"), token: old });
     let new = granted(&mut table, "a", "o2");
-    assert_eq!(
-        table.apply(Command::Release {
-            key: key("a"),
-            token: Some(old)
-        }),
-        ApplyResult::NotFound
-    );
+    assert_eq!(table.apply(Command::Release { key: key("a"), token: Some(old) }), ApplyResult::NotFound);
     assert_eq!(table.holder(b"a").unwrap().token, new);
 }
 
@@ -117,19 +85,10 @@ fn force_release_removes_whoever_holds_the_key() {
     let mut table = LockTable::new();
     let held = granted(&mut table, "a", "o1");
     assert_eq!(
-        table.apply(Command::Release {
-            key: key("a"),
-            token: None
-        }),
+        table.apply(Command::Release { key: key("a"), token: None }),
         ApplyResult::Released { token: held }
     );
-    assert_eq!(
-        table.apply(Command::Release {
-            key: key("a"),
-            token: None
-        }),
-        ApplyResult::NotFound
-    );
+    assert_eq!(table.apply(Command::Release { key: key("a"), token: None }), ApplyResult::NotFound);
     assert!(table.is_empty());
 }
 
@@ -138,27 +97,18 @@ fn late_and_duplicate_expires_change_nothing() {
     let mut table = LockTable::new();
     let old = granted(&mut table, "a", "o1");
     assert_eq!(
-        table.apply(Command::Expire {
-            key: key("a"),
-            token: old
-        }),
+        table.apply(Command::Expire { key: key("a"), token: old }),
         ApplyResult::Expired { existed: true }
     );
     assert_eq!(
-        table.apply(Command::Expire {
-            key: key("a"),
-            token: old
-        }),
+        table.apply(Command::Expire { key: key("a"), token: old }),
         ApplyResult::Expired { existed: false }
     );
     let new = granted(&mut table, "a", "o1");
     // The same owner acquiring again after expiry gets a new, greater token.
     assert!(new > old);
     assert_eq!(
-        table.apply(Command::Expire {
-            key: key("a"),
-            token: old
-        }),
+        table.apply(Command::Expire { key: key("a"), token: old }),
         ApplyResult::Expired { existed: false }
     );
     assert_eq!(table.holder(b"a").unwrap().token, new);
@@ -168,28 +118,12 @@ fn late_and_duplicate_expires_change_nothing() {
 fn renew_needs_the_current_token() {
     let mut table = LockTable::new();
     let held = granted(&mut table, "a", "o1");
-    let renew = |t| Command::Renew {
-        key: key("a"),
-        token: t,
-        lease_ms: lease(9000),
-    };
-    assert_eq!(
-        table.apply(renew(token(held.get() + 1))),
-        ApplyResult::NotFound
-    );
+    let renew = |t| Command::Renew { key: key("a"), token: t, lease_ms: lease(9000) };
+    assert_eq!(table.apply(renew(token(held.get() + 1))), ApplyResult::NotFound);
     assert_eq!(table.holder(b"a").unwrap().lease_ms, lease(1000));
-    assert_eq!(
-        table.apply(renew(held)),
-        ApplyResult::Renewed {
-            token: held,
-            lease_ms: lease(9000)
-        }
-    );
+    assert_eq!(table.apply(renew(held)), ApplyResult::Renewed { token: held, lease_ms: lease(9000) });
     assert_eq!(table.holder(b"a").unwrap().lease_ms, lease(9000));
-    table.apply(Command::Release {
-        key: key("a"),
-        token: Some(held),
-    });
+    table.apply(Command::Release { key: key("a"), token: Some(held) });
     assert_eq!(table.apply(renew(held)), ApplyResult::NotFound);
 }
 
@@ -209,17 +143,11 @@ fn list_is_ordered_prefix_scoped_and_limited() {
         granted(&mut table, k, "o");
     }
     let names = |prefix: &[u8], limit| -> Vec<String> {
-        table
-            .list(prefix, limit)
-            .map(|(k, _)| k.to_string())
-            .collect()
+        table.list(prefix, limit).map(|(k, _)| k.to_string()).collect()
     };
     assert_eq!(names(b"jobs/", 10), ["jobs/a", "jobs/b", "jobs/c"]);
     assert_eq!(names(b"jobs/", 2), ["jobs/a", "jobs/b"]);
-    assert_eq!(
-        names(b"job", 10),
-        ["job", "jobs/a", "jobs/b", "jobs/c", "jobs0"]
-    );
+    assert_eq!(names(b"job", 10), ["job", "jobs/a", "jobs/b", "jobs/c", "jobs0"]);
     assert_eq!(names(b"", 100).len(), 6);
     assert!(names(b"zzz", 10).is_empty());
     assert!(names(b"jobs/", 0).is_empty());
@@ -230,27 +158,16 @@ fn entries_apply_in_order_with_one_result_per_command() {
     let mut table = LockTable::new();
     let entry = encode_batch(&[
         grant("a", "o1"),
-        Command::Release {
-            key: key("a"),
-            token: Some(token(1)),
-        },
+        Command::Release { key: key("a"), token: Some(token(1)) },
         grant("a", "o2"),
         Command::Noop,
     ]);
     assert_eq!(
         table.apply_entry(&entry),
         [
-            ApplyResult::Granted {
-                token: token(1),
-                lease_ms: lease(1000),
-                existing: false
-            },
+            ApplyResult::Granted { token: token(1), lease_ms: lease(1000), existing: false },
             ApplyResult::Released { token: token(1) },
-            ApplyResult::Granted {
-                token: token(2),
-                lease_ms: lease(1000),
-                existing: false
-            },
+            ApplyResult::Granted { token: token(2), lease_ms: lease(1000), existing: false },
             ApplyResult::Noop,
         ]
     );
@@ -263,12 +180,7 @@ fn undecodable_entries_give_one_invalid_result_and_change_nothing() {
     granted(&mut table, "a", "o1");
     let before = table.snapshot();
     let results = table.apply_entry(&[0x0a, 0x7f, 0x01]);
-    assert_eq!(
-        results,
-        [ApplyResult::Invalid {
-            reason: InvalidReason::Undecodable
-        }]
-    );
+    assert_eq!(results, [ApplyResult::Invalid { reason: InvalidReason::Undecodable }]);
     assert_eq!(table.snapshot(), before);
 }
 
@@ -285,35 +197,21 @@ fn invalid_commands_in_an_entry_do_not_stop_the_valid_ones() {
         ..Default::default()
     };
     let good = grant("a", "o1").to_pb();
-    let entry = pb::CommandBatch {
-        commands: vec![bad, good].into(),
-        ..Default::default()
-    }
-    .write_to_bytes()
-    .unwrap();
+    let entry =
+        pb::CommandBatch { commands: vec![bad, good].into(), ..Default::default() }.write_to_bytes().unwrap();
     let results = table.apply_entry(&entry);
-    assert_eq!(
-        results[0],
-        ApplyResult::Invalid {
-            reason: InvalidReason::KeyTooLong
-        }
-    );
+    assert_eq!(results[0], ApplyResult::Invalid { reason: InvalidReason::KeyTooLong });
     assert!(matches!(results[1], ApplyResult::Granted { .. }));
     assert_eq!(table.len(), 1);
 }
 
 #[test]
 fn token_space_exhaustion_is_a_result_not_a_panic() {
-    let table = LockTable {
-        last_token: Some(token(u64::MAX)),
-        ..LockTable::new()
-    };
+    let table = LockTable { last_token: Some(token(u64::MAX)), ..LockTable::new() };
     let mut restored = LockTable::restore(&table.snapshot()).unwrap();
     assert_eq!(
         restored.apply(grant("a", "o1")),
-        ApplyResult::Invalid {
-            reason: InvalidReason::TokensExhausted
-        }
+        ApplyResult::Invalid { reason: InvalidReason::TokensExhausted }
     );
     assert!(restored.is_empty());
 }
@@ -326,10 +224,7 @@ fn sample_table() -> LockTable {
     for (k, o) in [("a", "o1"), ("b", "o2"), ("c", "o3"), ("d", "o1")] {
         granted(&mut table, k, o);
     }
-    table.apply(Command::Release {
-        key: key("b"),
-        token: None,
-    });
+    table.apply(Command::Release { key: key("b"), token: None });
     table
 }
 
@@ -339,20 +234,14 @@ fn snapshot_restores_an_equal_table() {
     let restored = LockTable::restore(&table.snapshot()).unwrap();
     assert_eq!(restored, table);
     assert_eq!(restored.snapshot(), table.snapshot());
-    assert_eq!(
-        LockTable::restore(&LockTable::new().snapshot()).unwrap(),
-        LockTable::new()
-    );
+    assert_eq!(LockTable::restore(&LockTable::new().snapshot()).unwrap(), LockTable::new());
 }
 
 #[test]
 fn every_truncation_of_a_snapshot_is_refused() {
     let bytes = sample_table().snapshot();
     for len in 0..bytes.len() {
-        assert!(
-            LockTable::restore(&bytes[..len]).is_err(),
-            "truncated to {len} bytes"
-        );
+        assert!(LockTable::restore(&bytes[..len]).is_err(), "truncated to {len} bytes");
     }
     let mut longer = bytes.clone();
     longer.push(0);
@@ -366,10 +255,7 @@ fn every_single_bit_flip_in_a_snapshot_is_refused() {
         for bit in 0..8 {
             let mut corrupt = bytes.clone();
             corrupt[i] ^= 1 << bit;
-            assert!(
-                LockTable::restore(&corrupt).is_err(),
-                "flip of bit {bit} in byte {i}"
-            );
+            assert!(LockTable::restore(&corrupt).is_err(), "flip of bit {bit} in byte {i}");
         }
     }
 }
@@ -406,74 +292,32 @@ fn snapshots_with_valid_checksums_but_broken_contents_are_refused() {
     assert!(LockTable::restore(&framed(&body(2, vec![record("a", 1), record("b", 2)]))).is_ok());
 
     let cases = [
-        (
-            body(2, vec![record("b", 1), record("a", 2)]),
-            SnapshotError::KeysOutOfOrder { index: 1 },
-        ),
-        (
-            body(2, vec![record("a", 1), record("a", 2)]),
-            SnapshotError::KeysOutOfOrder { index: 1 },
-        ),
+        (body(2, vec![record("b", 1), record("a", 2)]), SnapshotError::KeysOutOfOrder { index: 1 }),
+        (body(2, vec![record("a", 1), record("a", 2)]), SnapshotError::KeysOutOfOrder { index: 1 }),
         (
             body(2, vec![record("a", 2), record("b", 2)]),
-            SnapshotError::DuplicateToken {
-                index: 1,
-                token: token(2),
-            },
+            SnapshotError::DuplicateToken { index: 1, token: token(2) },
         ),
         (
             body(1, vec![record("a", 1), record("b", 2)]),
-            SnapshotError::TokenPastLast {
-                index: 1,
-                token: token(2),
-            },
+            SnapshotError::TokenPastLast { index: 1, token: token(2) },
         ),
-        (
-            body(0, vec![record("a", 1)]),
-            SnapshotError::TokenPastLast {
-                index: 0,
-                token: token(1),
-            },
-        ),
+        (body(0, vec![record("a", 1)]), SnapshotError::TokenPastLast { index: 0, token: token(1) }),
         (
             body(3, vec![record("a", 0)]),
-            SnapshotError::InvalidRecord {
-                index: 0,
-                reason: InvalidReason::ZeroToken,
-            },
+            SnapshotError::InvalidRecord { index: 0, reason: InvalidReason::ZeroToken },
         ),
         (
             body(3, vec![record("", 1)]),
-            SnapshotError::InvalidRecord {
-                index: 0,
-                reason: InvalidReason::EmptyKey,
-            },
+            SnapshotError::InvalidRecord { index: 0, reason: InvalidReason::EmptyKey },
         ),
         (
-            body(
-                3,
-                vec![pb::LockRecord {
-                    lease_ms: 0,
-                    ..record("a", 1)
-                }],
-            ),
-            SnapshotError::InvalidRecord {
-                index: 0,
-                reason: InvalidReason::ZeroLease,
-            },
+            body(3, vec![pb::LockRecord { lease_ms: 0, ..record("a", 1) }]),
+            SnapshotError::InvalidRecord { index: 0, reason: InvalidReason::ZeroLease },
         ),
         (
-            body(
-                3,
-                vec![pb::LockRecord {
-                    owner: Vec::new(),
-                    ..record("a", 1)
-                }],
-            ),
-            SnapshotError::InvalidRecord {
-                index: 0,
-                reason: InvalidReason::EmptyOwner,
-            },
+            body(3, vec![pb::LockRecord { owner: Vec::new(), ..record("a", 1) }]),
+            SnapshotError::InvalidRecord { index: 0, reason: InvalidReason::EmptyOwner },
         ),
     ];
     for (body, expected) in cases {
@@ -489,14 +333,8 @@ fn snapshot_header_errors_are_specific() {
     assert_eq!(LockTable::restore(&magic), Err(SnapshotError::BadMagic));
     let mut version = bytes.clone();
     version[4] = 9;
-    assert_eq!(
-        LockTable::restore(&version),
-        Err(SnapshotError::UnsupportedVersion(9))
-    );
-    assert_eq!(
-        LockTable::restore(&bytes[..3]),
-        Err(SnapshotError::TooShort { len: 3 })
-    );
+    assert_eq!(LockTable::restore(&version), Err(SnapshotError::UnsupportedVersion(9)));
+    assert_eq!(LockTable::restore(&bytes[..3]), Err(SnapshotError::TooShort { len: 3 }));
     let mut body = bytes.clone();
     let last = body.len() - 1;
     body[last] ^= 0xff;
@@ -520,38 +358,22 @@ impl Model {
 
     fn apply(&mut self, command: &Command) -> ApplyResult {
         match command.clone() {
-            Command::Grant {
-                key,
-                lease_ms,
-                owner,
-            } => match self.position(&key) {
+            Command::Grant { key, lease_ms, owner } => match self.position(&key) {
                 Some(i) if self.locks[i].2 == owner => {
                     self.locks[i].3 = lease_ms;
-                    ApplyResult::Granted {
-                        token: self.locks[i].1,
-                        lease_ms,
-                        existing: true,
-                    }
+                    ApplyResult::Granted { token: self.locks[i].1, lease_ms, existing: true }
                 }
-                Some(i) => ApplyResult::GrantRejected {
-                    holder_token: self.locks[i].1,
-                },
+                Some(i) => ApplyResult::GrantRejected { holder_token: self.locks[i].1 },
                 None => {
                     self.last_token += 1;
                     let t = token(self.last_token);
                     self.locks.push((key, t, owner, lease_ms));
-                    ApplyResult::Granted {
-                        token: t,
-                        lease_ms,
-                        existing: false,
-                    }
+                    ApplyResult::Granted { token: t, lease_ms, existing: false }
                 }
             },
             Command::Release { key, token } => match self.position(&key) {
                 Some(i) if token.is_none() || token == Some(self.locks[i].1) => {
-                    ApplyResult::Released {
-                        token: self.locks.remove(i).1,
-                    }
+                    ApplyResult::Released { token: self.locks.remove(i).1 }
                 }
                 _ => ApplyResult::NotFound,
             },
@@ -562,11 +384,7 @@ impl Model {
                 }
                 _ => ApplyResult::Expired { existed: false },
             },
-            Command::Renew {
-                key,
-                token,
-                lease_ms,
-            } => match self.position(&key) {
+            Command::Renew { key, token, lease_ms } => match self.position(&key) {
                 Some(i) if self.locks[i].1 == token => {
                     self.locks[i].3 = lease_ms;
                     ApplyResult::Renewed { token, lease_ms }
@@ -622,11 +440,7 @@ fn arb_entries() -> impl Strategy<Value = Vec<Vec<u8>>> {
 
 fn token_of(result: &ApplyResult) -> Option<FencingToken> {
     match result {
-        ApplyResult::Granted {
-            token,
-            existing: false,
-            ..
-        } => Some(*token),
+        ApplyResult::Granted { token, existing: false, .. } => Some(*token),
         _ => None,
     }
 }

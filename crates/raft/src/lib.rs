@@ -216,10 +216,25 @@ pub enum RequestError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AppliedEvent {
     /// A lock was granted (`existing`: re-granted to its holder, lease restarted).
-    Granted { key: Key, token: FencingToken, lease_ms: LeaseMs, existing: bool },
-    Renewed { key: Key, token: FencingToken, lease_ms: LeaseMs },
-    Released { key: Key, token: FencingToken },
-    Expired { key: Key, token: FencingToken },
+    Granted {
+        key: Key,
+        token: FencingToken,
+        lease_ms: LeaseMs,
+        existing: bool,
+    },
+    Renewed {
+        key: Key,
+        token: FencingToken,
+        lease_ms: LeaseMs,
+    },
+    Released {
+        key: Key,
+        token: FencingToken,
+    },
+    Expired {
+        key: Key,
+        token: FencingToken,
+    },
     /// The table was replaced by a snapshot; rebuild from [`Replica::table`].
     Restored,
 }
@@ -227,12 +242,21 @@ pub enum AppliedEvent {
 /// Leadership as this node sees it, reported when it changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RoleChange {
-    Follower { term: u64, leader: Option<NodeId> },
-    Candidate { term: u64 },
+    Follower {
+        term: u64,
+        leader: Option<NodeId>,
+    },
+    Candidate {
+        term: u64,
+    },
     /// Elected, but nothing of its own term is applied yet.
-    Leader { term: u64 },
+    Leader {
+        term: u64,
+    },
     /// The leader applied an entry of its own term: it may now propose.
-    LeaderReady { term: u64 },
+    LeaderReady {
+        term: u64,
+    },
 }
 
 /// An error that stops the node.
@@ -247,3 +271,6 @@ pub enum FatalError {
     #[error(transparent)]
     Config(#[from] ConfigError),
 }
+
+#[cfg(test)]
+mod tests;

@@ -12,8 +12,7 @@ use slog::{debug, info, warn, Logger};
 
 use crate::storage::{Durable, LogCache, WriteBatch};
 use crate::{
-    AppliedEvent, Config, FatalError, NodeId, Query, Reply, RequestError, RequestId, Response,
-    RoleChange,
+    AppliedEvent, Config, FatalError, NodeId, Query, Reply, RequestError, RequestId, Response, RoleChange,
 };
 
 /// What the driver asks its shell to do, drained with [`Replica::take_effects`].
@@ -248,6 +247,11 @@ impl<D: Durable> Replica<D> {
         Ok(self.raw.campaign()?)
     }
 
+    /// Asks this node, if it leads, to hand leadership to `transferee`.
+    pub fn transfer_leader(&mut self, transferee: NodeId) {
+        self.raw.transfer_leader(transferee.0);
+    }
+
     /// Does one turn: proposes what is ready as one batch of entries, then
     /// handles one raft `Ready`. Call it after feeding inputs; then drain
     /// [`Replica::take_effects`]. An error is fatal: drop the replica.
@@ -332,7 +336,9 @@ impl<D: Durable> Replica<D> {
 
     /// Queues `id` for proposal once it heads the queue of every key it touches.
     fn queue_if_ready(&mut self, id: RequestId) {
-        let Some(pending) = self.pending.get(&id) else { return };
+        let Some(pending) = self.pending.get(&id) else {
+            return;
+        };
         if pending.queued || pending.proposed_term.is_some() {
             return;
         }
@@ -349,10 +355,14 @@ impl<D: Durable> Replica<D> {
     /// Forgets an answered request and lets the next request on its keys go.
     fn finish(&mut self, id: RequestId, reply: Reply) {
         self.reply(id, reply);
-        let Some(pending) = self.pending.remove(&id) else { return };
+        let Some(pending) = self.pending.remove(&id) else {
+            return;
+        };
         let mut next = Vec::new();
         for key in pending.keys {
-            let Some(queue) = self.key_queues.get_mut(&key) else { continue };
+            let Some(queue) = self.key_queues.get_mut(&key) else {
+                continue;
+            };
             queue.retain(|queued| *queued != id);
             match queue.front() {
                 Some(head) => next.push(*head),
@@ -387,18 +397,26 @@ impl<D: Durable> Replica<D> {
         let mut commands = Vec::new();
         let mut tags = Vec::new();
         while let Some(id) = self.ready_to_propose.pop_front() {
-            let Some(pending) = self.pending.get(&id) else { continue };
+            let Some(pending) = self.pending.get(&id) else {
+                continue;
+            };
             // Nothing else is in flight on these keys, so the applied table is
             // what this request will meet.
             if let Some((key, holder_token)) = self.grant_conflict(&pending.commands) {
                 self.finish(id, Err(RequestError::Held { key, holder_token }));
                 continue;
             }
-            let Some(pending) = self.pending.get_mut(&id) else { continue };
+            let Some(pending) = self.pending.get_mut(&id) else {
+                continue;
+            };
             pending.queued = false;
             pending.proposed_term = Some(term);
             let taken = std::mem::take(&mut pending.commands);
-            tags.push(pb::RequestTag { request_id: id.0, commands: taken.len() as u32, ..Default::default() });
+            tags.push(pb::RequestTag {
+                request_id: id.0,
+                commands: taken.len() as u32,
+                ..Default::default()
+            });
             commands.extend(taken);
             if commands.len() >= self.config.entry_commands_max {
                 self.propose_entry(std::mem::take(&mut commands), std::mem::take(&mut tags));
@@ -566,19 +584,26 @@ impl<D: Durable> Replica<D> {
                     let mut change = ConfChange::default();
                     match change.merge_from_bytes(&entry.data) {
                         Ok(()) => self.apply_conf_change(&change)?,
-                        Err(err) => warn!(self.logger, "undecodable conf change"; "index" => entry.index, "error" => %err),
+                        Err(err) => {
+                            warn!(self.logger, "undecodable conf change"; "index" => entry.index, "error" => %err)
+                        }
                     }
                 }
                 EntryType::EntryConfChangeV2 => {
                     let mut change = ConfChangeV2::default();
                     match change.merge_from_bytes(&entry.data) {
                         Ok(()) => self.apply_conf_change(&change)?,
-                        Err(err) => warn!(self.logger, "undecodable conf change"; "index" => entry.index, "error" => %err),
+                        Err(err) => {
+                            warn!(self.logger, "undecodable conf change"; "index" => entry.index, "error" => %err)
+                        }
                     }
                 }
             }
             self.stats.entries_applied += 1;
-            if !self.leader_ready && self.raw.raft.state == StateRole::Leader && entry.term == self.raw.raft.term {
+            if !self.leader_ready
+                && self.raw.raft.state == StateRole::Leader
+                && entry.term == self.raw.raft.term
+            {
                 self.leader_ready = true;
                 info!(self.logger, "leader ready"; "term" => entry.term, "index" => entry.index);
                 self.effects.roles.push(RoleChange::LeaderReady { term: entry.term });
@@ -663,7 +688,9 @@ impl<D: Durable> Replica<D> {
             std::mem::take(&mut self.reads_at_index).into_iter().partition(|(index, _)| *index <= applied);
         self.reads_at_index = waiting;
         for (_, id) in due {
-            let Some(query) = self.reads.remove(&id) else { continue };
+            let Some(query) = self.reads.remove(&id) else {
+                continue;
+            };
             let response = match query {
                 Query::Holder(key) => Response::Holder(self.table.holder(key.as_bytes()).cloned()),
                 Query::Check { key, token } => {

@@ -22,13 +22,23 @@ use crate::{FatalError, Query, Reply, RequestError, RequestId};
 /// What callers ask of a running replica.
 #[derive(Debug)]
 pub enum Request {
-    Propose { commands: Vec<Command>, reply: Sender<Reply> },
-    Read { query: Query, reply: Sender<Reply> },
+    Propose {
+        commands: Vec<Command>,
+        reply: Sender<Reply>,
+    },
+    Read {
+        query: Query,
+        reply: Sender<Reply>,
+    },
     /// Answered at once from local state, not through raft.
-    Status { reply: Sender<NodeStatus> },
+    Status {
+        reply: Sender<NodeStatus>,
+    },
     /// The applied index and the lock table's snapshot bytes, at once from
     /// local state: for checking that replicas converge.
-    Table { reply: Sender<(u64, Vec<u8>)> },
+    Table {
+        reply: Sender<(u64, Vec<u8>)>,
+    },
 }
 
 /// Settings of the thread loop.
@@ -63,18 +73,16 @@ pub fn spawn<D: Durable + Send + 'static>(
     logger: &Logger,
 ) -> std::io::Result<JoinHandle<Result<Stats, FatalError>>> {
     let logger = logger.new(slog::o!("node_id" => replica.status().id.0));
-    std::thread::Builder::new()
-        .name(format!("fencelock-raft-{}", replica.status().id.0))
-        .spawn(move || {
-            let mut shell = Shell { replica, waiting: HashMap::new(), next_request_id: 0, logger };
-            let result = shell.run(&config, channels);
-            shell.fail_waiting();
-            match &result {
-                Ok(_) => info!(shell.logger, "driver stopped"),
-                Err(err) => crit!(shell.logger, "driver stopped on a fatal error"; "error" => %err),
-            }
-            result
-        })
+    std::thread::Builder::new().name(format!("fencelock-raft-{}", replica.status().id.0)).spawn(move || {
+        let mut shell = Shell { replica, waiting: HashMap::new(), next_request_id: 0, logger };
+        let result = shell.run(&config, channels);
+        shell.fail_waiting();
+        match &result {
+            Ok(_) => info!(shell.logger, "driver stopped"),
+            Err(err) => crit!(shell.logger, "driver stopped on a fatal error"; "error" => %err),
+        }
+        result
+    })
 }
 
 struct Shell<D: Durable> {

@@ -118,7 +118,12 @@ impl LogCache {
         let Some(first) = entries.first() else { return };
         let snapshot_index = self.snapshot_index();
         assert!(first.index > snapshot_index, "appending below the snapshot at {snapshot_index}");
-        assert!(first.index <= self.last() + 1, "appending {} leaves a hole after {}", first.index, self.last());
+        assert!(
+            first.index <= self.last() + 1,
+            "appending {} leaves a hole after {}",
+            first.index,
+            self.last()
+        );
         self.entries.truncate((first.index - snapshot_index - 1) as usize);
         self.entries.extend_from_slice(entries);
     }
@@ -241,6 +246,7 @@ impl Durable for MemStore {
             let index = snapshot.get_metadata().index;
             if batch.install {
                 disk.entries.clear();
+                disk.conf_state = Some(snapshot.get_metadata().get_conf_state().clone());
             } else {
                 disk.entries.retain(|entry| entry.index > index);
             }
@@ -355,7 +361,11 @@ impl Durable for EngineStore {
                 log_batch.add_command(GROUP, raft_engine::Command::Compact { index: index + 1 });
                 compacted = true;
             }
-            log_batch.put(GROUP, SNAPSHOT_KEY.to_vec(), snapshot.write_to_bytes().map_err(corrupt_snapshot)?)?;
+            log_batch.put(
+                GROUP,
+                SNAPSHOT_KEY.to_vec(),
+                snapshot.write_to_bytes().map_err(corrupt_snapshot)?,
+            )?;
         }
         if !batch.entries.is_empty() {
             log_batch.add_entries::<EntryExt>(GROUP, batch.entries)?;

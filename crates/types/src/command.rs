@@ -11,25 +11,14 @@ use crate::{optional_token, token_value, FencingToken, InvalidReason, Key, Lease
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
     /// Acquire `key` for `owner`. The token is assigned at apply time.
-    Grant {
-        key: Key,
-        lease_ms: LeaseMs,
-        owner: Owner,
-    },
+    Grant { key: Key, lease_ms: LeaseMs, owner: Owner },
     /// Release `key`; with a token only while that token holds it, without
     /// one unconditionally (the administrative force-release).
-    Release {
-        key: Key,
-        token: Option<FencingToken>,
-    },
+    Release { key: Key, token: Option<FencingToken> },
     /// Lease expiry, proposed by the leader; acts only while `token` holds `key`.
     Expire { key: Key, token: FencingToken },
     /// The holder of `token` extends its lease on `key` to `lease_ms`.
-    Renew {
-        key: Key,
-        token: FencingToken,
-        lease_ms: LeaseMs,
-    },
+    Renew { key: Key, token: FencingToken, lease_ms: LeaseMs },
     /// Does nothing; a barrier the driver may put in the log.
     Noop,
 }
@@ -59,10 +48,9 @@ impl Command {
                 lease_ms: LeaseMs::new(grant.lease_ms)?,
                 owner: Owner::new(grant.owner)?,
             },
-            Kind::release(release) => Command::Release {
-                key: Key::new(release.key)?,
-                token: optional_token(release.token),
-            },
+            Kind::release(release) => {
+                Command::Release { key: Key::new(release.key)?, token: optional_token(release.token) }
+            }
             Kind::expire(expire) => Command::Expire {
                 key: Key::new(expire.key)?,
                 token: FencingToken::new(expire.token).ok_or(InvalidReason::ZeroToken)?,
@@ -78,11 +66,7 @@ impl Command {
 
     pub fn to_pb(&self) -> pb::Command {
         let kind = match self {
-            Command::Grant {
-                key,
-                lease_ms,
-                owner,
-            } => Kind::grant(pb::Grant {
+            Command::Grant { key, lease_ms, owner } => Kind::grant(pb::Grant {
                 key: key.as_bytes().to_vec(),
                 lease_ms: lease_ms.get(),
                 owner: owner.as_bytes().to_vec(),
@@ -98,11 +82,7 @@ impl Command {
                 token: token.get(),
                 ..Default::default()
             }),
-            Command::Renew {
-                key,
-                token,
-                lease_ms,
-            } => Kind::renew(pb::Renew {
+            Command::Renew { key, token, lease_ms } => Kind::renew(pb::Renew {
                 key: key.as_bytes().to_vec(),
                 token: token.get(),
                 lease_ms: lease_ms.get(),
@@ -110,29 +90,21 @@ impl Command {
             }),
             Command::Noop => Kind::noop(pb::Noop::default()),
         };
-        pb::Command {
-            kind: Some(kind),
-            ..Default::default()
-        }
+        pb::Command { kind: Some(kind), ..Default::default() }
     }
 }
 
 /// Encodes commands as the payload of one raft log entry.
 pub fn encode_batch(commands: &[Command]) -> Vec<u8> {
-    let batch = pb::CommandBatch {
-        commands: commands.iter().map(Command::to_pb).collect(),
-        ..Default::default()
-    };
-    batch
-        .write_to_bytes()
-        .expect("encoding a CommandBatch into a Vec cannot fail")
+    let batch =
+        pb::CommandBatch { commands: commands.iter().map(Command::to_pb).collect(), ..Default::default() };
+    batch.write_to_bytes().expect("encoding a CommandBatch into a Vec cannot fail")
 }
 
 /// Decodes the payload of one raft log entry. The outer error means the
 /// bytes are not a batch at all; otherwise each command is checked on its
 /// own, so one invalid command does not void the others.
 pub fn decode_batch(bytes: &[u8]) -> Result<Vec<Result<Command, InvalidReason>>, InvalidReason> {
-    let batch =
-        pb::CommandBatch::parse_from_bytes(bytes).map_err(|_| InvalidReason::Undecodable)?;
+    let batch = pb::CommandBatch::parse_from_bytes(bytes).map_err(|_| InvalidReason::Undecodable)?;
     Ok(batch.commands.into_iter().map(Command::from_pb).collect())
 }

@@ -89,15 +89,9 @@ pub enum DecodeError {
     #[error("malformed protobuf: {0}")]
     Protobuf(#[from] protobuf::ProtobufError),
     #[error("message {message} has no {field}")]
-    Missing {
-        message: &'static str,
-        field: &'static str,
-    },
+    Missing { message: &'static str, field: &'static str },
     #[error("invalid value in {message}: {reason}")]
-    Invalid {
-        message: &'static str,
-        reason: InvalidReason,
-    },
+    Invalid { message: &'static str, reason: InvalidReason },
 }
 
 /// A fencing token. Tokens start at 1 and strictly increase over the whole

@@ -13,11 +13,7 @@ use crate::{DecodeError, FencingToken, InvalidReason, LeaseMs};
 pub enum ApplyResult {
     /// The key is held under `token` with a lease of `lease_ms`. `existing`
     /// says the owner already held it and kept its token (a retried acquire).
-    Granted {
-        token: FencingToken,
-        lease_ms: LeaseMs,
-        existing: bool,
-    },
+    Granted { token: FencingToken, lease_ms: LeaseMs, existing: bool },
     /// Another owner holds the key under `holder_token`.
     GrantRejected { holder_token: FencingToken },
     /// The lock held under `token` was removed.
@@ -29,10 +25,7 @@ pub enum ApplyResult {
     /// Nothing happened, by design.
     Noop,
     /// The lease of the lock held under `token` now lasts `lease_ms`.
-    Renewed {
-        token: FencingToken,
-        lease_ms: LeaseMs,
-    },
+    Renewed { token: FencingToken, lease_ms: LeaseMs },
     /// The command was refused before it touched the table.
     Invalid { reason: InvalidReason },
 }
@@ -40,54 +33,37 @@ pub enum ApplyResult {
 impl ApplyResult {
     pub fn to_pb(&self) -> pb::Result {
         let kind = match *self {
-            ApplyResult::Granted {
-                token,
-                lease_ms,
-                existing,
-            } => Kind::granted(pb::Granted {
+            ApplyResult::Granted { token, lease_ms, existing } => Kind::granted(pb::Granted {
                 token: token.get(),
                 lease_ms: lease_ms.get(),
                 existing,
                 ..Default::default()
             }),
-            ApplyResult::GrantRejected { holder_token } => {
-                Kind::grant_rejected(pb::GrantRejected {
-                    holder_token: holder_token.get(),
-                    ..Default::default()
-                })
+            ApplyResult::GrantRejected { holder_token } => Kind::grant_rejected(pb::GrantRejected {
+                holder_token: holder_token.get(),
+                ..Default::default()
+            }),
+            ApplyResult::Released { token } => {
+                Kind::released(pb::Released { token: token.get(), ..Default::default() })
             }
-            ApplyResult::Released { token } => Kind::released(pb::Released {
-                token: token.get(),
-                ..Default::default()
-            }),
             ApplyResult::NotFound => Kind::not_found(pb::NotFound::default()),
-            ApplyResult::Expired { existed } => Kind::expired(pb::Expired {
-                existed,
-                ..Default::default()
-            }),
+            ApplyResult::Expired { existed } => Kind::expired(pb::Expired { existed, ..Default::default() }),
             ApplyResult::Noop => Kind::noop(pb::NoopResult::default()),
             ApplyResult::Renewed { token, lease_ms } => Kind::renewed(pb::Renewed {
                 token: token.get(),
                 lease_ms: lease_ms.get(),
                 ..Default::default()
             }),
-            ApplyResult::Invalid { reason } => Kind::invalid(pb::Invalid {
-                reason: reason.to_pb(),
-                ..Default::default()
-            }),
+            ApplyResult::Invalid { reason } => {
+                Kind::invalid(pb::Invalid { reason: reason.to_pb(), ..Default::default() })
+            }
         };
-        pb::Result {
-            kind: Some(kind),
-            ..Default::default()
-        }
+        pb::Result { kind: Some(kind), ..Default::default() }
     }
 
     /// Checks a decoded protobuf result, as a client or peer receives it.
     pub fn from_pb(result: &pb::Result) -> Result<ApplyResult, DecodeError> {
-        let kind = result.kind.as_ref().ok_or(DecodeError::Missing {
-            message: "Result",
-            field: "kind",
-        })?;
+        let kind = result.kind.as_ref().ok_or(DecodeError::Missing { message: "Result", field: "kind" })?;
         Ok(match kind {
             Kind::granted(granted) => ApplyResult::Granted {
                 token: token_field("Granted", granted.token)?,
@@ -97,33 +73,26 @@ impl ApplyResult {
             Kind::grant_rejected(rejected) => ApplyResult::GrantRejected {
                 holder_token: token_field("GrantRejected", rejected.holder_token)?,
             },
-            Kind::released(released) => ApplyResult::Released {
-                token: token_field("Released", released.token)?,
-            },
+            Kind::released(released) => {
+                ApplyResult::Released { token: token_field("Released", released.token)? }
+            }
             Kind::not_found(_) => ApplyResult::NotFound,
-            Kind::expired(expired) => ApplyResult::Expired {
-                existed: expired.existed,
-            },
+            Kind::expired(expired) => ApplyResult::Expired { existed: expired.existed },
             Kind::noop(_) => ApplyResult::Noop,
             Kind::renewed(renewed) => ApplyResult::Renewed {
                 token: token_field("Renewed", renewed.token)?,
                 lease_ms: lease_field("Renewed", renewed.lease_ms)?,
             },
             Kind::invalid(invalid) => ApplyResult::Invalid {
-                reason: InvalidReason::from_pb(invalid.reason).ok_or(DecodeError::Missing {
-                    message: "Invalid",
-                    field: "reason",
-                })?,
+                reason: InvalidReason::from_pb(invalid.reason)
+                    .ok_or(DecodeError::Missing { message: "Invalid", field: "reason" })?,
             },
         })
     }
 }
 
 fn token_field(message: &'static str, value: u64) -> Result<FencingToken, DecodeError> {
-    FencingToken::new(value).ok_or(DecodeError::Invalid {
-        message,
-        reason: InvalidReason::ZeroToken,
-    })
+    FencingToken::new(value).ok_or(DecodeError::Invalid { message, reason: InvalidReason::ZeroToken })
 }
 
 fn lease_field(message: &'static str, value: u64) -> Result<LeaseMs, DecodeError> {
@@ -132,13 +101,9 @@ fn lease_field(message: &'static str, value: u64) -> Result<LeaseMs, DecodeError
 
 /// Encodes the results of one entry, in command order.
 pub fn encode_results(results: &[ApplyResult]) -> Vec<u8> {
-    let batch = pb::ResultBatch {
-        results: results.iter().map(ApplyResult::to_pb).collect(),
-        ..Default::default()
-    };
-    batch
-        .write_to_bytes()
-        .expect("encoding a ResultBatch into a Vec cannot fail")
+    let batch =
+        pb::ResultBatch { results: results.iter().map(ApplyResult::to_pb).collect(), ..Default::default() };
+    batch.write_to_bytes().expect("encoding a ResultBatch into a Vec cannot fail")
 }
 
 /// Decodes what [`encode_results`] wrote; any malformed part fails the whole.

@@ -24,19 +24,10 @@ fn token() -> impl Strategy<Value = FencingToken> {
 
 fn command() -> impl Strategy<Value = Command> {
     prop_oneof![
-        (key(), lease(), owner()).prop_map(|(key, lease_ms, owner)| Command::Grant {
-            key,
-            lease_ms,
-            owner
-        }),
-        (key(), proptest::option::of(token()))
-            .prop_map(|(key, token)| Command::Release { key, token }),
+        (key(), lease(), owner()).prop_map(|(key, lease_ms, owner)| Command::Grant { key, lease_ms, owner }),
+        (key(), proptest::option::of(token())).prop_map(|(key, token)| Command::Release { key, token }),
         (key(), token()).prop_map(|(key, token)| Command::Expire { key, token }),
-        (key(), token(), lease()).prop_map(|(key, token, lease_ms)| Command::Renew {
-            key,
-            token,
-            lease_ms
-        }),
+        (key(), token(), lease()).prop_map(|(key, token, lease_ms)| Command::Renew { key, token, lease_ms }),
         Just(Command::Noop),
     ]
 }
@@ -47,13 +38,8 @@ fn invalid_reason() -> impl Strategy<Value = InvalidReason> {
 
 fn apply_result() -> impl Strategy<Value = ApplyResult> {
     prop_oneof![
-        (token(), lease(), any::<bool>()).prop_map(|(token, lease_ms, existing)| {
-            ApplyResult::Granted {
-                token,
-                lease_ms,
-                existing,
-            }
-        }),
+        (token(), lease(), any::<bool>())
+            .prop_map(|(token, lease_ms, existing)| { ApplyResult::Granted { token, lease_ms, existing } }),
         token().prop_map(|holder_token| ApplyResult::GrantRejected { holder_token }),
         token().prop_map(|token| ApplyResult::Released { token }),
         Just(ApplyResult::NotFound),
@@ -103,16 +89,8 @@ proptest! {
 /// Encodes one raw protobuf command as a batch, the way a buggy or newer
 /// leader might have written it.
 fn raw_entry(kind: pb::Command_oneof_kind) -> Vec<u8> {
-    let command = pb::Command {
-        kind: Some(kind),
-        ..Default::default()
-    };
-    pb::CommandBatch {
-        commands: vec![command].into(),
-        ..Default::default()
-    }
-    .write_to_bytes()
-    .unwrap()
+    let command = pb::Command { kind: Some(kind), ..Default::default() };
+    pb::CommandBatch { commands: vec![command].into(), ..Default::default() }.write_to_bytes().unwrap()
 }
 
 fn decode_one(bytes: &[u8]) -> Result<Command, InvalidReason> {
@@ -125,59 +103,30 @@ fn decode_one(bytes: &[u8]) -> Result<Command, InvalidReason> {
 fn invalid_commands_are_refused_with_their_reason() {
     use pb::Command_oneof_kind as K;
     let grant = |key: &[u8], lease_ms: u64, owner: &[u8]| {
-        K::grant(pb::Grant {
-            key: key.to_vec(),
-            lease_ms,
-            owner: owner.to_vec(),
-            ..Default::default()
-        })
+        K::grant(pb::Grant { key: key.to_vec(), lease_ms, owner: owner.to_vec(), ..Default::default() })
     };
     let long_key = vec![b'k'; KEY_LEN_MAX + 1];
     let cases = [
         (grant(b"", 1000, b"o"), InvalidReason::EmptyKey),
         (grant(&long_key, 1000, b"o"), InvalidReason::KeyTooLong),
         (grant(b"k", 0, b"o"), InvalidReason::ZeroLease),
-        (
-            grant(b"k", LEASE_MS_MAX + 1, b"o"),
-            InvalidReason::LeaseTooLong,
-        ),
+        (grant(b"k", LEASE_MS_MAX + 1, b"o"), InvalidReason::LeaseTooLong),
         (grant(b"k", 1000, b""), InvalidReason::EmptyOwner),
+        (grant(b"k", 1000, &[b'o'; OWNER_LEN_MAX + 1]), InvalidReason::OwnerTooLong),
         (
-            grant(b"k", 1000, &[b'o'; OWNER_LEN_MAX + 1]),
-            InvalidReason::OwnerTooLong,
-        ),
-        (
-            K::expire(pb::Expire {
-                key: b"k".to_vec(),
-                token: 0,
-                ..Default::default()
-            }),
+            K::expire(pb::Expire { key: b"k".to_vec(), token: 0, ..Default::default() }),
             InvalidReason::ZeroToken,
         ),
         (
-            K::renew(pb::Renew {
-                key: b"k".to_vec(),
-                token: 0,
-                lease_ms: 5,
-                ..Default::default()
-            }),
+            K::renew(pb::Renew { key: b"k".to_vec(), token: 0, lease_ms: 5, ..Default::default() }),
             InvalidReason::ZeroToken,
         ),
         (
-            K::renew(pb::Renew {
-                key: b"k".to_vec(),
-                token: 3,
-                lease_ms: 0,
-                ..Default::default()
-            }),
+            K::renew(pb::Renew { key: b"k".to_vec(), token: 3, lease_ms: 0, ..Default::default() }),
             InvalidReason::ZeroLease,
         ),
         (
-            K::release(pb::Release {
-                key: Vec::new(),
-                token: 3,
-                ..Default::default()
-            }),
+            K::release(pb::Release { key: Vec::new(), token: 3, ..Default::default() }),
             InvalidReason::EmptyKey,
         ),
     ];
@@ -203,10 +152,7 @@ fn release_without_token_is_a_force_release() {
     }));
     assert_eq!(
         decode_one(&bytes),
-        Ok(Command::Release {
-            key: Key::new(b"k".to_vec()).unwrap(),
-            token: None
-        })
+        Ok(Command::Release { key: Key::new(b"k".to_vec()).unwrap(), token: None })
     );
 }
 
@@ -217,35 +163,22 @@ fn unknown_command_kinds_are_refused_not_dropped() {
     let command_bytes = [0x9a, 0x06, 0x00];
     let mut entry = vec![0x0a, command_bytes.len() as u8];
     entry.extend_from_slice(&command_bytes);
-    assert_eq!(
-        decode_batch(&entry).unwrap(),
-        vec![Err(InvalidReason::UnknownCommand)]
-    );
+    assert_eq!(decode_batch(&entry).unwrap(), vec![Err(InvalidReason::UnknownCommand)]);
 }
 
 #[test]
 fn one_invalid_command_does_not_void_the_batch() {
     let good = Command::Noop.to_pb();
     let bad = pb::Command::default();
-    let bytes = pb::CommandBatch {
-        commands: vec![good, bad].into(),
-        ..Default::default()
-    }
-    .write_to_bytes()
-    .unwrap();
-    assert_eq!(
-        decode_batch(&bytes).unwrap(),
-        vec![Ok(Command::Noop), Err(InvalidReason::UnknownCommand)]
-    );
+    let bytes =
+        pb::CommandBatch { commands: vec![good, bad].into(), ..Default::default() }.write_to_bytes().unwrap();
+    assert_eq!(decode_batch(&bytes).unwrap(), vec![Ok(Command::Noop), Err(InvalidReason::UnknownCommand)]);
 }
 
 #[test]
 fn garbage_is_undecodable() {
     // A length-delimited field whose length runs past the end.
-    assert_eq!(
-        decode_batch(&[0x0a, 0x7f, 0x01]),
-        Err(InvalidReason::Undecodable)
-    );
+    assert_eq!(decode_batch(&[0x0a, 0x7f, 0x01]), Err(InvalidReason::Undecodable));
 }
 
 #[test]
@@ -260,15 +193,9 @@ fn results_with_zero_tokens_are_malformed() {
     };
     assert!(matches!(
         ApplyResult::from_pb(&result),
-        Err(DecodeError::Invalid {
-            reason: InvalidReason::ZeroToken,
-            ..
-        })
+        Err(DecodeError::Invalid { reason: InvalidReason::ZeroToken, .. })
     ));
-    assert!(matches!(
-        ApplyResult::from_pb(&pb::Result::default()),
-        Err(DecodeError::Missing { .. })
-    ));
+    assert!(matches!(ApplyResult::from_pb(&pb::Result::default()), Err(DecodeError::Missing { .. })));
 }
 
 #[test]
@@ -276,10 +203,7 @@ fn every_invalid_reason_round_trips_through_pb() {
     for reason in InvalidReason::ALL {
         assert_eq!(InvalidReason::from_pb(reason.to_pb()), Some(reason));
     }
-    assert_eq!(
-        InvalidReason::from_pb(pb::InvalidReason::INVALID_REASON_UNSPECIFIED),
-        None
-    );
+    assert_eq!(InvalidReason::from_pb(pb::InvalidReason::INVALID_REASON_UNSPECIFIED), None);
 }
 
 #[test]
@@ -297,8 +221,5 @@ fn keys_and_owners_print_escaped() {
     let key = Key::new(b"jobs/\x00a".to_vec()).unwrap();
     assert_eq!(format!("{key:?}"), r#"Key("jobs/\x00a")"#);
     assert_eq!(key.to_string(), r"jobs/\x00a");
-    assert_eq!(
-        format!("{:?}", Owner::new(b"w-1".to_vec()).unwrap()),
-        r#"Owner("w-1")"#
-    );
+    assert_eq!(format!("{:?}", Owner::new(b"w-1".to_vec()).unwrap()), r#"Owner("w-1")"#);
 }

@@ -4,7 +4,8 @@
 //! thread stopped and the engine dropped without any flush) and restarted
 //! on their data directories.
 
-#![allow(dead_code)]
+// Test support, also compiled into the throughput bench: unwrapping is how it fails.
+#![allow(dead_code, clippy::unwrap_used)]
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, RwLock};
@@ -13,7 +14,10 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 use fencelock_raft::shell::{self, Channels, Request, ShellConfig};
-use fencelock_raft::{Config, EngineStore, FatalError, NodeId, NodeStatus, Query, Reply, Replica, RequestError, Response, Role, Stats};
+use fencelock_raft::{
+    Config, EngineStore, FatalError, NodeId, NodeStatus, Query, Replica, Reply, RequestError, Response, Role,
+    Stats,
+};
 use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner};
 use raft::prelude::Message;
 use tempfile::TempDir;
@@ -79,7 +83,8 @@ impl Cluster {
         let (peers_out_tx, peers_out_rx) = bounded::<Message>(4096);
         let (stop_tx, stop_rx) = bounded(1);
         let shell_config = ShellConfig { tick_interval: Duration::from_millis(10), drain_max: 4096 };
-        let channels = Channels { requests: requests_rx, peers_in: peers_in_rx, peers_out: peers_out_tx, stop: stop_rx };
+        let channels =
+            Channels { requests: requests_rx, peers_in: peers_in_rx, peers_out: peers_out_tx, stop: stop_rx };
         let thread = shell::spawn(replica, shell_config, channels, &self.logger).expect("spawn driver");
         self.inboxes.write().unwrap()[idx(id)] = Some(peers_in_tx);
         let router = self.spawn_router(id, peers_out_rx);
@@ -232,7 +237,8 @@ impl Cluster {
     pub fn converged(&self) -> Vec<u8> {
         let deadline = Instant::now() + DEADLINE;
         loop {
-            let tables: Vec<(u64, Vec<u8>)> = self.running().iter().filter_map(|id| self.table(*id)).collect();
+            let tables: Vec<(u64, Vec<u8>)> =
+                self.running().iter().filter_map(|id| self.table(*id)).collect();
             if tables.len() == self.running().len() && tables.windows(2).all(|w| w[0] == w[1]) {
                 return tables[0].1.clone();
             }

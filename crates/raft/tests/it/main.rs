@@ -17,10 +17,7 @@ fn a_one_node_cluster_grants() {
     let second = cluster.grant("b", "o1");
     assert!(second > first);
     let leader = cluster.leader();
-    assert_eq!(
-        cluster.read(leader, Query::Check { key: key("a"), token: first }),
-        Ok(Response::Check(true))
-    );
+    assert_eq!(cluster.read(leader, Query::Check { key: key("a"), token: first }), Ok(Response::Check(true)));
 }
 
 #[test]
@@ -93,7 +90,8 @@ fn the_minority_side_grants_nothing_while_the_majority_goes_on() {
     cluster.grant("before", "o1");
     let leader = cluster.leader();
     // Put the current leader in the minority.
-    let minority: Vec<u64> = std::iter::once(leader).chain((1..=5).filter(|id| *id != leader).take(1)).collect();
+    let minority: Vec<u64> =
+        std::iter::once(leader).chain((1..=5).filter(|id| *id != leader).take(1)).collect();
     let majority: Vec<u64> = (1..=5).filter(|id| !minority.contains(id)).collect();
     cluster.partition(&[minority.clone(), majority.clone()]);
 

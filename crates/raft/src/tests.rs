@@ -1,0 +1,436 @@
+//! Tests of the driver core in one thread: replicas on in-memory stores,
+//! messages passed by hand, so that a test can hold a node in exactly the
+//! state it needs (elected but not ready, a command in flight).
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner};
+use raft::prelude::{Entry, HardState, Message, MessageType, Snapshot};
+
+use crate::storage::{Durable, Recovered, WriteBatch};
+use crate::{
+    Config, EngineStore, FatalError, MemStore, NodeId, Replica, RequestError, RequestId, Response,
+    StorageError,
+};
+
+fn logger() -> slog::Logger {
+    slog::Logger::root(slog::Discard, slog::o!())
+}
+
+fn key(name: &str) -> Key {
+    Key::new(name.as_bytes().to_vec()).unwrap()
+}
+
+fn grant(name: &str, owner: &str) -> Command {
+    Command::Grant {
+        key: key(name),
+        lease_ms: LeaseMs::new(1000).unwrap(),
+        owner: Owner::new(owner.as_bytes().to_vec()).unwrap(),
+    }
+}
+
+/// A store that fails every write once told to, as a full or broken disk.
+#[derive(Clone, Default)]
+struct FailingStore {
+    inner: MemStore,
+    failing: Arc<AtomicBool>,
+}
+
+impl Durable for FailingStore {
+    fn recover(&mut self) -> Result<Recovered, StorageError> {
+        self.inner.recover()
+    }
+
+    fn write(&mut self, batch: WriteBatch<'_>) -> Result<(), StorageError> {
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(StorageError::Corrupt { what: "disk", detail: "injected failure".into() });
+        }
+        self.inner.write(batch)
+    }
+}
+
+/// Replicas joined by hand-passed messages.
+struct Net<D: Durable> {
+    replicas: Vec<Replica<D>>,
+    /// Message types not delivered to a node: (to, type).
+    blocked: BTreeSet<(u64, i32)>,
+    replies: Vec<(u64, RequestId, crate::Reply)>,
+}
+
+impl Net<MemStore> {
+    fn new(size: u64) -> Net<MemStore> {
+        Net::with_stores((1..=size).map(|_| MemStore::new()).collect())
+    }
+
+    fn with_config(size: u64, tune: fn(&mut Config)) -> Net<MemStore> {
+        Net::build((1..=size).map(|_| MemStore::new()).collect(), tune)
+    }
+}
+
+impl<D: Durable> Net<D> {
+    fn with_stores(stores: Vec<D>) -> Net<D> {
+        Net::build(stores, |_| {})
+    }
+
+    fn build(stores: Vec<D>, tune: fn(&mut Config)) -> Net<D> {
+        let size = stores.len() as u64;
+        let voters: Vec<NodeId> = (1..=size).map(NodeId).collect();
+        let replicas = stores
+            .into_iter()
+            .enumerate()
+            .map(|(i, store)| {
+                let mut config = Config::new(NodeId(i as u64 + 1), voters.clone());
+                // Followers never time out on their own: elections happen only
+                // when a test calls `campaign`.
+                config.election_ticks = 1_000;
+                config.election_ticks_max = Some(1_001);
+                tune(&mut config);
+                Replica::open(config, store, &logger()).unwrap()
+            })
+            .collect();
+        Net { replicas, blocked: BTreeSet::new(), replies: Vec::new() }
+    }
+
+    fn node(&mut self, id: u64) -> &mut Replica<D> {
+        &mut self.replicas[(id - 1) as usize]
+    }
+
+    /// Runs one turn on every node and delivers the messages; false when
+    /// nothing happened.
+    fn turn(&mut self) -> Result<bool, FatalError> {
+        let mut messages = Vec::new();
+        let mut busy = false;
+        for replica in &mut self.replicas {
+            replica.run_ready()?;
+            let effects = replica.take_effects();
+            let id = replica.status().id.0;
+            busy |= !effects.messages.is_empty() || !effects.replies.is_empty();
+            messages.extend(effects.messages);
+            self.replies.extend(effects.replies.into_iter().map(|(request, reply)| (id, request, reply)));
+        }
+        for message in messages {
+            if !self.blocked.contains(&(message.to, message.get_msg_type() as i32)) {
+                let to = message.to;
+                self.node(to).step(message);
+            }
+        }
+        Ok(busy)
+    }
+
+    /// Runs turns until quiet, then a few heartbeats (so that raft resends
+    /// what was lost), each again until quiet.
+    fn settle(&mut self) {
+        for _ in 0..5 {
+            self.until_quiet();
+            for replica in &mut self.replicas {
+                for _ in 0..2 {
+                    replica.tick();
+                }
+            }
+        }
+        self.until_quiet();
+    }
+
+    fn until_quiet(&mut self) {
+        for _ in 0..1_000 {
+            if !self.turn().unwrap() {
+                return;
+            }
+        }
+        panic!("the network did not settle");
+    }
+
+    /// Makes `id` the ready leader: by election, or by transfer from the
+    /// current leader (whose followers would ignore a plain campaign).
+    fn elect(&mut self, id: u64) {
+        let leader =
+            self.replicas.iter().find(|r| r.status().role == crate::Role::Leader).map(|r| r.status().id);
+        match leader {
+            Some(leader) if leader.0 == id => {}
+            Some(leader) => self.node(leader.0).transfer_leader(NodeId(id)),
+            None => self.node(id).campaign().unwrap(),
+        }
+        self.settle();
+        assert!(self.node(id).is_leader_ready(), "{:?}", self.node(id).status());
+    }
+
+    fn take_reply(&mut self, request: RequestId) -> Option<crate::Reply> {
+        let at = self.replies.iter().position(|(_, id, _)| *id == request)?;
+        Some(self.replies.remove(at).2)
+    }
+}
+
+#[test]
+fn a_new_leader_proposes_nothing_before_it_applies_an_entry_of_its_own_term() {
+    let mut net = Net::new(3);
+    // Votes arrive, append acknowledgements to node 2 do not: elected, but
+    // its own-term entry cannot commit.
+    net.blocked.insert((2, MessageType::MsgAppendResponse as i32));
+    net.node(2).campaign().unwrap();
+    net.settle();
+    let status = net.node(2).status();
+    assert_eq!(status.role, crate::Role::Leader);
+    assert!(!status.leader_ready);
+    let last_index = status.last_index;
+
+    net.node(2).propose(RequestId(1), vec![grant("a", "o1")]);
+    for _ in 0..5 {
+        net.turn().unwrap();
+    }
+    assert_eq!(net.node(2).status().last_index, last_index, "proposed before the own-term barrier");
+    assert_eq!(net.node(2).stats().commands_proposed, 0);
+    assert!(net.take_reply(RequestId(1)).is_none());
+
+    net.blocked.clear();
+    net.settle();
+    assert!(net.node(2).is_leader_ready());
+    assert!(matches!(
+        net.take_reply(RequestId(1)),
+        Some(Ok(Response::Applied(results))) if matches!(results[0], ApplyResult::Granted { .. })
+    ));
+}
+
+#[test]
+fn an_expire_and_a_renew_of_one_lock_are_never_in_flight_together() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    net.node(1).propose(RequestId(1), vec![grant("a", "o1")]);
+    net.settle();
+    let Some(Ok(Response::Applied(results))) = net.take_reply(RequestId(1)) else { panic!("no grant") };
+    let ApplyResult::Granted { token, .. } = results[0] else { panic!("{results:?}") };
+
+    let before = net.node(1).stats().commands_proposed;
+    let lease_ms = LeaseMs::new(5000).unwrap();
+    net.node(1).propose(RequestId(2), vec![Command::Renew { key: key("a"), token, lease_ms }]);
+    net.node(1).propose(RequestId(3), vec![Command::Expire { key: key("a"), token }]);
+    // Another key is not held back.
+    net.node(1).propose(RequestId(4), vec![grant("b", "o1")]);
+    net.node(1).run_ready().unwrap();
+    assert_eq!(net.node(1).stats().commands_proposed - before, 2, "renew and grant of b only");
+
+    net.settle();
+    assert_eq!(
+        net.take_reply(RequestId(2)),
+        Some(Ok(Response::Applied(vec![ApplyResult::Renewed { token, lease_ms }])))
+    );
+    assert_eq!(
+        net.take_reply(RequestId(3)),
+        Some(Ok(Response::Applied(vec![ApplyResult::Expired { existed: true }])))
+    );
+    assert_eq!(net.node(1).stats().commands_proposed - before, 3);
+}
+
+#[test]
+fn a_grant_on_a_key_held_by_another_owner_is_answered_without_a_log_entry() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    net.node(1).propose(RequestId(1), vec![grant("a", "o1")]);
+    net.settle();
+    let Some(Ok(Response::Applied(results))) = net.take_reply(RequestId(1)) else { panic!() };
+    let ApplyResult::Granted { token, .. } = results[0] else { panic!() };
+    let last_index = net.node(1).status().last_index;
+    net.node(1).propose(RequestId(2), vec![grant("a", "o2")]);
+    net.settle();
+    assert_eq!(
+        net.take_reply(RequestId(2)),
+        Some(Err(RequestError::Held { key: key("a"), holder_token: token }))
+    );
+    assert_eq!(net.node(1).status().last_index, last_index);
+}
+
+#[test]
+fn followers_refuse_proposals_with_a_leader_hint() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    net.node(2).propose(RequestId(9), vec![grant("a", "o1")]);
+    net.turn().unwrap();
+    assert_eq!(
+        net.take_reply(RequestId(9)),
+        Some(Err(RequestError::NotLeader { leader_hint: Some(NodeId(1)) }))
+    );
+}
+
+#[test]
+fn too_many_pending_requests_are_refused() {
+    let mut net = Net::with_config(3, |config| config.pending_requests_max = 8);
+    net.elect(1);
+    net.blocked.insert((1, MessageType::MsgAppendResponse as i32));
+    let max = 8;
+    for i in 0..max {
+        net.node(1).propose(RequestId(i), vec![grant(&format!("k{i}"), "o1")]);
+    }
+    net.node(1).propose(RequestId(max), vec![grant("one-too-many", "o1")]);
+    assert_eq!(net.take_reply(RequestId(max)), None);
+    net.turn().unwrap();
+    assert_eq!(net.take_reply(RequestId(max)), Some(Err(RequestError::Overloaded)));
+}
+
+#[test]
+fn a_storage_failure_is_fatal_and_acknowledges_nothing_unpersisted() {
+    let store = FailingStore::default();
+    let failing = Arc::clone(&store.failing);
+    let mut net = Net::with_stores(vec![store]);
+    net.elect(1);
+    failing.store(true, Ordering::SeqCst);
+    net.node(1).propose(RequestId(1), vec![grant("a", "o1")]);
+    let result = net.node(1).run_ready();
+    assert!(matches!(result, Err(FatalError::Storage(_))), "{result:?}");
+    let effects = net.node(1).take_effects();
+    assert!(effects.replies.iter().all(|(id, _)| *id != RequestId(1)), "{:?}", effects.replies);
+}
+
+#[test]
+fn a_snapshot_that_does_not_restore_is_dropped_and_the_node_serves_on() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    let term = net.node(2).status().term;
+    let mut message = Message::default();
+    message.set_msg_type(MessageType::MsgSnapshot);
+    message.to = 2;
+    message.from = 3;
+    message.term = term + 5;
+    let mut snapshot = Snapshot::default();
+    snapshot.set_data(b"not a lock table".to_vec().into());
+    snapshot.mut_metadata().index = 1_000;
+    snapshot.mut_metadata().term = term + 5;
+    message.set_snapshot(snapshot);
+    net.node(2).step(message);
+    net.settle();
+    assert_eq!(net.node(2).status().term, term);
+    net.node(1).propose(RequestId(1), vec![grant("a", "o1")]);
+    net.settle();
+    assert!(matches!(net.take_reply(RequestId(1)), Some(Ok(Response::Applied(_)))));
+    assert_eq!(net.node(2).table().len(), 1);
+}
+
+#[test]
+fn a_replica_reopened_on_its_store_rebuilds_the_same_table() {
+    let stores: Vec<MemStore> = (0..3).map(|_| MemStore::new()).collect();
+    let mut net = Net::with_stores(stores.clone());
+    net.elect(1);
+    for i in 0..20u64 {
+        net.node(1).propose(RequestId(i), vec![grant(&format!("k{i}"), "o1")]);
+    }
+    net.settle();
+    let before = net.node(1).table().snapshot();
+    let last_token = net.node(1).table().last_token();
+    drop(net);
+    let net = Net::with_stores(stores);
+    for replica in &net.replicas {
+        // Entries after the last snapshot are applied again once the node
+        // learns the commit index; the snapshot alone gives what was compacted.
+        assert!(replica.table().last_token() <= last_token);
+    }
+    let mut net = net;
+    net.elect(2);
+    for replica in &net.replicas {
+        assert_eq!(replica.table().snapshot(), before);
+    }
+}
+
+fn entry(index: u64, term: u64) -> Entry {
+    Entry { index, term, ..Default::default() }
+}
+
+fn hard_state(term: u64, commit: u64) -> HardState {
+    HardState { term, commit, ..Default::default() }
+}
+
+/// Writes a log, overwrites a suffix, installs a snapshot over a longer
+/// log, and reads it all back after reopening.
+fn check_store_semantics(mut open: impl FnMut() -> Box<dyn Durable>) {
+    let mut store = open();
+    let entries: Vec<Entry> = (1..=10).map(|i| entry(i, 1)).collect();
+    store
+        .write(WriteBatch { entries: &entries, hard_state: Some(&hard_state(1, 3)), ..Default::default() })
+        .unwrap();
+    // A new leader's entries replace the suffix from 6 on.
+    let replacing: Vec<Entry> = (6..=7).map(|i| entry(i, 2)).collect();
+    store.write(WriteBatch { entries: &replacing, ..Default::default() }).unwrap();
+    drop(store);
+
+    let mut store = open();
+    let recovered = store.recover().unwrap();
+    let terms: Vec<(u64, u64)> = recovered.entries.iter().map(|e| (e.index, e.term)).collect();
+    assert_eq!(terms, [(1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 2), (7, 2)]);
+    assert_eq!(recovered.hard_state, hard_state(1, 3));
+
+    // A snapshot from the leader at 5 replaces the whole log, suffix included.
+    let mut snapshot = Snapshot::default();
+    snapshot.mut_metadata().index = 5;
+    snapshot.mut_metadata().term = 3;
+    snapshot.mut_metadata().mut_conf_state().voters = vec![1, 2, 3];
+    snapshot.set_data(fencelock_fsm::LockTable::new().snapshot().into());
+    store
+        .write(WriteBatch {
+            snapshot: Some(&snapshot),
+            install: true,
+            hard_state: Some(&hard_state(3, 5)),
+            ..Default::default()
+        })
+        .unwrap();
+    drop(store);
+
+    let mut store = open();
+    let recovered = store.recover().unwrap();
+    assert!(recovered.entries.is_empty(), "stale suffix survived: {:?}", recovered.entries);
+    assert_eq!(recovered.snapshot.get_metadata().index, 5);
+    assert_eq!(recovered.hard_state, hard_state(3, 5));
+    assert_eq!(recovered.conf_state.unwrap().voters, [1, 2, 3]);
+
+    // Appending after the snapshot, then compacting with a local snapshot.
+    let after: Vec<Entry> = (6..=12).map(|i| entry(i, 3)).collect();
+    store.write(WriteBatch { entries: &after, ..Default::default() }).unwrap();
+    let mut local = snapshot.clone();
+    local.mut_metadata().index = 9;
+    store.write(WriteBatch { snapshot: Some(&local), install: false, ..Default::default() }).unwrap();
+    drop(store);
+    let recovered = open().recover().unwrap();
+    let indexes: Vec<u64> = recovered.entries.iter().map(|e| e.index).collect();
+    assert_eq!(indexes, [10, 11, 12]);
+    assert_eq!(recovered.snapshot.get_metadata().index, 9);
+}
+
+#[test]
+fn the_engine_store_keeps_raft_log_semantics_across_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    check_store_semantics(move || Box::new(EngineStore::open(&path).unwrap()));
+}
+
+#[test]
+fn the_memory_store_keeps_raft_log_semantics_across_reopen() {
+    let store = MemStore::new();
+    check_store_semantics(move || Box::new(store.clone()));
+}
+
+#[test]
+fn tokens_never_repeat_across_leader_changes() {
+    let mut net = Net::new(3);
+    let mut seen = BTreeSet::new();
+    let mut request = 0;
+    for round in 0..6u64 {
+        let leader = round % 3 + 1;
+        net.elect(leader);
+        for _ in 0..5 {
+            request += 1;
+            net.node(leader).propose(RequestId(request), vec![grant(&format!("k{request}"), "o1")]);
+        }
+        net.settle();
+        for id in (request - 4)..=request {
+            match net.take_reply(RequestId(id)) {
+                Some(Ok(Response::Applied(results))) => match results[0] {
+                    ApplyResult::Granted { token, .. } => {
+                        assert!(seen.insert(token), "token {token} issued twice")
+                    }
+                    other => panic!("{other:?}"),
+                },
+                other => panic!("request {id}: {other:?}"),
+            }
+        }
+    }
+    assert_eq!(seen.len(), 30);
+    assert_eq!(seen.iter().next_back(), FencingToken::new(30).as_ref());
+}
