@@ -257,3 +257,34 @@ fn renewals_of_many_locks_travel_in_one_request() {
         tokens.iter().map(|token| ApplyResult::Renewed { token: *token, lease_ms }).collect();
     assert_eq!(results, expected);
 }
+
+#[test]
+fn linearizable_reads_answer_from_the_leader_and_followers_refuse() {
+    let cluster = Cluster::start(3);
+    let a = cluster.grant("jobs/a", "o1");
+    let b = cluster.grant("jobs/b", "o2");
+    cluster.grant("other", "o3");
+    let leader = cluster.leader();
+    match cluster.read(leader, Query::List { prefix: b"jobs/".to_vec(), limit: 10 }) {
+        Ok(Response::List(locks)) => {
+            let found: Vec<(Vec<u8>, FencingToken)> =
+                locks.iter().map(|(key, lock)| (key.as_bytes().to_vec(), lock.token)).collect();
+            assert_eq!(found, [(b"jobs/a".to_vec(), a), (b"jobs/b".to_vec(), b)]);
+        }
+        other => panic!("{other:?}"),
+    }
+    match cluster.read(leader, Query::Holder(key("jobs/b"))) {
+        Ok(Response::Holder(Some(lock))) => assert_eq!(lock.token, b),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        cluster.read(leader, Query::Check { key: key("jobs/a"), token: b }),
+        Ok(Response::Check(false))
+    );
+    assert_eq!(cluster.read(leader, Query::Holder(key("free"))), Ok(Response::Holder(None)));
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    assert!(matches!(
+        cluster.read(follower, Query::Holder(key("jobs/a"))),
+        Err(RequestError::NotLeader { leader_hint: Some(hint) }) if hint.0 == leader
+    ));
+}
