@@ -105,6 +105,14 @@ pub struct Config {
     /// raft-rs's limits on replication messages.
     pub max_inflight_msgs: usize,
     pub max_size_per_msg_bytes: u64,
+    /// The shortest and longest lease a client may ask for. The shortest
+    /// must be well above the election timeout (see
+    /// [`Config::validate_timing`]), or locks would expire during a normal
+    /// fail-over.
+    pub lease_ms_min: u64,
+    pub lease_ms_max: u64,
+    /// How often the leader looks for due leases, on its own clock.
+    pub expiry_scan_interval_ms: u64,
 }
 
 impl Config {
@@ -121,7 +129,26 @@ impl Config {
             entry_commands_max: 4_096,
             max_inflight_msgs: 256,
             max_size_per_msg_bytes: 1 << 20,
+            lease_ms_min: 1_000,
+            lease_ms_max: 24 * 60 * 60 * 1_000,
+            expiry_scan_interval_ms: 10,
         }
+    }
+
+    /// Checks the lease bounds against the election timeout, given the
+    /// wall-clock length of a tick: the shortest lease must be at least
+    /// twice the longest election timeout.
+    pub fn validate_timing(&self, tick_ms: u64) -> Result<(), ConfigError> {
+        self.validate()?;
+        let election_ticks_max = self.election_ticks_max.unwrap_or(2 * self.election_ticks) as u64;
+        let election_timeout_ms = election_ticks_max.saturating_mul(tick_ms);
+        if self.lease_ms_min < 2 * election_timeout_ms {
+            return Err(ConfigError(format!(
+                "lease_ms_min ({} ms) must be at least twice the longest election timeout ({election_timeout_ms} ms)",
+                self.lease_ms_min
+            )));
+        }
+        Ok(())
     }
 
     /// Checks the rules between fields.
@@ -150,6 +177,18 @@ impl Config {
         }
         if self.pending_requests_max == 0 || self.entry_commands_max == 0 {
             return invalid("pending_requests_max and entry_commands_max must be positive".into());
+        }
+        if self.lease_ms_min == 0 || self.lease_ms_min > self.lease_ms_max {
+            return invalid(format!(
+                "lease bounds must satisfy 0 < lease_ms_min <= lease_ms_max (got {} and {})",
+                self.lease_ms_min, self.lease_ms_max
+            ));
+        }
+        if self.lease_ms_max > fencelock_types::LEASE_MS_MAX {
+            return invalid(format!("lease_ms_max is over {} ms", fencelock_types::LEASE_MS_MAX));
+        }
+        if self.expiry_scan_interval_ms == 0 {
+            return invalid("expiry_scan_interval_ms must be positive".into());
         }
         Ok(())
     }
@@ -184,8 +223,10 @@ pub enum Response {
 /// The answer to a request.
 pub type Reply = Result<Response, RequestError>;
 
-/// Why a request was not answered with a result. Every variant but `Held`
-/// is retryable; a retried acquire with the same owner can never grant twice.
+/// Why a request was not answered with a result. `NotLeader`,
+/// `LeadershipLost`, `Dropped`, `Overloaded` and `Stopped` are retryable (a
+/// retried acquire with the same owner can never grant twice); `Held`,
+/// `WaitTimedOut` and `LeaseOutOfBounds` are answers.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {
     /// This node is not the leader; nothing was proposed.
@@ -206,6 +247,12 @@ pub enum RequestError {
     /// proposed.
     #[error("key {key} is held under token {holder_token}")]
     Held { key: Key, holder_token: FencingToken },
+    /// A waiting acquire's time ran out before the key was free.
+    #[error("waited in vain for key {key} (held under token {holder_token:?})")]
+    WaitTimedOut { key: Key, holder_token: Option<FencingToken> },
+    /// A Grant or Renew asked for a lease outside the configured bounds.
+    #[error("lease of {lease_ms} ms is outside {min_ms}..={max_ms} ms")]
+    LeaseOutOfBounds { lease_ms: u64, min_ms: u64, max_ms: u64 },
     /// The node stopped before answering.
     #[error("node stopped")]
     Stopped,

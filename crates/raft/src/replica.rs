@@ -4,7 +4,10 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use fencelock_fsm::LockTable;
-use fencelock_types::{decode_batch, encode_batch, pb, ApplyResult, Command, FencingToken, Key};
+use fencelock_lease::LeaseTracker;
+use fencelock_types::{
+    decode_batch, encode_batch, pb, ApplyResult, Command, FencingToken, Key, LeaseMs, Owner,
+};
 use protobuf::Message as _;
 use raft::prelude::{ConfChange, ConfChangeV2, ConfState, Entry, EntryType, Message, MessageType, Snapshot};
 use raft::{RawNode, SnapshotStatus, StateRole};
@@ -80,7 +83,16 @@ struct Pending {
     proposed_term: Option<u64>,
     /// Whether it sits in `ready_to_propose`.
     queued: bool,
+    /// Proposed by the leader itself (an Expire, a ghost Release): no reply.
+    internal: bool,
+    /// For a waiting acquire: until when, on this node's clock, it may wait
+    /// for the key.
+    wait_until_ms: Option<u64>,
 }
+
+/// Request ids with this bit set are the leader's own (Expire, ghost
+/// Release); the shell numbers client requests below it.
+const INTERNAL_REQUEST_BIT: u64 = 1 << 63;
 
 /// The driver core. See the crate docs for the invariants it keeps.
 pub struct Replica<D: Durable> {
@@ -103,6 +115,22 @@ pub struct Replica<D: Durable> {
     key_queues: BTreeMap<Key, VecDeque<RequestId>>,
     /// Requests at the head of all their keys' queues, not yet proposed.
     ready_to_propose: VecDeque<RequestId>,
+
+    /// Acquires waiting for a held key, FIFO per key. A waiter is in
+    /// `pending` but in no key queue until it is proposed.
+    waiters: BTreeMap<Key, VecDeque<RequestId>>,
+    /// Keys with an Expire of the leader's own pending, and its request.
+    expiring: BTreeMap<Key, RequestId>,
+    next_internal_id: u64,
+
+    /// Lease deadlines on this node's clock, fed by applied changes.
+    leases: LeaseTracker,
+    /// This node's monotonic time, as last given to `set_now`.
+    now_ms: u64,
+    /// The leases must be rebuilt from the table at the next `set_now` (the
+    /// table came from a snapshot at open, before any time was known).
+    leases_need_restore: bool,
+    last_expiry_scan_ms: Option<u64>,
 
     /// Reads waiting for their ReadIndex.
     reads: BTreeMap<RequestId, Query>,
@@ -179,6 +207,13 @@ impl<D: Durable> Replica<D> {
             pending: BTreeMap::new(),
             key_queues: BTreeMap::new(),
             ready_to_propose: VecDeque::new(),
+            waiters: BTreeMap::new(),
+            expiring: BTreeMap::new(),
+            next_internal_id: 0,
+            leases: LeaseTracker::new(),
+            now_ms: 0,
+            leases_need_restore: true,
+            last_expiry_scan_ms: None,
             reads: BTreeMap::new(),
             reads_at_index: Vec::new(),
             snapshots_sent: Vec::new(),
@@ -190,9 +225,49 @@ impl<D: Durable> Replica<D> {
     /// Accepts a request of commands. The answer comes later in
     /// [`Effects::replies`], or at once when the request is refused.
     pub fn propose(&mut self, id: RequestId, commands: Vec<Command>) {
+        self.submit(id, commands, None, false);
+    }
+
+    /// Accepts an acquire. With `wait_ms` > 0, a key held by another owner
+    /// queues the request (FIFO per key) for up to `wait_ms` on this node's
+    /// clock; with 0 it is answered [`RequestError::Held`] at once.
+    pub fn acquire(&mut self, id: RequestId, key: Key, lease_ms: LeaseMs, owner: Owner, wait_ms: u64) {
+        let wait_until_ms = (wait_ms > 0).then(|| self.now_ms.saturating_add(wait_ms));
+        self.submit(id, vec![Command::Grant { key, lease_ms, owner }], wait_until_ms, false);
+    }
+
+    /// Releases a lock whose Grant could not be delivered: its client is
+    /// gone (a ghost lock). Does nothing on a follower; the lease then runs out.
+    pub fn release_ghost(&mut self, key: Key, token: FencingToken) {
+        info!(self.logger, "releasing ghost lock"; "key" => %key, "token" => token.get());
+        let id = self.internal_id();
+        self.submit(id, vec![Command::Release { key, token: Some(token) }], None, true);
+    }
+
+    /// Sets this node's monotonic time, in milliseconds. Time never goes
+    /// backwards here: an earlier reading is ignored.
+    pub fn set_now(&mut self, now_ms: u64) {
+        self.now_ms = self.now_ms.max(now_ms);
+        if self.leases_need_restore {
+            self.restore_leases();
+        }
+    }
+
+    fn internal_id(&mut self) -> RequestId {
+        self.next_internal_id += 1;
+        RequestId(INTERNAL_REQUEST_BIT | self.next_internal_id)
+    }
+
+    fn submit(&mut self, id: RequestId, commands: Vec<Command>, wait_until_ms: Option<u64>, internal: bool) {
         if let Err(err) = self.admit() {
             self.reply(id, Err(err));
             return;
+        }
+        if !internal {
+            if let Err(err) = self.check_leases(&commands) {
+                self.reply(id, Err(err));
+                return;
+            }
         }
         if commands.is_empty() {
             self.reply(id, Ok(Response::Applied(Vec::new())));
@@ -204,8 +279,22 @@ impl<D: Durable> Replica<D> {
         for key in &keys {
             self.key_queues.entry(key.clone()).or_default().push_back(id);
         }
-        self.pending.insert(id, Pending { commands, keys, proposed_term: None, queued: false });
+        let pending = Pending { commands, keys, proposed_term: None, queued: false, internal, wait_until_ms };
+        self.pending.insert(id, pending);
         self.queue_if_ready(id);
+    }
+
+    /// Refuses leases outside the configured bounds.
+    fn check_leases(&self, commands: &[Command]) -> Result<(), RequestError> {
+        let (min_ms, max_ms) = (self.config.lease_ms_min, self.config.lease_ms_max);
+        for command in commands {
+            if let Command::Grant { lease_ms, .. } | Command::Renew { lease_ms, .. } = command {
+                if !(min_ms..=max_ms).contains(&lease_ms.get()) {
+                    return Err(RequestError::LeaseOutOfBounds { lease_ms: lease_ms.get(), min_ms, max_ms });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Accepts a linearizable read.
@@ -257,6 +346,8 @@ impl<D: Durable> Replica<D> {
     /// [`Replica::take_effects`]. An error is fatal: drop the replica.
     pub fn run_ready(&mut self) -> Result<(), FatalError> {
         self.notice_role_change();
+        self.time_out_waiters();
+        self.propose_expiries();
         self.propose_ready_requests();
         self.handle_ready()?;
         self.notice_role_change();
@@ -331,7 +422,9 @@ impl<D: Durable> Replica<D> {
     }
 
     fn reply(&mut self, id: RequestId, reply: Reply) {
-        self.effects.replies.push((id, reply));
+        if id.0 & INTERNAL_REQUEST_BIT == 0 {
+            self.effects.replies.push((id, reply));
+        }
     }
 
     /// Queues `id` for proposal once it heads the queue of every key it touches.
@@ -355,25 +448,105 @@ impl<D: Durable> Replica<D> {
     /// Forgets an answered request and lets the next request on its keys go.
     fn finish(&mut self, id: RequestId, reply: Reply) {
         self.reply(id, reply);
-        let Some(pending) = self.pending.remove(&id) else {
-            return;
-        };
+        let Some(pending) = self.pending.remove(&id) else { return };
+        if pending.internal {
+            self.expiring.retain(|_, expire| *expire != id);
+        }
+        self.leave_key_queues(id, &pending.keys);
+    }
+
+    /// Takes `id` out of the queues of `keys` and lets each next head go. A
+    /// key left with no request in flight, free, and with waiters hands
+    /// itself to the first waiter.
+    fn leave_key_queues(&mut self, id: RequestId, keys: &[Key]) {
         let mut next = Vec::new();
-        for key in pending.keys {
-            let Some(queue) = self.key_queues.get_mut(&key) else {
-                continue;
-            };
+        for key in keys {
+            let Some(queue) = self.key_queues.get_mut(key) else { continue };
             queue.retain(|queued| *queued != id);
             match queue.front() {
                 Some(head) => next.push(*head),
                 None => {
-                    self.key_queues.remove(&key);
+                    self.key_queues.remove(key);
+                    if self.table.holder(key.as_bytes()).is_none() {
+                        if let Some(waiter) = self.pop_waiter(key) {
+                            self.key_queues.entry(key.clone()).or_default().push_back(waiter);
+                            next.push(waiter);
+                        }
+                    }
                 }
             }
         }
         for head in next {
             self.queue_if_ready(head);
         }
+    }
+
+    fn pop_waiter(&mut self, key: &Key) -> Option<RequestId> {
+        let queue = self.waiters.get_mut(key)?;
+        let waiter = queue.pop_front();
+        if queue.is_empty() {
+            self.waiters.remove(key);
+        }
+        waiter
+    }
+
+    /// Answers waiters whose time is up; the queue behind them moves up.
+    fn time_out_waiters(&mut self) {
+        let now_ms = self.now_ms;
+        let mut timed_out = Vec::new();
+        for (key, queue) in &mut self.waiters {
+            queue.retain(|id| {
+                let expired = self
+                    .pending
+                    .get(id)
+                    .and_then(|pending| pending.wait_until_ms)
+                    .is_none_or(|until_ms| until_ms <= now_ms);
+                if expired {
+                    timed_out.push((key.clone(), *id));
+                }
+                !expired
+            });
+        }
+        self.waiters.retain(|_, queue| !queue.is_empty());
+        for (key, id) in timed_out {
+            let holder_token = self.table.holder(key.as_bytes()).map(|lock| lock.token);
+            self.finish(id, Err(RequestError::WaitTimedOut { key, holder_token }));
+        }
+    }
+
+    /// On the ready leader, every scan interval: proposes an Expire for each
+    /// lease this node's clock says is due.
+    fn propose_expiries(&mut self) {
+        if self.raw.raft.state != StateRole::Leader || !self.leader_ready {
+            return;
+        }
+        let interval_ms = self.config.expiry_scan_interval_ms;
+        if self.last_expiry_scan_ms.is_some_and(|last_ms| self.now_ms < last_ms.saturating_add(interval_ms)) {
+            return;
+        }
+        self.last_expiry_scan_ms = Some(self.now_ms);
+        let due: Vec<(Key, FencingToken)> = self
+            .leases
+            .due(self.now_ms)
+            .filter(|(key, _)| !self.expiring.contains_key(*key))
+            .map(|(key, token)| (key.clone(), token))
+            .collect();
+        for (key, token) in due {
+            if self.pending.len() + self.reads.len() >= self.config.pending_requests_max {
+                break;
+            }
+            let id = self.internal_id();
+            debug!(self.logger, "lease due"; "key" => %key, "token" => token.get(), "now_ms" => self.now_ms);
+            self.expiring.insert(key.clone(), id);
+            self.submit(id, vec![Command::Expire { key, token }], None, true);
+        }
+    }
+
+    fn restore_leases(&mut self) {
+        self.leases_need_restore = false;
+        let locks =
+            self.table.list(b"", usize::MAX).map(|(key, lock)| (key.clone(), lock.token, lock.lease_ms));
+        self.leases.restore(locks, self.now_ms);
     }
 
     /// The holder that a Grant in `commands` would be turned away by.
@@ -393,47 +566,101 @@ impl<D: Durable> Replica<D> {
         if self.raw.raft.state != StateRole::Leader || !self.leader_ready {
             return;
         }
-        let term = self.raw.raft.term;
-        let mut commands = Vec::new();
-        let mut tags = Vec::new();
+        let mut batch = Batch::default();
         while let Some(id) = self.ready_to_propose.pop_front() {
-            let Some(pending) = self.pending.get(&id) else {
-                continue;
-            };
-            // Nothing else is in flight on these keys, so the applied table is
-            // what this request will meet.
-            if let Some((key, holder_token)) = self.grant_conflict(&pending.commands) {
-                self.finish(id, Err(RequestError::Held { key, holder_token }));
+            let Some(pending) = self.pending.get_mut(&id) else { continue };
+            pending.queued = false;
+            // Nothing else is in flight on these keys, so the applied table
+            // (and this node's leases) is what this request will meet.
+            if let Some(stale) = self.stale_expire(id) {
+                debug!(self.logger, "expire no longer due"; "key" => %stale);
+                self.finish(id, Ok(Response::Applied(Vec::new())));
                 continue;
             }
-            let Some(pending) = self.pending.get_mut(&id) else {
+            let Some(pending) = self.pending.get(&id) else { continue };
+            if let Some((key, holder_token)) = self.grant_conflict(&pending.commands) {
+                if pending.wait_until_ms.is_some() {
+                    let keys = pending.keys.clone();
+                    self.leave_key_queues(id, &keys);
+                    self.waiters.entry(key).or_default().push_back(id);
+                } else {
+                    self.finish(id, Err(RequestError::Held { key, holder_token }));
+                }
                 continue;
-            };
-            pending.queued = false;
-            pending.proposed_term = Some(term);
-            let taken = std::mem::take(&mut pending.commands);
-            tags.push(pb::RequestTag {
-                request_id: id.0,
-                commands: taken.len() as u32,
-                ..Default::default()
-            });
-            commands.extend(taken);
-            if commands.len() >= self.config.entry_commands_max {
-                self.propose_entry(std::mem::take(&mut commands), std::mem::take(&mut tags));
+            }
+            let removed = self.add_to_batch(&mut batch, id);
+            // Hand each lock this request frees to its first waiter in the
+            // same entry: a hot-key handoff costs one commit.
+            for key in removed {
+                if let Some(waiter) = self.pop_waiter(&key) {
+                    if let Some(queue) = self.key_queues.get_mut(&key) {
+                        let at =
+                            queue.iter().position(|queued| *queued == id).map_or(queue.len(), |at| at + 1);
+                        queue.insert(at, waiter);
+                    }
+                    self.add_to_batch(&mut batch, waiter);
+                }
+            }
+            if batch.commands.len() >= self.config.entry_commands_max {
+                self.propose_entry(std::mem::take(&mut batch));
             }
         }
-        if !commands.is_empty() {
-            self.propose_entry(commands, tags);
+        if !batch.commands.is_empty() {
+            self.propose_entry(batch);
         }
     }
 
-    fn propose_entry(&mut self, commands: Vec<Command>, tags: Vec<pb::RequestTag>) {
-        let ids: Vec<RequestId> = tags.iter().map(|tag| RequestId(tag.request_id)).collect();
-        let context = pb::EntryTags { proposer: self.id.0, requests: tags.into(), ..Default::default() }
-            .write_to_bytes()
-            .expect("encoding EntryTags into a Vec cannot fail");
-        let n_commands = commands.len() as u64;
-        match self.raw.propose(context, encode_batch(&commands)) {
+    /// Moves request `id`'s commands into `batch`; returns the keys whose
+    /// lock those commands will remove.
+    fn add_to_batch(&mut self, batch: &mut Batch, id: RequestId) -> Vec<Key> {
+        let term = self.raw.raft.term;
+        let Some(pending) = self.pending.get_mut(&id) else { return Vec::new() };
+        pending.queued = false;
+        pending.proposed_term = Some(term);
+        let commands = std::mem::take(&mut pending.commands);
+        let removed = commands
+            .iter()
+            .filter_map(|command| match command {
+                Command::Release { key, token } => Some((key, *token)),
+                Command::Expire { key, token } => Some((key, Some(*token))),
+                _ => None,
+            })
+            .filter(|(key, token)| {
+                self.table
+                    .holder(key.as_bytes())
+                    .is_some_and(|lock| token.is_none_or(|token| token == lock.token))
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        batch.tags.push(pb::RequestTag {
+            request_id: id.0,
+            commands: commands.len() as u32,
+            ..Default::default()
+        });
+        batch.commands.extend(commands);
+        removed
+    }
+
+    /// The key of an Expire of the leader's own that is no longer due (the
+    /// lock was renewed, released or re-granted since it was decided).
+    fn stale_expire(&self, id: RequestId) -> Option<Key> {
+        let pending = self.pending.get(&id).filter(|pending| pending.internal)?;
+        match pending.commands.as_slice() {
+            [Command::Expire { key, token }] if !self.leases.is_due(key, *token, self.now_ms) => {
+                Some(key.clone())
+            }
+            _ => None,
+        }
+    }
+
+    fn propose_entry(&mut self, batch: Batch) {
+        let ids: Vec<RequestId> = batch.tags.iter().map(|tag| RequestId(tag.request_id)).collect();
+        let context =
+            pb::EntryTags { proposer: self.id.0, requests: batch.tags.into(), ..Default::default() }
+                .write_to_bytes()
+                .expect("encoding EntryTags into a Vec cannot fail");
+        let n_commands = batch.commands.len() as u64;
+        match self.raw.propose(context, encode_batch(&batch.commands)) {
             Ok(()) => {
                 self.stats.entries_proposed += 1;
                 self.stats.commands_proposed += n_commands;
@@ -489,7 +716,10 @@ impl<D: Durable> Replica<D> {
         }
         self.key_queues.clear();
         self.ready_to_propose.clear();
+        self.waiters.clear();
+        self.expiring.clear();
         self.reads_at_index.clear();
+        self.last_expiry_scan_ms = None;
     }
 
     fn handle_ready(&mut self) -> Result<(), FatalError> {
@@ -571,6 +801,7 @@ impl<D: Durable> Replica<D> {
         self.table = table;
         self.raw.mut_store().install_snapshot(snapshot);
         self.stats.snapshots_installed += 1;
+        self.restore_leases();
         self.effects.applied.push(AppliedEvent::Restored);
         Ok(())
     }
@@ -678,6 +909,17 @@ impl<D: Durable> Replica<D> {
             (ApplyResult::Expired { existed: true }, Some(token)) => AppliedEvent::Expired { key, token },
             _ => return result,
         };
+        let now_ms = self.now_ms;
+        match &event {
+            AppliedEvent::Granted { key, token, lease_ms, .. }
+            | AppliedEvent::Renewed { key, token, lease_ms } => {
+                self.leases.granted(key.clone(), *token, *lease_ms, now_ms);
+            }
+            AppliedEvent::Released { key, token } | AppliedEvent::Expired { key, token } => {
+                self.leases.removed(key, *token);
+            }
+            AppliedEvent::Restored => {}
+        }
         self.effects.applied.push(event);
         result
     }
@@ -735,6 +977,13 @@ impl<D: Durable> Replica<D> {
         self.raw.mut_store().compact(snapshot);
         Ok(())
     }
+}
+
+/// Commands and their request tags, on their way into one log entry.
+#[derive(Debug, Default)]
+struct Batch {
+    commands: Vec<Command>,
+    tags: Vec<pb::RequestTag>,
 }
 
 fn read_request_id(context: &[u8]) -> RequestId {

@@ -7,23 +7,91 @@
 //! own reply channel.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{never, select, tick, Receiver, Sender, TrySendError};
-use fencelock_types::Command;
+use fencelock_types::{ApplyResult, Command, Key, LeaseMs, Owner};
 use raft::prelude::Message;
 use slog::{crit, info, Logger};
 
 use crate::replica::{Effects, NodeStatus, Replica, Stats};
 use crate::storage::Durable;
-use crate::{FatalError, Query, Reply, RequestError, RequestId};
+use crate::{FatalError, Query, Reply, RequestError, RequestId, Response};
+
+/// Where the shell reads this node's monotonic time for leases.
+pub trait Clock: Send {
+    fn now_ms(&self) -> u64;
+}
+
+/// The real monotonic clock: milliseconds since the clock was made.
+#[derive(Clone, Copy, Debug)]
+pub struct MonotonicClock {
+    start: Instant,
+}
+
+impl MonotonicClock {
+    pub fn new() -> MonotonicClock {
+        MonotonicClock { start: Instant::now() }
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> MonotonicClock {
+        MonotonicClock::new()
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+}
+
+/// A clock that moves only when told to: tests give each node one, to
+/// freeze it, skew it or run it fast.
+#[derive(Clone, Debug, Default)]
+pub struct ManualClock {
+    now_ms: Arc<AtomicU64>,
+}
+
+impl ManualClock {
+    pub fn new(now_ms: u64) -> ManualClock {
+        ManualClock { now_ms: Arc::new(AtomicU64::new(now_ms)) }
+    }
+
+    pub fn set(&self, now_ms: u64) {
+        self.now_ms.store(now_ms, Ordering::SeqCst);
+    }
+
+    pub fn advance(&self, ms: u64) {
+        self.now_ms.fetch_add(ms, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> u64 {
+        self.now_ms.load(Ordering::SeqCst)
+    }
+}
 
 /// What callers ask of a running replica.
 #[derive(Debug)]
 pub enum Request {
     Propose {
         commands: Vec<Command>,
+        reply: Sender<Reply>,
+    },
+    /// Acquire `key`, waiting up to `wait_ms` for it when it is held (0: do
+    /// not wait). If `reply` is gone when the grant is ready (the client
+    /// disconnected), the lock is released at once.
+    Acquire {
+        key: Key,
+        lease_ms: LeaseMs,
+        owner: Owner,
+        wait_ms: u64,
         reply: Sender<Reply>,
     },
     Read {
@@ -33,6 +101,10 @@ pub enum Request {
     /// Answered at once from local state, not through raft.
     Status {
         reply: Sender<NodeStatus>,
+    },
+    /// Asks this node, if it leads, to hand leadership to another.
+    TransferLeader {
+        to: crate::NodeId,
     },
     /// The applied index and the lock table's snapshot bytes, at once from
     /// local state: for checking that replicas converge.
@@ -62,19 +134,22 @@ pub struct Channels {
     pub stop: Receiver<()>,
 }
 
-/// Starts `replica` on a thread named `fencelock-raft-<id>`. The thread ends
-/// when told to stop or when every request sender is gone (`Ok`, with the
-/// final counters), or on a fatal error (`Err`), after answering every
-/// outstanding request with [`RequestError::Stopped`].
+/// Starts `replica` on a thread named `fencelock-raft-<id>`, reading lease
+/// time from `clock`. The thread ends when told to stop or when every
+/// request sender is gone (`Ok`, with the final counters), or on a fatal
+/// error (`Err`), after answering every outstanding request with
+/// [`RequestError::Stopped`].
 pub fn spawn<D: Durable + Send + 'static>(
     replica: Replica<D>,
+    clock: impl Clock + 'static,
     config: ShellConfig,
     channels: Channels,
     logger: &Logger,
 ) -> std::io::Result<JoinHandle<Result<Stats, FatalError>>> {
     let logger = logger.new(slog::o!("node_id" => replica.status().id.0));
     std::thread::Builder::new().name(format!("fencelock-raft-{}", replica.status().id.0)).spawn(move || {
-        let mut shell = Shell { replica, waiting: HashMap::new(), next_request_id: 0, logger };
+        let mut shell =
+            Shell { replica, clock: Box::new(clock), waiting: HashMap::new(), next_request_id: 0, logger };
         let result = shell.run(&config, channels);
         shell.fail_waiting();
         match &result {
@@ -87,7 +162,8 @@ pub fn spawn<D: Durable + Send + 'static>(
 
 struct Shell<D: Durable> {
     replica: Replica<D>,
-    waiting: HashMap<RequestId, Sender<Reply>>,
+    clock: Box<dyn Clock>,
+    waiting: HashMap<RequestId, Waiting>,
     next_request_id: u64,
     logger: Logger,
 }
@@ -125,6 +201,7 @@ impl<D: Durable> Shell<D> {
                     break;
                 }
             }
+            self.replica.set_now(self.clock.now_ms());
             self.replica.run_ready()?;
             let effects = self.replica.take_effects();
             self.dispatch(effects, &channels.peers_out);
@@ -134,13 +211,26 @@ impl<D: Durable> Shell<D> {
     fn on_request(&mut self, request: Request) {
         match request {
             Request::Propose { commands, reply } => {
-                let id = self.register(reply);
+                let grants = commands
+                    .iter()
+                    .map(|command| match command {
+                        Command::Grant { key, .. } => Some(key.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                let id = self.register(reply, grants);
                 self.replica.propose(id, commands);
             }
+            Request::Acquire { key, lease_ms, owner, wait_ms, reply } => {
+                let id = self.register(reply, vec![Some(key.clone())]);
+                self.replica.set_now(self.clock.now_ms());
+                self.replica.acquire(id, key, lease_ms, owner, wait_ms);
+            }
             Request::Read { query, reply } => {
-                let id = self.register(reply);
+                let id = self.register(reply, Vec::new());
                 self.replica.read(id, query);
             }
+            Request::TransferLeader { to } => self.replica.transfer_leader(to),
             Request::Status { reply } => {
                 let _ = reply.send(self.replica.status());
             }
@@ -151,10 +241,10 @@ impl<D: Durable> Shell<D> {
         }
     }
 
-    fn register(&mut self, reply: Sender<Reply>) -> RequestId {
+    fn register(&mut self, reply: Sender<Reply>, grants: Vec<Option<Key>>) -> RequestId {
         self.next_request_id += 1;
         let id = RequestId(self.next_request_id);
-        self.waiting.insert(id, reply);
+        self.waiting.insert(id, Waiting { reply, grants });
         id
     }
 
@@ -166,16 +256,31 @@ impl<D: Durable> Shell<D> {
             }
         }
         for (id, reply) in effects.replies {
-            if let Some(sender) = self.waiting.remove(&id) {
-                // The caller may have gone; its request still took effect.
-                let _ = sender.send(reply);
+            let Some(waiting) = self.waiting.remove(&id) else { continue };
+            let Err(undelivered) = waiting.reply.send(reply) else { continue };
+            // The caller is gone. Its request still took effect: a lock it
+            // was granted would be held by nobody (a ghost) until its lease
+            // ran out, so release it now.
+            if let Ok(Response::Applied(results)) = undelivered.into_inner() {
+                for (key, result) in waiting.grants.into_iter().zip(results) {
+                    if let (Some(key), ApplyResult::Granted { token, .. }) = (key, result) {
+                        self.replica.release_ghost(key, token);
+                    }
+                }
             }
         }
     }
 
     fn fail_waiting(&mut self) {
-        for (_, sender) in self.waiting.drain() {
-            let _ = sender.send(Err(RequestError::Stopped));
+        for (_, waiting) in self.waiting.drain() {
+            let _ = waiting.reply.send(Err(RequestError::Stopped));
         }
     }
+}
+
+/// A request waiting for its reply.
+struct Waiting {
+    reply: Sender<Reply>,
+    /// Per command, the key of each Grant, to release a ghost lock.
+    grants: Vec<Option<Key>>,
 }

@@ -434,3 +434,76 @@ fn tokens_never_repeat_across_leader_changes() {
     assert_eq!(seen.len(), 30);
     assert_eq!(seen.iter().next_back(), FencingToken::new(30).as_ref());
 }
+
+fn applied_token(reply: Option<crate::Reply>) -> FencingToken {
+    match reply {
+        Some(Ok(Response::Applied(results))) => match results.as_slice() {
+            [ApplyResult::Granted { token, .. }] => *token,
+            other => panic!("expected a grant: {other:?}"),
+        },
+        other => panic!("expected a grant: {other:?}"),
+    }
+}
+
+fn owner(name: &str) -> Owner {
+    Owner::new(name.as_bytes().to_vec()).unwrap()
+}
+
+#[test]
+fn a_hot_key_handoff_to_the_first_waiter_costs_one_entry_and_a_try_acquire_waits_its_turn() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    let lease_ms = LeaseMs::new(1000).unwrap();
+    net.node(1).acquire(RequestId(1), key("hot"), lease_ms, owner("holder"), 0);
+    net.settle();
+    let holder = applied_token(net.take_reply(RequestId(1)));
+    net.node(1).acquire(RequestId(2), key("hot"), lease_ms, owner("waiter"), 60_000);
+    net.settle();
+    assert!(net.take_reply(RequestId(2)).is_none(), "the waiter waits");
+
+    let before = net.node(1).stats();
+    net.node(1).propose(RequestId(3), vec![Command::Release { key: key("hot"), token: Some(holder) }]);
+    net.node(1).acquire(RequestId(4), key("hot"), lease_ms, owner("impatient"), 0);
+    net.node(1).run_ready().unwrap();
+    let after = net.node(1).stats();
+    assert_eq!(after.entries_proposed - before.entries_proposed, 1, "release and handoff share one entry");
+    assert_eq!(after.commands_proposed - before.commands_proposed, 2);
+
+    net.settle();
+    assert_eq!(
+        net.take_reply(RequestId(3)),
+        Some(Ok(Response::Applied(vec![ApplyResult::Released { token: holder }])))
+    );
+    let next = applied_token(net.take_reply(RequestId(2)));
+    assert!(next > holder);
+    assert_eq!(
+        net.take_reply(RequestId(4)),
+        Some(Err(RequestError::Held { key: key("hot"), holder_token: next })),
+        "the try-acquire jumped the queue"
+    );
+}
+
+#[test]
+fn an_expiry_hands_the_key_to_the_first_waiter_and_waiters_fail_over_with_a_retryable_error() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    let lease_ms = LeaseMs::new(1000).unwrap();
+    for replica in &mut net.replicas {
+        replica.set_now(0);
+    }
+    net.node(1).acquire(RequestId(1), key("a"), lease_ms, owner("o1"), 0);
+    net.settle();
+    let first = applied_token(net.take_reply(RequestId(1)));
+    net.node(1).acquire(RequestId(2), key("a"), lease_ms, owner("o2"), 60_000);
+    net.node(1).acquire(RequestId(3), key("a"), lease_ms, owner("o3"), 60_000);
+    net.settle();
+    net.node(1).set_now(1_000);
+    net.settle();
+    let second = applied_token(net.take_reply(RequestId(2)));
+    assert!(second > first);
+    assert!(net.node(2).table().holder(b"a").is_some_and(|lock| lock.token == second));
+
+    // Waiters live on the leader only: a new leader means queue again.
+    net.elect(2);
+    assert!(matches!(net.take_reply(RequestId(3)), Some(Err(RequestError::NotLeader { .. }))));
+}

@@ -13,7 +13,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
-use fencelock_raft::shell::{self, Channels, Request, ShellConfig};
+use fencelock_raft::shell::{self, Channels, ManualClock, Request, ShellConfig};
 use fencelock_raft::{
     Config, EngineStore, FatalError, NodeId, NodeStatus, Query, Replica, Reply, RequestError, Response, Role,
     Stats,
@@ -28,6 +28,9 @@ pub const DEADLINE: Duration = Duration::from_secs(20);
 pub struct Cluster {
     pub size: u64,
     dirs: Vec<TempDir>,
+    /// Each node's lease clock: it moves only when a test moves it, and it
+    /// survives restarts.
+    clocks: Vec<ManualClock>,
     nodes: Vec<Option<RunningNode>>,
     /// Each node's inbound peer channel, looked up by the routers.
     inboxes: Arc<RwLock<Vec<Option<Sender<Message>>>>>,
@@ -55,6 +58,7 @@ impl Cluster {
         let mut cluster = Cluster {
             size,
             dirs,
+            clocks: (0..size).map(|_| ManualClock::new(0)).collect(),
             nodes: (0..size).map(|_| None).collect(),
             inboxes: Arc::new(RwLock::new(vec![None; size as usize])),
             cut: Arc::new(RwLock::new(BTreeSet::new())),
@@ -74,6 +78,9 @@ impl Cluster {
         let mut config = Config::new(NodeId(id), voters);
         config.election_ticks = 10;
         config.heartbeat_ticks = 2;
+        // Manual clocks stand still between a test's steps: scan at every
+        // millisecond they move, so that deadlines are exact.
+        config.expiry_scan_interval_ms = 1;
         (self.tune)(&mut config);
         let store = EngineStore::open(self.dirs[idx(id)].path()).expect("open raft-engine");
         let replica = Replica::open(config, store, &self.logger).expect("open replica");
@@ -85,7 +92,9 @@ impl Cluster {
         let shell_config = ShellConfig { tick_interval: Duration::from_millis(10), drain_max: 4096 };
         let channels =
             Channels { requests: requests_rx, peers_in: peers_in_rx, peers_out: peers_out_tx, stop: stop_rx };
-        let thread = shell::spawn(replica, shell_config, channels, &self.logger).expect("spawn driver");
+        let clock = self.clocks[idx(id)].clone();
+        let thread =
+            shell::spawn(replica, clock, shell_config, channels, &self.logger).expect("spawn driver");
         self.inboxes.write().unwrap()[idx(id)] = Some(peers_in_tx);
         let router = self.spawn_router(id, peers_out_rx);
         self.nodes[idx(id)] = Some(RunningNode { requests: requests_tx, stop: stop_tx, thread, router });
@@ -117,6 +126,67 @@ impl Cluster {
         let result = node.thread.join().expect("driver thread panicked");
         node.router.join().expect("router thread panicked");
         result
+    }
+
+    /// Node `id`'s lease clock.
+    pub fn clock(&self, id: u64) -> &ManualClock {
+        &self.clocks[idx(id)]
+    }
+
+    /// Sets every node's lease clock to `now_ms`.
+    pub fn set_all_clocks(&self, now_ms: u64) {
+        for clock in &self.clocks {
+            clock.set(now_ms);
+        }
+    }
+
+    /// Asks the leader to hand leadership to `to`, and waits until it has.
+    pub fn transfer_leader(&self, to: u64) {
+        let deadline = Instant::now() + DEADLINE;
+        while self.leader() != to {
+            let leader = self.leader();
+            let node = self.nodes[idx(leader)].as_ref().expect("leader is running");
+            node.requests.send(Request::TransferLeader { to: NodeId(to) }).expect("driver is running");
+            assert!(Instant::now() < deadline, "leadership did not move to {to}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends an acquire to `id` and returns the channel its reply comes on.
+    pub fn acquire_async(
+        &self,
+        id: u64,
+        key_name: &str,
+        owner: &str,
+        lease_ms: u64,
+        wait_ms: u64,
+    ) -> Receiver<Reply> {
+        let (tx, rx) = bounded(1);
+        let node = self.nodes[idx(id)].as_ref().expect("node is running");
+        let request = Request::Acquire {
+            key: key(key_name),
+            lease_ms: LeaseMs::new(lease_ms).unwrap(),
+            owner: Owner::new(owner.as_bytes().to_vec()).unwrap(),
+            wait_ms,
+            reply: tx,
+        };
+        node.requests.send(request).expect("driver is running");
+        rx
+    }
+
+    /// The lock table node `id` has applied, as of now.
+    pub fn local_table(&self, id: u64) -> fencelock_fsm::LockTable {
+        let (_, bytes) = self.table(id).expect("node is running");
+        fencelock_fsm::LockTable::restore(&bytes).unwrap()
+    }
+
+    /// Polls `condition` until it holds, failing after the deadline.
+    pub fn wait_for(&self, what: &str, mut condition: impl FnMut(&Cluster) -> bool) {
+        let deadline = Instant::now() + DEADLINE;
+        while !condition(self) {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     pub fn is_running(&self, id: u64) -> bool {

@@ -1,7 +1,11 @@
 //! Cluster tests of the raft driver: real drivers on raft-engine, joined by
 //! channels, under leader loss, partitions, crashes and compaction.
 
+// Test code: unwrapping is how a test fails.
+#![allow(clippy::unwrap_used)]
+
 mod harness;
+mod leases;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
