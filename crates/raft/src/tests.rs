@@ -507,3 +507,40 @@ fn an_expiry_hands_the_key_to_the_first_waiter_and_waiters_fail_over_with_a_retr
     net.elect(2);
     assert!(matches!(net.take_reply(RequestId(3)), Some(Err(RequestError::NotLeader { .. }))));
 }
+
+#[test]
+fn the_shortest_lease_must_outlast_two_election_timeouts() {
+    let mut config = Config::new(NodeId(1), vec![NodeId(1)]);
+    config.election_ticks = 10;
+    config.lease_ms_min = 2_000;
+    // 10 ticks, randomized up to 20, of 100 ms: elections take up to 2 s.
+    assert!(config.validate_timing(100).is_err());
+    assert!(config.validate_timing(50).is_ok());
+    config.lease_ms_max = 1_000;
+    assert!(config.validate().is_err(), "min above max");
+}
+
+#[test]
+fn renewals_of_many_locks_travel_in_one_entry() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    let lease_ms = LeaseMs::new(1000).unwrap();
+    let mut tokens = Vec::new();
+    for i in 0..5u64 {
+        net.node(1).acquire(RequestId(i), key(&format!("k{i}")), lease_ms, owner("o1"), 0);
+        net.settle();
+        tokens.push(applied_token(net.take_reply(RequestId(i))));
+    }
+    let before = net.node(1).stats();
+    let renewals = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, token)| Command::Renew { key: key(&format!("k{i}")), token: *token, lease_ms })
+        .collect();
+    net.node(1).propose(RequestId(100), renewals);
+    net.settle();
+    let after = net.node(1).stats();
+    assert_eq!(after.entries_proposed - before.entries_proposed, 1);
+    let expected = tokens.iter().map(|token| ApplyResult::Renewed { token: *token, lease_ms }).collect();
+    assert_eq!(net.take_reply(RequestId(100)), Some(Ok(Response::Applied(expected))));
+}
