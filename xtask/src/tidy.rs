@@ -24,6 +24,10 @@ const ARROWS: &[(&str, &[&str])] = &[
     ("fencelock-fsm", &["fencelock-types"]),
     ("fencelock-lease", &["fencelock-types"]),
     ("fencelock-raft", &["fencelock-types", "fencelock-fsm", "fencelock-lease"]),
+    ("fencelock-net", &["fencelock-types"]),
+    ("fencelock-client", &["fencelock-types", "fencelock-net"]),
+    ("fencelock-cli", &["fencelock-types", "fencelock-client"]),
+    ("fencelock-server", &["fencelock-types", "fencelock-fsm", "fencelock-lease", "fencelock-raft", "fencelock-net"]),
     ("xtask", &[]),
 ];
 

@@ -924,6 +924,24 @@ impl<D: Durable> Replica<D> {
         result
     }
 
+    /// Answers `query` from the applied table at once, on any node. Not
+    /// linearizable: a follower may be behind, and a deposed leader too.
+    pub fn read_local(&self, query: Query) -> Response {
+        self.answer(query)
+    }
+
+    fn answer(&self, query: Query) -> Response {
+        match query {
+            Query::Holder(key) => Response::Holder(self.table.holder(key.as_bytes()).cloned()),
+            Query::Check { key, token } => {
+                Response::Check(self.table.holder(key.as_bytes()).is_some_and(|lock| lock.token == token))
+            }
+            Query::List { prefix, limit } => Response::List(
+                self.table.list(&prefix, limit).map(|(key, lock)| (key.clone(), lock.clone())).collect(),
+            ),
+        }
+    }
+
     fn answer_reads(&mut self) {
         let applied = self.raw.raft.raft_log.applied;
         let (due, waiting): (Vec<_>, Vec<_>) =
@@ -933,15 +951,7 @@ impl<D: Durable> Replica<D> {
             let Some(query) = self.reads.remove(&id) else {
                 continue;
             };
-            let response = match query {
-                Query::Holder(key) => Response::Holder(self.table.holder(key.as_bytes()).cloned()),
-                Query::Check { key, token } => {
-                    Response::Check(self.table.holder(key.as_bytes()).is_some_and(|lock| lock.token == token))
-                }
-                Query::List { prefix, limit } => Response::List(
-                    self.table.list(&prefix, limit).map(|(key, lock)| (key.clone(), lock.clone())).collect(),
-                ),
-            };
+            let response = self.answer(query);
             self.reply(id, Ok(response));
         }
     }

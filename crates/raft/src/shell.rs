@@ -13,13 +13,39 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{never, select, tick, Receiver, Sender, TrySendError};
-use fencelock_types::{ApplyResult, Command, Key, LeaseMs, Owner};
+use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner};
 use raft::prelude::Message;
 use slog::{crit, info, Logger};
 
 use crate::replica::{Effects, NodeStatus, Replica, Stats};
 use crate::storage::Durable;
 use crate::{FatalError, Query, Reply, RequestError, RequestId, Response};
+
+/// Delivers one reply to whoever asked: a channel, a client connection.
+/// Returns false when the asker is gone, which for a Grant makes a ghost
+/// lock that the shell releases.
+pub struct Responder(Box<dyn FnOnce(Reply) -> bool + Send>);
+
+impl Responder {
+    pub fn new(deliver: impl FnOnce(Reply) -> bool + Send + 'static) -> Responder {
+        Responder(Box::new(deliver))
+    }
+
+    /// Delivers into a channel; a dropped receiver means the asker is gone.
+    pub fn channel(sender: Sender<Reply>) -> Responder {
+        Responder::new(move |reply| sender.send(reply).is_ok())
+    }
+
+    pub fn respond(self, reply: Reply) -> bool {
+        (self.0)(reply)
+    }
+}
+
+impl std::fmt::Debug for Responder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Responder")
+    }
+}
 
 /// Where the shell reads this node's monotonic time for leases.
 pub trait Clock: Send {
@@ -82,7 +108,7 @@ impl Clock for ManualClock {
 pub enum Request {
     Propose {
         commands: Vec<Command>,
-        reply: Sender<Reply>,
+        reply: Responder,
     },
     /// Acquire `key`, waiting up to `wait_ms` for it when it is held (0: do
     /// not wait). If `reply` is gone when the grant is ready (the client
@@ -92,11 +118,17 @@ pub enum Request {
         lease_ms: LeaseMs,
         owner: Owner,
         wait_ms: u64,
-        reply: Sender<Reply>,
+        reply: Responder,
     },
     Read {
         query: Query,
-        reply: Sender<Reply>,
+        reply: Responder,
+    },
+    /// A read from this node's applied table, at once and on any node: it
+    /// may be stale.
+    ReadLocal {
+        query: Query,
+        reply: Responder,
     },
     /// Answered at once from local state, not through raft.
     Status {
@@ -230,6 +262,9 @@ impl<D: Durable> Shell<D> {
                 let id = self.register(reply, Vec::new());
                 self.replica.read(id, query);
             }
+            Request::ReadLocal { query, reply } => {
+                reply.respond(Ok(self.replica.read_local(query)));
+            }
             Request::TransferLeader { to } => self.replica.transfer_leader(to),
             Request::Status { reply } => {
                 let _ = reply.send(self.replica.status());
@@ -241,7 +276,7 @@ impl<D: Durable> Shell<D> {
         }
     }
 
-    fn register(&mut self, reply: Sender<Reply>, grants: Vec<Option<Key>>) -> RequestId {
+    fn register(&mut self, reply: Responder, grants: Vec<Option<Key>>) -> RequestId {
         self.next_request_id += 1;
         let id = RequestId(self.next_request_id);
         self.waiting.insert(id, Waiting { reply, grants });
@@ -257,15 +292,24 @@ impl<D: Durable> Shell<D> {
         }
         for (id, reply) in effects.replies {
             let Some(waiting) = self.waiting.remove(&id) else { continue };
-            let Err(undelivered) = waiting.reply.send(reply) else { continue };
-            // The caller is gone. Its request still took effect: a lock it
-            // was granted would be held by nobody (a ghost) until its lease
-            // ran out, so release it now.
-            if let Ok(Response::Applied(results)) = undelivered.into_inner() {
-                for (key, result) in waiting.grants.into_iter().zip(results) {
-                    if let (Some(key), ApplyResult::Granted { token, .. }) = (key, result) {
-                        self.replica.release_ghost(key, token);
-                    }
+            let granted: Vec<(Key, FencingToken)> = match &reply {
+                Ok(Response::Applied(results)) => waiting
+                    .grants
+                    .into_iter()
+                    .zip(results)
+                    .filter_map(|(key, result)| match (key, result) {
+                        (Some(key), ApplyResult::Granted { token, .. }) => Some((key, *token)),
+                        _ => None,
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
+            if !waiting.reply.respond(reply) {
+                // The caller is gone. Its request still took effect: a lock
+                // it was granted would be held by nobody (a ghost) until its
+                // lease ran out, so release it now.
+                for (key, token) in granted {
+                    self.replica.release_ghost(key, token);
                 }
             }
         }
@@ -273,14 +317,14 @@ impl<D: Durable> Shell<D> {
 
     fn fail_waiting(&mut self) {
         for (_, waiting) in self.waiting.drain() {
-            let _ = waiting.reply.send(Err(RequestError::Stopped));
+            waiting.reply.respond(Err(RequestError::Stopped));
         }
     }
 }
 
 /// A request waiting for its reply.
 struct Waiting {
-    reply: Sender<Reply>,
+    reply: Responder,
     /// Per command, the key of each Grant, to release a ghost lock.
     grants: Vec<Option<Key>>,
 }

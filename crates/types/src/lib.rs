@@ -38,10 +38,18 @@ pub use result::{decode_results, encode_results, ApplyResult};
 use std::fmt;
 use std::num::NonZeroU64;
 
-/// The protobuf messages generated from `proto/fencelock.proto`.
+/// The protobuf messages generated from `proto/fencelock.proto`: the
+/// replicated commands, results and snapshot (permanent formats).
 pub mod pb {
     #![allow(warnings, clippy::all, clippy::pedantic, missing_debug_implementations)]
     include!(concat!(env!("OUT_DIR"), "/fencelock.rs"));
+}
+
+/// The protobuf messages generated from `proto/client.proto`: the client
+/// protocol and the peer handshake (stable formats).
+pub mod client_pb {
+    #![allow(warnings, clippy::all, clippy::pedantic, missing_debug_implementations)]
+    include!(concat!(env!("OUT_DIR"), "/client.rs"));
 }
 
 /// The longest key, in bytes. Longer keys are refused with

@@ -13,7 +13,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
-use fencelock_raft::shell::{self, Channels, ManualClock, Request, ShellConfig};
+use fencelock_raft::shell::{self, Channels, ManualClock, Request, Responder, ShellConfig};
 use fencelock_raft::{
     Config, EngineStore, FatalError, NodeId, NodeStatus, Query, Replica, Reply, RequestError, Response, Role,
     Stats,
@@ -168,7 +168,7 @@ impl Cluster {
             lease_ms: LeaseMs::new(lease_ms).unwrap(),
             owner: Owner::new(owner.as_bytes().to_vec()).unwrap(),
             wait_ms,
-            reply: tx,
+            reply: Responder::channel(tx),
         };
         node.requests.send(request).expect("driver is running");
         rx
@@ -264,7 +264,7 @@ impl Cluster {
     pub fn propose_async(&self, id: u64, commands: Vec<Command>) -> Receiver<Reply> {
         let (tx, rx) = bounded(1);
         let node = self.nodes[idx(id)].as_ref().expect("node is running");
-        node.requests.send(Request::Propose { commands, reply: tx }).expect("driver is running");
+        node.requests.send(Request::Propose { commands, reply: Responder::channel(tx) }).expect("driver is running");
         rx
     }
 
@@ -275,7 +275,7 @@ impl Cluster {
     pub fn read(&self, id: u64, query: Query) -> Reply {
         let (tx, rx) = bounded(1);
         let node = self.nodes[idx(id)].as_ref().expect("node is running");
-        node.requests.send(Request::Read { query, reply: tx }).expect("driver is running");
+        node.requests.send(Request::Read { query, reply: Responder::channel(tx) }).expect("driver is running");
         rx.recv_timeout(DEADLINE).expect("a reply within the deadline")
     }
 

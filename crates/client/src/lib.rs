@@ -1,0 +1,1 @@
+//! The fencelock client (being written).

@@ -1,0 +1,46 @@
+//! fencelock's network layer: frames, the peer transport and the client
+//! listener. It moves frames between sockets and channels.
+//!
+//! - [`frame`]: a 4-byte big-endian length, then one protobuf message;
+//!   readers refuse lengths over their limit before allocating.
+//! - [`PeerTransport`]: one outgoing TCP connection per peer, a bounded
+//!   queue per peer that drops when full, batched writes, reconnection with
+//!   backoff; incoming connections open with a `PeerHello`.
+//! - [`ClientListener`]: pipelined requests and responses on each client
+//!   connection, handed to a [`Handler`].
+//!
+//! Architecture invariants: this crate knows frames, sockets and channels,
+//! and nothing of the driver, raft or the lock table: peer messages are any
+//! protobuf message type (the server uses raft's), client requests go to a
+//! `Handler` trait object. Nothing a peer or client sends can panic it; a
+//! malformed frame closes that one connection.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use fencelock_net::{error_response, ClientConfig, ClientListener, Handler, ResponseSink};
+//! use fencelock_types::client_pb::{ErrorCode, Request};
+//!
+//! struct Unavailable;
+//! impl Handler for Unavailable {
+//!     fn handle(&self, request: Request, sink: ResponseSink) {
+//!         sink.send(error_response(request.id, ErrorCode::UNAVAILABLE, "not yet"));
+//!     }
+//! }
+//! let logger = slog::Logger::root(slog::Discard, slog::o!());
+//! let config = ClientConfig {
+//!     listen_addr: "127.0.0.1:7101".parse()?,
+//!     connections_max: 1024,
+//!     in_flight_max: 1024,
+//!     frame_bytes_max: 1 << 20,
+//! };
+//! let listener = ClientListener::start(config, Arc::new(Unavailable), &logger)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod client;
+pub mod frame;
+mod peer;
+
+pub use client::{error_response, ClientConfig, ClientListener, Handler, ResponseSink};
+pub use frame::{encode_frame, read_frame, write_frame, FrameError};
+pub use peer::{PeerConfig, PeerTransport};
