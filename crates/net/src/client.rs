@@ -71,7 +71,11 @@ pub struct ClientListener {
 }
 
 impl ClientListener {
-    pub fn start(config: ClientConfig, handler: Arc<dyn Handler>, logger: &Logger) -> std::io::Result<ClientListener> {
+    pub fn start(
+        config: ClientConfig,
+        handler: Arc<dyn Handler>,
+        logger: &Logger,
+    ) -> std::io::Result<ClientListener> {
         let listener = TcpListener::bind(config.listen_addr)?;
         let local_addr = listener.local_addr()?;
         let stopping = Arc::new(AtomicBool::new(false));
@@ -106,10 +110,24 @@ impl ClientListener {
 
 /// An error response with a stable code.
 pub fn error_response(id: u64, code: ErrorCode, message: impl Into<String>) -> Response {
-    Response { id, error: protobuf::SingularPtrField::some(Error { code, message: message.into(), ..Default::default() }), ..Default::default() }
+    Response {
+        id,
+        error: protobuf::SingularPtrField::some(Error {
+            code,
+            message: message.into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
-fn serve(stream: TcpStream, config: &ClientConfig, handler: &Arc<dyn Handler>, connections: &Arc<AtomicUsize>, logger: &Logger) {
+fn serve(
+    stream: TcpStream,
+    config: &ClientConfig,
+    handler: &Arc<dyn Handler>,
+    connections: &Arc<AtomicUsize>,
+    logger: &Logger,
+) {
     let remote = stream.peer_addr().map(|addr| addr.to_string()).unwrap_or_default();
     let _ = stream.set_nodelay(true);
     if connections.fetch_add(1, Ordering::SeqCst) >= config.connections_max {
@@ -131,7 +149,11 @@ fn serve(stream: TcpStream, config: &ClientConfig, handler: &Arc<dyn Handler>, c
     };
     // Room for every request in flight plus the reader's own refusals.
     let (responses_tx, responses_rx) = bounded(config.in_flight_max * 2 + 16);
-    let connection = Arc::new(Connection { alive: AtomicBool::new(true), in_flight: AtomicUsize::new(0), responses: responses_tx });
+    let connection = Arc::new(Connection {
+        alive: AtomicBool::new(true),
+        in_flight: AtomicUsize::new(0),
+        responses: responses_tx,
+    });
     let logger = logger.new(slog::o!("remote" => remote));
     let writer_connection = Arc::clone(&connection);
     let writer_logger = logger.clone();
@@ -151,7 +173,9 @@ fn serve(stream: TcpStream, config: &ClientConfig, handler: &Arc<dyn Handler>, c
         connections: Arc::clone(connections),
         logger: logger.clone(),
     };
-    if let Err(err) = std::thread::Builder::new().name("fencelock-client-in".into()).spawn(move || reader.run(stream)) {
+    if let Err(err) =
+        std::thread::Builder::new().name("fencelock-client-in".into()).spawn(move || reader.run(stream))
+    {
         warn!(logger, "cannot start a client reader"; "error" => %err);
     }
 }
@@ -182,7 +206,11 @@ impl ConnectionReader {
                 Err(err @ FrameError::TooLarge { .. }) => {
                     // Tell the client why before closing: it may be a
                     // well-meaning client with a huge request.
-                    let _ = self.connection.responses.try_send(error_response(0, ErrorCode::INVALID_ARGUMENT, err.to_string()));
+                    let _ = self.connection.responses.try_send(error_response(
+                        0,
+                        ErrorCode::INVALID_ARGUMENT,
+                        err.to_string(),
+                    ));
                     warn!(self.logger, "closing client connection"; "reason" => %err);
                     break;
                 }
@@ -215,7 +243,12 @@ impl ConnectionReader {
     }
 }
 
-fn write_responses(mut stream: TcpStream, responses: Receiver<Response>, connection: &Connection, logger: &Logger) {
+fn write_responses(
+    mut stream: TcpStream,
+    responses: Receiver<Response>,
+    connection: &Connection,
+    logger: &Logger,
+) {
     let mut buffer = Vec::new();
     loop {
         let first = match responses.recv_timeout(Duration::from_millis(100)) {

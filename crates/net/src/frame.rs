@@ -63,7 +63,10 @@ mod tests {
     fn frames_round_trip_back_to_back() {
         let mut buffer = Vec::new();
         for id in 1..=3 {
-            encode_frame(&PeerHello { node_id: id, client_addr: format!("h{id}"), ..Default::default() }, &mut buffer);
+            encode_frame(
+                &PeerHello { node_id: id, client_addr: format!("h{id}"), ..Default::default() },
+                &mut buffer,
+            );
         }
         let mut reader = buffer.as_slice();
         for id in 1..=3 {

@@ -42,6 +42,16 @@ pub struct PeerConfig {
     pub reconnect_backoff_max: Duration,
 }
 
+/// The client addresses that peers announced in their hellos, by node id.
+#[derive(Clone, Debug)]
+pub struct ClientAddrs(Arc<RwLock<BTreeMap<u64, String>>>);
+
+impl ClientAddrs {
+    pub fn get(&self, id: u64) -> Option<String> {
+        self.0.read().ok()?.get(&id).cloned()
+    }
+}
+
 /// A running peer transport.
 #[derive(Debug)]
 pub struct PeerTransport {
@@ -75,7 +85,11 @@ impl PeerTransport {
             queues.insert(peer, tx);
             let writer = PeerWriter {
                 addr,
-                hello: PeerHello { node_id: config.node_id, client_addr: config.client_addr.clone(), ..Default::default() },
+                hello: PeerHello {
+                    node_id: config.node_id,
+                    client_addr: config.client_addr.clone(),
+                    ..Default::default()
+                },
                 queue: rx,
                 config: config.clone(),
                 stopping: Arc::clone(&stopping),
@@ -111,7 +125,12 @@ impl PeerTransport {
 
     /// The client address node `id` announced, once it has connected.
     pub fn client_addr(&self, id: u64) -> Option<String> {
-        self.client_addrs.read().ok()?.get(&id).cloned()
+        self.client_addrs().get(id)
+    }
+
+    /// A handle on the client addresses peers announce, for other threads.
+    pub fn client_addrs(&self) -> ClientAddrs {
+        ClientAddrs(Arc::clone(&self.client_addrs))
     }
 
     pub fn local_addr(&self) -> SocketAddr {

@@ -256,6 +256,9 @@ pub enum RequestError {
     /// The node stopped before answering.
     #[error("node stopped")]
     Stopped,
+    /// A bug: a reply of the wrong shape, for example.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 /// A change of the lock table, for the lease timer. Emitted on every node as

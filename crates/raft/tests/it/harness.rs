@@ -264,7 +264,9 @@ impl Cluster {
     pub fn propose_async(&self, id: u64, commands: Vec<Command>) -> Receiver<Reply> {
         let (tx, rx) = bounded(1);
         let node = self.nodes[idx(id)].as_ref().expect("node is running");
-        node.requests.send(Request::Propose { commands, reply: Responder::channel(tx) }).expect("driver is running");
+        node.requests
+            .send(Request::Propose { commands, reply: Responder::channel(tx) })
+            .expect("driver is running");
         rx
     }
 
@@ -275,7 +277,9 @@ impl Cluster {
     pub fn read(&self, id: u64, query: Query) -> Reply {
         let (tx, rx) = bounded(1);
         let node = self.nodes[idx(id)].as_ref().expect("node is running");
-        node.requests.send(Request::Read { query, reply: Responder::channel(tx) }).expect("driver is running");
+        node.requests
+            .send(Request::Read { query, reply: Responder::channel(tx) })
+            .expect("driver is running");
         rx.recv_timeout(DEADLINE).expect("a reply within the deadline")
     }
 

@@ -1,0 +1,286 @@
+//! fencelockd's configuration: command-line flags and an optional TOML
+//! file, flags winning, checked as a whole before anything starts.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Parser;
+use fencelock_raft::{Config as DriverConfig, NodeId};
+use serde::Deserialize;
+
+/// Command-line flags. Every setting but `--config` and `--config-check`
+/// can also come from the TOML file (same names, with underscores).
+#[derive(Debug, Default, Parser)]
+#[command(
+    name = "fencelockd",
+    version,
+    about = "The fencelock server: a replicated lock service with fencing tokens.",
+    after_help = "With no flags it runs a single-node service: peers 1=127.0.0.1:7001, clients on \
+                  127.0.0.1:7101, data in ./fencelock-data.\n\nExit codes: 0 clean shutdown (SIGINT or \
+                  SIGTERM, or --config-check passed); 1 bad configuration or a fatal error."
+)]
+pub struct Flags {
+    /// This node's id (1 and up), one of those in --peers.
+    #[arg(long)]
+    pub id: Option<u64>,
+    /// Every node's peer address, this node's included: 1=HOST:PORT,2=HOST:PORT,...
+    #[arg(long)]
+    pub peers: Option<String>,
+    /// Where clients connect to this node.
+    #[arg(long)]
+    pub client_addr: Option<SocketAddr>,
+    /// Where this node keeps its raft log and snapshots.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// A TOML file with any of these settings; flags win over it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Log format: text or json.
+    #[arg(long)]
+    pub log_format: Option<LogFormat>,
+    /// Log level: error, warning, info or debug.
+    #[arg(long)]
+    pub log_level: Option<String>,
+    /// The length of one raft tick, in milliseconds.
+    #[arg(long)]
+    pub tick_ms: Option<u64>,
+    /// The shortest election timeout, in milliseconds (the longest is twice it).
+    #[arg(long)]
+    pub election_ms: Option<u64>,
+    /// The leader's heartbeat interval, in milliseconds.
+    #[arg(long)]
+    pub heartbeat_ms: Option<u64>,
+    /// The shortest lease a client may ask for; at least twice the longest election timeout.
+    #[arg(long)]
+    pub lease_min_ms: Option<u64>,
+    /// The longest lease a client may ask for.
+    #[arg(long)]
+    pub lease_max_ms: Option<u64>,
+    /// Snapshot the lock table and compact the log every this many applied entries.
+    #[arg(long)]
+    pub snapshot_interval_entries: Option<u64>,
+    /// Client connections served at once.
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+    /// Requests in flight on one client connection.
+    #[arg(long)]
+    pub max_in_flight: Option<usize>,
+    /// The largest client frame, in bytes.
+    #[arg(long)]
+    pub max_frame_bytes: Option<usize>,
+    /// Check the configuration, print it, and exit.
+    #[arg(long)]
+    pub config_check: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// The TOML file: the same settings as the flags.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    id: Option<u64>,
+    peers: Option<String>,
+    client_addr: Option<SocketAddr>,
+    data_dir: Option<PathBuf>,
+    log_format: Option<LogFormat>,
+    log_level: Option<String>,
+    tick_ms: Option<u64>,
+    election_ms: Option<u64>,
+    heartbeat_ms: Option<u64>,
+    lease_min_ms: Option<u64>,
+    lease_max_ms: Option<u64>,
+    snapshot_interval_entries: Option<u64>,
+    max_connections: Option<usize>,
+    max_in_flight: Option<usize>,
+    max_frame_bytes: Option<usize>,
+}
+
+/// The checked configuration the server runs with.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub id: u64,
+    pub peers: BTreeMap<u64, SocketAddr>,
+    pub client_addr: SocketAddr,
+    pub data_dir: PathBuf,
+    pub log_format: LogFormat,
+    pub log_level: slog::Level,
+    pub tick: Duration,
+    pub driver: DriverConfig,
+    pub max_connections: usize,
+    pub max_in_flight: usize,
+    pub max_frame_bytes: usize,
+}
+
+impl ServerConfig {
+    /// Builds the configuration from `flags` and the file they name.
+    pub fn load(flags: &Flags) -> Result<ServerConfig> {
+        let file = match &flags.config {
+            Some(path) => read_file(path)?,
+            None => FileConfig::default(),
+        };
+        ServerConfig::merge(flags, file)
+    }
+
+    fn merge(flags: &Flags, file: FileConfig) -> Result<ServerConfig> {
+        let id = flags.id.or(file.id).unwrap_or(1);
+        let peers_text = flags.peers.clone().or(file.peers).unwrap_or_else(|| format!("{id}=127.0.0.1:7001"));
+        let peers = parse_peers(&peers_text)?;
+        if !peers.contains_key(&id) {
+            bail!("--id {id} is not among --peers ({peers_text})");
+        }
+        let client_addr = flags
+            .client_addr
+            .or(file.client_addr)
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7101)));
+        let data_dir =
+            flags.data_dir.clone().or(file.data_dir).unwrap_or_else(|| PathBuf::from("fencelock-data"));
+        let log_format = flags.log_format.or(file.log_format).unwrap_or_default();
+        let log_level =
+            parse_level(flags.log_level.as_deref().or(file.log_level.as_deref()).unwrap_or("info"))?;
+
+        let tick_ms = flags.tick_ms.or(file.tick_ms).unwrap_or(50);
+        let election_ms = flags.election_ms.or(file.election_ms).unwrap_or(500);
+        let heartbeat_ms = flags.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(100);
+        if tick_ms == 0 {
+            bail!("tick_ms must be positive");
+        }
+        for (name, ms) in [("election_ms", election_ms), ("heartbeat_ms", heartbeat_ms)] {
+            if ms % tick_ms != 0 || ms == 0 {
+                bail!("{name} ({ms}) must be a positive multiple of tick_ms ({tick_ms})");
+            }
+        }
+
+        let voters = peers.keys().map(|id| NodeId(*id)).collect();
+        let mut driver = DriverConfig::new(NodeId(id), voters);
+        driver.election_ticks = (election_ms / tick_ms) as usize;
+        driver.heartbeat_ticks = (heartbeat_ms / tick_ms) as usize;
+        driver.lease_ms_min = flags.lease_min_ms.or(file.lease_min_ms).unwrap_or(2_000);
+        driver.lease_ms_max = flags.lease_max_ms.or(file.lease_max_ms).unwrap_or(24 * 60 * 60 * 1_000);
+        if let Some(entries) = flags.snapshot_interval_entries.or(file.snapshot_interval_entries) {
+            driver.snapshot_interval_entries = entries;
+        }
+        driver.validate_timing(tick_ms).map_err(|err| anyhow!(err))?;
+
+        let max_connections = flags.max_connections.or(file.max_connections).unwrap_or(4_096);
+        let max_in_flight = flags.max_in_flight.or(file.max_in_flight).unwrap_or(4_096);
+        let max_frame_bytes = flags.max_frame_bytes.or(file.max_frame_bytes).unwrap_or(1 << 20);
+        if max_connections == 0 || max_in_flight == 0 || max_frame_bytes < 1024 {
+            bail!("max_connections and max_in_flight must be positive, max_frame_bytes at least 1024");
+        }
+        Ok(ServerConfig {
+            id,
+            peers,
+            client_addr,
+            data_dir,
+            log_format,
+            log_level,
+            tick: Duration::from_millis(tick_ms),
+            driver,
+            max_connections,
+            max_in_flight,
+            max_frame_bytes,
+        })
+    }
+}
+
+fn read_file(path: &Path) -> Result<FileConfig> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("config file {} is not valid", path.display()))
+}
+
+/// Parses `1=127.0.0.1:7001,2=127.0.0.1:7002`.
+pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, SocketAddr>> {
+    let mut peers = BTreeMap::new();
+    for part in text.split(',').map(str::trim).filter(|part| !part.is_empty()) {
+        let (id, addr) = part.split_once('=').ok_or_else(|| anyhow!("peer `{part}` is not ID=HOST:PORT"))?;
+        let id: u64 = id.trim().parse().with_context(|| format!("peer id `{id}` is not a number"))?;
+        if id == 0 {
+            bail!("peer id 0 is reserved");
+        }
+        let addr: SocketAddr =
+            addr.trim().parse().with_context(|| format!("peer address `{addr}` is not HOST:PORT"))?;
+        if peers.insert(id, addr).is_some() {
+            bail!("peer id {id} appears twice");
+        }
+    }
+    if peers.is_empty() {
+        bail!("--peers names no node");
+    }
+    Ok(peers)
+}
+
+fn parse_level(text: &str) -> Result<slog::Level> {
+    match text {
+        "error" => Ok(slog::Level::Error),
+        "warning" | "warn" => Ok(slog::Level::Warning),
+        "info" => Ok(slog::Level::Info),
+        "debug" => Ok(slog::Level::Debug),
+        other => bail!("log level `{other}` is not one of error, warning, info, debug"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(args: &[&str]) -> Flags {
+        Flags::try_parse_from(std::iter::once("fencelockd").chain(args.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn no_flags_is_a_single_local_node() {
+        let config = ServerConfig::load(&flags(&[])).unwrap();
+        assert_eq!(config.id, 1);
+        assert_eq!(config.peers.len(), 1);
+        assert_eq!(config.client_addr.to_string(), "127.0.0.1:7101");
+        assert_eq!(config.data_dir, PathBuf::from("fencelock-data"));
+    }
+
+    #[test]
+    fn flags_win_over_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fencelock.toml");
+        std::fs::write(&path, "id = 2\npeers = \"1=127.0.0.1:7001,2=127.0.0.1:7002\"\ntick_ms = 20\nelection_ms = 200\nheartbeat_ms = 40\n").unwrap();
+        let config = ServerConfig::load(&flags(&["--config", path.to_str().unwrap(), "--id", "1"])).unwrap();
+        assert_eq!(config.id, 1);
+        assert_eq!(config.peers.len(), 2);
+        assert_eq!(config.driver.election_ticks, 10);
+        assert_eq!(config.tick, Duration::from_millis(20));
+    }
+
+    #[test]
+    fn bad_configurations_are_refused_with_a_reason() {
+        for (args, needle) in [
+            (vec!["--id", "3", "--peers", "1=127.0.0.1:7001"], "not among"),
+            (vec!["--peers", "1=nowhere"], "HOST:PORT"),
+            (vec!["--peers", "1=127.0.0.1:1,1=127.0.0.1:2"], "twice"),
+            (vec!["--lease-min-ms", "100"], "election timeout"),
+            (vec!["--election-ms", "75"], "multiple"),
+            (vec!["--log-level", "loud"], "log level"),
+        ] {
+            let err = ServerConfig::load(&flags(&args)).unwrap_err();
+            assert!(format!("{err:#}").contains(needle), "{args:?}: {err:#}");
+        }
+    }
+
+    #[test]
+    fn a_garbage_config_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, "this is = = not toml").unwrap();
+        assert!(ServerConfig::load(&flags(&["--config", path.to_str().unwrap()])).is_err());
+        std::fs::write(&path, "unknown_setting = 1").unwrap();
+        assert!(ServerConfig::load(&flags(&["--config", path.to_str().unwrap()])).is_err());
+    }
+}

@@ -1,0 +1,394 @@
+//! Serves client requests: decodes and checks each one, hands it to the
+//! driver thread, and turns the driver's reply into a protocol response with
+//! a stable error code.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use crossbeam_channel::{bounded, Sender};
+use fencelock_net::{error_response, Handler, ResponseSink};
+use fencelock_raft::shell::{Request as DriverRequest, Responder};
+use fencelock_raft::{NodeId, NodeStatus, Query, Reply, RequestError, Response, Role};
+use fencelock_types::client_pb::{
+    self as proto, ErrorCode, Request_oneof_kind as Kind, Response_oneof_kind as Out,
+};
+use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner};
+
+/// The most locks one list answers.
+const LIST_LIMIT_MAX: u32 = 10_000;
+
+/// Where the leader's clients connect, by node id, as far as this node knows.
+pub trait Directory: Send + Sync {
+    fn client_addr(&self, id: u64) -> Option<String>;
+}
+
+/// The client-facing side of one node.
+pub struct ClientHandler {
+    pub driver: Sender<DriverRequest>,
+    pub node_id: u64,
+    pub client_addr: SocketAddr,
+    pub peers: BTreeMap<u64, SocketAddr>,
+    /// Filled in once the peer transport runs.
+    pub directory: OnceLock<Arc<dyn Directory>>,
+}
+
+impl Handler for ClientHandler {
+    fn handle(&self, request: proto::Request, sink: ResponseSink) {
+        let id = request.id;
+        let Some(kind) = request.kind else {
+            sink.send(error_response(id, ErrorCode::INVALID_ARGUMENT, "request names no operation"));
+            return;
+        };
+        let result = match kind {
+            Kind::acquire(acquire) => self.acquire(acquire, sink),
+            Kind::release(release) => self.release(release, sink),
+            Kind::renew(renew) => self.renew(renew, sink),
+            Kind::get(get) => self.get(get, sink),
+            Kind::check(check) => self.check(check, sink),
+            Kind::list(list) => self.list(list, sink),
+            Kind::status(_) => {
+                sink.send(self.status());
+                Ok(())
+            }
+        };
+        if let Err((sink, message)) = result {
+            sink.send(error_response(id, ErrorCode::INVALID_ARGUMENT, message));
+        }
+    }
+}
+
+/// A request refused before it reached the driver: the sink, and why.
+type Refusal = (ResponseSink, String);
+
+impl ClientHandler {
+    fn acquire(&self, acquire: proto::AcquireRequest, sink: ResponseSink) -> Result<(), Refusal> {
+        let key = match Key::new(acquire.key) {
+            Ok(key) => key,
+            Err(err) => return Err((sink, format!("key: {err}"))),
+        };
+        let lease_ms = match LeaseMs::new(acquire.lease_ms) {
+            Ok(lease_ms) => lease_ms,
+            Err(err) => return Err((sink, format!("lease_ms: {err}"))),
+        };
+        let owner = match Owner::new(acquire.owner) {
+            Ok(owner) => owner,
+            Err(err) => return Err((sink, format!("owner: {err}"))),
+        };
+        let reply = self.responder(sink, |reply| {
+            let outcome =
+                |outcome, token: Option<FencingToken>, lease_ms: u64, holder: Option<FencingToken>| {
+                    Out::acquire(proto::AcquireResponse {
+                        outcome,
+                        token: token.map_or(0, FencingToken::get),
+                        lease_ms,
+                        holder_token: holder.map_or(0, FencingToken::get),
+                        ..Default::default()
+                    })
+                };
+            match reply {
+                Ok(Response::Applied(results)) => match results.as_slice() {
+                    [ApplyResult::Granted { token, lease_ms, .. }] => {
+                        Ok(outcome(proto::AcquireOutcome::GRANTED, Some(*token), lease_ms.get(), None))
+                    }
+                    [ApplyResult::GrantRejected { holder_token }] => {
+                        Ok(outcome(proto::AcquireOutcome::HELD, None, 0, Some(*holder_token)))
+                    }
+                    other => Err(unexpected(other)),
+                },
+                Err(RequestError::Held { holder_token, .. }) => {
+                    Ok(outcome(proto::AcquireOutcome::HELD, None, 0, Some(holder_token)))
+                }
+                Err(RequestError::WaitTimedOut { holder_token, .. }) => {
+                    Ok(outcome(proto::AcquireOutcome::WAIT_TIMED_OUT, None, 0, holder_token))
+                }
+                Err(err) => Err(err),
+                Ok(other) => Err(unexpected(&other)),
+            }
+        });
+        self.send(DriverRequest::Acquire { key, lease_ms, owner, wait_ms: acquire.wait_ms, reply });
+        Ok(())
+    }
+
+    fn release(&self, release: proto::ReleaseRequest, sink: ResponseSink) -> Result<(), Refusal> {
+        let key = match Key::new(release.key) {
+            Ok(key) => key,
+            Err(err) => return Err((sink, format!("key: {err}"))),
+        };
+        let token = match (release.force, FencingToken::new(release.token)) {
+            (true, _) => None,
+            (false, Some(token)) => Some(token),
+            (false, None) => return Err((sink, "a release needs a token, or force".to_owned())),
+        };
+        let reply = self.responder(sink, |reply| match reply {
+            Ok(Response::Applied(results)) => match results.as_slice() {
+                [ApplyResult::Released { token }] => Ok(Out::release(proto::ReleaseResponse {
+                    released: true,
+                    token: token.get(),
+                    ..Default::default()
+                })),
+                [ApplyResult::NotFound] => Ok(Out::release(proto::ReleaseResponse::default())),
+                other => Err(unexpected(other)),
+            },
+            Err(err) => Err(err),
+            Ok(other) => Err(unexpected(&other)),
+        });
+        self.send(DriverRequest::Propose { commands: vec![Command::Release { key, token }], reply });
+        Ok(())
+    }
+
+    fn renew(&self, renew: proto::RenewRequest, sink: ResponseSink) -> Result<(), Refusal> {
+        let lease_ms = match LeaseMs::new(renew.lease_ms) {
+            Ok(lease_ms) => lease_ms,
+            Err(err) => return Err((sink, format!("lease_ms: {err}"))),
+        };
+        if renew.locks.is_empty() {
+            return Err((sink, "a renew names no lock".to_owned()));
+        }
+        let mut commands = Vec::with_capacity(renew.locks.len());
+        for lock in renew.locks.into_iter() {
+            let key = match Key::new(lock.key) {
+                Ok(key) => key,
+                Err(err) => return Err((sink, format!("key: {err}"))),
+            };
+            let Some(token) = FencingToken::new(lock.token) else {
+                return Err((sink, "a renew needs each lock's token".to_owned()));
+            };
+            commands.push(Command::Renew { key, token, lease_ms });
+        }
+        let locks: Vec<(Key, FencingToken)> = commands
+            .iter()
+            .filter_map(|command| match command {
+                Command::Renew { key, token, .. } => Some((key.clone(), *token)),
+                _ => None,
+            })
+            .collect();
+        let reply = self.responder(sink, move |reply| match reply {
+            Ok(Response::Applied(results)) if results.len() == locks.len() => {
+                let results = locks
+                    .into_iter()
+                    .zip(results)
+                    .map(|((key, token), result)| proto::RenewResult {
+                        key: key.into_bytes(),
+                        token: token.get(),
+                        renewed: matches!(result, ApplyResult::Renewed { .. }),
+                        ..Default::default()
+                    })
+                    .collect();
+                Ok(Out::renew(proto::RenewResponse {
+                    results,
+                    lease_ms: lease_ms.get(),
+                    ..Default::default()
+                }))
+            }
+            Err(err) => Err(err),
+            Ok(other) => Err(unexpected(&other)),
+        });
+        self.send(DriverRequest::Propose { commands, reply });
+        Ok(())
+    }
+
+    fn get(&self, get: proto::GetRequest, sink: ResponseSink) -> Result<(), Refusal> {
+        let key = match Key::new(get.key) {
+            Ok(key) => key,
+            Err(err) => return Err((sink, format!("key: {err}"))),
+        };
+        let holder_key = key.clone();
+        let reply = self.responder(sink, move |reply| match reply {
+            Ok(Response::Holder(holder)) => Ok(Out::get(proto::GetResponse {
+                holder: holder.map(|lock| lock_info(&holder_key, &lock)).into(),
+                ..Default::default()
+            })),
+            Err(err) => Err(err),
+            Ok(other) => Err(unexpected(&other)),
+        });
+        self.read(get.linearizable, Query::Holder(key), reply);
+        Ok(())
+    }
+
+    fn check(&self, check: proto::CheckRequest, sink: ResponseSink) -> Result<(), Refusal> {
+        let key = match Key::new(check.key) {
+            Ok(key) => key,
+            Err(err) => return Err((sink, format!("key: {err}"))),
+        };
+        let Some(token) = FencingToken::new(check.token) else {
+            return Err((sink, "a check needs a token".to_owned()));
+        };
+        let reply = self.responder(sink, |reply| match reply {
+            Ok(Response::Check(holds)) => {
+                Ok(Out::check(proto::CheckResponse { holds, ..Default::default() }))
+            }
+            Err(err) => Err(err),
+            Ok(other) => Err(unexpected(&other)),
+        });
+        self.read(true, Query::Check { key, token }, reply);
+        Ok(())
+    }
+
+    fn list(&self, list: proto::ListRequest, sink: ResponseSink) -> Result<(), Refusal> {
+        let limit = match list.limit {
+            0 => LIST_LIMIT_MAX,
+            limit => limit.min(LIST_LIMIT_MAX),
+        };
+        let reply = self.responder(sink, |reply| match reply {
+            Ok(Response::List(locks)) => Ok(Out::list(proto::ListResponse {
+                locks: locks.iter().map(|(key, lock)| lock_info(key, lock)).collect(),
+                ..Default::default()
+            })),
+            Err(err) => Err(err),
+            Ok(other) => Err(unexpected(&other)),
+        });
+        self.read(true, Query::List { prefix: list.prefix, limit: limit as usize }, reply);
+        Ok(())
+    }
+
+    fn read(&self, linearizable: bool, query: Query, reply: Responder) {
+        if linearizable {
+            self.send(DriverRequest::Read { query, reply });
+        } else {
+            self.send(DriverRequest::ReadLocal { query, reply });
+        }
+    }
+
+    fn status(&self) -> proto::Response {
+        let (tx, rx) = bounded(1);
+        let asked = self.driver.send(DriverRequest::Status { reply: tx }).is_ok();
+        let Some(status) = asked.then(|| rx.recv_timeout(Duration::from_secs(2)).ok()).flatten() else {
+            return error_response(0, ErrorCode::UNAVAILABLE, "the driver is not answering");
+        };
+        proto::Response { kind: Some(Out::status(self.status_response(&status))), ..Default::default() }
+    }
+
+    fn status_response(&self, status: &NodeStatus) -> proto::StatusResponse {
+        let leader_id = status.leader.map_or(0, |leader| leader.0);
+        proto::StatusResponse {
+            node_id: self.node_id,
+            role: match status.role {
+                Role::Leader => "leader",
+                Role::Follower => "follower",
+                Role::Candidate => "candidate",
+                Role::PreCandidate => "pre-candidate",
+            }
+            .to_owned(),
+            term: status.term,
+            leader_id,
+            leader_addr: self.client_addr_of(leader_id).unwrap_or_default(),
+            commit_index: status.commit_index,
+            applied_index: status.applied_index,
+            last_index: status.last_index,
+            snapshot_index: status.snapshot_index,
+            locks: status.locks as u64,
+            last_token: status.last_token.map_or(0, FencingToken::get),
+            members: self
+                .peers
+                .iter()
+                .map(|(id, peer_addr)| proto::Member {
+                    id: *id,
+                    peer_addr: peer_addr.to_string(),
+                    client_addr: self.client_addr_of(*id).unwrap_or_default(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// Where node `id`'s clients connect: this node's from its config,
+    /// others' from what they announced when they connected.
+    fn client_addr_of(&self, id: u64) -> Option<String> {
+        if id == self.node_id {
+            return Some(self.client_addr.to_string());
+        }
+        self.directory.get()?.client_addr(id)
+    }
+
+    /// Wraps the sink so that the driver's reply becomes a response; a
+    /// driver error becomes an error response with its stable code.
+    fn responder(
+        &self,
+        sink: ResponseSink,
+        convert: impl FnOnce(Reply) -> Result<Out, RequestError> + Send + 'static,
+    ) -> Responder {
+        let id = sink.id();
+        let directory = self.directory.get().cloned();
+        let node_id = self.node_id;
+        let own_addr = self.client_addr.to_string();
+        Responder::new(move |reply| {
+            let response = match convert(reply) {
+                Ok(kind) => proto::Response { id, kind: Some(kind), ..Default::default() },
+                Err(err) => {
+                    let leader_addr = |leader: Option<NodeId>| {
+                        let leader = leader?;
+                        if leader.0 == node_id {
+                            return Some(own_addr.clone());
+                        }
+                        directory.as_ref()?.client_addr(leader.0)
+                    };
+                    error_to_response(id, &err, leader_addr)
+                }
+            };
+            sink.send(response)
+        })
+    }
+
+    fn send(&self, request: DriverRequest) {
+        // The driver thread ends only when the node stops; a request that
+        // cannot reach it is answered through its responder when dropped.
+        if let Err(crossbeam_channel::SendError(request)) = self.driver.send(request) {
+            refuse(request);
+        }
+    }
+}
+
+/// Answers a request the driver never took.
+fn refuse(request: DriverRequest) {
+    let reply = match request {
+        DriverRequest::Propose { reply, .. }
+        | DriverRequest::Acquire { reply, .. }
+        | DriverRequest::Read { reply, .. }
+        | DriverRequest::ReadLocal { reply, .. } => reply,
+        _ => return,
+    };
+    reply.respond(Err(RequestError::Stopped));
+}
+
+fn lock_info(key: &Key, lock: &fencelock_fsm::Lock) -> proto::LockInfo {
+    proto::LockInfo {
+        key: key.as_bytes().to_vec(),
+        token: lock.token.get(),
+        owner: lock.owner.as_bytes().to_vec(),
+        lease_ms: lock.lease_ms.get(),
+        ..Default::default()
+    }
+}
+
+/// A reply of the wrong shape: a bug, reported as INTERNAL.
+fn unexpected(what: &(impl std::fmt::Debug + ?Sized)) -> RequestError {
+    RequestError::Internal(format!("unexpected reply {what:?}"))
+}
+
+/// The stable error code for each driver error.
+pub fn error_to_response(
+    id: u64,
+    err: &RequestError,
+    leader_addr: impl Fn(Option<NodeId>) -> Option<String>,
+) -> proto::Response {
+    let code = match err {
+        RequestError::NotLeader { .. } => ErrorCode::NOT_LEADER,
+        RequestError::LeadershipLost { .. } => ErrorCode::TIMEOUT,
+        RequestError::Dropped | RequestError::Overloaded | RequestError::Stopped => ErrorCode::UNAVAILABLE,
+        RequestError::LeaseOutOfBounds { .. } => ErrorCode::INVALID_ARGUMENT,
+        RequestError::Held { .. } | RequestError::WaitTimedOut { .. } | RequestError::Internal(_) => {
+            ErrorCode::INTERNAL
+        }
+    };
+    let mut response = error_response(id, code, err.to_string());
+    if let RequestError::NotLeader { leader_hint } = err {
+        if let Some(error) = response.error.as_mut() {
+            error.leader_id = leader_hint.map_or(0, |leader| leader.0);
+            error.leader_addr = leader_addr(*leader_hint).unwrap_or_default();
+        }
+    }
+    response
+}
