@@ -12,7 +12,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 
 const TASKS: &[(&str, &str)] = &[
-    ("ci", "everything CI checks: format, clippy (warnings denied), tidy, all tests"),
+    ("ci", "everything CI checks: format, clippy (warnings denied), tidy, build, all tests"),
     ("tidy", "architecture rules: dependency arrows, module docs, banned APIs in the cores"),
 ];
 
@@ -45,6 +45,9 @@ fn ci(root: &Path) -> Result<()> {
         .context("code is not formatted: run `cargo fmt --all`")?;
     cargo(root, &["clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"])?;
     tidy::run(root)?;
+    // The process tests run the binaries (fencelockd, fencelock) from the
+    // target directory: build them all first.
+    cargo(root, &["build", "--workspace", "--bins", "--locked"])?;
     cargo(root, &["test", "--workspace", "--locked"])?;
     println!("xtask ci: all checks passed");
     Ok(())
