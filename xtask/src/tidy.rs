@@ -27,7 +27,10 @@ const ARROWS: &[(&str, &[&str])] = &[
     ("fencelock-net", &["fencelock-types"]),
     ("fencelock-client", &["fencelock-types", "fencelock-net"]),
     ("fencelock-cli", &["fencelock-types", "fencelock-client"]),
-    ("fencelock-server", &["fencelock-types", "fencelock-fsm", "fencelock-lease", "fencelock-raft", "fencelock-net"]),
+    (
+        "fencelock-server",
+        &["fencelock-types", "fencelock-fsm", "fencelock-lease", "fencelock-raft", "fencelock-net"],
+    ),
     ("xtask", &[]),
 ];
 

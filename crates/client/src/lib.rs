@@ -1,1 +1,51 @@
-//! The fencelock client (being written).
+//! A blocking, thread-safe Rust client for fencelock.
+//!
+//! This crate owns the client side of the client protocol
+//! (`crates/types/proto/client.proto`): pipelined connections (one per node
+//! in use, many requests in flight, responses matched by id), the retry loop
+//! (follow `NOT_LEADER` to the leader, move on from unavailable or
+//! unreachable nodes with backoff, give up after
+//! [`ClientConfig::retry_for`]), and lock guards renewed by one background
+//! thread per [`Client`]. It does not own the frame format (that is
+//! `fencelock-net`), nor any server-side logic, nor a command line (that is
+//! `fencelock-cli`). It never decides that a lock is held: the server does,
+//! and [`LockGuard::is_lost`] tells when the client can no longer count on it.
+//!
+//! Retries are safe: every acquire carries the client's owner identity, and a
+//! retried acquire by the same owner returns the same token and never grants
+//! twice.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use fencelock_client::{Client, ClientConfig, ClientError};
+//!
+//! let client = Client::connect(ClientConfig::new(["127.0.0.1:7101", "127.0.0.1:7102"]))?;
+//! match client.acquire("jobs/nightly", Duration::from_secs(10), Duration::from_secs(30)) {
+//!     Ok(guard) => {
+//!         // Pass the token with every write to the protected resource.
+//!         println!("holding jobs/nightly with token {}", guard.token());
+//!         assert!(!guard.is_lost());
+//!         guard.release()?;
+//!     }
+//!     Err(ClientError::WaitTimedOut { holder_token }) => println!("still held by {holder_token:?}"),
+//!     Err(other) => return Err(other.into()),
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod client;
+mod config;
+mod connection;
+mod error;
+mod guard;
+mod renewer;
+mod types;
+
+pub use client::Client;
+pub use config::{ClientConfig, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY_FOR};
+pub use error::ClientError;
+pub use guard::LockGuard;
+pub use types::{Grant, LockInfo, Member, NodeStatus};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,66 @@
+//! `fencelock`, the command-line tool for a fencelock cluster.
+//!
+//! It owns argument parsing, output (plain or `--json`: one JSON object on
+//! stdout) and exit codes; every call goes through `fencelock-client`. It
+//! owns no protocol logic of its own.
+//!
+//! ```text
+//! fencelock lock jobs/nightly --ttl 10s -- ./nightly.sh   # run while holding
+//! fencelock acquire jobs/x --ttl 1m                        # prints the token
+//! fencelock release jobs/x --token 42
+//! fencelock status --endpoints h1:7101,h2:7101,h3:7101
+//! ```
+//!
+//! Exit codes: 0 done; 1 error (cluster unreachable, bad arguments, refused
+//! request); 2 not obtained (held by another owner, the wait timed out,
+//! `check` answering no, `release` or `renew` of a lock not held); 3 the lock
+//! was lost while `lock`'s command ran. Otherwise `lock` exits with its
+//! command's code (128+N if the command died of signal N).
+
+mod args;
+mod commands;
+mod lock;
+mod output;
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Parser;
+
+use crate::args::{Cli, Command};
+use crate::output::{error_exit_code, error_json, Exit, EXIT_ERROR};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let _ = error.print();
+            // Help and version are not errors; everything else is exit 1,
+            // not clap's 2, which here means "not obtained".
+            return ExitCode::from(if error.use_stderr() { EXIT_ERROR } else { 0 });
+        }
+    };
+    match run(&cli) {
+        Ok(exit) => ExitCode::from(exit.code()),
+        Err(error) => {
+            eprintln!("fencelock: {error:#}");
+            if cli.json {
+                commands::print_json(&error_json(&error));
+            }
+            ExitCode::from(error_exit_code(&error))
+        }
+    }
+}
+
+fn run(cli: &Cli) -> Result<Exit> {
+    match &cli.command {
+        Command::Lock(args) => lock::run(cli, args),
+        Command::Acquire(args) => commands::acquire(cli, args),
+        Command::Release(args) => commands::release(cli, args),
+        Command::Renew(args) => commands::renew(cli, args),
+        Command::Get(args) => commands::get(cli, args),
+        Command::Check(args) => commands::check(cli, args),
+        Command::List(args) => commands::list(cli, args),
+        Command::Status => commands::status(cli),
+    }
+}

@@ -1,0 +1,96 @@
+//! [`ClientError`]: how a client call can end other than with its answer.
+
+/// Why a call did not return its answer. Cheap to clone, so that one
+/// connection failure can be handed to every caller waiting on it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ClientError {
+    /// Another owner holds the lock and the acquire did not wait.
+    #[error("lock is held by another owner{}", holder_suffix(.holder_token))]
+    Held { holder_token: Option<u64> },
+    /// The acquire waited for the lock until its wait ran out.
+    #[error("wait timed out, lock is still held by another owner{}", holder_suffix(.holder_token))]
+    WaitTimedOut { holder_token: Option<u64> },
+    /// The request was refused as malformed or out of bounds; retrying the
+    /// same request will not help.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// No node answered in time; the message is the last reason seen.
+    #[error("cluster unavailable: {0}")]
+    Unavailable(String),
+    /// A node reported a bug or failure, or answered something unexpected.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ClientError {
+    /// A short, stable name for the kind of error, for machine-readable
+    /// output: `held`, `wait_timed_out`, `invalid_argument`, `unavailable`
+    /// or `internal`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ClientError::Held { .. } => "held",
+            ClientError::WaitTimedOut { .. } => "wait_timed_out",
+            ClientError::InvalidArgument(_) => "invalid_argument",
+            ClientError::Unavailable(_) => "unavailable",
+            ClientError::Internal(_) => "internal",
+        }
+    }
+
+    /// True when the lock was simply not obtained (held by another owner, or
+    /// the wait ran out), as opposed to the call failing.
+    pub fn is_not_obtained(&self) -> bool {
+        matches!(self, ClientError::Held { .. } | ClientError::WaitTimedOut { .. })
+    }
+
+    /// The holder's token, for [`ClientError::Held`] and
+    /// [`ClientError::WaitTimedOut`] when the server knew it.
+    pub fn holder_token(&self) -> Option<u64> {
+        match self {
+            ClientError::Held { holder_token } | ClientError::WaitTimedOut { holder_token } => *holder_token,
+            _ => None,
+        }
+    }
+}
+
+fn holder_suffix(holder_token: &Option<u64>) -> String {
+    match holder_token {
+        Some(token) => format!(" (holder token {token})"),
+        None => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_lowercase_without_a_trailing_period() {
+        let errors = [
+            ClientError::Held { holder_token: Some(5) },
+            ClientError::Held { holder_token: None },
+            ClientError::WaitTimedOut { holder_token: Some(9) },
+            ClientError::InvalidArgument("key is empty".into()),
+            ClientError::Unavailable("127.0.0.1:1: connection refused".into()),
+            ClientError::Internal("boom".into()),
+        ];
+        for error in errors {
+            let message = error.to_string();
+            assert!(message.starts_with(|c: char| c.is_lowercase()), "{message}");
+            assert!(!message.ends_with('.'), "{message}");
+        }
+        assert_eq!(
+            ClientError::Held { holder_token: Some(5) }.to_string(),
+            "lock is held by another owner (holder token 5)"
+        );
+        assert_eq!(ClientError::Held { holder_token: None }.to_string(), "lock is held by another owner");
+    }
+
+    #[test]
+    fn only_held_and_wait_timed_out_are_not_obtained() {
+        assert!(ClientError::Held { holder_token: None }.is_not_obtained());
+        assert!(ClientError::WaitTimedOut { holder_token: Some(1) }.is_not_obtained());
+        assert!(!ClientError::Unavailable(String::new()).is_not_obtained());
+        assert_eq!(ClientError::WaitTimedOut { holder_token: Some(1) }.holder_token(), Some(1));
+        assert_eq!(ClientError::Internal(String::new()).code(), "internal");
+    }
+}

@@ -1,0 +1,81 @@
+//! [`LockGuard`]: a held lock, renewed in the background and released on
+//! drop.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::client::Client;
+use crate::renewer::HeldLock;
+use crate::ClientError;
+
+/// A lock held through a [`Client`]. While it lives, the client's renewer
+/// keeps the lease going; dropping it releases the lock (best effort, within
+/// one request timeout, and not at all once the lock is lost).
+///
+/// Check [`LockGuard::is_lost`] before acting on the lock, and pass
+/// [`LockGuard::token`] with every write to the protected resource: a lease
+/// can always run out during a pause the client does not see.
+#[derive(Debug)]
+pub struct LockGuard {
+    client: Client,
+    held: Arc<HeldLock>,
+    released: bool,
+}
+
+impl LockGuard {
+    pub(crate) fn new(client: Client, held: Arc<HeldLock>) -> LockGuard {
+        LockGuard { client, held, released: false }
+    }
+
+    pub fn key(&self) -> &[u8] {
+        &self.held.key
+    }
+
+    /// The fencing token.
+    pub fn token(&self) -> u64 {
+        self.held.token
+    }
+
+    /// The lease granted; each renewal extends it by this much.
+    pub fn lease(&self) -> Duration {
+        self.held.lease
+    }
+
+    /// True once the lock is lost: a renewal was refused (the token no longer
+    /// holds the key), or a whole lease passed without a successful renewal.
+    pub fn is_lost(&self) -> bool {
+        self.held.is_lost()
+    }
+
+    /// Why the lock was lost, once it is.
+    pub fn lost_reason(&self) -> Option<String> {
+        self.held.lost_reason()
+    }
+
+    /// Stops renewing and releases the lock. False: the token no longer held
+    /// the key.
+    pub fn release(mut self) -> Result<bool, ClientError> {
+        self.released = true;
+        self.client.inner.renewer.remove(&self.held);
+        self.client.release(&self.held.key, self.held.token)
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        self.client.inner.renewer.remove(&self.held);
+        // A lost lock is no longer held under this token (or its lease ran
+        // out and the server expires it), so a release could only wait on an
+        // unreachable cluster for nothing.
+        if self.held.is_lost() {
+            return;
+        }
+        // Best effort within one request timeout, so that a drop never
+        // blocks for a whole retry budget; an unreleased lock still expires.
+        let inner = &self.client.inner;
+        let _ = inner.release(&self.held.key, self.held.token, false, inner.request_timeout);
+    }
+}

@@ -1,0 +1,116 @@
+//! Plain answers of the client API: [`LockInfo`], [`NodeStatus`], [`Member`]
+//! and [`Grant`], converted from the wire messages. They serialize to JSON
+//! with keys and owners as (lossy) UTF-8 strings.
+
+use std::time::Duration;
+
+use fencelock_types::client_pb;
+use serde::{Serialize, Serializer};
+
+/// Who holds a lock.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LockInfo {
+    #[serde(serialize_with = "lossy_utf8")]
+    pub key: Vec<u8>,
+    /// The holder's fencing token.
+    pub token: u64,
+    #[serde(serialize_with = "lossy_utf8")]
+    pub owner: Vec<u8>,
+    /// The lease of the last grant or renewal.
+    pub lease_ms: u64,
+}
+
+impl From<client_pb::LockInfo> for LockInfo {
+    fn from(info: client_pb::LockInfo) -> LockInfo {
+        LockInfo { key: info.key, token: info.token, owner: info.owner, lease_ms: info.lease_ms }
+    }
+}
+
+/// A lock granted without a guard, by
+/// [`Client::acquire_raw`](crate::Client::acquire_raw): nothing renews or
+/// releases it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// The fencing token.
+    pub token: u64,
+    /// The lease granted, counted from when the request was sent.
+    pub lease: Duration,
+}
+
+/// A node of the cluster, as the answering node knows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Member {
+    pub id: u64,
+    pub peer_addr: String,
+    /// Empty when the answering node does not know it yet.
+    pub client_addr: String,
+}
+
+/// One node's view of itself and the cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct NodeStatus {
+    pub node_id: u64,
+    /// `leader`, `follower`, `candidate` or `pre-candidate`.
+    pub role: String,
+    pub term: u64,
+    /// 0 when no leader is known.
+    pub leader_id: u64,
+    /// The leader's client address; empty when not known.
+    pub leader_addr: String,
+    pub commit_index: u64,
+    pub applied_index: u64,
+    pub last_index: u64,
+    pub snapshot_index: u64,
+    /// Locks in this node's applied table.
+    pub locks: u64,
+    pub last_token: u64,
+    pub members: Vec<Member>,
+}
+
+impl From<client_pb::StatusResponse> for NodeStatus {
+    fn from(status: client_pb::StatusResponse) -> NodeStatus {
+        NodeStatus {
+            node_id: status.node_id,
+            role: status.role,
+            term: status.term,
+            leader_id: status.leader_id,
+            leader_addr: status.leader_addr,
+            commit_index: status.commit_index,
+            applied_index: status.applied_index,
+            last_index: status.last_index,
+            snapshot_index: status.snapshot_index,
+            locks: status.locks,
+            last_token: status.last_token,
+            members: status
+                .members
+                .into_iter()
+                .map(|member| Member {
+                    id: member.id,
+                    peer_addr: member.peer_addr,
+                    client_addr: member.client_addr,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Writes bytes as a string, replacing invalid UTF-8: keys and owners are
+/// usually text, and JSON has no byte strings.
+fn lossy_utf8<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&String::from_utf8_lossy(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_info_serializes_bytes_as_strings() {
+        let info = LockInfo { key: b"jobs/a".to_vec(), token: 7, owner: vec![b'w', 0xff], lease_ms: 1000 };
+        let json = serde_json::to_value(&info).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"key": "jobs/a", "token": 7, "owner": "w\u{fffd}", "lease_ms": 1000})
+        );
+    }
+}

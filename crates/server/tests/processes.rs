@@ -1,0 +1,341 @@
+//! Real `fencelockd` processes on 127.0.0.1: the client and the CLI against
+//! them, kill -9 of the leader, garbage on both ports, and `fencelock lock`
+//! stopping its child when the lock is lost.
+//!
+//! The CLI tests run the `fencelock` binary from the same target directory;
+//! `cargo xtask ci` builds every binary before it runs the tests.
+
+// Test code: unwrapping is how a test fails.
+#![allow(clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fencelock_client::{Client, ClientConfig};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+struct Node {
+    id: u64,
+    peer_addr: String,
+    client_addr: String,
+    child: Option<Child>,
+}
+
+/// A cluster of real server processes in a temporary directory.
+struct Cluster {
+    dir: tempfile::TempDir,
+    nodes: Vec<Node>,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Cluster {
+    fn start(size: u64) -> Cluster {
+        let nodes = (1..=size)
+            .map(|id| Node {
+                id,
+                peer_addr: format!("127.0.0.1:{}", free_port()),
+                client_addr: format!("127.0.0.1:{}", free_port()),
+                child: None,
+            })
+            .collect();
+        let mut cluster = Cluster { dir: tempfile::tempdir().unwrap(), nodes };
+        for id in 1..=size {
+            cluster.launch(id);
+        }
+        cluster
+    }
+
+    fn peers(&self) -> String {
+        self.nodes.iter().map(|node| format!("{}={}", node.id, node.peer_addr)).collect::<Vec<_>>().join(",")
+    }
+
+    fn endpoints(&self) -> Vec<String> {
+        self.nodes.iter().map(|node| node.client_addr.clone()).collect()
+    }
+
+    fn launch(&mut self, id: u64) {
+        let peers = self.peers();
+        let data_dir = self.dir.path().join(format!("node-{id}"));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("node-{id}.log")))
+            .unwrap();
+        let node = &mut self.nodes[(id - 1) as usize];
+        assert!(node.child.is_none());
+        let child = Command::new(env!("CARGO_BIN_EXE_fencelockd"))
+            .args(["--id", &id.to_string(), "--peers", &peers, "--client-addr", &node.client_addr])
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .args([
+                "--tick-ms",
+                "20",
+                "--election-ms",
+                "200",
+                "--heartbeat-ms",
+                "40",
+                "--lease-min-ms",
+                "1000",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        node.child = Some(child);
+    }
+
+    /// kill -9.
+    fn kill(&mut self, id: u64) {
+        let mut child = self.nodes[(id - 1) as usize].child.take().expect("node is running");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    fn client(&self) -> Client {
+        let mut config = ClientConfig::new(self.endpoints());
+        config.request_timeout = Duration::from_secs(2);
+        config.retry_for = DEADLINE;
+        Client::connect(config).unwrap()
+    }
+
+    fn client_addr(&self, id: u64) -> &str {
+        &self.nodes[(id - 1) as usize].client_addr
+    }
+
+    fn peer_addr(&self, id: u64) -> &str {
+        &self.nodes[(id - 1) as usize].peer_addr
+    }
+
+    /// Waits for a leader that the running nodes agree on.
+    fn leader(&self, client: &Client) -> u64 {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let running: Vec<&Node> = self.nodes.iter().filter(|node| node.child.is_some()).collect();
+            let statuses: Vec<_> =
+                running.iter().filter_map(|node| client.status(&node.client_addr).ok()).collect();
+            if statuses.len() == running.len() {
+                let leader = statuses[0].leader_id;
+                if leader != 0 && statuses.iter().all(|status| status.leader_id == leader) {
+                    return leader;
+                }
+            }
+            assert!(Instant::now() < deadline, "no leader: {}", self.logs());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn logs(&self) -> String {
+        let mut text = String::new();
+        for node in &self.nodes {
+            let log = std::fs::read_to_string(self.dir.path().join(format!("node-{}.log", node.id)))
+                .unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(15).collect();
+            text += &format!(
+                "\n--- node {} ---\n{}",
+                node.id,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        text
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            if let Some(mut child) = node.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+fn cli_binary() -> PathBuf {
+    let path = Path::new(env!("CARGO_BIN_EXE_fencelockd")).with_file_name("fencelock");
+    assert!(
+        path.exists(),
+        "{} is missing: build the CLI first (`cargo build --bins`; `cargo xtask ci` does)",
+        path.display()
+    );
+    path
+}
+
+fn cli(cluster: &Cluster, args: &[&str]) -> std::process::Output {
+    Command::new(cli_binary())
+        .arg("--endpoints")
+        .arg(cluster.endpoints().join(","))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_client_and_the_cli_acquire_and_release() {
+    let cluster = Cluster::start(3);
+    let client = cluster.client();
+    cluster.leader(&client);
+
+    let guard = client.acquire(b"jobs/a", Duration::from_secs(5), Duration::ZERO).unwrap();
+    let token = guard.token();
+    assert!(client.check(b"jobs/a", token).unwrap());
+    assert!(guard.release().unwrap());
+    assert!(!client.check(b"jobs/a", token).unwrap());
+
+    let acquired = cli(&cluster, &["acquire", "jobs/b", "--ttl", "5s"]);
+    assert!(acquired.status.success(), "{acquired:?}");
+    let cli_token: u64 = String::from_utf8_lossy(&acquired.stdout).trim().parse().unwrap();
+    assert!(cli_token > token);
+    let json = cli(&cluster, &["--json", "get", "jobs/b"]);
+    assert!(json.status.success(), "{json:?}");
+    assert!(String::from_utf8_lossy(&json.stdout).contains(&cli_token.to_string()));
+    // Held by the CLI's owner: another owner is turned away with exit code 2.
+    let held = cli(&cluster, &["acquire", "jobs/b", "--ttl", "5s", "--owner", "someone-else"]);
+    assert_eq!(held.status.code(), Some(2), "{held:?}");
+    let released = cli(&cluster, &["release", "jobs/b", "--token", &cli_token.to_string()]);
+    assert!(released.status.success(), "{released:?}");
+    let again = cli(&cluster, &["release", "jobs/b", "--token", &cli_token.to_string()]);
+    assert_eq!(again.status.code(), Some(2), "{again:?}");
+}
+
+#[test]
+fn the_client_carries_on_after_kill_9_of_the_leader_and_the_node_catches_up() {
+    let mut cluster = Cluster::start(3);
+    let client = cluster.client();
+    let leader = cluster.leader(&client);
+    let mut last = 0;
+    for i in 0..20 {
+        let guard = client
+            .acquire(format!("before/{i}").as_bytes(), Duration::from_secs(30), Duration::ZERO)
+            .unwrap();
+        assert!(guard.token() > last);
+        last = guard.token();
+        std::mem::forget(guard);
+    }
+    cluster.kill(leader);
+    for i in 0..20 {
+        let guard =
+            client.acquire(format!("after/{i}").as_bytes(), Duration::from_secs(30), Duration::ZERO).unwrap();
+        assert!(guard.token() > last, "token {} after {last}", guard.token());
+        last = guard.token();
+        std::mem::forget(guard);
+    }
+    cluster.launch(leader);
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let new_leader = cluster.leader(&client);
+        let leader_status = client.status(cluster.client_addr(new_leader)).unwrap();
+        let restarted = client.status(cluster.client_addr(leader));
+        if restarted
+            .as_ref()
+            .is_ok_and(|status| status.applied_index >= leader_status.commit_index && status.locks == 40)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the restarted node did not catch up: {restarted:?} vs {leader_status:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Sends `bytes` and reports whether the server closed the connection.
+fn closes_after(addr: &str, bytes: &[u8]) -> bool {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream.write_all(bytes).unwrap();
+    let mut sink = Vec::new();
+    match stream.read_to_end(&mut sink) {
+        Ok(_) => true,
+        Err(err) => {
+            matches!(err.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe)
+        }
+    }
+}
+
+#[test]
+fn garbage_and_huge_frames_close_only_that_connection() {
+    let cluster = Cluster::start(3);
+    let client = cluster.client();
+    let leader = cluster.leader(&client);
+    let garbage: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
+    let mut huge = vec![0xff, 0xff, 0xff, 0xf0];
+    huge.extend_from_slice(&[1, 2, 3, 4]);
+    let mut malformed = vec![0, 0, 0, 8];
+    malformed.extend_from_slice(&[0xff; 8]);
+    for id in 1..=3 {
+        for bytes in [&garbage, &huge, &malformed] {
+            assert!(
+                closes_after(cluster.client_addr(id), bytes),
+                "client port of node {id} kept the connection"
+            );
+            assert!(closes_after(cluster.peer_addr(id), bytes), "peer port of node {id} kept the connection");
+        }
+    }
+    // Everything still serves, on the same leader.
+    let guard = client.acquire(b"after-garbage", Duration::from_secs(5), Duration::ZERO).unwrap();
+    assert!(client.check(b"after-garbage", guard.token()).unwrap());
+    assert_eq!(cluster.leader(&client), leader);
+}
+
+#[test]
+fn fencelock_lock_exports_the_token_and_stops_its_child_when_the_lock_is_lost() {
+    let mut cluster = Cluster::start(3);
+    let client = cluster.client();
+    cluster.leader(&client);
+    let out = cluster.dir.path().join("child.out");
+
+    // A child that exits by itself: its exit code passes through.
+    let script = format!("echo \"$FENCELOCK_KEY $FENCELOCK_TOKEN\" > {}; exit 7", out.display());
+    let done = cli(&cluster, &["lock", "jobs/cron", "--ttl", "2s", "--", "sh", "-c", &script]);
+    assert_eq!(done.status.code(), Some(7), "{done:?}");
+    let written = std::fs::read_to_string(&out).unwrap();
+    let (key, token) = written.trim().split_once(' ').unwrap();
+    assert_eq!(key, "jobs/cron");
+    let token: u64 = token.parse().unwrap();
+    assert!(!client.check(b"jobs/cron", token).unwrap(), "released when the child exited");
+
+    // A child that would run for a minute, and a cluster that goes away.
+    let pid_file = cluster.dir.path().join("child.pid");
+    let script = format!("echo $$ > {}; exec sleep 60", pid_file.display());
+    let mut lock = Command::new(cli_binary())
+        .arg("--endpoints")
+        .arg(cluster.endpoints().join(","))
+        .args(["lock", "jobs/long", "--ttl", "2s", "--grace", "1s", "--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + DEADLINE;
+    while !pid_file.exists() || std::fs::read_to_string(&pid_file).unwrap().trim().is_empty() {
+        assert!(Instant::now() < deadline, "the child never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let child_pid: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    for id in 1..=3 {
+        cluster.kill(id);
+    }
+    let deadline = Instant::now() + DEADLINE;
+    let status = loop {
+        if let Some(status) = lock.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "fencelock lock did not notice the lost lock");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(3));
+    // The child is gone: signal 0 finds no such process.
+    let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child_pid), None).is_ok();
+    assert!(!alive, "the child outlived the lock");
+}
