@@ -339,3 +339,42 @@ fn fencelock_lock_exports_the_token_and_stops_its_child_when_the_lock_is_lost() 
     let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child_pid), None).is_ok();
     assert!(!alive, "the child outlived the lock");
 }
+
+#[test]
+fn sigterm_stops_a_node_cleanly_and_the_rest_serve_on() {
+    let mut cluster = Cluster::start(3);
+    let client = cluster.client();
+    let leader = cluster.leader(&client);
+    let guard = client.acquire(b"before-stop", Duration::from_secs(30), Duration::ZERO).unwrap();
+    let mut child = cluster.nodes[(leader - 1) as usize].child.take().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM)
+        .unwrap();
+    let deadline = Instant::now() + DEADLINE;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "SIGTERM did not stop the node: {}", cluster.logs());
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}: {}", cluster.logs());
+    assert!(client.check(b"before-stop", guard.token()).unwrap(), "the lock survived its leader's shutdown");
+    let next = client.acquire(b"after-stop", Duration::from_secs(30), Duration::ZERO).unwrap();
+    assert!(next.token() > guard.token());
+    cluster.launch(leader);
+}
+
+#[test]
+fn a_bad_configuration_is_refused_with_exit_code_1_and_config_check_passes_a_good_one() {
+    let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_fencelockd")).args(args).output().unwrap();
+    let bad = run(&["--peers", "1=not-an-address", "--config-check"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("HOST:PORT"), "{bad:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("fencelock.toml");
+    std::fs::write(&file, "tick_ms = \"fast\"\n").unwrap();
+    let garbage = run(&["--config", file.to_str().unwrap(), "--config-check"]);
+    assert_eq!(garbage.status.code(), Some(1), "{garbage:?}");
+    let good = run(&["--id", "2", "--peers", "1=127.0.0.1:7001,2=127.0.0.1:7002", "--config-check"]);
+    assert!(good.status.success(), "{good:?}");
+}

@@ -1,0 +1,170 @@
+//! Tests of the listener's limits and of the peer transport, over real
+//! sockets on 127.0.0.1.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crossbeam_channel::{bounded, Sender};
+use fencelock_types::client_pb::{ErrorCode, PeerHello, Request, Response, StatusRequest};
+
+use crate::{
+    read_frame, write_frame, ClientConfig, ClientListener, Handler, PeerConfig, PeerTransport, ResponseSink,
+};
+
+fn logger() -> slog::Logger {
+    slog::Logger::root(slog::Discard, slog::o!())
+}
+
+/// Holds every request unanswered until the test answers it.
+#[derive(Default)]
+struct Parked(Mutex<Vec<ResponseSink>>);
+
+impl Handler for Arc<Parked> {
+    fn handle(&self, _request: Request, sink: ResponseSink) {
+        self.0.lock().unwrap().push(sink);
+    }
+}
+
+fn listener(handler: Arc<dyn Handler>, connections_max: usize, in_flight_max: usize) -> ClientListener {
+    let config = ClientConfig {
+        listen_addr: "127.0.0.1:0".parse().unwrap(),
+        connections_max,
+        in_flight_max,
+        frame_bytes_max: 1024,
+    };
+    ClientListener::start(config, handler, &logger()).unwrap()
+}
+
+fn status_request(id: u64) -> Request {
+    Request {
+        id,
+        kind: Some(fencelock_types::client_pb::Request_oneof_kind::status(StatusRequest::default())),
+        ..Default::default()
+    }
+}
+
+fn connect(addr: SocketAddr) -> TcpStream {
+    let stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream
+}
+
+#[test]
+fn requests_over_the_in_flight_limit_are_refused_and_the_rest_answered_by_id() {
+    let parked = Arc::new(Parked::default());
+    let listener = listener(Arc::new(Arc::clone(&parked)), 8, 2);
+    let mut stream = connect(listener.local_addr());
+    for id in 1..=3 {
+        write_frame(&mut stream, &status_request(id)).unwrap();
+    }
+    let refusal: Response = read_frame(&mut stream, 1 << 20).unwrap();
+    assert_eq!(refusal.id, 3);
+    assert_eq!(refusal.get_error().code, ErrorCode::UNAVAILABLE);
+    // The two in flight are answered out of order, each with its own id.
+    let mut sinks = std::mem::take(&mut *parked.0.lock().unwrap());
+    assert_eq!(sinks.len(), 2);
+    assert!(sinks.pop().unwrap().send(Response::default()));
+    let answer: Response = read_frame(&mut stream, 1 << 20).unwrap();
+    assert_eq!(answer.id, 2);
+    assert!(sinks.pop().unwrap().send(Response::default()));
+    let answer: Response = read_frame(&mut stream, 1 << 20).unwrap();
+    assert_eq!(answer.id, 1);
+}
+
+#[test]
+fn connections_over_the_limit_get_an_error_and_are_closed() {
+    let parked = Arc::new(Parked::default());
+    let listener = listener(Arc::new(Arc::clone(&parked)), 1, 8);
+    let mut first = connect(listener.local_addr());
+    write_frame(&mut first, &status_request(1)).unwrap();
+    // Once the first is being served, a second is one too many.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while parked.0.lock().unwrap().is_empty() {
+        assert!(std::time::Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut second = connect(listener.local_addr());
+    let refusal: Response = read_frame(&mut second, 1 << 20).unwrap();
+    assert_eq!(refusal.id, 0);
+    assert_eq!(refusal.get_error().code, ErrorCode::UNAVAILABLE);
+    let mut rest = Vec::new();
+    assert_eq!(second.read_to_end(&mut rest).unwrap(), 0, "closed after the refusal");
+}
+
+#[test]
+fn a_too_large_frame_is_answered_then_the_connection_closed_while_others_carry_on() {
+    let parked = Arc::new(Parked::default());
+    let listener = listener(Arc::new(Arc::clone(&parked)), 8, 8);
+    let mut bad = connect(listener.local_addr());
+    std::io::Write::write_all(&mut bad, &[0, 1, 0, 0]).unwrap();
+    let refusal: Response = read_frame(&mut bad, 1 << 20).unwrap();
+    assert_eq!(refusal.get_error().code, ErrorCode::INVALID_ARGUMENT);
+    let mut good = connect(listener.local_addr());
+    write_frame(&mut good, &status_request(9)).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while parked.0.lock().unwrap().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the good connection was not served");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+fn transport(
+    id: u64,
+    addrs: &BTreeMap<u64, SocketAddr>,
+) -> (PeerTransport, Sender<PeerHello>, crossbeam_channel::Receiver<PeerHello>) {
+    let (out_tx, out_rx) = bounded(64);
+    let (in_tx, in_rx) = bounded(64);
+    let config = PeerConfig {
+        node_id: id,
+        listen_addr: addrs[&id],
+        peers: addrs.iter().filter(|(peer, _)| **peer != id).map(|(peer, addr)| (*peer, *addr)).collect(),
+        client_addr: format!("client-of-{id}"),
+        queue_max: 64,
+        frame_bytes_max: 1024,
+        batch_max: 16,
+        reconnect_backoff_min: Duration::from_millis(10),
+        reconnect_backoff_max: Duration::from_millis(100),
+    };
+    // The test's "messages" are hellos; the recipient rides in `node_id`.
+    let transport =
+        PeerTransport::start(config, out_rx, |message: &PeerHello| message.node_id, in_tx, &logger())
+            .unwrap();
+    (transport, out_tx, in_rx)
+}
+
+#[test]
+fn peers_exchange_messages_and_learn_client_addresses_despite_garbage() {
+    let addrs: BTreeMap<u64, SocketAddr> = [(1, free_addr()), (2, free_addr())].into_iter().collect();
+    let (one, one_out, _one_in) = transport(1, &addrs);
+    let (_two, _two_out, two_in) = transport(2, &addrs);
+
+    // Garbage on node 2's peer port is closed and forgotten.
+    let mut garbage = connect(addrs[&2]);
+    std::io::Write::write_all(&mut garbage, &[0xff; 16]).unwrap();
+    let mut rest = Vec::new();
+    let _ = garbage.read_to_end(&mut rest);
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let message = loop {
+        // Messages sent before the connection is up may be dropped: resend.
+        one_out.send(PeerHello { node_id: 2, client_addr: "payload".into(), ..Default::default() }).unwrap();
+        if let Ok(message) = two_in.recv_timeout(Duration::from_millis(50)) {
+            break message;
+        }
+        assert!(std::time::Instant::now() < deadline, "no message crossed");
+    };
+    assert_eq!(message.client_addr, "payload");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while one.client_addr(2).is_none() {
+        assert!(std::time::Instant::now() < deadline, "node 1 never learned node 2's client address");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(one.client_addr(2).as_deref(), Some("client-of-2"));
+}
