@@ -48,8 +48,13 @@ pub fn read_frame<M: Message>(reader: &mut impl Read, max: usize) -> Result<M, F
     if len > max {
         return Err(FrameError::TooLarge { len, max });
     }
-    let mut body = vec![0u8; len];
-    reader.read_exact(&mut body)?;
+    // Grow the buffer as bytes arrive, so that a frame that only claims to
+    // be large costs nothing until its bytes come.
+    let mut body = Vec::with_capacity(len.min(64 * 1024));
+    reader.take(len as u64).read_to_end(&mut body)?;
+    if body.len() < len {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed inside a frame").into());
+    }
     Ok(M::parse_from_bytes(&body)?)
 }
 
