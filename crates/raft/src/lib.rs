@@ -284,6 +284,8 @@ pub enum AppliedEvent {
     Expired {
         key: Key,
         token: FencingToken,
+        /// The leader that proposed the Expire, as its entry names it.
+        proposer: Option<NodeId>,
     },
     /// The table was replaced by a snapshot; rebuild from [`Replica::table`].
     Restored,

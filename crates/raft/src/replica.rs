@@ -856,17 +856,19 @@ impl<D: Durable> Replica<D> {
 
     /// Applies one entry's command batch and routes its results.
     fn apply_commands(&mut self, entry: &Entry) {
+        let tags = pb::EntryTags::parse_from_bytes(&entry.context);
+        let proposer = tags.as_ref().ok().map(|tags| NodeId(tags.proposer)).filter(|id| id.0 != 0);
         let results: Vec<ApplyResult> = match decode_batch(&entry.data) {
             Err(reason) => vec![ApplyResult::Invalid { reason }],
             Ok(commands) => commands
                 .into_iter()
                 .map(|command| match command {
-                    Ok(command) => self.apply_command(command),
+                    Ok(command) => self.apply_command(command, proposer),
                     Err(reason) => ApplyResult::Invalid { reason },
                 })
                 .collect(),
         };
-        let Ok(tags) = pb::EntryTags::parse_from_bytes(&entry.context) else {
+        let Ok(tags) = tags else {
             warn!(self.logger, "entry context does not decode"; "index" => entry.index);
             return;
         };
@@ -890,7 +892,7 @@ impl<D: Durable> Replica<D> {
         }
     }
 
-    fn apply_command(&mut self, command: Command) -> ApplyResult {
+    fn apply_command(&mut self, command: Command, proposer: Option<NodeId>) -> ApplyResult {
         let key = command.key().cloned();
         let expire_token = match &command {
             Command::Expire { token, .. } => Some(*token),
@@ -906,7 +908,9 @@ impl<D: Durable> Replica<D> {
             }
             (ApplyResult::Renewed { token, lease_ms }, _) => AppliedEvent::Renewed { key, token, lease_ms },
             (ApplyResult::Released { token }, _) => AppliedEvent::Released { key, token },
-            (ApplyResult::Expired { existed: true }, Some(token)) => AppliedEvent::Expired { key, token },
+            (ApplyResult::Expired { existed: true }, Some(token)) => {
+                AppliedEvent::Expired { key, token, proposer }
+            }
             _ => return result,
         };
         let now_ms = self.now_ms;
@@ -915,7 +919,7 @@ impl<D: Durable> Replica<D> {
             | AppliedEvent::Renewed { key, token, lease_ms } => {
                 self.leases.granted(key.clone(), *token, *lease_ms, now_ms);
             }
-            AppliedEvent::Released { key, token } | AppliedEvent::Expired { key, token } => {
+            AppliedEvent::Released { key, token } | AppliedEvent::Expired { key, token, .. } => {
                 self.leases.removed(key, *token);
             }
             AppliedEvent::Restored => {}
