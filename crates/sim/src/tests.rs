@@ -4,7 +4,7 @@ use crate::{run, SimConfig};
 
 /// How many seeds the default test sweeps; `FENCELOCK_SIM_SEEDS` raises it.
 fn seeds() -> u64 {
-    std::env::var("FENCELOCK_SIM_SEEDS").ok().and_then(|n| n.parse().ok()).unwrap_or(40)
+    std::env::var("FENCELOCK_SIM_SEEDS").ok().and_then(|n| n.parse().ok()).unwrap_or(100)
 }
 
 #[test]

@@ -81,6 +81,8 @@ struct Node {
     replica: Option<Replica<SimDisk>>,
     disk: SimDisk,
     config: Config,
+    /// Where this node's clock starts: clocks need not agree.
+    skew_ms: u64,
     drift_ppm: i64,
     jump_ms: u64,
     paused_until_ms: u64,
@@ -91,7 +93,7 @@ impl Node {
     /// This node's monotonic clock at true time `now_ms`.
     fn local_ms(&self, now_ms: u64) -> u64 {
         let scaled = i128::from(now_ms) * i128::from(1_000_000 + self.drift_ppm) / 1_000_000;
-        1_000 + scaled as u64 + self.jump_ms
+        self.skew_ms + scaled as u64 + self.jump_ms
     }
 
     /// True milliseconds between two of this node's ticks.
@@ -175,6 +177,7 @@ impl World {
                     replica: None,
                     disk: SimDisk::new(),
                     config: driver,
+                    skew_ms: rng.range(0, 1_000_000),
                     drift_ppm,
                     jump_ms: 0,
                     paused_until_ms: 0,
