@@ -1,7 +1,7 @@
 //! `fencelock-sim`: runs seeds of the simulation and reports each, with the
 //! command that replays a failure. `cargo xtask sim` calls it.
 //!
-//! Usage: `fencelock-sim [--seeds N] [--seed S] [--nodes 3|5] [--first F]`
+//! Usage: `fencelock-sim [--seeds N] [--first F] [--seed S] [--nodes 3|5] [--fault-ms T] [--heal-ms T]`
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -13,6 +13,8 @@ fn main() -> ExitCode {
     let mut first = 0u64;
     let mut single = None;
     let mut nodes = None;
+    let mut fault_ms = None;
+    let mut heal_ms = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = |name: &str| -> Option<u64> {
@@ -35,6 +37,14 @@ fn main() -> ExitCode {
                 Some(n) => single = Some(n),
                 None => return ExitCode::from(1),
             },
+            "--fault-ms" => match value("--fault-ms") {
+                Some(n) => fault_ms = Some(n),
+                None => return ExitCode::from(1),
+            },
+            "--heal-ms" => match value("--heal-ms") {
+                Some(n) => heal_ms = Some(n),
+                None => return ExitCode::from(1),
+            },
             "--nodes" => match value("--nodes") {
                 Some(n @ (3 | 5)) => nodes = Some(n as usize),
                 _ => {
@@ -43,7 +53,7 @@ fn main() -> ExitCode {
                 }
             },
             other => {
-                eprintln!("fencelock-sim: unknown argument `{other}`\nusage: fencelock-sim [--seeds N] [--seed S] [--nodes 3|5] [--first F]");
+                eprintln!("fencelock-sim: unknown argument `{other}`\nusage: fencelock-sim [--seeds N] [--first F] [--seed S] [--nodes 3|5] [--fault-ms T] [--heal-ms T]");
                 return ExitCode::from(1);
             }
         }
@@ -57,7 +67,10 @@ fn main() -> ExitCode {
     let mut failed = 0;
     for seed in &seeds {
         let nodes = nodes.unwrap_or(if seed % 2 == 0 { 3 } else { 5 });
-        let report = run(SimConfig::new(*seed, nodes));
+        let mut config = SimConfig::new(*seed, nodes);
+        config.fault_ms = fault_ms.unwrap_or(config.fault_ms);
+        config.heal_ms = heal_ms.unwrap_or(config.heal_ms);
+        let report = run(config);
         sim_ms += report.sim_ms;
         if report.result.is_err() {
             failed += 1;

@@ -572,7 +572,12 @@ impl World {
                     self.grants += 1;
                     self.checker.durability.acked_grant(&key, *token);
                     self.note(&format!("client {} granted {key} {token}", client + 1));
-                    let hold_ms = self.rng.range(50, 3 * lease_ms.get());
+                    // The final key only proves service: hand it back at once.
+                    let hold_ms = if key == self.clients[client].final_key {
+                        self.rng.range(1, 50)
+                    } else {
+                        self.rng.range(50, 3 * lease_ms.get())
+                    };
                     let release_at_ms = self.now_ms + hold_ms;
                     self.clients[client].state =
                         ClientState::Holding { key, token: *token, lease_ms, release_at_ms };
