@@ -31,6 +31,8 @@ const ARROWS: &[(&str, &[&str])] = &[
         "fencelock-server",
         &["fencelock-types", "fencelock-fsm", "fencelock-lease", "fencelock-raft", "fencelock-net"],
     ),
+    ("fencelock-bench", &["fencelock-client"]),
+    ("fencelock-sim", &["fencelock-types", "fencelock-fsm", "fencelock-raft"]),
     ("xtask", &[]),
 ];
 

@@ -1,0 +1,1035 @@
+//! `cargo xtask bench`: lock throughput and latency of a real 3-node cluster.
+//!
+//! It builds `fencelockd` and `fencelock-bench` in release, measures fsync on
+//! the temporary directory the servers' data goes to, and then, for each
+//! workload, starts a fresh 3-node cluster on free 127.0.0.1 ports (fsync on,
+//! data on disk), waits for a leader, runs the load generator as its own
+//! process, and stops the servers with SIGTERM so that each logs its
+//! counters (entries applied, synced writes). The table goes to stdout, the
+//! whole record to `target/bench/bench-<unix time>.json` and
+//! `target/bench/latest.json`.
+//!
+//! A benchmark measures and never judges: the target column says whether a
+//! figure met the issue's target, and nothing fails on it. The task fails
+//! only when a workload could not run at all.
+//!
+//! `--perf` also records a system-wide `perf` profile of each workload's
+//! measured window (`target/bench/perf-<workload>.data`) and counts each
+//! server's syscalls in it.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+
+use crate::cargo;
+
+/// The servers' counters, logged once at a clean stop.
+const STOPPED_MESSAGE: &str = "fencelockd stopped";
+
+/// How long a stopping server may take (it lets requests finish for 5 s).
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// The syscalls counted per server with `--perf`.
+const SYSCALLS: &[&str] = &["fdatasync", "fsync", "pwrite64", "sendto", "recvfrom", "futex"];
+
+/// What a run is asked to do.
+#[derive(Clone, Debug, PartialEq)]
+struct Options {
+    duration: Duration,
+    warmup: Duration,
+    /// Workload names to run; empty runs them all.
+    only: Vec<String>,
+    perf: bool,
+}
+
+impl Options {
+    fn parse(args: &[String]) -> Result<Options> {
+        let mut options = Options {
+            duration: Duration::from_secs(10),
+            warmup: Duration::from_secs(1),
+            only: Vec::new(),
+            perf: false,
+        };
+        let mut args = args.iter();
+        while let Some(arg) = args.next() {
+            let mut value = |flag: &str| args.next().with_context(|| format!("{flag} needs a value"));
+            match arg.as_str() {
+                "--quick" => options.duration = Duration::from_secs(3),
+                "--duration" => options.duration = parse_seconds(value("--duration")?)?,
+                "--warmup" => options.warmup = parse_seconds(value("--warmup")?)?,
+                "--only" => {
+                    options.only = value("--only")?.split(',').map(|name| name.trim().to_owned()).collect();
+                    for name in &options.only {
+                        if !WORKLOADS.iter().any(|workload| workload.name == name) {
+                            bail!("no workload `{name}`; there are: {}", workload_names());
+                        }
+                    }
+                }
+                "--perf" => options.perf = true,
+                other => bail!(
+                    "unknown flag `{other}`\n\nUsage: cargo xtask bench [--quick] [--duration SECS] \
+                     [--warmup SECS] [--only NAMES] [--perf]\nWorkloads: {}",
+                    workload_names()
+                ),
+            }
+        }
+        if options.duration.is_zero() {
+            bail!("--duration must be positive");
+        }
+        Ok(options)
+    }
+
+    fn selected(&self) -> impl Iterator<Item = &'static Workload> + '_ {
+        WORKLOADS
+            .iter()
+            .filter(|workload| self.only.is_empty() || self.only.iter().any(|name| name == workload.name))
+    }
+}
+
+/// `10`, `10s` or `2.5s`.
+fn parse_seconds(text: &str) -> Result<Duration> {
+    let number = text.strip_suffix('s').unwrap_or(text);
+    let seconds: f64 = number.parse().with_context(|| format!("`{text}` is not a number of seconds"))?;
+    if !(0.0..=3600.0).contains(&seconds) {
+        bail!("{seconds} s is not between 0 and an hour");
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+/// One row of the table: a load generator run on a fresh cluster.
+#[derive(Debug)]
+struct Workload {
+    name: &'static str,
+    label: &'static str,
+    clients: usize,
+    /// The generator's flags besides endpoints, clients and times.
+    flags: &'static [&'static str],
+    target: Target,
+}
+
+/// The issue's targets, for the table's last column.
+#[derive(Clone, Copy, Debug)]
+enum Target {
+    None,
+    Cycles(f64),
+    CyclesAndAcquireP99(f64, u64),
+    CyclesAndFifo(f64),
+}
+
+const WORKLOADS: &[Workload] = &[
+    Workload {
+        name: "distinct-1",
+        label: "distinct keys",
+        clients: 1,
+        flags: &["--workload", "distinct"],
+        target: Target::Cycles(1_000.0),
+    },
+    Workload {
+        name: "distinct-8",
+        label: "distinct keys",
+        clients: 8,
+        flags: &["--workload", "distinct"],
+        target: Target::None,
+    },
+    Workload {
+        name: "distinct-64",
+        label: "distinct keys",
+        clients: 64,
+        flags: &["--workload", "distinct"],
+        target: Target::CyclesAndAcquireP99(20_000.0, 10_000),
+    },
+    Workload {
+        name: "distinct-256",
+        label: "distinct keys",
+        clients: 256,
+        flags: &["--workload", "distinct"],
+        target: Target::Cycles(25_000.0),
+    },
+    Workload {
+        name: "hot-key-64",
+        label: "one hot key, waiting",
+        clients: 64,
+        // Short leases, so that a lost release stalls the key briefly.
+        flags: &["--workload", "hot-key", "--lease", "10s", "--wait", "10s"],
+        target: Target::CyclesAndFifo(3_000.0),
+    },
+    Workload {
+        name: "renew-10k",
+        label: "renewals, 10,000 locks held",
+        clients: 8,
+        // Leases far longer than the run, so that none expires under load.
+        flags: &["--workload", "renew", "--locks", "10000", "--lease", "120s"],
+        target: Target::None,
+    },
+];
+
+fn workload_names() -> String {
+    WORKLOADS.iter().map(|workload| workload.name).collect::<Vec<_>>().join(", ")
+}
+
+pub fn run(root: &Path, args: &[String]) -> Result<()> {
+    let options = Options::parse(args)?;
+    cargo(root, &["build", "--release", "--bin", "fencelockd", "--bin", "fencelock-bench"])?;
+    let target_dir = target_dir(root);
+    let server = target_dir.join("release").join("fencelockd");
+    let generator = target_dir.join("release").join("fencelock-bench");
+    let out_dir = target_dir.join("bench");
+    fs::create_dir_all(&out_dir).with_context(|| format!("cannot create {}", out_dir.display()))?;
+    let temp = tempfile::Builder::new()
+        .prefix("fencelock-bench-")
+        .tempdir()
+        .context("cannot make a temporary directory")?;
+
+    let started_unix = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    eprintln!("xtask bench: measuring fsync in {}", temp.path().display());
+    let fsync = generator_json(&generator, &["fsync", "--dir", &temp.path().display().to_string()])?;
+
+    let mut results = Vec::new();
+    let mut failed = Vec::new();
+    for workload in options.selected() {
+        eprintln!("xtask bench: {} ({} clients)", workload.name, workload.clients);
+        let dir = temp.path().join(workload.name);
+        match run_workload(&server, &generator, &dir, &out_dir, workload, &options) {
+            Ok(result) => results.push(result),
+            Err(err) => {
+                eprintln!("xtask bench: {} failed: {err:#}", workload.name);
+                failed.push(workload.name);
+                results.push(
+                    json!({"name": workload.name, "label": workload.label, "error": format!("{err:#}")}),
+                );
+            }
+        }
+        // Each cluster's data is only needed while it runs.
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    let record = json!({
+        "started_unix": started_unix,
+        "date_utc": utc_date(started_unix),
+        "command": std::iter::once("cargo xtask bench".to_owned()).chain(args.iter().cloned()).collect::<Vec<_>>().join(" "),
+        "git": git_revision(root),
+        "machine": machine(),
+        // The machine is shared: a busy one before the start is a warning.
+        "loadavg_before": fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
+        "fsync": fsync,
+        "cluster": {
+            "nodes": 3,
+            "settings": "fencelockd defaults: tick 50 ms, election 500 ms, heartbeat 100 ms; every raft write synced",
+            "data": temp.path().display().to_string(),
+        },
+        "duration_s": options.duration.as_secs_f64(),
+        "warmup_s": options.warmup.as_secs_f64(),
+        "profiled": options.perf,
+        "workloads": results,
+    });
+    let table = render(&record);
+    println!("{table}");
+    let text = serde_json::to_string_pretty(&record)?;
+    let stamped = out_dir.join(format!("bench-{started_unix}.json"));
+    for path in [&stamped, &out_dir.join("latest.json")] {
+        fs::write(path, &text).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    let markdown = out_dir.join("latest.md");
+    fs::write(&markdown, &table).with_context(|| format!("cannot write {}", markdown.display()))?;
+    println!(
+        "xtask bench: wrote {}, {} and {}",
+        relative(root, &stamped),
+        relative(root, &out_dir.join("latest.json")),
+        relative(root, &markdown)
+    );
+    if !failed.is_empty() {
+        bail!("workloads that could not run: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// Where cargo puts its output: `CARGO_TARGET_DIR`, else `target`.
+fn target_dir(root: &Path) -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => root.join(dir),
+        None => root.join("target"),
+    }
+}
+
+fn relative(root: &Path, path: &Path) -> String {
+    path.strip_prefix(root).unwrap_or(path).display().to_string()
+}
+
+/// One workload on a fresh cluster in `dir`.
+fn run_workload(
+    server: &Path,
+    generator: &Path,
+    dir: &Path,
+    out_dir: &Path,
+    workload: &Workload,
+    options: &Options,
+) -> Result<Value> {
+    let mut cluster = Cluster::start(server, dir)?;
+    let endpoints = cluster.endpoints();
+    let ready = generator_json(generator, &["ready", "--endpoints", &endpoints])
+        .with_context(|| format!("the cluster did not get ready; {}", cluster.log_tails()))?;
+    let leader_id = ready["leader_id"].as_u64().context("`ready` named no leader")?;
+
+    let clients = workload.clients.to_string();
+    let duration = format!("{}ms", options.duration.as_millis());
+    let warmup = format!("{}ms", options.warmup.as_millis());
+    let mut args = vec![
+        "run",
+        "--endpoints",
+        &endpoints,
+        "--clients",
+        &clients,
+        "--duration",
+        &duration,
+        "--warmup",
+        &warmup,
+    ];
+    args.extend_from_slice(workload.flags);
+
+    let cpu_before = cluster.cpu_ticks();
+    let busy_before = machine_busy_ticks();
+    let started = Instant::now();
+    let child = spawn_generator(generator, &args)?;
+    let perf = if options.perf {
+        Some(Profiler::start(&cluster, leader_id, out_dir, workload.name, options)?)
+    } else {
+        None
+    };
+    let output = child.wait_with_output().context("the load generator did not finish")?;
+    let elapsed = started.elapsed();
+    let cpu_after = cluster.cpu_ticks();
+    let busy_after = machine_busy_ticks();
+    let perf = perf.map(Profiler::finish).transpose()?;
+    if !output.status.success() {
+        bail!("the load generator failed with {}; {}", output.status, cluster.log_tails());
+    }
+    let generated: Value =
+        serde_json::from_slice(&output.stdout).context("the load generator printed no JSON")?;
+    // Process ids, to find each server in a `--perf` profile.
+    let pids: Vec<Option<u32>> = cluster.nodes.iter().map(|node| cluster.pid(node.id)).collect();
+    let stats = cluster.stop()?;
+
+    let ticks_per_s = clock_ticks_per_second();
+    let servers: Vec<Value> = cluster
+        .nodes
+        .iter()
+        .zip(cpu_before.iter().zip(&cpu_after))
+        .zip(stats.iter().zip(&pids))
+        .map(|((node, (before, after)), (stats, pid))| {
+            let cpu_s = match (before, after) {
+                (Some(before), Some(after)) => Some((after.saturating_sub(*before)) as f64 / ticks_per_s),
+                _ => None,
+            };
+            json!({
+                "id": node.id,
+                "pid": pid,
+                "leader": node.id == leader_id,
+                "cpu_s": cpu_s,
+                "cores_used": cpu_s.map(|cpu| round2(cpu / elapsed.as_secs_f64())),
+                "entries_applied": stats.entries_applied,
+                "syncs": stats.syncs,
+            })
+        })
+        .collect();
+    // Whatever else ran on the machine meanwhile (the machine is shared):
+    // every busy tick that is neither a server's nor the generator's.
+    let wall_s = elapsed.as_secs_f64();
+    let ours_s = servers.iter().filter_map(|server| server["cpu_s"].as_f64()).sum::<f64>()
+        + generated["generator_cpu_total_s"].as_f64().unwrap_or(0.0);
+    let other_cores = match (busy_before, busy_after) {
+        (Some(before), Some(after)) => {
+            let busy_s = after.saturating_sub(before) as f64 / ticks_per_s;
+            Some(round2(((busy_s - ours_s) / wall_s).max(0.0)))
+        }
+        _ => None,
+    };
+    Ok(json!({
+        "name": workload.name,
+        "label": workload.label,
+        "target": target_text(workload.target),
+        "verdict": verdict(workload.target, &generated),
+        "generator_wall_s": round2(elapsed.as_secs_f64()),
+        "ready": ready,
+        "generator": generated,
+        "servers": servers,
+        "other_processes_cores": other_cores,
+        "perf": perf,
+    }))
+}
+
+/// Runs the generator to its end and parses what it printed.
+fn generator_json(generator: &Path, args: &[&str]) -> Result<Value> {
+    let output =
+        spawn_generator(generator, args)?.wait_with_output().context("fencelock-bench did not finish")?;
+    if !output.status.success() {
+        bail!("`fencelock-bench {}` failed with {}", args.join(" "), output.status);
+    }
+    serde_json::from_slice(&output.stdout)
+        .with_context(|| format!("`fencelock-bench {}` printed no JSON", args.join(" ")))
+}
+
+/// The generator with its stdout captured (the JSON) and its stderr passed
+/// through (its progress).
+fn spawn_generator(generator: &Path, args: &[&str]) -> Result<Child> {
+    Command::new(generator)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("cannot run {}", generator.display()))
+}
+
+/// A running 3-node cluster. Dropping it kills whatever still runs.
+struct Cluster {
+    nodes: Vec<Node>,
+}
+
+struct Node {
+    id: u64,
+    client_addr: String,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+/// What a server logged when it stopped cleanly.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct NodeStats {
+    entries_applied: Option<u64>,
+    syncs: Option<u64>,
+}
+
+impl Cluster {
+    fn start(server: &Path, dir: &Path) -> Result<Cluster> {
+        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        // All six ports are held until every one is chosen, so none repeats;
+        // they are free again when the servers bind them a moment later.
+        let listeners =
+            (0..6).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<std::io::Result<Vec<_>>>()?;
+        let addrs = listeners.iter().map(TcpListener::local_addr).collect::<std::io::Result<Vec<_>>>()?;
+        drop(listeners);
+        let peers = (0..3).map(|i| format!("{}={}", i + 1, addrs[i])).collect::<Vec<_>>().join(",");
+        let mut cluster = Cluster { nodes: Vec::new() };
+        for i in 0..3 {
+            let id = i as u64 + 1;
+            let client_addr = addrs[3 + i].to_string();
+            let log = dir.join(format!("node-{id}.log"));
+            let log_file =
+                fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
+            let child = Command::new(server)
+                .args(["--id", &id.to_string(), "--peers", &peers, "--client-addr", &client_addr])
+                .arg("--data-dir")
+                .arg(dir.join(format!("node-{id}")))
+                .args(["--log-format", "json"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log_file)
+                .spawn()
+                .with_context(|| format!("cannot start {}", server.display()))?;
+            // Pushed at once, so that a failure starting the next node still
+            // kills this one (in Drop).
+            cluster.nodes.push(Node { id, client_addr, log, child: Some(child) });
+        }
+        Ok(cluster)
+    }
+
+    fn endpoints(&self) -> String {
+        self.nodes.iter().map(|node| node.client_addr.as_str()).collect::<Vec<_>>().join(",")
+    }
+
+    fn pid(&self, id: u64) -> Option<u32> {
+        self.nodes.iter().find(|node| node.id == id)?.child.as_ref().map(Child::id)
+    }
+
+    /// Each server's CPU time so far, in clock ticks.
+    fn cpu_ticks(&self) -> Vec<Option<u64>> {
+        self.nodes
+            .iter()
+            .map(|node| {
+                let pid = node.child.as_ref()?.id();
+                let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                cpu_ticks_of_stat(&text)
+            })
+            .collect()
+    }
+
+    /// Stops every server with SIGTERM (SIGKILL after [`STOP_GRACE`]) and
+    /// reads the counters each logged.
+    fn stop(&mut self) -> Result<Vec<NodeStats>> {
+        for node in &self.nodes {
+            if let Some(child) = &node.child {
+                let pid = i32::try_from(child.id()).context("process id out of range")?;
+                // Already gone is fine: its log tells.
+                let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+            }
+        }
+        let deadline = Instant::now() + STOP_GRACE;
+        for node in &mut self.nodes {
+            let Some(mut child) = node.child.take() else { continue };
+            loop {
+                match child.try_wait() {
+                    Ok(Some(_)) => break,
+                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                    _ => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break;
+                    }
+                }
+            }
+        }
+        self.nodes.iter().map(|node| Ok(node_stats(&read_log(&node.log)))).collect()
+    }
+
+    /// The last lines of every node's log, for an error message.
+    fn log_tails(&self) -> String {
+        let mut text = String::from("server logs:");
+        for node in &self.nodes {
+            let log = read_log(&node.log);
+            let lines: Vec<&str> = log.lines().collect();
+            text.push_str(&format!("\n--- node {} ({})", node.id, node.log.display()));
+            for line in &lines[lines.len().saturating_sub(8)..] {
+                text.push_str("\n  ");
+                text.push_str(line);
+            }
+        }
+        text
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            if let Some(mut child) = node.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+fn read_log(path: &Path) -> String {
+    fs::read_to_string(path).unwrap_or_default()
+}
+
+/// The counters of the server's clean-stop line, in its JSON log.
+fn node_stats(log: &str) -> NodeStats {
+    log.lines()
+        .rev()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|line| line["msg"] == STOPPED_MESSAGE)
+        .map(|line| NodeStats {
+            entries_applied: line["entries_applied"].as_u64(),
+            syncs: line["syncs"].as_u64(),
+        })
+        .unwrap_or_default()
+}
+
+/// utime plus stime, in clock ticks, from the text of `/proc/<pid>/stat`;
+/// the fields are counted after the command name, which may hold spaces.
+fn cpu_ticks_of_stat(text: &str) -> Option<u64> {
+    let fields: Vec<&str> = text[text.rfind(')')? + 1..].split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// The machine's busy time so far, all CPUs, in clock ticks: the first line
+/// of `/proc/stat` less idle and I/O wait.
+fn machine_busy_ticks() -> Option<u64> {
+    busy_ticks_of_proc_stat(&fs::read_to_string("/proc/stat").ok()?)
+}
+
+fn busy_ticks_of_proc_stat(text: &str) -> Option<u64> {
+    let fields: Vec<u64> = text
+        .lines()
+        .next()?
+        .strip_prefix("cpu ")?
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    // user nice system idle iowait irq softirq steal (guest time is already
+    // counted in user).
+    let busy: u64 =
+        fields.iter().take(8).enumerate().filter(|(i, _)| *i != 3 && *i != 4).map(|(_, v)| v).sum();
+    Some(busy)
+}
+
+/// USER_HZ, the unit of `/proc/<pid>/stat` times: `getconf CLK_TCK`, which
+/// is 100 on every Linux this runs on.
+fn clock_ticks_per_second() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|output| String::from_utf8(output.stdout).ok())
+        .and_then(|text| text.trim().parse::<f64>().ok())
+        .filter(|ticks| *ticks > 0.0)
+        .unwrap_or(100.0)
+}
+
+/// `perf` during one workload's measured window: a system-wide profile with
+/// call graphs, and per-server syscall counts.
+struct Profiler {
+    record: Child,
+    stats: Vec<(u64, bool, PathBuf, Child)>,
+    data: PathBuf,
+}
+
+impl Profiler {
+    fn start(
+        cluster: &Cluster,
+        leader_id: u64,
+        out_dir: &Path,
+        name: &str,
+        options: &Options,
+    ) -> Result<Profiler> {
+        // The window opens after the warm-up; the client connections (and
+        // the servers' threads serving them) exist by then.
+        std::thread::sleep(options.warmup + Duration::from_millis(200));
+        let seconds =
+            format!("{:.1}", options.duration.saturating_sub(Duration::from_millis(400)).as_secs_f64());
+        let data = out_dir.join(format!("perf-{name}.data"));
+        let record = Command::new("perf")
+            .args(["record", "-a", "-g", "-F", "499", "-o"])
+            .arg(&data)
+            .args(["--", "sleep", &seconds])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("cannot run `perf record` (is perf installed?)")?;
+        let events =
+            SYSCALLS.iter().map(|call| format!("syscalls:sys_enter_{call}")).collect::<Vec<_>>().join(",");
+        let mut stats = Vec::new();
+        for node in &cluster.nodes {
+            let Some(pid) = cluster.pid(node.id) else { continue };
+            let out = out_dir.join(format!("perf-{name}-node-{}.stat", node.id));
+            let child = Command::new("perf")
+                .args([
+                    "stat",
+                    "-x",
+                    ",",
+                    "-e",
+                    &format!("{events},context-switches,task-clock"),
+                    "-p",
+                    &pid.to_string(),
+                    "-o",
+                ])
+                .arg(&out)
+                .args(["--", "sleep", &seconds])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("cannot run `perf stat`")?;
+            stats.push((node.id, node.id == leader_id, out, child));
+        }
+        Ok(Profiler { record, stats, data })
+    }
+
+    fn finish(mut self) -> Result<Value> {
+        self.record.wait().context("perf record did not finish")?;
+        let mut nodes = Vec::new();
+        for (id, leader, out, mut child) in self.stats {
+            child.wait().context("perf stat did not finish")?;
+            let counts = perf_stat_counts(&fs::read_to_string(&out).unwrap_or_default());
+            nodes.push(json!({"id": id, "leader": leader, "counts": counts}));
+        }
+        Ok(json!({"data": self.data.display().to_string(), "nodes": nodes}))
+    }
+}
+
+/// Event counts from `perf stat -x ,` output: `value,unit,event,...`.
+fn perf_stat_counts(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(',').collect();
+            let value: f64 = fields.first()?.trim().parse().ok()?;
+            let event = fields.get(2)?.trim();
+            let event = event.strip_prefix("syscalls:sys_enter_").unwrap_or(event);
+            Some((event.to_owned(), value))
+        })
+        .collect()
+}
+
+fn target_text(target: Target) -> String {
+    match target {
+        Target::None => "-".to_owned(),
+        Target::Cycles(cycles) => format!(">= {} cycles/s", thousands(cycles)),
+        Target::CyclesAndAcquireP99(cycles, p99_us) => {
+            format!(">= {} cycles/s, acquire p99 <= {} ms", thousands(cycles), p99_us / 1000)
+        }
+        Target::CyclesAndFifo(cycles) => format!(">= {} cycles/s, FIFO", thousands(cycles)),
+    }
+}
+
+/// Whether the generator's figures met `target`: `met`, `-` for no target,
+/// or `missed: ...` naming the parts missed (and those met).
+fn verdict(target: Target, generated: &Value) -> String {
+    let cycles = generated["cycles_per_s"].as_f64().unwrap_or(0.0);
+    let acquire_p99 = generated["latency_us"]["acquire"]["p99_us"].as_u64().unwrap_or(u64::MAX);
+    let hot = &generated["hot_key"];
+    // FIFO as far as clients can tell: never two holders, tokens in grant
+    // order, and no grant overtaking an acquire sent over 1 ms earlier.
+    let fifo = hot["granted_while_held"].as_u64() == Some(0)
+        && hot["token_order_violations"].as_u64() == Some(0)
+        && hot["fifo_inversions_over_1ms"].as_u64() == Some(0);
+    let parts: Vec<(&str, bool)> = match target {
+        Target::None => return "-".to_owned(),
+        Target::Cycles(min) => vec![("throughput", cycles >= min)],
+        Target::CyclesAndAcquireP99(min, p99_us) => {
+            vec![("throughput", cycles >= min), ("acquire p99", acquire_p99 <= p99_us)]
+        }
+        Target::CyclesAndFifo(min) => vec![("throughput", cycles >= min), ("FIFO", fifo)],
+    };
+    let names =
+        |ok: bool| parts.iter().filter(|(_, met)| *met == ok).map(|(name, _)| *name).collect::<Vec<_>>();
+    let (missed, met) = (names(false), names(true));
+    match (missed.is_empty(), met.is_empty()) {
+        (true, _) => "met".to_owned(),
+        (false, true) => format!("missed: {}", missed.join(", ")),
+        (false, false) => format!("missed: {} ({} met)", missed.join(", "), met.join(", ")),
+    }
+}
+
+/// The results as a Markdown table, with the batching and CPU figures and
+/// the hot-key checks below it.
+fn render(record: &Value) -> String {
+    let mut out = String::new();
+    let fsync = &record["fsync"]["sync_data_us"];
+    out.push_str(&format!(
+        "{} on {}; fsync (4 KiB append + sync_data, {}x): p50 {} us, p99 {} us\n\n",
+        record["date_utc"].as_str().unwrap_or("?"),
+        record["machine"]["summary"].as_str().unwrap_or("?"),
+        fsync["count"].as_u64().unwrap_or(0),
+        fsync["p50_us"].as_u64().unwrap_or(0),
+        fsync["p99_us"].as_u64().unwrap_or(0),
+    ));
+    out.push_str("| workload | clients | throughput | acquire p50 / p99 / p99.9 (ms) | release p50 / p99 / p99.9 (ms) | target | |\n");
+    out.push_str("|---|---:|---:|---|---|---|---|\n");
+    let workloads = record["workloads"].as_array().cloned().unwrap_or_default();
+    for workload in &workloads {
+        let label = workload["label"].as_str().unwrap_or("?");
+        if let Some(error) = workload["error"].as_str() {
+            let first_line = error.lines().next().unwrap_or(error);
+            out.push_str(&format!("| {label} | | failed: {first_line} | | | | |\n"));
+            continue;
+        }
+        let generated = &workload["generator"];
+        let latency = &generated["latency_us"];
+        let (throughput, first, second) = match generated["renew"].as_object() {
+            Some(renew) => (
+                format!(
+                    "{} locks renewed/s ({} requests/s)",
+                    thousands(renew.get("locks_renewed_per_s").and_then(Value::as_f64).unwrap_or(0.0)),
+                    thousands(renew.get("requests_per_s").and_then(Value::as_f64).unwrap_or(0.0)),
+                ),
+                format!("renew request: {}", percentiles(&latency["renew"])),
+                "-".to_owned(),
+            ),
+            None => (
+                format!("{} cycles/s", thousands(generated["cycles_per_s"].as_f64().unwrap_or(0.0))),
+                percentiles(&latency["acquire"]),
+                percentiles(&latency["release"]),
+            ),
+        };
+        out.push_str(&format!(
+            "| {label} | {} | {throughput} | {first} | {second} | {} | {} |\n",
+            generated["clients"],
+            workload["target"].as_str().unwrap_or("-"),
+            workload["verdict"].as_str().unwrap_or("-"),
+        ));
+    }
+
+    out.push_str(
+        "\n| workload | requests / entry | entries / sync (leader) | CPU cores used: leader, followers, generator | other processes (cores) | errors |\n",
+    );
+    out.push_str("|---|---:|---:|---|---:|---|\n");
+    for workload in workloads.iter().filter(|workload| workload["error"].is_null()) {
+        let generated = &workload["generator"];
+        let servers = workload["servers"].as_array().cloned().unwrap_or_default();
+        let leader = servers.iter().find(|server| server["leader"] == true);
+        let entries_per_sync = leader
+            .and_then(|leader| Some(leader["entries_applied"].as_f64()? / leader["syncs"].as_f64()?.max(1.0)))
+            .map_or("?".to_owned(), |ratio| format!("{ratio:.2}"));
+        let cores = |server: &Value| {
+            server["cores_used"].as_f64().map_or("?".to_owned(), |cores| format!("{cores:.2}"))
+        };
+        let followers: Vec<String> =
+            servers.iter().filter(|server| server["leader"] != true).map(cores).collect();
+        let generator_cores = match (generated["generator_cpu_s"].as_f64(), generated["measured_s"].as_f64())
+        {
+            (Some(cpu), Some(wall)) if wall > 0.0 => format!("{:.2}", cpu / wall),
+            _ => "?".to_owned(),
+        };
+        let errors = generated["errors"].as_object().filter(|errors| !errors.is_empty()).map_or(
+            "0".to_owned(),
+            |errors| {
+                errors.iter().map(|(what, count)| format!("{what} {count}")).collect::<Vec<_>>().join(", ")
+            },
+        );
+        out.push_str(&format!(
+            "| {} | {} | {entries_per_sync} | {}, {}, {generator_cores} | {} | {errors} |\n",
+            workload["name"].as_str().unwrap_or("?"),
+            generated["requests_per_entry"],
+            leader.map_or("?".to_owned(), cores),
+            followers.join(" + "),
+            workload["other_processes_cores"].as_f64().map_or("?".to_owned(), |cores| format!("{cores:.2}")),
+        ));
+    }
+
+    for workload in &workloads {
+        let hot = &workload["generator"]["hot_key"];
+        if hot.is_object() {
+            out.push_str(&format!(
+                "\nHot key: {} grants; granted while another held it: {}; tokens out of order: {}; \
+                 FIFO inversions (send order vs. grant order): {} ({} with sends over 1 ms apart, \
+                 largest gap {} us); grants per client {} to {}.\n",
+                hot["grants"],
+                hot["granted_while_held"],
+                hot["token_order_violations"],
+                hot["fifo_inversions"],
+                hot["fifo_inversions_over_1ms"],
+                hot["fifo_max_inversion_gap_us"],
+                hot["grants_per_client_min"],
+                hot["grants_per_client_max"],
+            ));
+        }
+        let renew = &workload["generator"]["renew"];
+        if renew.is_object() {
+            out.push_str(&format!(
+                "\nRenewals: {} locks held ({} per request, {} s to acquire them); {} renewals refused.\n",
+                renew["locks_held"], renew["locks_per_request"], renew["setup_s"], renew["not_renewed"],
+            ));
+        }
+    }
+    let busiest_other = workloads
+        .iter()
+        .filter_map(|workload| workload["other_processes_cores"].as_f64())
+        .fold(0.0, f64::max);
+    if busiest_other > 0.25 {
+        out.push_str(&format!(
+            "\nWarning: other processes used up to {busiest_other:.2} cores during this run (the machine is \
+             shared); these figures are lower than a quiet machine's.\n"
+        ));
+    }
+    if record["profiled"] == true {
+        out.push_str(
+            "\nProfiled run (--perf): perf adds load, so these figures are lower than an unprofiled run's.\n",
+        );
+    }
+    out
+}
+
+/// `p50 / p99 / p99.9` in milliseconds.
+fn percentiles(summary: &Value) -> String {
+    if summary["count"].as_u64().unwrap_or(0) == 0 {
+        return "-".to_owned();
+    }
+    let ms = |key: &str| summary[key].as_f64().unwrap_or(0.0) / 1000.0;
+    format!("{:.2} / {:.2} / {:.2}", ms("p50_us"), ms("p99_us"), ms("p999_us"))
+}
+
+/// `12345.6` as `12,346`.
+fn thousands(value: f64) -> String {
+    let digits = format!("{:.0}", value.max(0.0));
+    let mut out = String::new();
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+fn round2(value: f64) -> f64 {
+    (value * 100.0).round() / 100.0
+}
+
+/// The machine: cores, CPU model, memory and kernel, as Linux reports them.
+fn machine() -> Value {
+    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("model name").and_then(|rest| rest.split_once(':')).map(|(_, name)| name.trim())
+        })
+        .unwrap_or("unknown CPU")
+        .to_owned();
+    let meminfo = fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let memory_kib = meminfo
+        .lines()
+        .find_map(|line| line.strip_prefix("MemTotal:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+    let cores = std::thread::available_parallelism().map(usize::from).unwrap_or(0);
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_owned();
+    let memory_gib = memory_kib.map(|kib| kib as f64 / (1024.0 * 1024.0));
+    json!({
+        "cores": cores,
+        "cpu_model": model,
+        "memory_kib": memory_kib,
+        "kernel": kernel,
+        "summary": format!(
+            "{cores} cores ({model}), {} GiB memory, Linux {kernel}",
+            memory_gib.map_or("?".to_owned(), |gib| format!("{gib:.1}"))
+        ),
+    })
+}
+
+/// The commit measured, and whether the tree had changes.
+fn git_revision(root: &Path) -> Value {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(root)
+            .output()
+            .ok()
+            .filter(|output| output.status.success())
+            .and_then(|output| String::from_utf8(output.stdout).ok())
+    };
+    let commit = git(&["rev-parse", "HEAD"]).map(|text| text.trim().to_owned());
+    let dirty = git(&["status", "--porcelain"]).map(|text| !text.trim().is_empty());
+    json!({"commit": commit, "dirty": dirty})
+}
+
+/// `YYYY-MM-DD HH:MM UTC` for seconds since the Unix epoch.
+fn utc_date(unix: u64) -> String {
+    let days = i64::try_from(unix / 86_400).unwrap_or(0);
+    let (year, month, day) = civil_from_days(days);
+    let seconds = unix % 86_400;
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02} UTC", seconds / 3600, seconds % 3600 / 60)
+}
+
+/// Howard Hinnant's days-to-civil: the proleptic Gregorian date of a day
+/// count since 1970-01-01.
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|arg| (*arg).to_owned()).collect()
+    }
+
+    #[test]
+    fn options_parse_and_refuse() {
+        let quick = Options::parse(&args(&["--quick", "--only", "distinct-1,hot-key-64"])).unwrap();
+        assert_eq!(quick.duration, Duration::from_secs(3));
+        assert_eq!(
+            quick.selected().map(|workload| workload.name).collect::<Vec<_>>(),
+            ["distinct-1", "hot-key-64"]
+        );
+        assert_eq!(
+            Options::parse(&args(&["--duration", "2.5s"])).unwrap().duration,
+            Duration::from_millis(2500)
+        );
+        assert_eq!(Options::parse(&[]).unwrap().selected().count(), WORKLOADS.len());
+        for bad in [
+            &["--only", "everything"][..],
+            &["--duration", "soon"],
+            &["--duration", "0"],
+            &["--fast"],
+            &["--duration"],
+        ] {
+            assert!(Options::parse(&args(bad)).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn server_counters_come_from_the_clean_stop_line() {
+        let log = concat!(
+            r#"{"msg":"fencelockd serving","level":"INFO","node_id":1}"#,
+            "\nnot json\n",
+            r#"{"msg":"fencelockd stopped","level":"INFO","entries_applied":120,"syncs":40}"#,
+            "\n"
+        );
+        assert_eq!(node_stats(log), NodeStats { entries_applied: Some(120), syncs: Some(40) });
+        assert_eq!(node_stats("killed before it could say"), NodeStats::default());
+    }
+
+    #[test]
+    fn verdicts_follow_the_targets() {
+        let generated = json!({
+            "cycles_per_s": 21_000.0,
+            "latency_us": {"acquire": {"p99_us": 12_000}},
+            "hot_key": {"granted_while_held": 0, "token_order_violations": 0, "fifo_inversions_over_1ms": 0},
+        });
+        assert_eq!(verdict(Target::Cycles(20_000.0), &generated), "met");
+        assert_eq!(
+            verdict(Target::CyclesAndAcquireP99(20_000.0, 10_000), &generated),
+            "missed: acquire p99 (throughput met)"
+        );
+        assert_eq!(verdict(Target::CyclesAndFifo(3_000.0), &generated), "met");
+        assert_eq!(verdict(Target::CyclesAndFifo(30_000.0), &generated), "missed: throughput (FIFO met)");
+        assert_eq!(verdict(Target::Cycles(30_000.0), &json!({})), "missed: throughput");
+        assert_eq!(verdict(Target::None, &generated), "-");
+    }
+
+    #[test]
+    fn numbers_dates_and_perf_output_read_well() {
+        assert_eq!(thousands(0.4), "0");
+        assert_eq!(thousands(999.0), "999");
+        assert_eq!(thousands(1_234_567.8), "1,234,568");
+        assert_eq!(utc_date(0), "1970-01-01 00:00 UTC");
+        assert_eq!(utc_date(1_709_210_096), "2024-02-29 12:34 UTC");
+        let stat = "4242 (fencelockd) S 1 2 3 4 5 6 7 8 9 10 300 45 0 0";
+        assert_eq!(cpu_ticks_of_stat(stat), Some(345));
+        let perf = "# started\n\n1234,,syscalls:sys_enter_fdatasync,10.0,100.00,,\n<not counted>,,x,0,0,,\n";
+        assert_eq!(perf_stat_counts(perf).get("fdatasync"), Some(&1234.0));
+        assert_eq!(
+            percentiles(&json!({"count": 2, "p50_us": 1500, "p99_us": 2000, "p999_us": 2500})),
+            "1.50 / 2.00 / 2.50"
+        );
+    }
+
+    #[test]
+    fn the_table_has_a_row_per_workload_and_survives_failures() {
+        let record = json!({
+            "date_utc": "2024-01-01 00:00 UTC",
+            "machine": {"summary": "2 cores"},
+            "fsync": {"sync_data_us": {"count": 1000, "p50_us": 140, "p99_us": 400}},
+            "workloads": [
+                {"name": "distinct-1", "label": "distinct keys", "target": ">= 1,000 cycles/s", "verdict": "met",
+                 "generator": {"clients": 1, "cycles_per_s": 1500.0, "requests_per_entry": 1.0, "errors": {},
+                               "latency_us": {"acquire": {"count": 5, "p50_us": 600, "p99_us": 900, "p999_us": 1200}}},
+                 "servers": [{"leader": true, "entries_applied": 100, "syncs": 50, "cores_used": 0.5}]},
+                {"name": "hot-key-64", "label": "one hot key, waiting", "error": "no leader\nlogs"},
+            ],
+        });
+        let table = render(&record);
+        assert!(
+            table.contains(
+                "| distinct keys | 1 | 1,500 cycles/s | 0.60 / 0.90 / 1.20 | - | >= 1,000 cycles/s | met |"
+            ),
+            "{table}"
+        );
+        assert!(table.contains("| one hot key, waiting | | failed: no leader |"), "{table}");
+        assert!(table.contains("| distinct-1 | 1.0 | 2.00 |"), "{table}");
+        assert_eq!(busy_ticks_of_proc_stat("cpu  10 1 5 100 7 2 3 4 0 0\ncpu0 1 1 1 1 1 1 1 1\n"), Some(25));
+        assert_eq!(busy_ticks_of_proc_stat("intr 1 2"), None);
+    }
+}
