@@ -38,7 +38,8 @@ pub struct Stats {
     pub requests_proposed: u64,
     pub commands_proposed: u64,
     pub entries_proposed: u64,
-    /// Synced writes to the durable store.
+    /// Writes to the durable store, and those of them that were synced.
+    pub writes: u64,
     pub syncs: u64,
     pub readies: u64,
     pub entries_applied: u64,
@@ -345,11 +346,23 @@ impl<D: Durable> Replica<D> {
     /// handles one raft `Ready`. Call it after feeding inputs; then drain
     /// [`Replica::take_effects`]. An error is fatal: drop the replica.
     pub fn run_ready(&mut self) -> Result<(), FatalError> {
+        self.turn(None)
+    }
+
+    /// Like [`Replica::run_ready`], but hands the effects that may leave
+    /// before the turn's write (a leader's messages, replies to entries
+    /// committed earlier) to `early` just before the write, so that the
+    /// shell can send them while the disk syncs.
+    pub fn run_ready_with(&mut self, early: &mut dyn FnMut(Effects)) -> Result<(), FatalError> {
+        self.turn(Some(early))
+    }
+
+    fn turn(&mut self, early: Option<&mut dyn FnMut(Effects)>) -> Result<(), FatalError> {
         self.notice_role_change();
         self.time_out_waiters();
         self.propose_expiries();
         self.propose_ready_requests();
-        self.handle_ready()?;
+        self.handle_ready(early)?;
         self.notice_role_change();
         for to in std::mem::take(&mut self.snapshots_sent) {
             // The transport does not report delivery. Saying "finished"
@@ -722,14 +735,15 @@ impl<D: Durable> Replica<D> {
         self.last_expiry_scan_ms = None;
     }
 
-    fn handle_ready(&mut self) -> Result<(), FatalError> {
+    fn handle_ready(&mut self, early: Option<&mut dyn FnMut(Effects)>) -> Result<(), FatalError> {
         if !self.raw.has_ready() {
             return Ok(());
         }
         self.stats.readies += 1;
         let mut ready = self.raw.ready();
 
-        // A leader may send before its own write: followers persist in parallel.
+        // A leader may send before its own write: followers persist in
+        // parallel (see `early` below).
         self.send(ready.take_messages());
 
         let installed = !ready.snapshot().is_empty();
@@ -754,6 +768,14 @@ impl<D: Durable> Replica<D> {
             cache.set_hard_state(hard_state.clone());
         }
         let write_hard_state = installed || ready.hs().is_some();
+
+        // Everything so far may leave before the write: a leader's appends
+        // and heartbeats (followers persist in parallel), and the results of
+        // entries that were committed, and so persisted, before this Ready.
+        if let Some(early) = early {
+            early(std::mem::take(&mut self.effects));
+        }
+
         let cache = self.raw.store();
         let batch = WriteBatch {
             snapshot: installed.then(|| cache.last_snapshot()),
@@ -761,10 +783,15 @@ impl<D: Durable> Replica<D> {
             entries: ready.entries(),
             hard_state: write_hard_state.then(|| cache.hard_state()),
             conf_state: installed.then(|| cache.conf_state()),
+            may_defer_sync: !ready.must_sync(),
         };
         if !(batch.entries.is_empty() && batch.snapshot.is_none() && batch.hard_state.is_none()) {
+            let synced = !batch.may_defer_sync;
             self.durable.write(batch)?;
-            self.stats.syncs += 1;
+            self.stats.writes += 1;
+            if synced {
+                self.stats.syncs += 1;
+            }
         }
 
         // Only now, with entries and hard state synced, may votes and
@@ -985,6 +1012,7 @@ impl<D: Durable> Replica<D> {
             hard_state: Some(&hard_state),
             ..Default::default()
         })?;
+        self.stats.writes += 1;
         self.stats.syncs += 1;
         self.stats.snapshots_taken += 1;
         debug!(self.logger, "snapshot taken"; "index" => applied, "term" => term, "locks" => self.table.len());

@@ -234,9 +234,17 @@ impl<D: Durable> Shell<D> {
                 }
             }
             self.replica.set_now(self.clock.now_ms());
-            self.replica.run_ready()?;
+            // What may leave before the turn's fsync leaves then, so that
+            // followers sync while this node does.
+            let mut ghosts = Vec::new();
+            let waiting = &mut self.waiting;
+            let peers_out = &channels.peers_out;
+            self.replica.run_ready_with(&mut |effects| dispatch(waiting, peers_out, effects, &mut ghosts))?;
             let effects = self.replica.take_effects();
-            self.dispatch(effects, &channels.peers_out);
+            dispatch(&mut self.waiting, peers_out, effects, &mut ghosts);
+            for (key, token) in ghosts {
+                self.replica.release_ghost(key, token);
+            }
         }
     }
 
@@ -283,41 +291,46 @@ impl<D: Durable> Shell<D> {
         id
     }
 
-    fn dispatch(&mut self, effects: Effects, peers_out: &Sender<Message>) {
-        for message in effects.messages {
-            match peers_out.try_send(message) {
-                Ok(()) | Err(TrySendError::Full(_)) => {}
-                Err(TrySendError::Disconnected(_)) => {}
-            }
-        }
-        for (id, reply) in effects.replies {
-            let Some(waiting) = self.waiting.remove(&id) else { continue };
-            let granted: Vec<(Key, FencingToken)> = match &reply {
-                Ok(Response::Applied(results)) => waiting
-                    .grants
-                    .into_iter()
-                    .zip(results)
-                    .filter_map(|(key, result)| match (key, result) {
-                        (Some(key), ApplyResult::Granted { token, .. }) => Some((key, *token)),
-                        _ => None,
-                    })
-                    .collect(),
-                _ => Vec::new(),
-            };
-            if !waiting.reply.respond(reply) {
-                // The caller is gone. Its request still took effect: a lock
-                // it was granted would be held by nobody (a ghost) until its
-                // lease ran out, so release it now.
-                for (key, token) in granted {
-                    self.replica.release_ghost(key, token);
-                }
-            }
-        }
-    }
-
     fn fail_waiting(&mut self) {
         for (_, waiting) in self.waiting.drain() {
             waiting.reply.respond(Err(RequestError::Stopped));
+        }
+    }
+}
+
+/// Sends a turn's messages and replies. Grants whose caller is gone are
+/// pushed to `ghosts`, for the replica to release.
+fn dispatch(
+    waiting: &mut HashMap<RequestId, Waiting>,
+    peers_out: &Sender<Message>,
+    effects: Effects,
+    ghosts: &mut Vec<(Key, FencingToken)>,
+) {
+    for message in effects.messages {
+        match peers_out.try_send(message) {
+            Ok(()) | Err(TrySendError::Full(_)) => {}
+            Err(TrySendError::Disconnected(_)) => {}
+        }
+    }
+    for (id, reply) in effects.replies {
+        let Some(waiting) = waiting.remove(&id) else { continue };
+        let granted: Vec<(Key, FencingToken)> = match &reply {
+            Ok(Response::Applied(results)) => waiting
+                .grants
+                .into_iter()
+                .zip(results)
+                .filter_map(|(key, result)| match (key, result) {
+                    (Some(key), ApplyResult::Granted { token, .. }) => Some((key, *token)),
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        if !waiting.reply.respond(reply) {
+            // The caller is gone. Its request still took effect: a lock it
+            // was granted would be held by nobody (a ghost) until its lease
+            // ran out, so it is released now.
+            ghosts.extend(granted);
         }
     }
 }

@@ -26,6 +26,10 @@ pub struct WriteBatch<'a> {
     pub entries: &'a [Entry],
     pub hard_state: Option<&'a HardState>,
     pub conf_state: Option<&'a ConfState>,
+    /// The write may skip its fsync and become durable with the next synced
+    /// one: raft-rs said it need not be synced (only the commit index moved,
+    /// which a restart can learn again). False, the default, syncs.
+    pub may_defer_sync: bool,
 }
 
 impl WriteBatch<'_> {
@@ -54,7 +58,8 @@ pub trait Durable {
     /// Reads back what was written before a restart.
     fn recover(&mut self) -> Result<Recovered, StorageError>;
 
-    /// Writes `batch` atomically and syncs it before returning.
+    /// Writes `batch` atomically and, unless it says it may defer that,
+    /// syncs it (and every write before it) before returning.
     fn write(&mut self, batch: WriteBatch<'_>) -> Result<(), StorageError>;
 }
 
@@ -267,7 +272,7 @@ impl Durable for MemStore {
 }
 
 /// The production [`Durable`] store: raft-engine in a directory, every write
-/// synced.
+/// synced unless it may defer its sync.
 pub struct EngineStore {
     engine: raft_engine::Engine,
     /// Local snapshots written since the last purge of obsolete log files.
@@ -376,7 +381,7 @@ impl Durable for EngineStore {
         if let Some(conf_state) = batch.conf_state {
             log_batch.put_message(GROUP, CONF_STATE_KEY.to_vec(), conf_state)?;
         }
-        self.engine.write(&mut log_batch, true)?;
+        self.engine.write(&mut log_batch, !batch.may_defer_sync)?;
         if compacted {
             self.compactions_since_purge += 1;
             if self.compactions_since_purge >= PURGE_EVERY_COMPACTIONS {

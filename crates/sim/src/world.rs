@@ -352,7 +352,6 @@ impl World {
     }
 
     fn start_node(&mut self, node: usize) -> Result<(), String> {
-        self.nodes[node].disk.repair();
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let replica = Replica::open(self.nodes[node].config.clone(), self.nodes[node].disk.clone(), &logger)
             .map_err(|err| format!("node {} does not reopen: {err}", node + 1))?;
@@ -365,6 +364,7 @@ impl World {
 
     fn crash(&mut self, node: usize) {
         if self.nodes[node].replica.take().is_some() {
+            self.nodes[node].disk.crash();
             self.note(&format!("crash {}", node + 1));
             let down_ms = self.rng.range(200, 3_000);
             self.schedule(down_ms, Event::Restart(node));
@@ -728,7 +728,7 @@ impl World {
         self.swarm.abandon_ppm = 0;
         for node in 0..self.nodes.len() {
             self.nodes[node].paused_until_ms = 0;
-            self.nodes[node].disk.repair();
+            self.nodes[node].disk.disarm();
             if self.nodes[node].replica.is_none() {
                 self.start_node(node)?;
             }
