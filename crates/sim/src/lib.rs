@@ -104,9 +104,32 @@ impl fmt::Display for Report {
     }
 }
 
-/// Runs one simulation.
+/// Runs one simulation. A panic inside (raft-rs's own fatal checks, an
+/// assertion of ours) is reported as a violation of the seed, not lost.
 pub fn run(config: SimConfig) -> Report {
-    world::World::new(config).run()
+    let (seed, nodes) = (config.seed, config.nodes);
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| world::World::new(config).run())) {
+        Ok(report) => report,
+        Err(payload) => {
+            let message = payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|text| (*text).to_owned()))
+                .unwrap_or_else(|| "a panic without a message".to_owned());
+            Report {
+                seed,
+                nodes,
+                sim_ms: 0,
+                events: 0,
+                grants: 0,
+                faults: 0,
+                acknowledgements: 0,
+                trace_digest: 0,
+                swarm: String::new(),
+                result: Err(Violation { at_ms: 0, message: format!("panic: {message}") }),
+            }
+        }
+    }
 }
 
 #[cfg(test)]
