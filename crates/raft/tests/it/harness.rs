@@ -76,7 +76,9 @@ impl Cluster {
         assert!(self.nodes[idx(id)].is_none(), "node {id} is running");
         let voters = (1..=self.size).map(NodeId).collect();
         let mut config = Config::new(NodeId(id), voters);
-        config.election_ticks = 10;
+        // 200 to 400 ms: short enough for quick tests, long enough that a
+        // loaded two-core machine does not see spurious elections.
+        config.election_ticks = 20;
         config.heartbeat_ticks = 2;
         // Manual clocks stand still between a test's steps: scan at every
         // millisecond they move, so that deadlines are exact.
