@@ -72,7 +72,9 @@ impl Durable for SimDisk {
     fn write(&mut self, batch: WriteBatch<'_>) -> Result<(), StorageError> {
         let mut state = self.state.lock().map_err(|_| StorageError::Poisoned)?;
         match state.writes_left.as_mut() {
-            Some(0) => return Err(StorageError::Corrupt { what: "simulated disk", detail: "crashed".into() }),
+            Some(0) => {
+                return Err(StorageError::Corrupt { what: "simulated disk", detail: "crashed".into() })
+            }
             Some(n) => *n -= 1,
             None => {}
         }
