@@ -5,6 +5,8 @@
 //! from any folder, on a developer's machine and in CI.
 
 mod bench;
+mod cluster;
+mod suite;
 mod tidy;
 
 use std::path::{Path, PathBuf};
@@ -17,6 +19,8 @@ const TASKS: &[(&str, &str)] = &[
     ("tidy", "architecture rules: dependency arrows, module docs, banned APIs in the cores"),
     ("bench", "throughput and latency of a real 3-node cluster (release build; --quick, --only, --perf)"),
     ("sim", "deterministic simulation sweep: --seeds N [--first F] | --seed S, [--nodes 3|5]"),
+    ("cluster", "a local fencelockd cluster: start [--nodes 3|5] [--dir D] | stop | status"),
+    ("suite", "real clusters under faults, checked: [NAME|all] [--duration D] [--seed N] [--nodes 3|5]"),
 ];
 
 fn main() -> Result<()> {
@@ -31,6 +35,8 @@ fn main() -> Result<()> {
         Some("tidy") => tidy::run(&root),
         Some("bench") => bench::run(&root, &args[1..]),
         Some("sim") => sim(&root, &args[1..]),
+        Some("cluster") => cluster::run(&root, &args[1..]),
+        Some("suite") => suite::run(&root, &args[1..]),
         Some(other) => {
             print_tasks();
             bail!("unknown task `{other}`")
@@ -54,6 +60,8 @@ fn ci(root: &Path) -> Result<()> {
     // target directory: build them all first.
     cargo(root, &["build", "--workspace", "--bins", "--locked"])?;
     cargo(root, &["test", "--workspace", "--locked"])?;
+    // Every multi-process suite briefly, with the debug binaries built above.
+    suite::ci(root)?;
     // A larger simulation sweep than `cargo test`'s, in release: about a
     // minute of wall time for 30,000 simulated seconds.
     sim(root, &["--seeds".to_owned(), SIM_SEEDS_CI.to_owned(), "--first".to_owned(), "1000".to_owned()])?;

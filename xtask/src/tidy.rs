@@ -33,6 +33,7 @@ const ARROWS: &[(&str, &[&str])] = &[
     ),
     ("fencelock-bench", &["fencelock-client"]),
     ("fencelock-sim", &["fencelock-types", "fencelock-fsm", "fencelock-raft"]),
+    ("fencelock-suite", &["fencelock-types", "fencelock-net", "fencelock-client"]),
     ("xtask", &[]),
 ];
 

@@ -1,0 +1,378 @@
+//! The checker on hand-made histories: a clean run passes every check, and
+//! each kind of violation is reported by the check that owns it.
+
+use super::*;
+use crate::converge::{Listed, NodeTable};
+
+const MS: u64 = 1_000;
+
+/// A history under construction, with times in milliseconds.
+#[derive(Default)]
+struct History {
+    ops: Vec<Op>,
+    store: Vec<StoreWrite>,
+    highest: BTreeMap<String, u64>,
+}
+
+impl History {
+    fn push(
+        &mut self,
+        client: usize,
+        key: &str,
+        invoke_ms: u64,
+        complete_ms: u64,
+        kind: OpKind,
+        outcome: Outcome,
+    ) {
+        self.ops.push(Op {
+            id: self.ops.len() as u64,
+            client,
+            owner: format!("owner-{client}"),
+            key: key.to_owned(),
+            invoke_us: invoke_ms * MS,
+            complete_us: complete_ms * MS,
+            kind,
+            outcome,
+        });
+    }
+
+    fn grant(&mut self, client: usize, key: &str, invoke_ms: u64, complete_ms: u64, token: u64) {
+        let kind = OpKind::Acquire { lease_ms: 1_000, wait_ms: 0 };
+        self.push(client, key, invoke_ms, complete_ms, kind, Outcome::Granted { token, lease_ms: 1_000 });
+    }
+
+    fn release(
+        &mut self,
+        client: usize,
+        key: &str,
+        invoke_ms: u64,
+        complete_ms: u64,
+        token: u64,
+        outcome: Outcome,
+    ) {
+        self.push(client, key, invoke_ms, complete_ms, OpKind::Release { token }, outcome);
+    }
+
+    /// A write the way the real store decides it.
+    fn write(&mut self, client: usize, key: &str, at_ms: u64, token: u64) {
+        let highest_before = self.highest.get(key).copied();
+        let accepted = highest_before.is_none_or(|highest| token >= highest);
+        if accepted {
+            self.highest.insert(key.to_owned(), token);
+        }
+        self.store_write(client, key, at_ms, token, accepted, highest_before);
+    }
+
+    fn store_write(
+        &mut self,
+        client: usize,
+        key: &str,
+        at_ms: u64,
+        token: u64,
+        accepted: bool,
+        highest_before: Option<u64>,
+    ) {
+        let outcome = if accepted {
+            Outcome::Accepted
+        } else {
+            Outcome::Rejected { highest: highest_before.unwrap_or(0) }
+        };
+        self.push(client, key, at_ms, at_ms, OpKind::Write { token }, outcome);
+        self.store.push(StoreWrite {
+            key: key.to_owned(),
+            token,
+            client,
+            at_us: at_ms * MS,
+            accepted,
+            highest_before,
+        });
+    }
+
+    /// One whole cycle: grant, write, release.
+    fn cycle(&mut self, client: usize, key: &str, start_ms: u64, token: u64) {
+        self.grant(client, key, start_ms, start_ms + 5, token);
+        self.write(client, key, start_ms + 6, token);
+        self.release(client, key, start_ms + 7, start_ms + 12, token, Outcome::Released);
+    }
+}
+
+fn listing(at_ms: u64, locks: &[(&str, u64, usize)]) -> Listing {
+    Listing {
+        invoke_us: at_ms * MS,
+        complete_us: (at_ms + 5) * MS,
+        locks: locks
+            .iter()
+            .map(|(key, token, client)| Listed {
+                key: (*key).to_owned(),
+                token: *token,
+                owner: format!("owner-{client}"),
+            })
+            .collect(),
+    }
+}
+
+fn converged(last_token: u64) -> Convergence {
+    let table = |node| NodeTable {
+        node,
+        applied_index: 40,
+        commit_index: 40,
+        locks: 1,
+        last_token,
+        holders: vec![("k".to_owned(), Some(last_token))],
+    };
+    Convergence {
+        bound_ms: 20_000,
+        healed_us: 0,
+        leader_ms: Some(10),
+        serving_ms: Some(30),
+        converged_ms: Some(80),
+        listing: None,
+        tables: vec![table(1), table(2), table(3)],
+    }
+}
+
+/// Runs the checker and returns the checks by name.
+fn run(
+    history: &History,
+    listing: Option<&Listing>,
+    convergence: Option<&Convergence>,
+    skew_windows: &[(u64, u64)],
+) -> BTreeMap<&'static str, Check> {
+    let input = Input { ops: &history.ops, store: &history.store, listing, convergence, skew_windows };
+    check(&input).into_iter().map(|check| (check.name, check)).collect()
+}
+
+fn violations(checks: &BTreeMap<&'static str, Check>) -> Vec<(&'static str, usize)> {
+    checks.values().filter(|check| !check.passed()).map(|check| (check.name, check.violations)).collect()
+}
+
+/// A run with contention, a waiting acquire, a holder that paused past its
+/// lease and was fenced off, a lock still held at the end, and a retried
+/// acquire that got its own token back.
+fn clean() -> (History, Listing, Convergence) {
+    let mut h = History::default();
+    h.cycle(0, "k", 0, 1);
+    h.cycle(1, "j", 2, 2);
+    // Client 2 waits while client 0 holds k again, and gets it after the
+    // release.
+    h.grant(0, "k", 100, 105, 3);
+    h.write(0, "k", 106, 3);
+    h.push(
+        2,
+        "k",
+        101,
+        130,
+        OpKind::Acquire { lease_ms: 1_000, wait_ms: 500 },
+        Outcome::Granted { token: 4, lease_ms: 1_000 },
+    );
+    h.release(0, "k", 110, 120, 3, Outcome::Released);
+    h.push(2, "k", 131, 135, OpKind::Check { token: 4 }, Outcome::Holds);
+    h.write(2, "k", 136, 4);
+    h.release(2, "k", 137, 140, 4, Outcome::Released);
+    // Client 1 overstays: its lease (sent at 200) runs to 1,200; client 0
+    // gets k at 1,300 and writes; client 1 wakes and is turned away.
+    h.grant(1, "k", 200, 205, 5);
+    h.push(1, "k", 206, 1_600, OpKind::Pause { token: 5, ms: 1_394 }, Outcome::Paused);
+    h.grant(0, "k", 1_290, 1_300, 6);
+    h.write(0, "k", 1_301, 6);
+    h.release(0, "k", 1_302, 1_305, 6, Outcome::Released);
+    h.write(1, "k", 1_601, 5);
+    h.release(1, "k", 1_602, 1_605, 5, Outcome::NotHeld);
+    // An acquire with no answer, then the same owner's retry gets the same
+    // token twice (a retried grant), and still holds it at the end.
+    h.push(
+        2,
+        "k",
+        1_700,
+        4_700,
+        OpKind::Acquire { lease_ms: 1_000, wait_ms: 0 },
+        Outcome::Unknown { error: "timeout".into() },
+    );
+    h.grant(2, "k", 4_800, 4_805, 7);
+    h.grant(2, "k", 4_810, 4_815, 7);
+    h.write(2, "k", 4_816, 7);
+    // A try-acquire turned away by a stale leader's Held is no evidence.
+    h.push(
+        0,
+        "k",
+        4_900,
+        4_901,
+        OpKind::Acquire { lease_ms: 1_000, wait_ms: 0 },
+        Outcome::Held { holder_token: Some(6) },
+    );
+    (h, listing(5_000, &[("k", 7, 2)]), converged(7))
+}
+
+#[test]
+fn a_clean_history_passes_every_check() {
+    let (history, listing, convergence) = clean();
+    let checks = run(&history, Some(&listing), Some(&convergence), &[]);
+    assert_eq!(checks.len(), 5);
+    assert!(violations(&checks).is_empty(), "{checks:#?}");
+    let rejected = history.store.iter().filter(|write| !write.accepted).count();
+    assert_eq!(rejected, 1, "the overstaying holder was fenced off");
+}
+
+#[test]
+fn the_store_accepting_a_lower_token_is_reported() {
+    let (mut history, listing, convergence) = clean();
+    // A broken store takes client 1's stale token 5 after 7.
+    history.grant(1, "k", 5_100, 5_105, 8);
+    history.store_write(1, "k", 5_106, 5, true, Some(7));
+    let checks = run(&history, Some(&listing), Some(&convergence), &[]);
+    let store = &checks["fenced-store"];
+    assert!(store.fails_run());
+    assert!(
+        store.examples.iter().any(|e| e.contains("accepted token 5") && e.contains("after accepting 7")),
+        "{store:?}"
+    );
+}
+
+#[test]
+fn the_store_accepting_a_token_never_granted_or_refusing_a_good_one_is_reported() {
+    let (mut history, listing, convergence) = clean();
+    history.store_write(0, "k", 5_100, 99, true, Some(7));
+    history.store_write(1, "j", 5_200, 100, false, Some(2));
+    let checks = run(&history, Some(&listing), Some(&convergence), &[]);
+    let store = &checks["fenced-store"];
+    assert_eq!(store.violations, 2, "{store:?}");
+    assert!(store.examples[0].contains("never granted"));
+    assert!(store.examples[1].contains("turned away token 100"));
+}
+
+#[test]
+fn a_token_issued_twice_is_reported() {
+    let (mut history, listing, convergence) = clean();
+    // Token 2 went to client 1 on j; here it also goes to client 0 on j.
+    history.grant(0, "j", 10, 15, 2);
+    let checks = run(&history, Some(&listing), Some(&convergence), &[]);
+    assert!(
+        checks["tokens"].examples.iter().any(|e| e.contains("token 2 issued twice")),
+        "{:?}",
+        checks["tokens"]
+    );
+}
+
+#[test]
+fn a_token_lower_than_an_earlier_grant_is_reported_on_any_key() {
+    let (mut history, listing, convergence) = clean();
+    // Token 10 was granted on one key before an acquire of another key was
+    // invoked, which still got the lower token 9: one counter serves every
+    // key, so the order is wrong though no token was issued twice.
+    history.grant(2, "other", 2_000, 2_005, 10);
+    history.grant(1, "fresh", 2_100, 2_105, 9);
+    let checks = run(&history, Some(&listing), Some(&convergence), &[]);
+    let tokens = &checks["tokens"];
+    assert!(tokens.examples.iter().any(|e| e.contains("token 9 granted after token 10")), "{tokens:?}");
+    assert!(!tokens.examples.iter().any(|e| e.contains("issued twice")), "{tokens:?}");
+}
+
+#[test]
+fn a_node_whose_counter_is_behind_the_grants_is_reported() {
+    let (history, listing, mut convergence) = clean();
+    convergence.tables[1].last_token = 5;
+    let checks = run(&history, Some(&listing), Some(&convergence), &[]);
+    assert!(checks["tokens"].examples.iter().any(|e| e.contains("node 2 ends with last token 5")));
+}
+
+#[test]
+fn a_grant_while_the_previous_holder_still_held_is_reported() {
+    // Each of three kinds of evidence that token 1 still held k after
+    // token 2 was granted: a successful release, a check, the final list.
+    for evidence in ["release", "check", "listing"] {
+        let mut h = History::default();
+        h.grant(0, "k", 0, 10, 1);
+        h.write(0, "k", 11, 1);
+        h.grant(1, "k", 20, 30, 2);
+        h.write(1, "k", 31, 2);
+        let mut final_locks = vec![];
+        match evidence {
+            "release" => h.release(0, "k", 40, 50, 1, Outcome::Released),
+            "check" => h.push(0, "k", 40, 45, OpKind::Check { token: 1 }, Outcome::Holds),
+            _ => final_locks.push(("k", 1, 0)),
+        }
+        let listing = listing(100, &final_locks);
+        let checks = run(&h, Some(&listing), Some(&converged(2)), &[]);
+        let exclusion = &checks["mutual-exclusion"];
+        assert_eq!(exclusion.violations, 1, "{evidence}: {exclusion:?}");
+        assert!(exclusion.examples[0].contains("token 2 was granted"), "{evidence}: {exclusion:?}");
+        assert!(exclusion.examples[0].contains("token 1 still held it"), "{evidence}: {exclusion:?}");
+    }
+}
+
+#[test]
+fn evidence_that_overlaps_the_grant_is_not_a_violation() {
+    // The release of token 1 was invoked before the grant of token 2
+    // completed: it may have taken effect first.
+    let mut h = History::default();
+    h.grant(0, "k", 0, 10, 1);
+    h.grant(1, "k", 20, 60, 2);
+    h.release(0, "k", 40, 50, 1, Outcome::Released);
+    let checks = run(&h, Some(&listing(100, &[])), Some(&converged(2)), &[]);
+    assert!(checks["mutual-exclusion"].passed(), "{:?}", checks["mutual-exclusion"]);
+    assert!(checks["lease-expiry"].passed(), "{:?}", checks["lease-expiry"]);
+}
+
+#[test]
+fn a_lock_expired_before_its_lease_is_reported_and_enforced_outside_skew_windows() {
+    let mut h = History::default();
+    // Token 1's lease (1 s from 0) runs to about 980 ms; token 5 is granted
+    // at 500 ms though token 1 was never released.
+    h.grant(0, "k", 0, 10, 1);
+    h.grant(1, "k", 400, 500, 5);
+    // A second early grant after the same lock counts no more.
+    h.release(1, "k", 510, 520, 5, Outcome::Released);
+    h.grant(2, "k", 530, 540, 6);
+    // Elsewhere, token 3 is released before token 4 comes: fine.
+    h.grant(0, "j", 0, 10, 3);
+    h.release(0, "j", 100, 110, 3, Outcome::Unknown { error: "timeout".into() });
+    h.grant(1, "j", 120, 130, 4);
+    let listing = listing(2_000, &[]);
+    let enforced = run(&h, Some(&listing), Some(&converged(6)), &[]);
+    let lease = &enforced["lease-expiry"];
+    assert_eq!(lease.violations, 1, "{lease:?}");
+    assert!(
+        lease.examples[0].contains("token 5 was granted") && lease.examples[0].contains("token 1's lease")
+    );
+    assert!(lease.fails_run());
+    assert_eq!(violations(&enforced), vec![("lease-expiry", 1)]);
+    assert!(!enforced.contains_key("lease-under-skew"), "no skew, no such check");
+    // The same history with clocks skewed from 0.3 s to 0.45 s: the lock cut
+    // short spans that window, so it is reported apart and fails nothing.
+    let skewed = run(&h, Some(&listing), Some(&converged(6)), &[(300 * MS, 450 * MS)]);
+    assert!(skewed["lease-expiry"].passed(), "{:?}", skewed["lease-expiry"]);
+    assert_eq!(skewed["lease-under-skew"].violations, 1);
+    assert!(!skewed["lease-under-skew"].fails_run(), "with skewed clocks the check only reports");
+    assert!(skewed["mutual-exclusion"].passed(), "the cluster's own record stayed exclusive");
+    // A window long before the lock leaves it to the enforced check.
+    let elsewhere = run(&h, Some(&listing), Some(&converged(6)), &[(1_500 * MS, 1_600 * MS)]);
+    assert!(elsewhere["lease-expiry"].fails_run());
+    assert!(elsewhere["lease-under-skew"].passed());
+}
+
+#[test]
+fn a_cluster_that_does_not_serve_or_converge_is_reported() {
+    let (history, listing, mut convergence) = clean();
+    convergence.serving_ms = None;
+    convergence.converged_ms = None;
+    convergence.tables[2].applied_index = 39;
+    let checks = run(&history, Some(&listing), Some(&convergence), &[]);
+    let check = &checks["convergence"];
+    assert_eq!(check.violations, 2, "{check:?}");
+    assert!(check.examples[1].contains("\"applied_index\":39"));
+    let unwatched = run(&history, Some(&listing), None, &[]);
+    assert!(unwatched["convergence"].fails_run());
+}
+
+#[test]
+fn only_the_first_violations_are_listed_but_all_are_counted() {
+    let mut h = History::default();
+    h.grant(0, "k", 0, 10, 1);
+    for i in 0..30 {
+        h.grant(1, &format!("key-{i}"), 20 + i, 30 + i, 1);
+    }
+    let checks = run(&h, Some(&listing(1_000, &[])), Some(&converged(1)), &[]);
+    let tokens = &checks["tokens"];
+    assert!(tokens.violations >= 30);
+    assert_eq!(tokens.examples.len(), LISTED_MAX);
+}

@@ -1,0 +1,254 @@
+//! The workload: client threads that take a lock, write to the fenced store
+//! with its token, and release it, over and over on a few keys.
+//!
+//! Each thread is its own client (its own `Client`, connections and owner),
+//! as separate processes would be. Locks are taken with `acquire_raw`, so no
+//! background renewer keeps a lease alive: a holder that pauses past its
+//! lease loses the lock, which is the point. Some holders overstay on their
+//! own (a small, seeded share of their locks), and the pause-holder nemesis
+//! asks a chosen client to overstay its next lock. An overstaying holder
+//! checks its lock first, as a careful client does, then pauses, then
+//! writes with a token that may be stale by then: the fenced store must
+//! turn it away if a newer holder wrote meanwhile.
+//!
+//! Every loop is bounded: a thread starts no operation after the run's
+//! deadline, and every call is bounded by the client's retry budget.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use fencelock_client::{Client, ClientConfig, ClientError};
+
+use crate::history::{Op, OpKind, Outcome, Recorder};
+use crate::nemesis::PauseRequests;
+use crate::rng::SplitMix64;
+use crate::store::FencedStore;
+
+/// What the clients do.
+#[derive(Clone, Debug)]
+pub struct WorkloadConfig {
+    pub clients: usize,
+    pub keys: Vec<String>,
+    /// Leases are drawn from this range (ms); the server's floor is 1,000.
+    pub lease_ms: (u64, u64),
+    /// Half of the acquires wait in the leader's queue, for a time drawn
+    /// from this range (ms); the others answer at once.
+    pub wait_ms: (u64, u64),
+    /// The share of locks whose holder overstays on its own.
+    pub overstay_chance: f64,
+    /// How far past the lease an overstaying holder pauses (ms).
+    pub overstay_extra_ms: (u64, u64),
+    /// The share of holders that check their lock before writing.
+    pub check_chance: f64,
+    pub request_timeout: Duration,
+    pub retry_for: Duration,
+}
+
+impl WorkloadConfig {
+    pub fn new(nodes: u64) -> WorkloadConfig {
+        WorkloadConfig {
+            clients: usize::try_from(2 * nodes + 2).unwrap_or(8),
+            keys: (0..3).map(|i| format!("suite/key-{i}")).collect(),
+            lease_ms: (1_000, 2_000),
+            wait_ms: (100, 800),
+            overstay_chance: 0.01,
+            overstay_extra_ms: (300, 1_500),
+            check_chance: 0.2,
+            request_timeout: Duration::from_millis(1_000),
+            retry_for: Duration::from_secs(3),
+        }
+    }
+}
+
+/// What the client threads share with the suite.
+#[derive(Debug)]
+pub struct Shared {
+    pub recorder: Recorder,
+    pub store: FencedStore,
+    pub pauses: PauseRequests,
+    /// Holders overstaying on their own right now: at most one per two
+    /// keys, so that the keys are not blocked all the time.
+    overstaying: AtomicUsize,
+}
+
+impl Shared {
+    pub fn new(start: Instant, clients: usize) -> Shared {
+        Shared {
+            recorder: Recorder::new(start),
+            store: FencedStore::default(),
+            pauses: PauseRequests::new(clients),
+            overstaying: AtomicUsize::new(0),
+        }
+    }
+}
+
+/// The owner identity of client `index`.
+pub fn owner_of(index: usize) -> String {
+    format!("suite-client-{index}")
+}
+
+/// Starts the client threads; each stops by itself at `deadline`.
+pub fn spawn(
+    config: &WorkloadConfig,
+    endpoints: &[String],
+    shared: &Arc<Shared>,
+    deadline: Instant,
+    rng: &mut SplitMix64,
+) -> Result<Vec<JoinHandle<()>>> {
+    let mut threads = Vec::new();
+    for index in 0..config.clients {
+        let owner = owner_of(index);
+        let mut client_config = ClientConfig::new(endpoints.iter().cloned());
+        client_config.request_timeout = config.request_timeout;
+        client_config.retry_for = config.retry_for;
+        client_config.owner = Some(owner.clone().into_bytes());
+        let worker = Worker {
+            index,
+            owner,
+            client: Client::connect(client_config)?,
+            config: config.clone(),
+            shared: Arc::clone(shared),
+            rng: rng.fork(),
+            deadline,
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("client-{index}"))
+            .spawn(move || worker.run())
+            .context("cannot start a client thread")?;
+        threads.push(thread);
+    }
+    Ok(threads)
+}
+
+struct Worker {
+    index: usize,
+    owner: String,
+    client: Client,
+    config: WorkloadConfig,
+    shared: Arc<Shared>,
+    rng: SplitMix64,
+    deadline: Instant,
+}
+
+impl Worker {
+    fn run(mut self) {
+        while Instant::now() < self.deadline {
+            self.cycle();
+        }
+    }
+
+    fn record(&self, key: &str, invoke_us: u64, kind: OpKind, outcome: Outcome) {
+        self.shared.recorder.record(Op {
+            id: 0,
+            client: self.index,
+            owner: self.owner.clone(),
+            key: key.to_owned(),
+            invoke_us,
+            complete_us: self.shared.recorder.now_us(),
+            kind,
+            outcome,
+        });
+    }
+
+    /// One acquire, and if granted: maybe a check and a pause, the write,
+    /// and the release.
+    fn cycle(&mut self) {
+        let Some(key) = self.rng.pick(&self.config.keys).cloned() else { return };
+        let lease_ms = self.rng.between(self.config.lease_ms.0, self.config.lease_ms.1);
+        let wait_ms = if self.rng.chance(0.5) {
+            0
+        } else {
+            self.rng.between(self.config.wait_ms.0, self.config.wait_ms.1)
+        };
+        let invoke = self.shared.recorder.now_us();
+        let answer = self.client.acquire_raw(
+            self.owner.as_bytes(),
+            &key,
+            Duration::from_millis(lease_ms),
+            Duration::from_millis(wait_ms),
+        );
+        let kind = OpKind::Acquire { lease_ms, wait_ms };
+        let grant = match answer {
+            Ok(grant) => {
+                let granted_ms = u64::try_from(grant.lease.as_millis()).unwrap_or(u64::MAX);
+                self.record(
+                    &key,
+                    invoke,
+                    kind,
+                    Outcome::Granted { token: grant.token, lease_ms: granted_ms },
+                );
+                grant
+            }
+            Err(error) => {
+                self.record(&key, invoke, kind, Outcome::from_error(&error));
+                // Think time before the next try, so that turned-away
+                // clients do not spin on a held key.
+                let pause = match error {
+                    ClientError::Held { .. } => self.rng.between(10, 50),
+                    ClientError::WaitTimedOut { .. } => 0,
+                    _ => self.rng.between(20, 100),
+                };
+                std::thread::sleep(Duration::from_millis(pause));
+                return;
+            }
+        };
+        let token = grant.token;
+
+        let asked = self.shared.pauses.take(self.index);
+        let on_its_own =
+            asked.is_none() && self.rng.chance(self.config.overstay_chance) && self.claim_overstay();
+        let extra_ms = match asked {
+            Some(extra) => Some(extra),
+            None if on_its_own => {
+                Some(self.rng.between(self.config.overstay_extra_ms.0, self.config.overstay_extra_ms.1))
+            }
+            None => None,
+        };
+        if extra_ms.is_some() || self.rng.chance(self.config.check_chance) {
+            let invoke = self.shared.recorder.now_us();
+            let outcome = match self.client.check(&key, token) {
+                Ok(true) => Outcome::Holds,
+                Ok(false) => Outcome::DoesNotHold,
+                Err(error) => Outcome::from_error(&error),
+            };
+            self.record(&key, invoke, OpKind::Check { token }, outcome);
+        }
+        if let Some(extra_ms) = extra_ms {
+            // The GC pause: the holder stops, nothing renews its lease.
+            let ms = u64::try_from(grant.lease.as_millis()).unwrap_or(u64::MAX).saturating_add(extra_ms);
+            let invoke = self.shared.recorder.now_us();
+            std::thread::sleep(Duration::from_millis(ms));
+            self.record(&key, invoke, OpKind::Pause { token, ms }, Outcome::Paused);
+        }
+
+        let invoke = self.shared.recorder.now_us();
+        let outcome = match self.shared.store.write(&key, token, self.index, invoke) {
+            Ok(()) => Outcome::Accepted,
+            Err(highest) => Outcome::Rejected { highest },
+        };
+        self.record(&key, invoke, OpKind::Write { token }, outcome);
+
+        let invoke = self.shared.recorder.now_us();
+        let outcome = match self.client.release(&key, token) {
+            Ok(true) => Outcome::Released,
+            Ok(false) => Outcome::NotHeld,
+            Err(error) => Outcome::from_error(&error),
+        };
+        self.record(&key, invoke, OpKind::Release { token }, outcome);
+        if on_its_own {
+            self.shared.overstaying.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Takes one of the few overstay slots, if one is free.
+    fn claim_overstay(&self) -> bool {
+        let limit = (self.config.keys.len() / 2).max(1);
+        self.shared
+            .overstaying
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| (now < limit).then_some(now + 1))
+            .is_ok()
+    }
+}

@@ -1,0 +1,81 @@
+//! `cargo xtask suite [NAME|all] [--duration 60s] [--seed N] [--nodes 3|5]
+//! [--release]`: real clusters under faults, with a fencing checker.
+//!
+//! It builds `fencelockd` and `fencelock-suite` (debug unless `--release`)
+//! and runs the suite binary from the repository root, which starts the
+//! clusters, injects the faults, checks the history and writes each run's
+//! report to `target/suites/<suite>-<seed>/`. Every flag but `--release`
+//! passes through; `docs/suites.md` describes the suites.
+//!
+//! `cargo xtask ci` runs every suite briefly with the debug binaries its
+//! build step already made: the suites are bound by faults and timeouts,
+//! not by CPU, so a release build would cost more minutes than it saves.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::cargo;
+
+/// Each suite's run in `cargo xtask ci`: five suites (clock skew is skipped
+/// where libfaketime is missing), about 25 s of wall time each with the
+/// cluster's start, healing and checking.
+const CI_DURATION: &str = "15s";
+
+/// Runs every suite briefly, as `cargo xtask ci` does.
+pub fn ci(root: &Path) -> Result<()> {
+    run(root, &["all".to_owned(), "--duration".to_owned(), CI_DURATION.to_owned()])
+}
+
+pub fn run(root: &Path, args: &[String]) -> Result<()> {
+    if args.iter().any(|arg| matches!(arg.as_str(), "-h" | "--help")) {
+        println!(
+            "Usage: cargo xtask suite [NAME|all] [--duration 60s] [--seed N] [--nodes 3|5] [--release]\n\
+             \x20                        [--converge-within 20s] [--list]\n\n\
+             Suites: kill, pause, partition, clock-skew, combined; or one fault alone:\n\
+             kill-leader, kill-random, kill-all, pause-leader, pause-holder, partition-halves,\n\
+             isolate-leader, bridge, clock-skew. Reports go to target/suites/. See docs/suites.md."
+        );
+        return Ok(());
+    }
+    let release = args.iter().any(|arg| arg == "--release");
+    let passed: Vec<&str> = args.iter().map(String::as_str).filter(|arg| *arg != "--release").collect();
+    let mut build = vec!["build", "--locked", "--bin", "fencelockd", "--bin", "fencelock-suite"];
+    if release {
+        build.push("--release");
+    }
+    cargo(root, &build)?;
+    let binaries = target_dir(root).join(if release { "release" } else { "debug" });
+    let suite = binaries.join("fencelock-suite");
+    let server = binaries.join("fencelockd");
+    let out = target_dir(root).join("suites");
+    eprintln!(
+        "$ {} {} --server {} --out {}",
+        suite.display(),
+        passed.join(" "),
+        server.display(),
+        out.display()
+    );
+    let status = Command::new(&suite)
+        .args(&passed)
+        .arg("--server")
+        .arg(&server)
+        .arg("--out")
+        .arg(&out)
+        .current_dir(root)
+        .status()
+        .with_context(|| format!("cannot run {}", suite.display()))?;
+    if !status.success() {
+        bail!("the suites found a violation or could not run ({status}): the replay commands are above");
+    }
+    Ok(())
+}
+
+/// Where cargo puts its output: `CARGO_TARGET_DIR`, else `target`.
+pub(crate) fn target_dir(root: &Path) -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => root.join(dir),
+        None => root.join("target"),
+    }
+}
