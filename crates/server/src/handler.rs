@@ -313,7 +313,7 @@ impl ClientHandler {
         let id = sink.id();
         let directory = self.directory.get().cloned();
         let node_id = self.node_id;
-        let own_addr = self.client_addr.to_string();
+        let own_addr = self.client_addr;
         Responder::new(move |reply| {
             let response = match convert(reply) {
                 Ok(kind) => proto::Response { id, kind: Some(kind), ..Default::default() },
@@ -321,7 +321,7 @@ impl ClientHandler {
                     let leader_addr = |leader: Option<NodeId>| {
                         let leader = leader?;
                         if leader.0 == node_id {
-                            return Some(own_addr.clone());
+                            return Some(own_addr.to_string());
                         }
                         directory.as_ref()?.client_addr(leader.0)
                     };
