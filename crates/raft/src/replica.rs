@@ -308,11 +308,16 @@ impl<D: Durable> Replica<D> {
         self.raw.read_index(id.0.to_le_bytes().to_vec());
     }
 
-    /// Feeds a raft message from a peer. Messages not for this node, and
-    /// snapshots whose table does not restore, are dropped.
+    /// Feeds a raft message from a peer. Messages not for this node or not
+    /// from one of its peers, and snapshots whose table does not restore,
+    /// are dropped.
     pub fn step(&mut self, message: Message) {
         if message.to != self.id.0 {
             warn!(self.logger, "dropping message for another node"; "to" => message.to, "from" => message.from);
+            return;
+        }
+        if message.from == self.id.0 || !self.config.voters.contains(&NodeId(message.from)) {
+            warn!(self.logger, "dropping message from a node that is not a peer"; "from" => message.from);
             return;
         }
         if message.get_msg_type() == MessageType::MsgSnapshot {

@@ -544,3 +544,22 @@ fn renewals_of_many_locks_travel_in_one_entry() {
     let expected = tokens.iter().map(|token| ApplyResult::Renewed { token: *token, lease_ms }).collect();
     assert_eq!(net.take_reply(RequestId(100)), Some(Ok(Response::Applied(expected))));
 }
+
+#[test]
+fn messages_from_strangers_or_for_others_are_dropped() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    let term = net.node(2).status().term;
+    for (from, to) in [(9, 2), (2, 2), (1, 3)] {
+        let mut message = Message::default();
+        message.set_msg_type(MessageType::MsgHeartbeat);
+        message.from = from;
+        message.to = to;
+        message.term = term + 10;
+        message.commit = 1_000;
+        net.node(2).step(message);
+    }
+    net.settle();
+    assert_eq!(net.node(2).status().term, term, "a stranger moved the term");
+    assert_eq!(net.node(2).status().leader, Some(NodeId(1)));
+}
