@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{never, select, tick, Receiver, Sender, TrySendError};
+use crossbeam_channel::{never, select, tick, Receiver, Sender};
 use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner};
 use raft::prelude::Message;
 use slog::{crit, info, Logger};
@@ -307,10 +307,9 @@ fn dispatch(
     ghosts: &mut Vec<(Key, FencingToken)>,
 ) {
     for message in effects.messages {
-        match peers_out.try_send(message) {
-            Ok(()) | Err(TrySendError::Full(_)) => {}
-            Err(TrySendError::Disconnected(_)) => {}
-        }
+        // A full queue drops the message (raft sends it again), and a closed
+        // one means the transport is stopping: neither is this turn's concern.
+        let _ = peers_out.try_send(message);
     }
     for (id, reply) in effects.replies {
         let Some(waiting) = waiting.remove(&id) else { continue };
