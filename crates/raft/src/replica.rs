@@ -843,24 +843,8 @@ impl<D: Durable> Replica<D> {
             match entry.get_entry_type() {
                 EntryType::EntryNormal if entry.data.is_empty() => {}
                 EntryType::EntryNormal => self.apply_commands(&entry),
-                EntryType::EntryConfChange => {
-                    let mut change = ConfChange::default();
-                    match change.merge_from_bytes(&entry.data) {
-                        Ok(()) => self.apply_conf_change(&change)?,
-                        Err(err) => {
-                            warn!(self.logger, "undecodable conf change"; "index" => entry.index, "error" => %err)
-                        }
-                    }
-                }
-                EntryType::EntryConfChangeV2 => {
-                    let mut change = ConfChangeV2::default();
-                    match change.merge_from_bytes(&entry.data) {
-                        Ok(()) => self.apply_conf_change(&change)?,
-                        Err(err) => {
-                            warn!(self.logger, "undecodable conf change"; "index" => entry.index, "error" => %err)
-                        }
-                    }
-                }
+                EntryType::EntryConfChange => self.apply_conf_change::<ConfChange>(&entry)?,
+                EntryType::EntryConfChangeV2 => self.apply_conf_change::<ConfChangeV2>(&entry)?,
             }
             self.stats.entries_applied += 1;
             if !self.leader_ready
@@ -875,8 +859,19 @@ impl<D: Durable> Replica<D> {
         Ok(())
     }
 
-    fn apply_conf_change(&mut self, change: &impl raft_proto::ConfChangeI) -> Result<(), FatalError> {
-        match self.raw.apply_conf_change(change) {
+    /// Applies a conf-change entry of either version. One that does not
+    /// decode, or that raft refuses, is logged and skipped alike on every
+    /// replica.
+    fn apply_conf_change<C>(&mut self, entry: &Entry) -> Result<(), FatalError>
+    where
+        C: raft_proto::ConfChangeI + protobuf::Message + Default,
+    {
+        let mut change = C::default();
+        if let Err(err) = change.merge_from_bytes(&entry.data) {
+            warn!(self.logger, "undecodable conf change"; "index" => entry.index, "error" => %err);
+            return Ok(());
+        }
+        match self.raw.apply_conf_change(&change) {
             Ok(conf_state) => {
                 self.durable.write(WriteBatch { conf_state: Some(&conf_state), ..Default::default() })?;
                 self.raw.mut_store().set_conf_state(conf_state);

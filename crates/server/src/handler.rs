@@ -147,6 +147,7 @@ impl ClientHandler {
             return Err((sink, "a renew names no lock".to_owned()));
         }
         let mut commands = Vec::with_capacity(renew.locks.len());
+        let mut locks = Vec::with_capacity(renew.locks.len());
         for lock in renew.locks.into_iter() {
             let key = match Key::new(lock.key) {
                 Ok(key) => key,
@@ -155,15 +156,9 @@ impl ClientHandler {
             let Some(token) = FencingToken::new(lock.token) else {
                 return Err((sink, "a renew needs each lock's token".to_owned()));
             };
+            locks.push((key.clone(), token));
             commands.push(Command::Renew { key, token, lease_ms });
         }
-        let locks: Vec<(Key, FencingToken)> = commands
-            .iter()
-            .filter_map(|command| match command {
-                Command::Renew { key, token, .. } => Some((key.clone(), *token)),
-                _ => None,
-            })
-            .collect();
         let reply = self.responder(sink, move |reply| match reply {
             Ok(Response::Applied(results)) if results.len() == locks.len() => {
                 let results = locks
