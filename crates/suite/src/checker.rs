@@ -185,7 +185,29 @@ fn tokens(input: &Input<'_>) -> Check {
         };
         prefix_max.push(best);
     }
+    // An acquire by the same owner on the same key that got no answer may have
+    // been granted already; a later acquire is then answered with that
+    // existing token, issued before the later acquire was even sent.
+    let unanswered: BTreeSet<(&str, &str, u64)> = input
+        .ops
+        .iter()
+        .filter(|op| {
+            matches!(op.kind, OpKind::Acquire { .. }) && matches!(op.outcome, Outcome::Unknown { .. })
+        })
+        .map(|op| (op.owner.as_str(), op.key.as_str(), op.invoke_us))
+        .collect();
+    let maybe_regrant = |op: &Op| {
+        unanswered
+            .range(
+                (op.owner.as_str(), op.key.as_str(), 0)..(op.owner.as_str(), op.key.as_str(), op.invoke_us),
+            )
+            .next()
+            .is_some()
+    };
     for (token, _, op) in grants(input.ops) {
+        if maybe_regrant(op) {
+            continue;
+        }
         let before = by_complete.partition_point(|(complete, _, _)| *complete < op.invoke_us);
         let Some((max, earlier)) = before.checked_sub(1).and_then(|i| prefix_max.get(i)) else { continue };
         let same_grant = *max == token && earlier.key == op.key && earlier.owner == op.owner;

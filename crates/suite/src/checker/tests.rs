@@ -268,6 +268,27 @@ fn a_token_lower_than_an_earlier_grant_is_reported_on_any_key() {
 }
 
 #[test]
+fn a_retried_acquire_answered_with_its_earlier_unanswered_token_is_not_out_of_order() {
+    let (mut history, listing, convergence) = clean();
+    // Client 1's first acquire got no answer, yet was granted token 9. Token
+    // 10 then went to client 2. Client 1's retry, same owner, is answered
+    // with its existing token 9: correct, though 9 < 10.
+    let kind = OpKind::Acquire { lease_ms: 1_000, wait_ms: 0 };
+    history.push(1, "fresh", 2_000, 2_500, kind, Outcome::Unknown { error: "timed out".to_owned() });
+    history.grant(2, "other", 2_100, 2_105, 10);
+    history.grant(1, "fresh", 2_600, 2_605, 9);
+    let checks = run(&history, Some(&listing), Some(&convergence), &[]);
+    let tokens = &checks["tokens"];
+    assert!(!tokens.examples.iter().any(|e| e.contains("token 9 granted after token 10")), "{tokens:?}");
+    // Without the unanswered attempt the same answers are a violation.
+    let (mut history, listing, convergence) = clean();
+    history.grant(2, "other", 2_100, 2_105, 10);
+    history.grant(1, "fresh", 2_600, 2_605, 9);
+    let checks = run(&history, Some(&listing), Some(&convergence), &[]);
+    assert!(checks["tokens"].examples.iter().any(|e| e.contains("token 9 granted after token 10")));
+}
+
+#[test]
 fn a_node_whose_counter_is_behind_the_grants_is_reported() {
     let (history, listing, mut convergence) = clean();
     convergence.tables[1].last_token = 5;
