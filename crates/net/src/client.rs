@@ -1,22 +1,33 @@
 //! The client listener: pipelined request/response over framed TCP.
 //!
-//! Each connection has a reader thread, which decodes [`Request`]s and hands
-//! them to the [`Handler`], and a writer thread, which sends [`Response`]s
-//! as they complete, batching what is ready into one write. Limits (frame
-//! size, requests in flight per connection, connections) are answered with a
-//! clear error; a malformed frame closes that connection only.
+//! One event-loop thread (mio: epoll on Linux) accepts connections, reads
+//! and decodes [`Request`]s and hands them to the [`Handler`], and writes
+//! the [`Response`]s that come back, each connection's in as few writes as
+//! its socket takes. Responses are queued by whatever thread completes them
+//! (the raft driver, for most) and the loop is woken once per burst, not per
+//! response: no thread per connection, and no thread hand-off per request.
+//!
+//! Limits (frame size, requests in flight per connection, connections) are
+//! answered with a clear error; a malformed frame closes that connection
+//! only. A client that stops reading its responses is stopped being read
+//! from once its unsent responses pass [`OUTPUT_PAUSE_BYTES`], so a slow
+//! client costs bounded memory.
 
-use std::io::{BufReader, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::thread::ThreadId;
 
-use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{unbounded, Receiver, Sender};
 use fencelock_types::client_pb::{Error, ErrorCode, Request, Response};
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+use protobuf::Message as _;
 use slog::{debug, info, warn, Logger};
 
-use crate::frame::{encode_frame, read_frame, FrameError};
+use crate::frame::{encode_frame, FrameError};
 
 /// Settings of the client listener.
 #[derive(Clone, Debug)]
@@ -28,17 +39,31 @@ pub struct ClientConfig {
     pub frame_bytes_max: usize,
 }
 
-/// Serves requests. Called on the connection's reader thread: it must not
-/// block for long, and answers later through the [`ResponseSink`].
+/// Serves requests. Called on the listener's event-loop thread, which
+/// serves every connection: it must not block, and answers later through
+/// the [`ResponseSink`].
 pub trait Handler: Send + Sync + 'static {
     fn handle(&self, request: Request, sink: ResponseSink);
 }
+
+/// Unsent response bytes on one connection past which the loop stops
+/// reading that connection's requests until its client catches up.
+pub const OUTPUT_PAUSE_BYTES: usize = 256 * 1024;
+
+/// The most bytes taken from one socket in one read.
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+const LISTENER: Token = Token(0);
+const WAKER: Token = Token(1);
+/// Connection tokens start here and are never reused, so that a response
+/// for a closed connection can never reach a newer one.
+const FIRST_CONNECTION: usize = 2;
 
 /// Where the answer to one request goes.
 #[derive(Debug)]
 pub struct ResponseSink {
     id: u64,
-    connection: Arc<Connection>,
+    connection: Arc<ConnectionShared>,
 }
 
 impl ResponseSink {
@@ -47,27 +72,72 @@ impl ResponseSink {
         self.id
     }
 
-    /// Sends the response (its id is set here). False when the connection
-    /// is gone: for an acquire, the grant has no one to go to.
+    /// Queues the response (its id is set here) for the event loop to
+    /// write. False when the connection is gone: for an acquire, the grant
+    /// has no one to go to.
     pub fn send(self, mut response: Response) -> bool {
         response.id = self.id;
-        self.connection.in_flight.fetch_sub(1, Ordering::SeqCst);
-        self.connection.alive.load(Ordering::SeqCst) && self.connection.responses.try_send(response).is_ok()
+        let connection = &self.connection;
+        if !connection.alive.load(Ordering::SeqCst) {
+            connection.in_flight.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        connection.shared.post(connection.token, response)
     }
 }
 
+/// The state the event loop shares with the threads that answer requests.
 #[derive(Debug)]
-struct Connection {
+struct LoopShared {
+    /// Responses for connections, each counted in its `in_flight`.
+    outbox: Sender<(Token, Response)>,
+    waker: Waker,
+    /// Set when the loop was woken and has not yet looked at the outbox:
+    /// a burst of responses costs one wake-up.
+    wake_pending: AtomicBool,
+    stopping: AtomicBool,
+    /// The loop's own thread, which drains the outbox after every event
+    /// and so never needs waking.
+    loop_thread: std::sync::OnceLock<ThreadId>,
+}
+
+impl LoopShared {
+    fn post(&self, token: Token, response: Response) -> bool {
+        if self.outbox.send((token, response)).is_err() {
+            return false;
+        }
+        self.wake();
+        true
+    }
+
+    fn wake(&self) {
+        if self.loop_thread.get() == Some(&std::thread::current().id()) {
+            return;
+        }
+        if !self.wake_pending.swap(true, Ordering::SeqCst) {
+            // Failing to write an eventfd means the process is out of
+            // resources; the next event or wake-up drains the outbox anyway.
+            let _ = self.waker.wake();
+        }
+    }
+}
+
+/// What a connection shares with the sinks of its requests.
+#[derive(Debug)]
+struct ConnectionShared {
+    token: Token,
     alive: AtomicBool,
+    /// Requests handed to the handler whose response is not yet queued
+    /// for writing.
     in_flight: AtomicUsize,
-    responses: Sender<Response>,
+    shared: Arc<LoopShared>,
 }
 
 /// A running client listener.
 #[derive(Debug)]
 pub struct ClientListener {
     local_addr: SocketAddr,
-    stopping: Arc<AtomicBool>,
+    shared: Arc<LoopShared>,
 }
 
 impl ClientListener {
@@ -76,35 +146,51 @@ impl ClientListener {
         handler: Arc<dyn Handler>,
         logger: &Logger,
     ) -> std::io::Result<ClientListener> {
-        let listener = TcpListener::bind(config.listen_addr)?;
+        let poll = Poll::new()?;
+        let mut listener = TcpListener::bind(config.listen_addr)?;
         let local_addr = listener.local_addr()?;
-        let stopping = Arc::new(AtomicBool::new(false));
-        let connections = Arc::new(AtomicUsize::new(0));
+        poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
+        let waker = Waker::new(poll.registry(), WAKER)?;
+        let (outbox, inbox) = unbounded();
+        let shared = Arc::new(LoopShared {
+            outbox,
+            waker,
+            wake_pending: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+            loop_thread: std::sync::OnceLock::new(),
+        });
         let logger = logger.clone();
         info!(logger, "client listener ready"; "addr" => %local_addr);
-        let accept_stopping = Arc::clone(&stopping);
-        std::thread::Builder::new().name("fencelock-client-accept".into()).spawn(move || {
-            for stream in listener.incoming() {
-                if accept_stopping.load(Ordering::SeqCst) {
-                    return;
-                }
-                match stream {
-                    Ok(stream) => serve(stream, &config, &handler, &connections, &logger),
-                    Err(err) => warn!(logger, "accepting a client failed"; "error" => %err),
-                }
-            }
+        let event_loop = EventLoop {
+            poll,
+            listener: Some(listener),
+            inbox,
+            shared: Arc::clone(&shared),
+            connections: HashMap::new(),
+            next_token: FIRST_CONNECTION,
+            to_flush: Vec::new(),
+            scratch: vec![0; READ_CHUNK_BYTES],
+            config,
+            handler,
+            logger,
+        };
+        let loop_shared = Arc::clone(&shared);
+        std::thread::Builder::new().name("fencelock-client-io".into()).spawn(move || {
+            let _ = loop_shared.loop_thread.set(std::thread::current().id());
+            event_loop.run();
         })?;
-        Ok(ClientListener { local_addr, stopping })
+        Ok(ClientListener { local_addr, shared })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
     }
 
-    /// Stops accepting new connections; open ones carry on.
+    /// Stops accepting new connections and closes the listening socket;
+    /// open connections carry on.
     pub fn stop_accepting(&self) {
-        self.stopping.store(true, Ordering::SeqCst);
-        let _ = TcpStream::connect_timeout(&self.local_addr, Duration::from_millis(200));
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        let _ = self.shared.waker.wake();
     }
 }
 
@@ -121,156 +207,347 @@ pub fn error_response(id: u64, code: ErrorCode, message: impl Into<String>) -> R
     }
 }
 
-fn serve(
-    stream: TcpStream,
-    config: &ClientConfig,
-    handler: &Arc<dyn Handler>,
-    connections: &Arc<AtomicUsize>,
-    logger: &Logger,
-) {
-    let remote = stream.peer_addr().map(|addr| addr.to_string()).unwrap_or_default();
-    let _ = stream.set_nodelay(true);
-    if connections.fetch_add(1, Ordering::SeqCst) >= config.connections_max {
-        connections.fetch_sub(1, Ordering::SeqCst);
-        warn!(logger, "refusing client: too many connections"; "remote" => &remote, "max" => config.connections_max);
-        let mut buffer = Vec::new();
-        encode_frame(&error_response(0, ErrorCode::UNAVAILABLE, "too many connections"), &mut buffer);
-        let mut stream = stream;
-        let _ = stream.write_all(&buffer);
-        return;
-    }
-    let write_half = match stream.try_clone() {
-        Ok(write_half) => write_half,
-        Err(err) => {
-            connections.fetch_sub(1, Ordering::SeqCst);
-            warn!(logger, "cannot split a client connection"; "error" => %err);
-            return;
-        }
-    };
-    // Room for every request in flight plus the reader's own refusals.
-    let (responses_tx, responses_rx) = bounded(config.in_flight_max * 2 + 16);
-    let connection = Arc::new(Connection {
-        alive: AtomicBool::new(true),
-        in_flight: AtomicUsize::new(0),
-        responses: responses_tx,
-    });
-    let logger = logger.new(slog::o!("remote" => remote));
-    let writer_connection = Arc::clone(&connection);
-    let writer_logger = logger.clone();
-    let writer = std::thread::Builder::new()
-        .name("fencelock-client-out".into())
-        .spawn(move || write_responses(write_half, responses_rx, &writer_connection, &writer_logger));
-    if let Err(err) = writer {
-        connections.fetch_sub(1, Ordering::SeqCst);
-        warn!(logger, "cannot start a client writer"; "error" => %err);
-        return;
-    }
-    let reader = ConnectionReader {
-        connection,
-        handler: Arc::clone(handler),
-        in_flight_max: config.in_flight_max,
-        frame_bytes_max: config.frame_bytes_max,
-        connections: Arc::clone(connections),
-        logger: logger.clone(),
-    };
-    if let Err(err) =
-        std::thread::Builder::new().name("fencelock-client-in".into()).spawn(move || reader.run(stream))
-    {
-        warn!(logger, "cannot start a client reader"; "error" => %err);
-    }
-}
-
-struct ConnectionReader {
-    connection: Arc<Connection>,
+struct EventLoop {
+    poll: Poll,
+    /// `None` once the listener stopped accepting.
+    listener: Option<TcpListener>,
+    inbox: Receiver<(Token, Response)>,
+    shared: Arc<LoopShared>,
+    connections: HashMap<Token, Connection>,
+    next_token: usize,
+    /// Connections with output to write after this round of events.
+    to_flush: Vec<Token>,
+    scratch: Vec<u8>,
+    config: ClientConfig,
     handler: Arc<dyn Handler>,
-    in_flight_max: usize,
-    frame_bytes_max: usize,
-    connections: Arc<AtomicUsize>,
     logger: Logger,
 }
 
-impl ConnectionReader {
-    fn run(self, stream: TcpStream) {
-        let mut reader = BufReader::new(stream);
-        loop {
-            match read_frame::<Request>(&mut reader, self.frame_bytes_max) {
-                Ok(request) => {
-                    if !self.dispatch(request) {
-                        break;
-                    }
-                }
-                Err(FrameError::Closed) => {
-                    debug!(self.logger, "client closed the connection");
-                    break;
-                }
-                Err(err @ FrameError::TooLarge { .. }) => {
-                    // Tell the client why before closing: it may be a
-                    // well-meaning client with a huge request.
-                    let _ = self.connection.responses.try_send(error_response(
-                        0,
-                        ErrorCode::INVALID_ARGUMENT,
-                        err.to_string(),
-                    ));
-                    warn!(self.logger, "closing client connection"; "reason" => %err);
-                    break;
-                }
-                Err(err) => {
-                    warn!(self.logger, "closing client connection"; "reason" => %err);
-                    break;
-                }
-            }
-        }
-        self.connection.alive.store(false, Ordering::SeqCst);
-        // Lets the writer send what it has and end.
-        let _ = reader.get_ref().shutdown(Shutdown::Read);
-        self.connections.fetch_sub(1, Ordering::SeqCst);
-    }
+/// The event loop's side of one connection.
+struct Connection {
+    stream: TcpStream,
+    shared: Arc<ConnectionShared>,
+    /// Bytes read and not yet decoded: at most one partial frame.
+    input: Vec<u8>,
+    /// Encoded responses; `output[written..]` is still to go.
+    output: Vec<u8>,
+    written: usize,
+    /// In `to_flush` already.
+    flush_queued: bool,
+    /// Reading stopped because too much output is waiting; the socket may
+    /// still hold requests, read once the output drains.
+    read_paused: bool,
+    /// Close once the output is written (after a refusal that ends the
+    /// connection).
+    closing: bool,
+    logger: Logger,
+}
 
-    /// Hands one request on; false when the connection must close.
-    fn dispatch(&self, request: Request) -> bool {
-        if self.connection.in_flight.load(Ordering::SeqCst) >= self.in_flight_max {
-            let refusal = error_response(
-                request.id,
-                ErrorCode::UNAVAILABLE,
-                format!("more than {} requests in flight on this connection", self.in_flight_max),
-            );
-            return self.connection.responses.try_send(refusal).is_ok();
-        }
-        self.connection.in_flight.fetch_add(1, Ordering::SeqCst);
-        let sink = ResponseSink { id: request.id, connection: Arc::clone(&self.connection) };
-        self.handler.handle(request, sink);
-        true
+impl Connection {
+    fn unsent(&self) -> usize {
+        self.output.len() - self.written
     }
 }
 
-fn write_responses(
-    mut stream: TcpStream,
-    responses: Receiver<Response>,
-    connection: &Connection,
-    logger: &Logger,
-) {
-    let mut buffer = Vec::new();
-    loop {
-        let first = match responses.recv_timeout(Duration::from_millis(100)) {
-            Ok(response) => response,
-            Err(RecvTimeoutError::Timeout) => {
-                if connection.alive.load(Ordering::SeqCst) {
+/// Why a connection is closed.
+enum Close {
+    /// The client closed it, or the socket failed: nothing to tell.
+    Quietly(String),
+    /// A protocol violation: logged as a warning.
+    Violation(String),
+}
+
+impl EventLoop {
+    fn run(mut self) {
+        let mut events = Events::with_capacity(1024);
+        loop {
+            if let Err(err) = self.poll.poll(&mut events, None) {
+                if err.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
-                break;
+                warn!(self.logger, "client event loop failed; no more client connections are served"; "error" => %err);
+                return;
             }
-            Err(RecvTimeoutError::Disconnected) => break,
-        };
-        buffer.clear();
-        encode_frame(&first, &mut buffer);
-        for response in responses.try_iter().take(1024) {
-            encode_frame(&response, &mut buffer);
-        }
-        if let Err(err) = stream.write_all(&buffer) {
-            debug!(logger, "client write failed"; "error" => %err);
-            connection.alive.store(false, Ordering::SeqCst);
-            break;
+            for event in events.iter() {
+                match event.token() {
+                    LISTENER => self.accept_all(),
+                    WAKER => {}
+                    token => {
+                        if event.is_readable() || event.is_read_closed() || event.is_error() {
+                            self.read(token);
+                        }
+                        if event.is_writable() {
+                            self.queue_flush(token);
+                        }
+                    }
+                }
+            }
+            if self.shared.stopping.load(Ordering::SeqCst) {
+                if let Some(mut listener) = self.listener.take() {
+                    let _ = self.poll.registry().deregister(&mut listener);
+                    info!(self.logger, "client listener stopped accepting");
+                }
+            }
+            self.take_outbox();
+            self.flush_queued();
         }
     }
-    let _ = stream.shutdown(Shutdown::Both);
+
+    fn accept_all(&mut self) {
+        loop {
+            let Some(listener) = &self.listener else { return };
+            match listener.accept() {
+                Ok((stream, remote)) => self.admit(stream, remote),
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                Err(err) => {
+                    // Out of descriptors, say: the connection waits in the
+                    // backlog until the next one arrives.
+                    warn!(self.logger, "accepting a client failed"; "error" => %err);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn admit(&mut self, mut stream: TcpStream, remote: SocketAddr) {
+        let _ = stream.set_nodelay(true);
+        if self.connections.len() >= self.config.connections_max {
+            warn!(self.logger, "refusing client: too many connections";
+                "remote" => %remote, "max" => self.config.connections_max);
+            let mut buffer = Vec::new();
+            encode_frame(&error_response(0, ErrorCode::UNAVAILABLE, "too many connections"), &mut buffer);
+            // A new socket's send buffer is empty: this small write fits.
+            let _ = stream.write(&buffer);
+            return;
+        }
+        let token = Token(self.next_token);
+        self.next_token += 1;
+        let interest = Interest::READABLE | Interest::WRITABLE;
+        if let Err(err) = self.poll.registry().register(&mut stream, token, interest) {
+            warn!(self.logger, "cannot watch a client connection"; "remote" => %remote, "error" => %err);
+            return;
+        }
+        let logger = self.logger.new(slog::o!("remote" => remote.to_string()));
+        debug!(logger, "client connected");
+        let shared = Arc::new(ConnectionShared {
+            token,
+            alive: AtomicBool::new(true),
+            in_flight: AtomicUsize::new(0),
+            shared: Arc::clone(&self.shared),
+        });
+        let connection = Connection {
+            stream,
+            shared,
+            input: Vec::new(),
+            output: Vec::new(),
+            written: 0,
+            flush_queued: false,
+            read_paused: false,
+            closing: false,
+            logger,
+        };
+        self.connections.insert(token, connection);
+        // Bytes may have come before registration; edge-triggered events
+        // would not report them.
+        self.read(token);
+    }
+
+    /// Reads what the socket has, handing each whole request on.
+    fn read(&mut self, token: Token) {
+        if let Err(close) = self.read_until_blocked(token) {
+            self.close(token, close);
+        }
+    }
+
+    fn read_until_blocked(&mut self, token: Token) -> Result<(), Close> {
+        loop {
+            let Some(connection) = self.connections.get_mut(&token) else { return Ok(()) };
+            if connection.closing {
+                return Ok(());
+            }
+            if connection.unsent() > OUTPUT_PAUSE_BYTES {
+                connection.read_paused = true;
+                return Ok(());
+            }
+            connection.read_paused = false;
+            let n = match connection.stream.read(&mut self.scratch) {
+                Ok(0) => return Err(Close::Quietly("client closed the connection".into())),
+                Ok(n) => n,
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                Err(err) => return Err(Close::Quietly(format!("read failed: {err}"))),
+            };
+            connection.input.extend_from_slice(&self.scratch[..n]);
+            self.decode(token)?;
+            // A short read emptied the socket: a later byte is a new edge.
+            if n < self.scratch.len() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Decodes and dispatches every whole frame in the connection's input.
+    fn decode(&mut self, token: Token) -> Result<(), Close> {
+        let Some(connection) = self.connections.get_mut(&token) else { return Ok(()) };
+        let input = std::mem::take(&mut connection.input);
+        let mut at = 0;
+        let mut result = Ok(());
+        while let Some(header) = input.get(at..at + 4) {
+            let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize;
+            let max = self.config.frame_bytes_max;
+            if len > max {
+                // Tell the client why before closing: it may be a
+                // well-meaning client with a huge request.
+                let err = FrameError::TooLarge { len, max };
+                self.refuse(token, error_response(0, ErrorCode::INVALID_ARGUMENT, err.to_string()));
+                if let Some(connection) = self.connections.get_mut(&token) {
+                    warn!(connection.logger, "closing client connection"; "reason" => %err);
+                    connection.closing = true;
+                }
+                at = input.len();
+                break;
+            }
+            let Some(body) = input.get(at + 4..at + 4 + len) else { break };
+            at += 4 + len;
+            match Request::parse_from_bytes(body) {
+                Ok(request) => self.dispatch(token, request),
+                Err(err) => {
+                    result = Err(Close::Violation(FrameError::Decode(err).to_string()));
+                    break;
+                }
+            }
+        }
+        if let Some(connection) = self.connections.get_mut(&token) {
+            let mut input = input;
+            input.drain(..at.min(input.len()));
+            connection.input = input;
+        }
+        result
+    }
+
+    /// Hands one request on, or refuses it over the in-flight limit.
+    fn dispatch(&mut self, token: Token, request: Request) {
+        let at_limit = |connections: &HashMap<Token, Connection>| {
+            connections.get(&token).is_some_and(|connection| {
+                connection.shared.in_flight.load(Ordering::SeqCst) >= self.config.in_flight_max
+            })
+        };
+        if at_limit(&self.connections) {
+            // Answers given on this thread wait in the outbox until drained:
+            // count them out before refusing.
+            self.take_outbox();
+        }
+        let Some(connection) = self.connections.get(&token) else { return };
+        let shared = &connection.shared;
+        if shared.in_flight.load(Ordering::SeqCst) >= self.config.in_flight_max {
+            let refusal = error_response(
+                request.id,
+                ErrorCode::UNAVAILABLE,
+                format!("more than {} requests in flight on this connection", self.config.in_flight_max),
+            );
+            self.refuse(token, refusal);
+            return;
+        }
+        shared.in_flight.fetch_add(1, Ordering::SeqCst);
+        let sink = ResponseSink { id: request.id, connection: Arc::clone(shared) };
+        self.handler.handle(request, sink);
+    }
+
+    /// Queues a response of the loop's own (not counted in flight).
+    fn refuse(&mut self, token: Token, response: Response) {
+        let Some(connection) = self.connections.get_mut(&token) else { return };
+        encode_frame(&response, &mut connection.output);
+        self.queue_flush(token);
+    }
+
+    fn queue_flush(&mut self, token: Token) {
+        if let Some(connection) = self.connections.get_mut(&token) {
+            if !connection.flush_queued {
+                connection.flush_queued = true;
+                self.to_flush.push(token);
+            }
+        }
+    }
+
+    /// Moves every queued response into its connection's output.
+    fn take_outbox(&mut self) {
+        // Cleared before draining: a response queued after the drain
+        // finds the flag clear and wakes the loop again.
+        self.shared.wake_pending.store(false, Ordering::SeqCst);
+        while let Ok((token, response)) = self.inbox.try_recv() {
+            let Some(connection) = self.connections.get_mut(&token) else { continue };
+            connection.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+            encode_frame(&response, &mut connection.output);
+            self.queue_flush(token);
+        }
+    }
+
+    /// Writes out every connection with output, until none is left to
+    /// try: a read resumed here can queue more.
+    fn flush_queued(&mut self) {
+        while !self.to_flush.is_empty() {
+            self.flush_once();
+            self.take_outbox();
+        }
+    }
+
+    fn flush_once(&mut self) {
+        for token in std::mem::take(&mut self.to_flush) {
+            let Some(connection) = self.connections.get_mut(&token) else { continue };
+            connection.flush_queued = false;
+            match write_out(connection) {
+                Ok(()) => {}
+                Err(err) => {
+                    self.close(token, Close::Quietly(format!("write failed: {err}")));
+                    continue;
+                }
+            }
+            let Some(connection) = self.connections.get(&token) else { continue };
+            if connection.closing && connection.unsent() == 0 {
+                self.close(token, Close::Quietly("refusal sent".into()));
+            } else if connection.read_paused && connection.unsent() <= OUTPUT_PAUSE_BYTES {
+                self.read(token);
+            }
+        }
+    }
+
+    fn close(&mut self, token: Token, close: Close) {
+        let Some(mut connection) = self.connections.remove(&token) else { return };
+        connection.shared.alive.store(false, Ordering::SeqCst);
+        match close {
+            Close::Quietly(reason) => {
+                debug!(connection.logger, "closing client connection"; "reason" => reason)
+            }
+            Close::Violation(reason) => {
+                warn!(connection.logger, "closing client connection"; "reason" => reason)
+            }
+        }
+        // Best effort: what is already encoded may still fit the socket.
+        let _ = write_out(&mut connection);
+        let _ = self.poll.registry().deregister(&mut connection.stream);
+        let _ = connection.stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// Writes the connection's unsent output until done or the socket is full.
+fn write_out(connection: &mut Connection) -> io::Result<()> {
+    while connection.written < connection.output.len() {
+        match connection.stream.write(&connection.output[connection.written..]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => connection.written += n,
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+            Err(err) => return Err(err),
+        }
+    }
+    if connection.written == connection.output.len() {
+        connection.output.clear();
+        connection.written = 0;
+    } else if connection.written > OUTPUT_PAUSE_BYTES {
+        // Keep the buffer from growing without bound on a slow reader.
+        connection.output.drain(..connection.written);
+        connection.written = 0;
+    }
+    Ok(())
 }

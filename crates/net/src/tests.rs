@@ -111,6 +111,101 @@ fn a_too_large_frame_is_answered_then_the_connection_closed_while_others_carry_o
     }
 }
 
+/// Answers every request at once, on the event loop, with a response of
+/// about `padding` bytes.
+struct Echo {
+    padding: usize,
+}
+
+impl Handler for Echo {
+    fn handle(&self, request: Request, sink: ResponseSink) {
+        let message = "x".repeat(self.padding);
+        assert!(sink.send(crate::error_response(request.id, ErrorCode::INTERNAL, message)));
+    }
+}
+
+#[test]
+fn frames_split_across_reads_and_many_in_one_write_are_all_answered_in_order() {
+    let listener = listener(Arc::new(Echo { padding: 0 }), 8, 64);
+    let mut stream = connect(listener.local_addr());
+    let mut bytes = Vec::new();
+    for id in 1..=40 {
+        crate::encode_frame(&status_request(id), &mut bytes);
+    }
+    // The first quarter a byte at a time, the rest in one write.
+    let split = bytes.len() / 4;
+    for byte in &bytes[..split] {
+        std::io::Write::write_all(&mut stream, std::slice::from_ref(byte)).unwrap();
+        std::io::Write::flush(&mut stream).unwrap();
+    }
+    std::io::Write::write_all(&mut stream, &bytes[split..]).unwrap();
+    for id in 1..=40 {
+        let answer: Response = read_frame(&mut stream, 1 << 20).unwrap();
+        assert_eq!(answer.id, id);
+    }
+}
+
+#[test]
+fn a_client_that_does_not_read_is_paused_without_stalling_others_and_resumed_when_it_reads() {
+    let listener = listener(Arc::new(Echo { padding: 4096 }), 8, 64);
+    let mut lazy = connect(listener.local_addr());
+    // About 8 MiB of answers: far past the socket buffers and the pause
+    // threshold, so the loop must stop reading this client and start again.
+    let requests = 2_000u64;
+    let writer_stream = lazy.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        let mut writer_stream = writer_stream;
+        for id in 1..=requests {
+            write_frame(&mut writer_stream, &status_request(id)).unwrap();
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    // Meanwhile another client is served.
+    let mut other = connect(listener.local_addr());
+    write_frame(&mut other, &status_request(7)).unwrap();
+    let answer: Response = read_frame(&mut other, 1 << 20).unwrap();
+    assert_eq!(answer.id, 7);
+    // Now the lazy client reads, and gets every answer (none refused).
+    let mut answered = std::collections::BTreeSet::new();
+    for _ in 1..=requests {
+        let answer: Response = read_frame(&mut lazy, 1 << 20).unwrap();
+        assert_eq!(answer.get_error().code, ErrorCode::INTERNAL, "the handler's answer, not a refusal");
+        assert!(answered.insert(answer.id), "answered twice: {}", answer.id);
+    }
+    assert_eq!(answered, (1..=requests).collect());
+    writer.join().unwrap();
+}
+
+#[test]
+fn a_frame_that_does_not_decode_closes_only_its_connection() {
+    let listener = listener(Arc::new(Echo { padding: 0 }), 8, 8);
+    let mut bad = connect(listener.local_addr());
+    std::io::Write::write_all(&mut bad, &[0, 0, 0, 3, 0xff, 0xff, 0xff]).unwrap();
+    let mut rest = Vec::new();
+    assert_eq!(bad.read_to_end(&mut rest).unwrap(), 0, "closed without an answer");
+    let mut good = connect(listener.local_addr());
+    write_frame(&mut good, &status_request(3)).unwrap();
+    let answer: Response = read_frame(&mut good, 1 << 20).unwrap();
+    assert_eq!(answer.id, 3);
+}
+
+#[test]
+fn a_stopped_listener_refuses_new_connections_and_serves_open_ones() {
+    let listener = listener(Arc::new(Echo { padding: 0 }), 8, 8);
+    let mut open = connect(listener.local_addr());
+    write_frame(&mut open, &status_request(1)).unwrap();
+    let _: Response = read_frame(&mut open, 1 << 20).unwrap();
+    listener.stop_accepting();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(listener.local_addr()).is_ok() {
+        assert!(std::time::Instant::now() < deadline, "still accepting");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    write_frame(&mut open, &status_request(2)).unwrap();
+    let answer: Response = read_frame(&mut open, 1 << 20).unwrap();
+    assert_eq!(answer.id, 2);
+}
+
 fn free_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }

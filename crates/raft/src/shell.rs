@@ -47,6 +47,26 @@ impl std::fmt::Debug for Responder {
     }
 }
 
+/// Receives a [`NodeStatus`] on the driver thread (it must not block), or
+/// `None` from a caller whose request never reached the driver.
+pub struct StatusCallback(Box<dyn FnOnce(Option<NodeStatus>) + Send>);
+
+impl StatusCallback {
+    pub fn new(deliver: impl FnOnce(Option<NodeStatus>) + Send + 'static) -> StatusCallback {
+        StatusCallback(Box::new(deliver))
+    }
+
+    pub fn deliver(self, status: Option<NodeStatus>) {
+        (self.0)(status)
+    }
+}
+
+impl std::fmt::Debug for StatusCallback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StatusCallback")
+    }
+}
+
 /// Where the shell reads this node's monotonic time for leases.
 pub trait Clock: Send {
     fn now_ms(&self) -> u64;
@@ -133,6 +153,11 @@ pub enum Request {
     /// Answered at once from local state, not through raft.
     Status {
         reply: Sender<NodeStatus>,
+    },
+    /// Like `Status`, delivered to a callback on the driver thread: for
+    /// callers that must not block waiting, such as an event loop.
+    StatusTo {
+        deliver: StatusCallback,
     },
     /// Asks this node, if it leads, to hand leadership to another.
     TransferLeader {
@@ -277,6 +302,7 @@ impl<D: Durable> Shell<D> {
             Request::Status { reply } => {
                 let _ = reply.send(self.replica.status());
             }
+            Request::StatusTo { deliver } => deliver.deliver(Some(self.replica.status())),
             Request::Table { reply } => {
                 let applied = self.replica.status().applied_index;
                 let _ = reply.send((applied, self.replica.table().snapshot()));

@@ -5,11 +5,10 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
-use crossbeam_channel::{bounded, Sender};
+use crossbeam_channel::Sender;
 use fencelock_net::{error_response, Handler, ResponseSink};
-use fencelock_raft::shell::{Request as DriverRequest, Responder};
+use fencelock_raft::shell::{Request as DriverRequest, Responder, StatusCallback};
 use fencelock_raft::{NodeId, NodeStatus, Query, Reply, RequestError, Response, Role};
 use fencelock_types::client_pb::{
     self as proto, ErrorCode, Request_oneof_kind as Kind, Response_oneof_kind as Out,
@@ -49,7 +48,7 @@ impl Handler for ClientHandler {
             Kind::check(check) => self.check(check, sink),
             Kind::list(list) => self.list(list, sink),
             Kind::status(_) => {
-                sink.send(self.status());
+                self.status(sink);
                 Ok(())
             }
         };
@@ -246,15 +245,79 @@ impl ClientHandler {
         }
     }
 
-    fn status(&self) -> proto::Response {
-        let (tx, rx) = bounded(1);
-        let asked = self.driver.send(DriverRequest::Status { reply: tx }).is_ok();
-        let Some(status) = asked.then(|| rx.recv_timeout(Duration::from_secs(2)).ok()).flatten() else {
-            return error_response(0, ErrorCode::UNAVAILABLE, "the driver is not answering");
+    /// Answers from the driver's status, without waiting for it here: this
+    /// runs on the client listener's event loop.
+    fn status(&self, sink: ResponseSink) {
+        let identity = Identity {
+            node_id: self.node_id,
+            client_addr: self.client_addr,
+            peers: self.peers.clone(),
+            directory: self.directory.get().cloned(),
         };
-        proto::Response { kind: Some(Out::status(self.status_response(&status))), ..Default::default() }
+        let deliver = StatusCallback::new(move |status| {
+            let response = match status {
+                Some(status) => proto::Response {
+                    kind: Some(Out::status(identity.status_response(&status))),
+                    ..Default::default()
+                },
+                None => error_response(0, ErrorCode::UNAVAILABLE, "the driver is not answering"),
+            };
+            sink.send(response);
+        });
+        if let Err(crossbeam_channel::SendError(DriverRequest::StatusTo { deliver })) =
+            self.driver.send(DriverRequest::StatusTo { deliver })
+        {
+            deliver.deliver(None);
+        }
     }
 
+    /// Wraps the sink so that the driver's reply becomes a response; a
+    /// driver error becomes an error response with its stable code.
+    fn responder(
+        &self,
+        sink: ResponseSink,
+        convert: impl FnOnce(Reply) -> Result<Out, RequestError> + Send + 'static,
+    ) -> Responder {
+        let id = sink.id();
+        let directory = self.directory.get().cloned();
+        let node_id = self.node_id;
+        let own_addr = self.client_addr;
+        Responder::new(move |reply| {
+            let response = match convert(reply) {
+                Ok(kind) => proto::Response { id, kind: Some(kind), ..Default::default() },
+                Err(err) => {
+                    let leader_addr = |leader: Option<NodeId>| {
+                        let leader = leader?;
+                        if leader.0 == node_id {
+                            return Some(own_addr.to_string());
+                        }
+                        directory.as_ref()?.client_addr(leader.0)
+                    };
+                    error_to_response(id, &err, leader_addr)
+                }
+            };
+            sink.send(response)
+        })
+    }
+
+    fn send(&self, request: DriverRequest) {
+        // The driver thread ends only when the node stops; a request that
+        // cannot reach it is answered through its responder when dropped.
+        if let Err(crossbeam_channel::SendError(request)) = self.driver.send(request) {
+            refuse(request);
+        }
+    }
+}
+
+/// Who this node is, for a status response.
+struct Identity {
+    node_id: u64,
+    client_addr: SocketAddr,
+    peers: BTreeMap<u64, SocketAddr>,
+    directory: Option<Arc<dyn Directory>>,
+}
+
+impl Identity {
     fn status_response(&self, status: &NodeStatus) -> proto::StatusResponse {
         let leader_id = status.leader.map_or(0, |leader| leader.0);
         proto::StatusResponse {
@@ -295,44 +358,7 @@ impl ClientHandler {
         if id == self.node_id {
             return Some(self.client_addr.to_string());
         }
-        self.directory.get()?.client_addr(id)
-    }
-
-    /// Wraps the sink so that the driver's reply becomes a response; a
-    /// driver error becomes an error response with its stable code.
-    fn responder(
-        &self,
-        sink: ResponseSink,
-        convert: impl FnOnce(Reply) -> Result<Out, RequestError> + Send + 'static,
-    ) -> Responder {
-        let id = sink.id();
-        let directory = self.directory.get().cloned();
-        let node_id = self.node_id;
-        let own_addr = self.client_addr;
-        Responder::new(move |reply| {
-            let response = match convert(reply) {
-                Ok(kind) => proto::Response { id, kind: Some(kind), ..Default::default() },
-                Err(err) => {
-                    let leader_addr = |leader: Option<NodeId>| {
-                        let leader = leader?;
-                        if leader.0 == node_id {
-                            return Some(own_addr.to_string());
-                        }
-                        directory.as_ref()?.client_addr(leader.0)
-                    };
-                    error_to_response(id, &err, leader_addr)
-                }
-            };
-            sink.send(response)
-        })
-    }
-
-    fn send(&self, request: DriverRequest) {
-        // The driver thread ends only when the node stops; a request that
-        // cannot reach it is answered through its responder when dropped.
-        if let Err(crossbeam_channel::SendError(request)) = self.driver.send(request) {
-            refuse(request);
-        }
+        self.directory.as_ref()?.client_addr(id)
     }
 }
 
