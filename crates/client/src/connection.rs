@@ -1,22 +1,27 @@
 //! One pipelined TCP connection to one node.
 //!
 //! Many requests are in flight at once, each under a fresh id. Writes are
-//! serialized by a mutex; a reader thread hands each response to the caller
-//! waiting on its id. When the connection fails (I/O error, end of stream, a
-//! frame that does not decode, or a connection-level refusal sent with id 0)
-//! every waiting caller is told at once and the connection is closed for
-//! good: the pool opens a new one on next use.
+//! serialized by a mutex. There is no reader thread: a caller waiting for
+//! its response takes the *reading role* if no other caller has it, reads
+//! frames, hands each response to the caller waiting on its id, and passes
+//! the role on when its own response has come. A lone caller thus reads
+//! its own answer, with no thread hand-off. When the connection fails (I/O
+//! error, end of stream, a frame that does not decode, or a
+//! connection-level refusal sent with id 0) every waiting caller is told at
+//! once and the connection is closed for good: the pool opens a new one on
+//! next use.
 
 use std::collections::HashMap;
-use std::io::{BufReader, Write};
+use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, RecvTimeoutError, Sender};
-use fencelock_net::frame::{encode_frame, read_frame, FrameError};
+use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use fencelock_net::frame::{encode_frame, FrameError};
 use fencelock_types::client_pb::{ErrorCode, Request, Response};
+use protobuf::Message as _;
 
 /// The largest response frame accepted. A list of many long keys is the
 /// largest answer a server gives; anything bigger is a broken stream.
@@ -35,6 +40,18 @@ pub(crate) enum CallError {
 /// What a waiting caller receives: its response, or why the connection died.
 type Delivery = Result<Response, String>;
 
+/// What a waiting caller is woken with.
+#[derive(Debug)]
+enum Wake {
+    Delivered(Delivery),
+    /// The reading role was given up: take it if still waiting.
+    ReadingRoleFree,
+}
+
+/// How long a waiting caller sleeps before looking at the reading role
+/// again, should the nudge that passes it on have been missed.
+const ROLE_POLL: Duration = Duration::from_millis(2);
+
 /// The callers waiting for responses, by request id.
 #[derive(Debug, Default)]
 struct Waiters {
@@ -43,7 +60,7 @@ struct Waiters {
 
 #[derive(Debug, Default)]
 struct WaitersState {
-    pending: HashMap<u64, Sender<Delivery>>,
+    pending: HashMap<u64, Sender<Wake>>,
     /// Set once the connection failed; no caller is registered after that.
     closed: Option<String>,
 }
@@ -55,7 +72,7 @@ impl Waiters {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn register(&self, id: u64, sender: Sender<Delivery>) -> Result<(), String> {
+    fn register(&self, id: u64, sender: Sender<Wake>) -> Result<(), String> {
         let mut state = self.lock();
         if let Some(reason) = &state.closed {
             return Err(reason.clone());
@@ -71,7 +88,14 @@ impl Waiters {
     fn deliver(&self, response: Response) {
         // A response whose caller gave up (timed out) is dropped here.
         if let Some(sender) = self.lock().pending.remove(&response.id) {
-            let _ = sender.send(Ok(response));
+            let _ = sender.send(Wake::Delivered(Ok(response)));
+        }
+    }
+
+    /// Tells one waiting caller that no one is reading.
+    fn nudge_one(&self) {
+        if let Some(sender) = self.lock().pending.values().next() {
+            let _ = sender.send(Wake::ReadingRoleFree);
         }
     }
 
@@ -82,7 +106,7 @@ impl Waiters {
             state.closed = Some(reason.to_owned());
         }
         for (_, sender) in state.pending.drain() {
-            let _ = sender.send(outcome.clone());
+            let _ = sender.send(Wake::Delivered(outcome.clone()));
         }
     }
 
@@ -91,22 +115,33 @@ impl Waiters {
     }
 }
 
+/// The reading side, held by whichever caller has the reading role.
+#[derive(Debug)]
+struct ReadHalf {
+    stream: TcpStream,
+    /// Bytes read and not yet decoded: at most one partial frame, kept
+    /// across callers, so that a read that times out mid-frame loses nothing.
+    input: Vec<u8>,
+    chunk: Vec<u8>,
+}
+
 /// A connection to one node, shared by every caller using that node.
 #[derive(Debug)]
 pub(crate) struct Connection {
     writer: Mutex<TcpStream>,
-    waiters: Arc<Waiters>,
+    reader: Mutex<ReadHalf>,
+    waiters: Waiters,
     next_id: AtomicU64,
 }
 
 impl Connection {
     /// Connects to `addr` (`host:port`, every resolved address tried in
-    /// turn, within `timeout` each) and starts the reader thread.
+    /// turn, within `timeout` each).
     pub(crate) fn open(
         addr: &str,
         timeout: Duration,
         write_timeout: Duration,
-    ) -> Result<Arc<Connection>, String> {
+    ) -> Result<std::sync::Arc<Connection>, String> {
         let stream = connect(addr, timeout)?;
         // Requests are small and latency-bound; batching them in the kernel
         // would only delay them.
@@ -117,13 +152,12 @@ impl Connection {
             .set_write_timeout(Some(write_timeout.max(Duration::from_millis(1))))
             .map_err(|err| err.to_string())?;
         let read_half = stream.try_clone().map_err(|err| format!("cannot split the connection: {err}"))?;
-        let waiters = Arc::new(Waiters::default());
-        let reader_waiters = Arc::clone(&waiters);
-        std::thread::Builder::new()
-            .name("fencelock-client-conn".into())
-            .spawn(move || read_responses(read_half, &reader_waiters))
-            .map_err(|err| format!("cannot start a connection reader: {err}"))?;
-        Ok(Arc::new(Connection { writer: Mutex::new(stream), waiters, next_id: AtomicU64::new(1) }))
+        Ok(std::sync::Arc::new(Connection {
+            writer: Mutex::new(stream),
+            reader: Mutex::new(ReadHalf { stream: read_half, input: Vec::new(), chunk: vec![0; 64 * 1024] }),
+            waiters: Waiters::default(),
+            next_id: AtomicU64::new(1),
+        }))
     }
 
     /// False once the connection failed; it is then replaced on next use.
@@ -134,9 +168,11 @@ impl Connection {
     /// Sends `request` under a fresh id and waits up to `timeout` for its
     /// response.
     pub(crate) fn call(&self, mut request: Request, timeout: Duration) -> Result<Response, CallError> {
+        let deadline = Instant::now() + timeout;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         request.id = id;
-        let (sender, receiver) = bounded(1);
+        // Unbounded: a delivery must never find the queue full of nudges.
+        let (sender, receiver) = unbounded();
         self.waiters.register(id, sender).map_err(CallError::Closed)?;
         let mut frame = Vec::new();
         encode_frame(&request, &mut frame);
@@ -151,15 +187,118 @@ impl Connection {
             self.fail(&reason);
             return Err(CallError::Closed(reason));
         }
-        match receiver.recv_timeout(timeout) {
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(reason)) => Err(CallError::Closed(reason)),
-            Err(RecvTimeoutError::Timeout) => {
-                self.waiters.forget(id);
-                Err(CallError::TimedOut)
-            }
-            Err(RecvTimeoutError::Disconnected) => Err(CallError::Closed("connection closed".to_owned())),
+        let outcome = self.wait(&receiver, deadline);
+        if matches!(outcome, Err(CallError::TimedOut)) {
+            self.waiters.forget(id);
         }
+        outcome
+    }
+
+    /// Waits for response `id`, reading for everyone while no one else does.
+    fn wait(&self, receiver: &Receiver<Wake>, deadline: Instant) -> Result<Response, CallError> {
+        loop {
+            match receiver.try_recv() {
+                Ok(Wake::Delivered(delivery)) => return delivery.map_err(CallError::Closed),
+                Ok(Wake::ReadingRoleFree) | Err(TryRecvError::Empty) => {}
+                Err(TryRecvError::Disconnected) => return Err(CallError::Closed("connection closed".into())),
+            }
+            if let Ok(mut half) = self.reader.try_lock() {
+                let outcome = self.read_until(&mut half, receiver, deadline);
+                drop(half);
+                // Whoever still waits must be able to read next.
+                self.waiters.nudge_one();
+                return outcome;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(CallError::TimedOut);
+            }
+            match receiver.recv_timeout(left.min(ROLE_POLL)) {
+                Ok(Wake::Delivered(delivery)) => return delivery.map_err(CallError::Closed),
+                Ok(Wake::ReadingRoleFree) | Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(CallError::Closed("connection closed".into()));
+                }
+            }
+        }
+    }
+
+    /// With the reading role: reads and hands out responses until the
+    /// caller's own comes, the deadline passes or the connection fails.
+    fn read_until(
+        &self,
+        half: &mut ReadHalf,
+        receiver: &Receiver<Wake>,
+        deadline: Instant,
+    ) -> Result<Response, CallError> {
+        loop {
+            // The last reader may have handed ours over before we took
+            // the role; or a frame for us may be in the input already.
+            if let Ok(Wake::Delivered(delivery)) = receiver.try_recv() {
+                return delivery.map_err(CallError::Closed);
+            }
+            if let Err(reason) = self.hand_out(half) {
+                self.fail(&reason);
+            }
+            if let Ok(Wake::Delivered(delivery)) = receiver.try_recv() {
+                return delivery.map_err(CallError::Closed);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(CallError::TimedOut);
+            }
+            if let Err(err) = half.stream.set_read_timeout(Some(left)) {
+                self.fail(&format!("cannot set a read timeout: {err}"));
+                continue;
+            }
+            let ReadHalf { stream, input, chunk } = half;
+            match stream.read(chunk) {
+                Ok(0) => self.fail("connection closed by the server"),
+                Ok(n) => input.extend_from_slice(&chunk[..n]),
+                Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {}
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) => self.fail(&format!("read failed: {err}")),
+            }
+        }
+    }
+
+    /// Decodes every whole frame in the input and delivers it.
+    fn hand_out(&self, half: &mut ReadHalf) -> Result<(), String> {
+        let mut at = 0;
+        let mut result = Ok(());
+        while let Some(header) = half.input.get(at..at + 4) {
+            let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize;
+            if len > FRAME_BYTES_MAX {
+                result = Err(FrameError::TooLarge { len, max: FRAME_BYTES_MAX }.to_string());
+                break;
+            }
+            let Some(body) = half.input.get(at + 4..at + 4 + len) else { break };
+            at += 4 + len;
+            let response = match Response::parse_from_bytes(body) {
+                Ok(response) => response,
+                Err(err) => {
+                    result = Err(FrameError::Decode(err).to_string());
+                    break;
+                }
+            };
+            if response.id == 0 {
+                let refusal = response.error.as_ref().filter(|error| error.code != ErrorCode::OK).cloned();
+                let Some(error) = refusal else {
+                    result = Err("the server sent a response with id 0 and no error".to_owned());
+                    break;
+                };
+                // The server refused the whole connection (too many
+                // connections, a frame too large): every caller gets that
+                // answer, so each can act on its code.
+                let reason = format!("connection refused by the server: {}", error.message);
+                self.waiters.close(&reason, &Ok(response));
+                result = Err(reason);
+                break;
+            }
+            self.waiters.deliver(response);
+        }
+        half.input.drain(..at.min(half.input.len()));
+        result
     }
 
     fn fail(&self, reason: &str) {
@@ -169,14 +308,13 @@ impl Connection {
 
     fn shutdown(&self) {
         let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
-        // Wakes the reader thread, which then ends.
+        // Wakes a caller blocked reading; it then finds the connection closed.
         let _ = writer.shutdown(Shutdown::Both);
     }
 }
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        // The reader thread is blocked in a read; this ends it.
         self.shutdown();
     }
 }
@@ -199,27 +337,120 @@ fn connect(addr: &str, timeout: Duration) -> Result<TcpStream, String> {
     Err(last)
 }
 
-fn read_responses(stream: TcpStream, waiters: &Waiters) {
-    let mut reader = BufReader::new(stream);
-    let reason = loop {
-        match read_frame::<Response>(&mut reader, FRAME_BYTES_MAX) {
-            Ok(response) if response.id == 0 => {
-                let refusal = response.error.as_ref().filter(|error| error.code != ErrorCode::OK).cloned();
-                let Some(error) = refusal else {
-                    break "the server sent a response with id 0 and no error".to_owned();
-                };
-                // The server refused the whole connection (too many
-                // connections, a frame too large): every caller gets that
-                // answer, so each can act on its code.
-                let reason = format!("connection refused by the server: {}", error.message);
-                waiters.close(&reason, &Ok(response));
-                break reason;
-            }
-            Ok(response) => waiters.deliver(response),
-            Err(FrameError::Closed) => break "connection closed by the server".to_owned(),
-            Err(err) => break err.to_string(),
-        }
+#[cfg(test)]
+mod tests {
+    use std::io::BufReader;
+    use std::net::TcpListener;
+    use std::sync::Arc;
+
+    use fencelock_net::frame::read_frame;
+    use fencelock_types::client_pb::{
+        GetRequest, GetResponse, LockInfo, Request_oneof_kind, Response_oneof_kind,
     };
-    waiters.close(&reason, &Err(reason.clone()));
-    let _ = reader.get_ref().shutdown(Shutdown::Both);
+
+    use super::*;
+
+    fn get(key: &str) -> Request {
+        let get = GetRequest { key: key.as_bytes().to_vec(), ..Default::default() };
+        Request { kind: Some(Request_oneof_kind::get(get)), ..Default::default() }
+    }
+
+    /// The answer to a get: the key asked for, so callers can check it is theirs.
+    fn answer_to(request: &Request) -> Response {
+        let Some(Request_oneof_kind::get(get)) = &request.kind else { panic!("not a get") };
+        let holder = LockInfo { key: get.key.clone(), ..Default::default() };
+        let kind =
+            Response_oneof_kind::get(GetResponse { holder: Some(holder).into(), ..Default::default() });
+        Response { id: request.id, kind: Some(kind), ..Default::default() }
+    }
+
+    fn key_of(response: &Response) -> String {
+        let Some(Response_oneof_kind::get(get)) = &response.kind else { panic!("not a get answer") };
+        String::from_utf8(get.get_holder().key.clone()).unwrap()
+    }
+
+    /// A server that answers `batch` requests at a time, in reverse order,
+    /// each batch's bytes in two writes split inside a frame.
+    fn reversing_server(batch: usize) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut writer = stream;
+            let mut held = Vec::new();
+            while let Ok(request) = read_frame::<Request>(&mut reader, 1 << 20) {
+                held.push(request);
+                if held.len() < batch {
+                    continue;
+                }
+                let mut bytes = Vec::new();
+                for request in held.drain(..).rev() {
+                    encode_frame(&answer_to(&request), &mut bytes);
+                }
+                let half = bytes.len() / 2 + 1;
+                writer.write_all(&bytes[..half]).unwrap();
+                std::thread::sleep(Duration::from_millis(1));
+                writer.write_all(&bytes[half..]).unwrap();
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn many_callers_on_one_connection_each_get_their_own_answer() {
+        let threads = 8;
+        let calls = 50;
+        let connection =
+            Connection::open(&reversing_server(threads), Duration::from_secs(5), Duration::from_secs(5))
+                .unwrap();
+        let callers: Vec<_> = (0..threads)
+            .map(|thread| {
+                let connection = Arc::clone(&connection);
+                std::thread::spawn(move || {
+                    for call in 0..calls {
+                        let key = format!("{thread}-{call}");
+                        let response = connection.call(get(&key), Duration::from_secs(10)).unwrap();
+                        assert_eq!(key_of(&response), key);
+                    }
+                })
+            })
+            .collect();
+        for caller in callers {
+            caller.join().unwrap();
+        }
+        assert!(!connection.is_closed());
+    }
+
+    #[test]
+    fn a_reader_that_times_out_mid_frame_hands_the_role_and_the_bytes_on() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut writer = stream;
+            // The first request is never answered.
+            let _first = read_frame::<Request>(&mut reader, 1 << 20).unwrap();
+            let second = read_frame::<Request>(&mut reader, 1 << 20).unwrap();
+            let mut bytes = Vec::new();
+            encode_frame(&answer_to(&second), &mut bytes);
+            // Half now, while the first caller reads; the rest after it gave up.
+            writer.write_all(&bytes[..bytes.len() / 2]).unwrap();
+            std::thread::sleep(Duration::from_millis(400));
+            writer.write_all(&bytes[bytes.len() / 2..]).unwrap();
+            std::thread::sleep(Duration::from_secs(5));
+        });
+        let connection = Connection::open(&addr, Duration::from_secs(5), Duration::from_secs(5)).unwrap();
+        let first = {
+            let connection = Arc::clone(&connection);
+            std::thread::spawn(move || connection.call(get("first"), Duration::from_millis(200)))
+        };
+        // The first caller is reading by now.
+        std::thread::sleep(Duration::from_millis(50));
+        let second = connection.call(get("second"), Duration::from_secs(5)).unwrap();
+        assert_eq!(key_of(&second), "second");
+        assert_eq!(first.join().unwrap(), Err(CallError::TimedOut));
+        assert!(!connection.is_closed());
+    }
 }
