@@ -43,7 +43,7 @@ mod peer;
 
 pub use client::{error_response, ClientConfig, ClientListener, Handler, ResponseSink};
 pub use frame::{encode_frame, read_frame, write_frame, FrameError};
-pub use peer::{ClientAddrs, PeerConfig, PeerTransport};
+pub use peer::{ClientAddrs, PeerConfig, PeerOutbox, PeerTransport};
 
 #[cfg(test)]
 mod tests;

@@ -1,9 +1,10 @@
 //! The peer transport: TCP between nodes, one outgoing connection per peer.
 //!
-//! Each peer has a bounded outbound queue and a writer thread that sends
+//! Each peer has a bounded outbound queue, fed directly by the
+//! [`PeerOutbox`] the caller sends through, and a writer thread that sends
 //! everything queued in one write, reconnecting with backoff. A full queue
 //! drops the message: raft retransmits, and a dead or slow peer never blocks
-//! the driver. Incoming connections open with a [`PeerHello`]; every frame
+//! the sender. Incoming connections open with a [`PeerHello`]; every frame
 //! after it is one message for the inbound channel. A connection that sends
 //! anything malformed is closed; the rest carry on.
 
@@ -15,7 +16,7 @@ use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 use fencelock_types::client_pb::PeerHello;
 use protobuf::Message;
 use slog::{debug, info, warn, Logger};
@@ -63,15 +64,15 @@ pub struct PeerTransport {
 }
 
 impl PeerTransport {
-    /// Starts listening and connecting. Messages from `outbound` go to the
-    /// peer `recipient` names; messages from peers go into `inbound`.
+    /// Starts listening and connecting. Messages sent through the returned
+    /// [`PeerOutbox`] go to the peer `recipient` names; messages from peers
+    /// go into `inbound`.
     pub fn start<M: Message>(
         config: PeerConfig,
-        outbound: Receiver<M>,
         recipient: fn(&M) -> u64,
         inbound: Sender<M>,
         logger: &Logger,
-    ) -> std::io::Result<PeerTransport> {
+    ) -> std::io::Result<(PeerTransport, PeerOutbox<M>)> {
         let listener = TcpListener::bind(config.listen_addr)?;
         let local_addr = listener.local_addr()?;
         let stopping = Arc::new(AtomicBool::new(false));
@@ -97,18 +98,7 @@ impl PeerTransport {
             };
             threads.push(spawn_named(format!("fencelock-peer-out-{peer}"), move || writer.run())?);
         }
-
-        let router_logger = logger.clone();
-        threads.push(spawn_named("fencelock-peer-router".into(), move || {
-            for message in outbound {
-                let to = recipient(&message);
-                match queues.get(&to).map(|queue| queue.try_send(message)) {
-                    Some(Ok(())) | Some(Err(TrySendError::Full(_))) => {}
-                    Some(Err(TrySendError::Disconnected(_))) => return,
-                    None => debug!(router_logger, "message for an unknown peer dropped"; "to" => to),
-                }
-            }
-        })?);
+        let outbox = PeerOutbox { queues: Arc::new(queues), recipient };
 
         let acceptor = Acceptor {
             listener,
@@ -120,7 +110,7 @@ impl PeerTransport {
         };
         threads.push(spawn_named("fencelock-peer-accept".into(), move || acceptor.run())?);
         info!(logger, "peer transport listening"; "addr" => %local_addr);
-        Ok(PeerTransport { client_addrs, local_addr, stopping, threads })
+        Ok((PeerTransport { client_addrs, local_addr, stopping, threads }, outbox))
     }
 
     /// The client address node `id` announced, once it has connected.
@@ -137,13 +127,37 @@ impl PeerTransport {
         self.local_addr
     }
 
-    /// Stops accepting and connecting. The writer threads end once the
-    /// outbound channel's senders are gone.
+    /// Stops accepting and connecting. The writer threads end once every
+    /// clone of the [`PeerOutbox`] is gone.
     pub fn stop(self) {
         self.stopping.store(true, Ordering::SeqCst);
         // Wake the acceptor, which blocks in accept().
         let _ = TcpStream::connect_timeout(&self.local_addr, Duration::from_millis(200));
         drop(self.threads);
+    }
+}
+
+/// Sends messages to peers: each goes straight into its peer's queue, from
+/// the sender's own thread. Cheap to clone.
+#[derive(Debug)]
+pub struct PeerOutbox<M> {
+    queues: Arc<BTreeMap<u64, Sender<M>>>,
+    recipient: fn(&M) -> u64,
+}
+
+impl<M> Clone for PeerOutbox<M> {
+    fn clone(&self) -> PeerOutbox<M> {
+        PeerOutbox { queues: Arc::clone(&self.queues), recipient: self.recipient }
+    }
+}
+
+impl<M> PeerOutbox<M> {
+    /// Queues `message` for its peer without blocking. False when it was
+    /// dropped: the queue is full, the transport stopped, or the recipient
+    /// is not a peer.
+    pub fn send(&self, message: M) -> bool {
+        let to = (self.recipient)(&message);
+        self.queues.get(&to).is_some_and(|queue| queue.try_send(message).is_ok())
     }
 }
 

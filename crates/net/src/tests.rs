@@ -7,11 +7,12 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crossbeam_channel::{bounded, Sender};
+use crossbeam_channel::bounded;
 use fencelock_types::client_pb::{ErrorCode, PeerHello, Request, Response, StatusRequest};
 
 use crate::{
-    read_frame, write_frame, ClientConfig, ClientListener, Handler, PeerConfig, PeerTransport, ResponseSink,
+    read_frame, write_frame, ClientConfig, ClientListener, Handler, PeerConfig, PeerOutbox, PeerTransport,
+    ResponseSink,
 };
 
 fn logger() -> slog::Logger {
@@ -213,8 +214,7 @@ fn free_addr() -> SocketAddr {
 fn transport(
     id: u64,
     addrs: &BTreeMap<u64, SocketAddr>,
-) -> (PeerTransport, Sender<PeerHello>, crossbeam_channel::Receiver<PeerHello>) {
-    let (out_tx, out_rx) = bounded(64);
+) -> (PeerTransport, PeerOutbox<PeerHello>, crossbeam_channel::Receiver<PeerHello>) {
     let (in_tx, in_rx) = bounded(64);
     let config = PeerConfig {
         node_id: id,
@@ -228,10 +228,9 @@ fn transport(
         reconnect_backoff_max: Duration::from_millis(100),
     };
     // The test's "messages" are hellos; the recipient rides in `node_id`.
-    let transport =
-        PeerTransport::start(config, out_rx, |message: &PeerHello| message.node_id, in_tx, &logger())
-            .unwrap();
-    (transport, out_tx, in_rx)
+    let (transport, outbox) =
+        PeerTransport::start(config, |message: &PeerHello| message.node_id, in_tx, &logger()).unwrap();
+    (transport, outbox, in_rx)
 }
 
 #[test]
@@ -249,7 +248,7 @@ fn peers_exchange_messages_and_learn_client_addresses_despite_garbage() {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let message = loop {
         // Messages sent before the connection is up may be dropped: resend.
-        one_out.send(PeerHello { node_id: 2, client_addr: "payload".into(), ..Default::default() }).unwrap();
+        one_out.send(PeerHello { node_id: 2, client_addr: "payload".into(), ..Default::default() });
         if let Ok(message) = two_in.recv_timeout(Duration::from_millis(50)) {
             break message;
         }
@@ -262,4 +261,6 @@ fn peers_exchange_messages_and_learn_client_addresses_despite_garbage() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(one.client_addr(2).as_deref(), Some("client-of-2"));
+    // A message for a node that is not a peer is refused, not queued.
+    assert!(!one_out.send(PeerHello { node_id: 9, ..Default::default() }));
 }

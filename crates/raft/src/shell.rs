@@ -170,6 +170,25 @@ pub enum Request {
     },
 }
 
+/// Takes the driver's messages to peers. Called on the driver thread: it
+/// must not block, and drops a message it cannot queue (raft sends again).
+pub trait PeerSink: Send {
+    fn send(&self, message: Message);
+}
+
+impl std::fmt::Debug for dyn PeerSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PeerSink")
+    }
+}
+
+/// A bounded channel: a full or closed one drops the message.
+impl PeerSink for Sender<Message> {
+    fn send(&self, message: Message) {
+        let _ = self.try_send(message);
+    }
+}
+
 /// Settings of the thread loop.
 #[derive(Clone, Debug)]
 pub struct ShellConfig {
@@ -185,8 +204,9 @@ pub struct ShellConfig {
 pub struct Channels {
     pub requests: Receiver<Request>,
     pub peers_in: Receiver<Message>,
-    /// Bounded; a full queue drops the message (raft retransmits).
-    pub peers_out: Sender<Message>,
+    /// Where messages to peers go; one that cannot be queued is dropped
+    /// (raft retransmits).
+    pub peers_out: Box<dyn PeerSink>,
     /// A message, or dropping the sender, stops the loop.
     pub stop: Receiver<()>,
 }
@@ -263,7 +283,7 @@ impl<D: Durable> Shell<D> {
             // followers sync while this node does.
             let mut ghosts = Vec::new();
             let waiting = &mut self.waiting;
-            let peers_out = &channels.peers_out;
+            let peers_out = channels.peers_out.as_ref();
             self.replica.run_ready_with(&mut |effects| dispatch(waiting, peers_out, effects, &mut ghosts))?;
             let effects = self.replica.take_effects();
             dispatch(&mut self.waiting, peers_out, effects, &mut ghosts);
@@ -328,14 +348,12 @@ impl<D: Durable> Shell<D> {
 /// pushed to `ghosts`, for the replica to release.
 fn dispatch(
     waiting: &mut HashMap<RequestId, Waiting>,
-    peers_out: &Sender<Message>,
+    peers_out: &dyn PeerSink,
     effects: Effects,
     ghosts: &mut Vec<(Key, FencingToken)>,
 ) {
     for message in effects.messages {
-        // A full queue drops the message (raft sends it again), and a closed
-        // one means the transport is stopping: neither is this turn's concern.
-        let _ = peers_out.try_send(message);
+        peers_out.send(message);
     }
     for (id, reply) in effects.replies {
         let Some(waiting) = waiting.remove(&id) else { continue };

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Parser;
 use crossbeam_channel::{bounded, select, tick};
-use fencelock_net::{ClientAddrs, ClientConfig, ClientListener, PeerConfig, PeerTransport};
-use fencelock_raft::shell::{self, Channels, MonotonicClock, Request, ShellConfig};
+use fencelock_net::{ClientAddrs, ClientConfig, ClientListener, PeerConfig, PeerOutbox, PeerTransport};
+use fencelock_raft::shell::{self, Channels, MonotonicClock, PeerSink, Request, ShellConfig};
 use fencelock_raft::{EngineStore, Replica};
 use raft::prelude::Message;
 use slog::{crit, info, o, Drain, Logger};
@@ -70,6 +70,16 @@ fn build_logger(config: &ServerConfig) -> (Logger, slog_async::AsyncGuard) {
     (Logger::root(drain.fuse(), o!()), guard)
 }
 
+/// The driver's messages go straight into the transport's peer queues.
+struct OutboxSink(PeerOutbox<Message>);
+
+impl PeerSink for OutboxSink {
+    fn send(&self, message: Message) {
+        // A dropped message is sent again by raft.
+        self.0.send(message);
+    }
+}
+
 struct PeerDirectory(ClientAddrs);
 
 impl Directory for PeerDirectory {
@@ -87,13 +97,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
 
     let (requests_tx, requests_rx) = bounded(config.max_in_flight.max(1024) * 4);
     let (peers_in_tx, peers_in_rx) = bounded::<Message>(65_536);
-    let (peers_out_tx, peers_out_rx) = bounded::<Message>(65_536);
     let (stop_tx, stop_rx) = bounded(1);
-    let channels =
-        Channels { requests: requests_rx, peers_in: peers_in_rx, peers_out: peers_out_tx, stop: stop_rx };
-    let shell_config = ShellConfig { tick_interval: config.tick, drain_max: 4_096 };
-    let driver = shell::spawn(replica, MonotonicClock::new(), shell_config, channels, logger)
-        .context("cannot start the driver")?;
 
     let own_peer_addr = config.peers[&config.id];
     let peer_config = PeerConfig {
@@ -112,9 +116,19 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         reconnect_backoff_min: Duration::from_millis(20),
         reconnect_backoff_max: Duration::from_secs(1),
     };
-    let transport =
-        PeerTransport::start(peer_config, peers_out_rx, |message: &Message| message.to, peers_in_tx, logger)
+    let (transport, outbox) =
+        PeerTransport::start(peer_config, |message: &Message| message.to, peers_in_tx, logger)
             .with_context(|| format!("cannot listen for peers on {own_peer_addr}"))?;
+
+    let channels = Channels {
+        requests: requests_rx,
+        peers_in: peers_in_rx,
+        peers_out: Box::new(OutboxSink(outbox)),
+        stop: stop_rx,
+    };
+    let shell_config = ShellConfig { tick_interval: config.tick, drain_max: 4_096 };
+    let driver = shell::spawn(replica, MonotonicClock::new(), shell_config, channels, logger)
+        .context("cannot start the driver")?;
 
     let handler = Arc::new(ClientHandler {
         driver: requests_tx.clone(),

@@ -92,8 +92,12 @@ impl Cluster {
         let (peers_out_tx, peers_out_rx) = bounded::<Message>(4096);
         let (stop_tx, stop_rx) = bounded(1);
         let shell_config = ShellConfig { tick_interval: Duration::from_millis(10), drain_max: 4096 };
-        let channels =
-            Channels { requests: requests_rx, peers_in: peers_in_rx, peers_out: peers_out_tx, stop: stop_rx };
+        let channels = Channels {
+            requests: requests_rx,
+            peers_in: peers_in_rx,
+            peers_out: Box::new(peers_out_tx),
+            stop: stop_rx,
+        };
         let clock = self.clocks[idx(id)].clone();
         let thread =
             shell::spawn(replica, clock, shell_config, channels, &self.logger).expect("spawn driver");
