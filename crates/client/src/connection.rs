@@ -38,7 +38,7 @@ pub(crate) enum CallError {
 }
 
 /// What a waiting caller receives: its response, or why the connection died.
-type Delivery = Result<Response, String>;
+type Delivery = Result<Box<Response>, String>;
 
 /// What a waiting caller is woken with.
 #[derive(Debug)]
@@ -88,7 +88,7 @@ impl Waiters {
     fn deliver(&self, response: Response) {
         // A response whose caller gave up (timed out) is dropped here.
         if let Some(sender) = self.lock().pending.remove(&response.id) {
-            let _ = sender.send(Wake::Delivered(Ok(response)));
+            let _ = sender.send(Wake::Delivered(Ok(Box::new(response))));
         }
     }
 
@@ -198,7 +198,9 @@ impl Connection {
     fn wait(&self, receiver: &Receiver<Wake>, deadline: Instant) -> Result<Response, CallError> {
         loop {
             match receiver.try_recv() {
-                Ok(Wake::Delivered(delivery)) => return delivery.map_err(CallError::Closed),
+                Ok(Wake::Delivered(delivery)) => {
+                    return delivery.map(|response| *response).map_err(CallError::Closed)
+                }
                 Ok(Wake::ReadingRoleFree) | Err(TryRecvError::Empty) => {}
                 Err(TryRecvError::Disconnected) => return Err(CallError::Closed("connection closed".into())),
             }
@@ -214,7 +216,9 @@ impl Connection {
                 return Err(CallError::TimedOut);
             }
             match receiver.recv_timeout(left.min(ROLE_POLL)) {
-                Ok(Wake::Delivered(delivery)) => return delivery.map_err(CallError::Closed),
+                Ok(Wake::Delivered(delivery)) => {
+                    return delivery.map(|response| *response).map_err(CallError::Closed)
+                }
                 Ok(Wake::ReadingRoleFree) | Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
                     return Err(CallError::Closed("connection closed".into()));
@@ -235,13 +239,13 @@ impl Connection {
             // The last reader may have handed ours over before we took
             // the role; or a frame for us may be in the input already.
             if let Ok(Wake::Delivered(delivery)) = receiver.try_recv() {
-                return delivery.map_err(CallError::Closed);
+                return delivery.map(|response| *response).map_err(CallError::Closed);
             }
             if let Err(reason) = self.hand_out(half) {
                 self.fail(&reason);
             }
             if let Ok(Wake::Delivered(delivery)) = receiver.try_recv() {
-                return delivery.map_err(CallError::Closed);
+                return delivery.map(|response| *response).map_err(CallError::Closed);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -291,7 +295,7 @@ impl Connection {
                 // connections, a frame too large): every caller gets that
                 // answer, so each can act on its code.
                 let reason = format!("connection refused by the server: {}", error.message);
-                self.waiters.close(&reason, &Ok(response));
+                self.waiters.close(&reason, &Ok(Box::new(response)));
                 result = Err(reason);
                 break;
             }
