@@ -66,7 +66,10 @@ pub mod shell;
 mod storage;
 
 pub use replica::{Effects, NodeStatus, Replica, Role, Stats};
-pub use storage::{Durable, EngineStore, LogCache, MemStore, Recovered, StorageError, WriteBatch};
+pub use storage::{
+    AsyncEngineStore, Durable, EngineStore, LogCache, MemStore, OwnedWriteBatch, Persisted, Recovered,
+    StorageError, WriteBatch,
+};
 
 use fencelock_fsm::Lock;
 use fencelock_types::{ApplyResult, FencingToken, Key, LeaseMs};

@@ -100,7 +100,13 @@ pub struct Replica<D: Durable> {
     id: NodeId,
     config: Config,
     raw: RawNode<LogCache>,
-    durable: D,
+    disk: Disk<D>,
+    /// The index the table reflects: raft's applied index, or ahead of it
+    /// while a snapshot installed from an asynchronous store is persisting.
+    table_index: u64,
+    /// Readies handed to raft with `advance_append_async` (an asynchronous
+    /// store) whose write is not yet durable, oldest first.
+    unpersisted: VecDeque<Unpersisted>,
     table: LockTable,
     logger: Logger,
 
@@ -157,9 +163,10 @@ impl<D: Durable> Replica<D> {
         config.validate()?;
         let logger = logger.new(slog::o!("node_id" => config.id.0));
         let mut recovered = durable.recover()?;
+        let mut disk = Disk { store: durable, submitted: 0, durable: 0, writes: 0, syncs: 0 };
         if recovered.conf_state.is_none() {
             let conf_state = ConfState::from((config.voters.iter().map(|v| v.0).collect::<Vec<_>>(), vec![]));
-            durable.write(WriteBatch { conf_state: Some(&conf_state), ..Default::default() })?;
+            disk.write(WriteBatch { conf_state: Some(&conf_state), ..Default::default() })?;
             recovered.conf_state = Some(conf_state);
         }
         let table = if recovered.snapshot.get_metadata().index == 0 {
@@ -200,7 +207,9 @@ impl<D: Durable> Replica<D> {
             id: config.id,
             config,
             raw,
-            durable,
+            disk,
+            table_index: snapshot_index,
+            unpersisted: VecDeque::new(),
             table,
             logger,
             reported,
@@ -396,7 +405,40 @@ impl<D: Durable> Replica<D> {
     }
 
     pub fn stats(&self) -> Stats {
-        self.stats
+        Stats { writes: self.disk.writes, syncs: self.disk.syncs, ..self.stats }
+    }
+
+    /// An asynchronous store reports that its first `writes` writes since
+    /// open are durable. Votes and acknowledgements that waited for them
+    /// leave with the next effects, and raft counts the entries persisted
+    /// (a leader may now commit them). Call [`Replica::run_ready`] after.
+    pub fn on_persisted(&mut self, writes: u64) {
+        self.disk.durable = self.disk.durable.max(writes.min(self.disk.submitted));
+        self.release_persisted();
+    }
+
+    /// Writes handed to the store and not yet reported durable.
+    pub fn writes_in_flight(&self) -> u64 {
+        self.disk.submitted - self.disk.durable
+    }
+
+    /// Sends what waited for writes now durable, and tells raft.
+    fn release_persisted(&mut self) {
+        let mut persisted = None;
+        let mut snapshot_index = None;
+        while self.unpersisted.front().is_some_and(|ready| ready.write <= self.disk.durable) {
+            let Some(ready) = self.unpersisted.pop_front() else { break };
+            self.send(ready.messages);
+            persisted = Some(ready.number);
+            snapshot_index = ready.snapshot_index.or(snapshot_index);
+        }
+        if let Some(number) = persisted {
+            self.raw.on_persist_ready(number);
+        }
+        if let Some(index) = snapshot_index {
+            // The table holds the snapshot since it was installed.
+            self.raw.advance_apply_to(index);
+        }
     }
 
     pub fn status(&self) -> NodeStatus {
@@ -413,7 +455,7 @@ impl<D: Durable> Replica<D> {
             leader: self.leader_hint(),
             leader_ready: self.leader_ready,
             commit_index: raft.raft_log.committed,
-            applied_index: raft.raft_log.applied,
+            applied_index: self.table_index,
             last_index: raft.raft_log.last_index(),
             snapshot_index: self.raw.store().snapshot_index(),
             locks: self.table.len(),
@@ -765,6 +807,7 @@ impl<D: Durable> Replica<D> {
         }
 
         let committed = ready.take_committed_entries();
+        let last_committed = committed.last().map(|entry| entry.index);
         self.apply_entries(committed)?;
 
         let cache = self.raw.mut_store();
@@ -791,25 +834,43 @@ impl<D: Durable> Replica<D> {
             may_defer_sync: !ready.must_sync(),
         };
         if !(batch.entries.is_empty() && batch.snapshot.is_none() && batch.hard_state.is_none()) {
-            let synced = !batch.may_defer_sync;
-            self.durable.write(batch)?;
-            self.stats.writes += 1;
-            if synced {
-                self.stats.syncs += 1;
+            self.disk.write(batch)?;
+        }
+
+        if self.disk.store.is_async() {
+            // The write is queued, not done: votes and append
+            // acknowledgements wait for it (`on_persisted`), and raft learns
+            // of it then. Meanwhile this node goes on stepping, proposing
+            // and applying what was persisted before.
+            // Raft counts a snapshot applied only once it is persisted; the
+            // entries applied now were persisted before this ready.
+            let messages = ready.take_persisted_messages();
+            let snapshot_index = installed.then(|| ready.snapshot().get_metadata().index);
+            let number = ready.number();
+            self.unpersisted.push_back(Unpersisted {
+                write: self.disk.submitted,
+                number,
+                messages,
+                snapshot_index,
+            });
+            self.raw.advance_append_async(ready);
+            if let Some(index) = last_committed {
+                self.raw.advance_apply_to(index);
             }
-        }
+            self.release_persisted();
+        } else {
+            // Only now, with entries and hard state synced, may votes and
+            // append acknowledgements leave.
+            self.send(ready.take_persisted_messages());
 
-        // Only now, with entries and hard state synced, may votes and
-        // append acknowledgements leave.
-        self.send(ready.take_persisted_messages());
-
-        let mut light = self.raw.advance(ready);
-        if let Some(commit) = light.commit_index() {
-            self.raw.mut_store().set_commit(commit);
+            let mut light = self.raw.advance(ready);
+            if let Some(commit) = light.commit_index() {
+                self.raw.mut_store().set_commit(commit);
+            }
+            self.send(light.take_messages());
+            self.apply_entries(light.take_committed_entries())?;
+            self.raw.advance_apply();
         }
-        self.send(light.take_messages());
-        self.apply_entries(light.take_committed_entries())?;
-        self.raw.advance_apply();
         self.answer_reads();
         self.maybe_snapshot()?;
         Ok(())
@@ -831,6 +892,7 @@ impl<D: Durable> Replica<D> {
         let index = snapshot.get_metadata().index;
         info!(self.logger, "installing snapshot"; "index" => index, "locks" => table.len());
         self.table = table;
+        self.table_index = index;
         self.raw.mut_store().install_snapshot(snapshot);
         self.stats.snapshots_installed += 1;
         self.restore_leases();
@@ -847,6 +909,7 @@ impl<D: Durable> Replica<D> {
                 EntryType::EntryConfChangeV2 => self.apply_conf_change::<ConfChangeV2>(&entry)?,
             }
             self.stats.entries_applied += 1;
+            self.table_index = entry.index;
             if !self.leader_ready
                 && self.raw.raft.state == StateRole::Leader
                 && entry.term == self.raw.raft.term
@@ -873,7 +936,7 @@ impl<D: Durable> Replica<D> {
         }
         match self.raw.apply_conf_change(&change) {
             Ok(conf_state) => {
-                self.durable.write(WriteBatch { conf_state: Some(&conf_state), ..Default::default() })?;
+                self.disk.write(WriteBatch { conf_state: Some(&conf_state), ..Default::default() })?;
                 self.raw.mut_store().set_conf_state(conf_state);
             }
             Err(err) => warn!(self.logger, "conf change refused"; "error" => %err),
@@ -1006,19 +1069,57 @@ impl<D: Durable> Replica<D> {
         // would find its hard state out of range.
         let mut hard_state = cache.hard_state().clone();
         hard_state.commit = hard_state.commit.max(applied);
-        self.durable.write(WriteBatch {
+        self.disk.write(WriteBatch {
             snapshot: Some(&snapshot),
             install: false,
             hard_state: Some(&hard_state),
             ..Default::default()
         })?;
-        self.stats.writes += 1;
-        self.stats.syncs += 1;
         self.stats.snapshots_taken += 1;
         debug!(self.logger, "snapshot taken"; "index" => applied, "term" => term, "locks" => self.table.len());
         self.raw.mut_store().compact(snapshot);
         Ok(())
     }
+}
+
+/// The durable store, and the count of writes made and found durable.
+struct Disk<D> {
+    store: D,
+    /// Writes handed to the store since open.
+    submitted: u64,
+    /// Of those, how many are durable: all of them for a synchronous store.
+    durable: u64,
+    writes: u64,
+    syncs: u64,
+}
+
+impl<D: Durable> Disk<D> {
+    fn write(&mut self, batch: WriteBatch<'_>) -> Result<(), FatalError> {
+        let synced = !batch.may_defer_sync;
+        self.store.write(batch)?;
+        self.submitted += 1;
+        if !self.store.is_async() {
+            self.durable = self.submitted;
+        }
+        self.writes += 1;
+        if synced {
+            self.syncs += 1;
+        }
+        Ok(())
+    }
+}
+
+/// A ready whose write an asynchronous store has not yet made durable.
+#[derive(Debug)]
+struct Unpersisted {
+    /// The write it waits for: the store's count of writes when it was made.
+    write: u64,
+    /// raft-rs's number of the ready.
+    number: u64,
+    /// Votes and acknowledgements: they may leave only once it is durable.
+    messages: Vec<Message>,
+    /// The index of the snapshot it installed: applied once persisted.
+    snapshot_index: Option<u64>,
 }
 
 /// Commands and their request tags, on their way into one log entry.

@@ -18,7 +18,7 @@ use raft::prelude::Message;
 use slog::{crit, info, Logger};
 
 use crate::replica::{Effects, NodeStatus, Replica, Stats};
-use crate::storage::Durable;
+use crate::storage::{Durable, Persisted, StorageError};
 use crate::{FatalError, Query, Reply, RequestError, RequestId, Response};
 
 /// Delivers one reply to whoever asked: a channel, a client connection.
@@ -209,6 +209,9 @@ pub struct Channels {
     pub peers_out: Box<dyn PeerSink>,
     /// A message, or dropping the sender, stops the loop.
     pub stop: Receiver<()>,
+    /// Progress of an asynchronous store ([`crate::AsyncEngineStore`]);
+    /// `crossbeam_channel::never()` for a synchronous one.
+    pub persisted: Receiver<Persisted>,
 }
 
 /// Starts `replica` on a thread named `fencelock-raft-<id>`, reading lease
@@ -250,6 +253,7 @@ impl<D: Durable> Shell<D> {
         let ticker = tick(config.tick_interval);
         let requests = channels.requests;
         let mut peers_in = channels.peers_in;
+        let persisted = channels.persisted;
         loop {
             select! {
                 recv(channels.stop) -> _ => return Ok(self.replica.stats()),
@@ -260,6 +264,12 @@ impl<D: Durable> Shell<D> {
                 recv(peers_in) -> message => match message {
                     Ok(message) => self.replica.step(message),
                     Err(_) => peers_in = never(),
+                },
+                recv(persisted) -> progress => match progress {
+                    Ok(progress) => self.replica.on_persisted(progress?),
+                    // Only a store's I/O thread sends here, and it ends only
+                    // after reporting a failure: its going silently is one too.
+                    Err(_) => return Err(StorageError::Thread("ended without a word".into()).into()),
                 },
                 recv(ticker) -> _ => self.replica.tick(),
             }
@@ -272,6 +282,10 @@ impl<D: Durable> Shell<D> {
                 }
                 if let Ok(message) = peers_in.try_recv() {
                     self.replica.step(message);
+                    drained = true;
+                }
+                if let Ok(progress) = persisted.try_recv() {
+                    self.replica.on_persisted(progress?);
                     drained = true;
                 }
                 if !drained {

@@ -59,8 +59,17 @@ pub trait Durable {
     fn recover(&mut self) -> Result<Recovered, StorageError>;
 
     /// Writes `batch` atomically and, unless it says it may defer that,
-    /// syncs it (and every write before it) before returning.
+    /// syncs it (and every write before it) before returning. An
+    /// asynchronous store only queues it (see [`Durable::is_async`]).
     fn write(&mut self, batch: WriteBatch<'_>) -> Result<(), StorageError>;
+
+    /// Whether `write` only queues its batch, to be made durable later and
+    /// in order. The owner then reports the count of durable writes with
+    /// [`Replica::on_persisted`](crate::Replica::on_persisted); until then
+    /// nothing that depends on them leaves the node.
+    fn is_async(&self) -> bool {
+        false
+    }
 }
 
 /// A storage failure. The driver treats every one as fatal for the node.
@@ -72,6 +81,8 @@ pub enum StorageError {
     Corrupt { what: &'static str, detail: String },
     #[error("store is poisoned by a panic in another thread")]
     Poisoned,
+    #[error("storage I/O thread: {0}")]
+    Thread(String),
 }
 
 /// The in-memory raft log that raft-rs reads through [`raft::Storage`].
@@ -390,6 +401,141 @@ impl Durable for EngineStore {
             }
         }
         Ok(())
+    }
+}
+
+/// A [`WriteBatch`] that owns its parts, to cross threads or wait.
+#[derive(Clone, Debug, Default)]
+pub struct OwnedWriteBatch {
+    pub snapshot: Option<Snapshot>,
+    pub install: bool,
+    pub entries: Vec<Entry>,
+    pub hard_state: Option<HardState>,
+    pub conf_state: Option<ConfState>,
+    pub may_defer_sync: bool,
+}
+
+impl OwnedWriteBatch {
+    pub fn from_batch(batch: &WriteBatch<'_>) -> OwnedWriteBatch {
+        OwnedWriteBatch {
+            snapshot: batch.snapshot.cloned(),
+            install: batch.install,
+            entries: batch.entries.to_vec(),
+            hard_state: batch.hard_state.cloned(),
+            conf_state: batch.conf_state.cloned(),
+            may_defer_sync: batch.may_defer_sync,
+        }
+    }
+
+    pub fn as_batch(&self) -> WriteBatch<'_> {
+        WriteBatch {
+            snapshot: self.snapshot.as_ref(),
+            install: self.install,
+            entries: &self.entries,
+            hard_state: self.hard_state.as_ref(),
+            conf_state: self.conf_state.as_ref(),
+            may_defer_sync: self.may_defer_sync,
+        }
+    }
+}
+
+/// What the I/O thread of an [`AsyncEngineStore`] reports: the count of
+/// writes since open that are durable, or the failure that ended it.
+pub type Persisted = Result<u64, StorageError>;
+
+/// [`EngineStore`] behind an I/O thread: `write` queues the batch and
+/// returns at once; the thread writes what is queued in order, syncing
+/// once for all of it (group commit), and reports the count of durable
+/// writes on the channel [`AsyncEngineStore::spawn`] returns. The driver
+/// thread thus goes on stepping and proposing while the disk syncs.
+#[derive(Debug)]
+pub struct AsyncEngineStore {
+    /// `None` only while dropping.
+    jobs: Option<crossbeam_channel::Sender<OwnedWriteBatch>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Read once, before the thread started.
+    recovered: Option<Recovered>,
+}
+
+impl Drop for AsyncEngineStore {
+    /// Lets the I/O thread finish what is queued and close the engine, so
+    /// that the directory can be opened again at once.
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl AsyncEngineStore {
+    /// Recovers `store`, then hands it to a thread named `name`.
+    pub fn spawn(
+        mut store: EngineStore,
+        name: String,
+    ) -> Result<(AsyncEngineStore, crossbeam_channel::Receiver<Persisted>), StorageError> {
+        let recovered = store.recover()?;
+        let (jobs, queued) = crossbeam_channel::unbounded::<OwnedWriteBatch>();
+        let (report, persisted) = crossbeam_channel::unbounded();
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || write_queued(store, &queued, &report))
+            .map_err(|err| StorageError::Thread(format!("cannot start: {err}")))?;
+        let store = AsyncEngineStore { jobs: Some(jobs), thread: Some(thread), recovered: Some(recovered) };
+        Ok((store, persisted))
+    }
+}
+
+/// The I/O thread: everything queued goes out in one group, synced once.
+fn write_queued(
+    mut store: EngineStore,
+    queued: &crossbeam_channel::Receiver<OwnedWriteBatch>,
+    report: &crossbeam_channel::Sender<Persisted>,
+) {
+    let mut durable = 0u64;
+    let mut group = Vec::new();
+    // Ends when the replica (the only sender) is dropped.
+    while let Ok(first) = queued.recv() {
+        group.clear();
+        group.push(first);
+        group.extend(queued.try_iter());
+        let sync_at = group.iter().rposition(|batch| !batch.may_defer_sync);
+        for (at, batch) in group.iter().enumerate() {
+            let mut batch = batch.as_batch();
+            // One sync, at the last write that needs one, makes every
+            // write before it durable too.
+            batch.may_defer_sync = Some(at) != sync_at;
+            if let Err(err) = store.write(batch) {
+                let _ = report.send(Err(err));
+                return;
+            }
+        }
+        durable += group.len() as u64;
+        // No one listening is no reason to stop writing what was queued.
+        let _ = report.send(Ok(durable));
+    }
+}
+
+impl Durable for AsyncEngineStore {
+    fn recover(&mut self) -> Result<Recovered, StorageError> {
+        self.recovered.take().ok_or(StorageError::Corrupt {
+            what: "store",
+            detail: "recovered twice; reopen the store instead".into(),
+        })
+    }
+
+    fn write(&mut self, batch: WriteBatch<'_>) -> Result<(), StorageError> {
+        let sent =
+            self.jobs.as_ref().is_some_and(|jobs| jobs.send(OwnedWriteBatch::from_batch(&batch)).is_ok());
+        if sent {
+            Ok(())
+        } else {
+            Err(StorageError::Thread("stopped after a failed write".into()))
+        }
+    }
+
+    fn is_async(&self) -> bool {
+        true
     }
 }
 

@@ -11,8 +11,8 @@ use raft::prelude::{Entry, HardState, Message, MessageType, Snapshot};
 
 use crate::storage::{Durable, Recovered, WriteBatch};
 use crate::{
-    Config, EngineStore, FatalError, MemStore, NodeId, Replica, RequestError, RequestId, Response,
-    StorageError,
+    AsyncEngineStore, Config, EngineStore, FatalError, MemStore, NodeId, Replica, RequestError, RequestId,
+    Response, StorageError,
 };
 
 fn logger() -> slog::Logger {
@@ -401,6 +401,39 @@ fn the_engine_store_keeps_raft_log_semantics_across_reopen() {
 }
 
 #[test]
+fn the_asynchronous_engine_store_keeps_raft_log_semantics_across_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    // Dropping the store lets its I/O thread write what is queued first.
+    check_store_semantics(move || {
+        let (store, _progress) =
+            AsyncEngineStore::spawn(EngineStore::open(&path).unwrap(), "io".into()).unwrap();
+        Box::new(store)
+    });
+}
+
+#[test]
+fn the_asynchronous_engine_store_reports_each_write_durable_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut store, progress) =
+        AsyncEngineStore::spawn(EngineStore::open(dir.path()).unwrap(), "io".into()).unwrap();
+    for index in 1..=50 {
+        let entries = [entry(index, 1)];
+        store.write(WriteBatch { entries: &entries, ..Default::default() }).unwrap();
+    }
+    let mut last = 0;
+    while last < 50 {
+        let durable = progress.recv_timeout(std::time::Duration::from_secs(10)).unwrap().unwrap();
+        assert!(durable > last, "progress went from {last} to {durable}");
+        last = durable;
+    }
+    assert_eq!(last, 50);
+    drop(store);
+    let recovered = EngineStore::open(dir.path()).unwrap().recover().unwrap();
+    assert_eq!(recovered.entries.len(), 50);
+}
+
+#[test]
 fn the_memory_store_keeps_raft_log_semantics_across_reopen() {
     let store = MemStore::new();
     check_store_semantics(move || Box::new(store.clone()));
@@ -562,4 +595,86 @@ fn messages_from_strangers_or_for_others_are_dropped() {
     net.settle();
     assert_eq!(net.node(2).status().term, term, "a stranger moved the term");
     assert_eq!(net.node(2).status().leader, Some(NodeId(1)));
+}
+
+/// An asynchronous store: writes wait in a queue until the test flushes
+/// them, as `AsyncEngineStore`'s I/O thread would.
+#[derive(Clone, Default)]
+struct QueuedStore {
+    inner: MemStore,
+    queue: Arc<std::sync::Mutex<Vec<crate::OwnedWriteBatch>>>,
+    written: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl QueuedStore {
+    /// Makes every queued write durable; returns the count of durable writes.
+    fn flush(&self) -> u64 {
+        for batch in std::mem::take(&mut *self.queue.lock().unwrap()) {
+            self.inner.clone().write(batch.as_batch()).unwrap();
+        }
+        self.written.load(Ordering::SeqCst)
+    }
+}
+
+impl Durable for QueuedStore {
+    fn recover(&mut self) -> Result<Recovered, StorageError> {
+        self.inner.recover()
+    }
+
+    fn write(&mut self, batch: WriteBatch<'_>) -> Result<(), StorageError> {
+        self.queue.lock().unwrap().push(crate::OwnedWriteBatch::from_batch(&batch));
+        self.written.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn is_async(&self) -> bool {
+        true
+    }
+}
+
+/// Turns on every node, persisting the writes of the nodes in `persist`.
+fn turns_persisting(net: &mut Net<QueuedStore>, stores: &[QueuedStore], persist: &[u64], turns: usize) {
+    for _ in 0..turns {
+        net.turn().unwrap();
+        for id in persist {
+            let durable = stores[(*id - 1) as usize].flush();
+            net.node(*id).on_persisted(durable);
+        }
+    }
+}
+
+#[test]
+fn with_an_asynchronous_store_nothing_counts_before_its_write_is_durable() {
+    let stores: Vec<QueuedStore> = (0..3).map(|_| QueuedStore::default()).collect();
+    let mut net = Net::with_stores(stores.clone());
+    // Votes are held until their node's hard state is durable.
+    net.node(1).campaign().unwrap();
+    turns_persisting(&mut net, &stores, &[1], 20);
+    assert_ne!(net.node(1).status().role, crate::Role::Leader, "elected on votes not yet durable");
+    turns_persisting(&mut net, &stores, &[1, 2, 3], 20);
+    assert!(net.node(1).is_leader_ready());
+
+    // Only the leader's disk syncs: its entry is not committed by a quorum.
+    let commit = net.node(1).status().commit_index;
+    net.node(1).propose(RequestId(1), vec![grant("a", "o1")]);
+    turns_persisting(&mut net, &stores, &[1], 20);
+    assert_eq!(net.node(1).status().commit_index, commit, "committed on acknowledgements not yet durable");
+    assert!(net.take_reply(RequestId(1)).is_none());
+
+    // The followers' disks sync: a quorum has it, but the leader answers
+    // only once its own copy is durable too.
+    net.node(1).propose(RequestId(2), vec![grant("b", "o1")]);
+    turns_persisting(&mut net, &stores, &[2, 3], 20);
+    assert!(net.node(1).status().commit_index > commit);
+    assert!(net.take_reply(RequestId(2)).is_none(), "answered before the leader's own write was durable");
+    assert!(net.node(1).writes_in_flight() > 0);
+
+    turns_persisting(&mut net, &stores, &[1, 2, 3], 20);
+    assert_eq!(net.node(1).writes_in_flight(), 0);
+    for id in [1, 2] {
+        assert!(matches!(
+            net.take_reply(RequestId(id)),
+            Some(Ok(Response::Applied(results))) if matches!(results[0], ApplyResult::Granted { .. })
+        ));
+    }
 }

@@ -20,7 +20,7 @@ use clap::Parser;
 use crossbeam_channel::{bounded, select, tick};
 use fencelock_net::{ClientAddrs, ClientConfig, ClientListener, PeerConfig, PeerOutbox, PeerTransport};
 use fencelock_raft::shell::{self, Channels, MonotonicClock, PeerSink, Request, ShellConfig};
-use fencelock_raft::{EngineStore, Replica};
+use fencelock_raft::{AsyncEngineStore, EngineStore, Replica};
 use raft::prelude::Message;
 use slog::{crit, info, o, Drain, Logger};
 
@@ -93,6 +93,10 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     std::fs::create_dir_all(&raft_dir).with_context(|| format!("cannot create {}", raft_dir.display()))?;
     let store = EngineStore::open(&raft_dir)
         .with_context(|| format!("cannot open the raft log in {}", raft_dir.display()))?;
+    // Writes and syncs happen on their own thread, so that the driver goes
+    // on stepping and proposing while the disk syncs.
+    let (store, persisted) = AsyncEngineStore::spawn(store, "fencelock-raft-io".into())
+        .with_context(|| format!("cannot recover the raft log in {}", raft_dir.display()))?;
     let replica = Replica::open(config.driver.clone(), store, logger).context("cannot open the replica")?;
 
     let (requests_tx, requests_rx) = bounded(config.max_in_flight.max(1024) * 4);
@@ -125,6 +129,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         peers_in: peers_in_rx,
         peers_out: Box::new(OutboxSink(outbox)),
         stop: stop_rx,
+        persisted,
     };
     let shell_config = ShellConfig { tick_interval: config.tick, drain_max: 4_096 };
     let driver = shell::spawn(replica, MonotonicClock::new(), shell_config, channels, logger)

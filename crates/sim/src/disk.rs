@@ -2,20 +2,26 @@
 //! crash, what was written without a sync is lost with it, and a crash can
 //! strike in the middle of a turn, between two writes.
 //!
-//! The driver defers the sync only of writes raft-rs says need none (the
-//! commit index moved); everything else is synced before the driver acts on
-//! it. A crash mid-turn makes the turn's remaining writes fail: the turn is
-//! fatal, and what it would have sent after its write never leaves the node.
+//! A synchronous disk (the driver writes and syncs on its own thread)
+//! defers the sync only of writes raft-rs says need none (the commit index
+//! moved); everything else is synced before the driver acts on it. An
+//! asynchronous disk (`AsyncEngineStore` in production) only queues each
+//! write: the world syncs the queue later, after a simulated fsync, and
+//! tells the driver with `Replica::on_persisted`; a crash before then loses
+//! the whole queue. A crash mid-turn makes the turn's remaining writes fail:
+//! the turn is fatal, and what it would have sent after its write never
+//! leaves the node.
 
 use std::sync::{Arc, Mutex};
 
-use fencelock_raft::{Durable, MemStore, Recovered, StorageError, WriteBatch};
-use raft::prelude::{ConfState, Entry, HardState, Snapshot};
+use fencelock_raft::{Durable, MemStore, OwnedWriteBatch, Recovered, StorageError, WriteBatch};
 
 #[derive(Clone, Debug, Default)]
 pub struct SimDisk {
     synced: MemStore,
     state: Arc<Mutex<DiskState>>,
+    /// Writes are queued until [`SimDisk::sync_queued`].
+    asynchronous: bool,
 }
 
 #[derive(Debug, Default)]
@@ -23,21 +29,26 @@ struct DiskState {
     /// Writes still allowed before the disk "dies"; `None`: no crash armed.
     writes_left: Option<u32>,
     /// Written but not yet synced: lost by a crash.
-    unsynced: Vec<OwnedBatch>,
-}
-
-#[derive(Clone, Debug)]
-struct OwnedBatch {
-    snapshot: Option<Snapshot>,
-    install: bool,
-    entries: Vec<Entry>,
-    hard_state: Option<HardState>,
-    conf_state: Option<ConfState>,
+    unsynced: Vec<OwnedWriteBatch>,
+    /// Writes taken since the node (re)started, and of them synced.
+    written: u64,
+    synced: u64,
 }
 
 impl SimDisk {
-    pub fn new() -> SimDisk {
-        SimDisk::default()
+    pub fn new(asynchronous: bool) -> SimDisk {
+        SimDisk { asynchronous, ..SimDisk::default() }
+    }
+
+    /// An asynchronous disk's fsync: makes every queued write durable and
+    /// returns how many writes since the node started are now durable.
+    pub fn sync_queued(&mut self) -> Result<u64, StorageError> {
+        let mut state = self.state.lock().map_err(|_| StorageError::Poisoned)?;
+        for owned in std::mem::take(&mut state.unsynced) {
+            self.synced.write(owned.as_batch())?;
+        }
+        state.synced = state.written;
+        Ok(state.synced)
     }
 
     /// Arms a crash: the disk takes `writes` more writes, then fails.
@@ -60,6 +71,8 @@ impl SimDisk {
         if let Ok(mut state) = self.state.lock() {
             state.unsynced.clear();
             state.writes_left = None;
+            state.written = 0;
+            state.synced = 0;
         }
     }
 }
@@ -78,27 +91,22 @@ impl Durable for SimDisk {
             Some(n) => *n -= 1,
             None => {}
         }
-        state.unsynced.push(OwnedBatch {
-            snapshot: batch.snapshot.cloned(),
-            install: batch.install,
-            entries: batch.entries.to_vec(),
-            hard_state: batch.hard_state.cloned(),
-            conf_state: batch.conf_state.cloned(),
-        });
-        if batch.may_defer_sync {
+        let mut owned = OwnedWriteBatch::from_batch(&batch);
+        owned.may_defer_sync = false;
+        state.unsynced.push(owned);
+        state.written += 1;
+        if batch.may_defer_sync || self.asynchronous {
             return Ok(());
         }
         // A sync makes everything written before it durable too.
         for owned in std::mem::take(&mut state.unsynced) {
-            self.synced.write(WriteBatch {
-                snapshot: owned.snapshot.as_ref(),
-                install: owned.install,
-                entries: &owned.entries,
-                hard_state: owned.hard_state.as_ref(),
-                conf_state: owned.conf_state.as_ref(),
-                may_defer_sync: false,
-            })?;
+            self.synced.write(owned.as_batch())?;
         }
+        state.synced = state.written;
         Ok(())
+    }
+
+    fn is_async(&self) -> bool {
+        self.asynchronous
     }
 }

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use fencelock_raft::{Config, NodeId, Replica, Reply, RequestError, RequestId, Response, Role};
+use fencelock_raft::{Config, Durable as _, NodeId, Replica, Reply, RequestError, RequestId, Response, Role};
 use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner};
 use raft::prelude::Message;
 
@@ -65,6 +65,8 @@ enum Event {
     Tick(usize),
     /// Run another turn: the last one left work behind.
     Poke(usize),
+    /// An asynchronous disk's fsync completes: what was queued is durable.
+    Persist(usize),
     /// A client's timer; only its latest one counts.
     Client {
         client: usize,
@@ -87,6 +89,7 @@ struct Node {
     jump_ms: u64,
     paused_until_ms: u64,
     tick_scheduled: bool,
+    persist_scheduled: bool,
 }
 
 impl Node {
@@ -173,15 +176,17 @@ impl World {
                 driver.expiry_scan_interval_ms = 10;
                 let drift_bound = swarm.drift_ppm_max as i64;
                 let drift_ppm = rng.range(0, 2 * drift_bound as u64 + 1) as i64 - drift_bound;
+                let asynchronous = rng.chance(500_000);
                 Node {
                     replica: None,
-                    disk: SimDisk::new(),
+                    disk: SimDisk::new(asynchronous),
                     config: driver,
                     skew_ms: rng.range(0, 1_000_000),
                     drift_ppm,
                     jump_ms: 0,
                     paused_until_ms: 0,
                     tick_scheduled: false,
+                    persist_scheduled: false,
                 }
             })
             .collect();
@@ -306,6 +311,26 @@ impl World {
                 }
                 self.turn(node)
             }
+            Event::Persist(node) => {
+                self.nodes[node].persist_scheduled = false;
+                if self.nodes[node].replica.is_none() {
+                    return Ok(());
+                }
+                if let Some(delay) = self.paused(node) {
+                    // A stopped process syncs nothing.
+                    self.nodes[node].persist_scheduled = true;
+                    self.schedule(delay, Event::Persist(node));
+                    return Ok(());
+                }
+                let durable = match self.nodes[node].disk.sync_queued() {
+                    Ok(durable) => durable,
+                    Err(err) => return Err(format!("simulated disk of {} failed: {err}", node + 1)),
+                };
+                if let Some(replica) = self.nodes[node].replica.as_mut() {
+                    replica.on_persisted(durable);
+                }
+                self.turn(node)
+            }
             Event::Client { client, generation } => {
                 if generation != self.clients[client].generation {
                     return Ok(());
@@ -357,7 +382,8 @@ impl World {
             .map_err(|err| format!("node {} does not reopen: {err}", node + 1))?;
         self.checker.opened(node, replica.table());
         self.nodes[node].replica = Some(replica);
-        self.note(&format!("start {}", node + 1));
+        let disk = if self.nodes[node].disk.is_async() { "asynchronous" } else { "synchronous" };
+        self.note(&format!("start {} ({disk} disk)", node + 1));
         self.schedule_tick(node);
         Ok(())
     }
@@ -404,7 +430,18 @@ impl World {
         if more {
             self.schedule(0, Event::Poke(node));
         }
+        self.schedule_persist(node);
         Ok(())
+    }
+
+    /// Starts an asynchronous disk's fsync when writes wait for one.
+    fn schedule_persist(&mut self, node: usize) {
+        let waiting = self.nodes[node].replica.as_ref().is_some_and(|replica| replica.writes_in_flight() > 0);
+        if waiting && !self.nodes[node].persist_scheduled {
+            self.nodes[node].persist_scheduled = true;
+            let fsync_ms = self.rng.range(0, 4);
+            self.schedule(fsync_ms, Event::Persist(node));
+        }
     }
 
     fn send(&mut self, from: usize, message: Message) {

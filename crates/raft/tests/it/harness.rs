@@ -12,11 +12,11 @@ use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, Sender};
+use crossbeam_channel::{bounded, never, Receiver, Sender};
 use fencelock_raft::shell::{self, Channels, ManualClock, Request, Responder, ShellConfig};
 use fencelock_raft::{
-    Config, EngineStore, FatalError, NodeId, NodeStatus, Query, Replica, Reply, RequestError, Response, Role,
-    Stats,
+    AsyncEngineStore, Config, EngineStore, FatalError, NodeId, NodeStatus, Query, Replica, Reply,
+    RequestError, Response, Role, Stats,
 };
 use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner};
 use raft::prelude::Message;
@@ -85,7 +85,15 @@ impl Cluster {
         config.expiry_scan_interval_ms = 1;
         (self.tune)(&mut config);
         let store = EngineStore::open(self.dirs[idx(id)].path()).expect("open raft-engine");
-        let replica = Replica::open(config, store, &self.logger).expect("open replica");
+        // Node 2 writes on its driver thread, the others through an I/O
+        // thread: every cluster runs both kinds of store, either leading.
+        let (replica, persisted) = if id == 2 {
+            (Node::Sync(Replica::open(config, store, &self.logger).expect("open replica")), never())
+        } else {
+            let (store, persisted) =
+                AsyncEngineStore::spawn(store, format!("test-io-{id}")).expect("start the I/O thread");
+            (Node::Async(Replica::open(config, store, &self.logger).expect("open replica")), persisted)
+        };
 
         let (requests_tx, requests_rx) = bounded(1024);
         let (peers_in_tx, peers_in_rx) = bounded(4096);
@@ -97,15 +105,27 @@ impl Cluster {
             peers_in: peers_in_rx,
             peers_out: Box::new(peers_out_tx),
             stop: stop_rx,
+            persisted,
         };
         let clock = self.clocks[idx(id)].clone();
-        let thread =
-            shell::spawn(replica, clock, shell_config, channels, &self.logger).expect("spawn driver");
+        let thread = match replica {
+            Node::Sync(replica) => shell::spawn(replica, clock, shell_config, channels, &self.logger),
+            Node::Async(replica) => shell::spawn(replica, clock, shell_config, channels, &self.logger),
+        }
+        .expect("spawn driver");
         self.inboxes.write().unwrap()[idx(id)] = Some(peers_in_tx);
         let router = self.spawn_router(id, peers_out_rx);
         self.nodes[idx(id)] = Some(RunningNode { requests: requests_tx, stop: stop_tx, thread, router });
     }
+}
 
+/// A replica on either kind of store.
+enum Node {
+    Sync(Replica<EngineStore>),
+    Async(Replica<AsyncEngineStore>),
+}
+
+impl Cluster {
     fn spawn_router(&self, from: u64, outbound: Receiver<Message>) -> JoinHandle<()> {
         let inboxes = Arc::clone(&self.inboxes);
         let cut = Arc::clone(&self.cut);
