@@ -409,9 +409,9 @@ impl<D: Durable> Replica<D> {
     }
 
     /// An asynchronous store reports that its first `writes` writes since
-    /// open are durable. Votes and acknowledgements that waited for them
-    /// leave with the next effects, and raft counts the entries persisted
-    /// (a leader may now commit them). Call [`Replica::run_ready`] after.
+    /// open are durable (and has sent the votes and acknowledgements that
+    /// waited for them): raft counts the entries persisted, and a leader may
+    /// now commit and apply them. Call [`Replica::run_ready`] after.
     pub fn on_persisted(&mut self, writes: u64) {
         self.disk.durable = self.disk.durable.max(writes.min(self.disk.submitted));
         self.release_persisted();
@@ -422,13 +422,12 @@ impl<D: Durable> Replica<D> {
         self.disk.submitted - self.disk.durable
     }
 
-    /// Sends what waited for writes now durable, and tells raft.
+    /// Tells raft which readies are now durable.
     fn release_persisted(&mut self) {
         let mut persisted = None;
         let mut snapshot_index = None;
         while self.unpersisted.front().is_some_and(|ready| ready.write <= self.disk.durable) {
             let Some(ready) = self.unpersisted.pop_front() else { break };
-            self.send(ready.messages);
             persisted = Some(ready.number);
             snapshot_index = ready.snapshot_index.or(snapshot_index);
         }
@@ -845,14 +844,17 @@ impl<D: Durable> Replica<D> {
             // Raft counts a snapshot applied only once it is persisted; the
             // entries applied now were persisted before this ready.
             let messages = ready.take_persisted_messages();
+            if self.disk.durable == self.disk.submitted {
+                // Nothing is waiting to be durable (this ready wrote nothing).
+                self.send(messages);
+            } else if !messages.is_empty() {
+                // The store sends them itself once its writes so far are
+                // durable: the acknowledgement does not wait for this thread.
+                self.disk.store.send_when_durable(messages)?;
+            }
             let snapshot_index = installed.then(|| ready.snapshot().get_metadata().index);
             let number = ready.number();
-            self.unpersisted.push_back(Unpersisted {
-                write: self.disk.submitted,
-                number,
-                messages,
-                snapshot_index,
-            });
+            self.unpersisted.push_back(Unpersisted { write: self.disk.submitted, number, snapshot_index });
             self.raw.advance_append_async(ready);
             if let Some(index) = last_committed {
                 self.raw.advance_apply_to(index);
@@ -1116,8 +1118,6 @@ struct Unpersisted {
     write: u64,
     /// raft-rs's number of the ready.
     number: u64,
-    /// Votes and acknowledgements: they may leave only once it is durable.
-    messages: Vec<Message>,
     /// The index of the snapshot it installed: applied once persisted.
     snapshot_index: Option<u64>,
 }

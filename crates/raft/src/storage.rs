@@ -10,8 +10,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use protobuf::Message as _;
-use raft::prelude::{ConfState, Entry, HardState, Snapshot};
+use raft::prelude::{ConfState, Entry, HardState, Message, Snapshot};
 use raft::{GetEntriesContext, RaftState, StorageError as RaftStorageError};
+
+use crate::shell::PeerSink;
 
 /// One synced write: what a `Ready` asks to persist, or a local snapshot.
 #[derive(Debug, Default)]
@@ -69,6 +71,15 @@ pub trait Durable {
     /// nothing that depends on them leaves the node.
     fn is_async(&self) -> bool {
         false
+    }
+
+    /// For an asynchronous store: sends `messages` (votes, append
+    /// acknowledgements) once every write made before this call is
+    /// durable, before reporting those writes durable. A synchronous store
+    /// is never asked.
+    fn send_when_durable(&mut self, messages: Vec<Message>) -> Result<(), StorageError> {
+        drop(messages);
+        Err(StorageError::Thread("a synchronous store does not hold messages".into()))
     }
 }
 
@@ -451,10 +462,21 @@ pub type Persisted = Result<u64, StorageError>;
 #[derive(Debug)]
 pub struct AsyncEngineStore {
     /// `None` only while dropping.
-    jobs: Option<crossbeam_channel::Sender<OwnedWriteBatch>>,
+    jobs: Option<crossbeam_channel::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
     /// Read once, before the thread started.
     recovered: Option<Recovered>,
+}
+
+impl AsyncEngineStore {
+    fn queue(&self, job: Job) -> Result<(), StorageError> {
+        let sent = self.jobs.as_ref().is_some_and(|jobs| jobs.send(job).is_ok());
+        if sent {
+            Ok(())
+        } else {
+            Err(StorageError::Thread("stopped after a failed write".into()))
+        }
+    }
 }
 
 impl Drop for AsyncEngineStore {
@@ -469,28 +491,40 @@ impl Drop for AsyncEngineStore {
 }
 
 impl AsyncEngineStore {
-    /// Recovers `store`, then hands it to a thread named `name`.
+    /// Recovers `store`, then hands it to a thread named `name`, which
+    /// sends the messages that wait for its writes through `peers`.
     pub fn spawn(
         mut store: EngineStore,
         name: String,
+        peers: Box<dyn PeerSink>,
     ) -> Result<(AsyncEngineStore, crossbeam_channel::Receiver<Persisted>), StorageError> {
         let recovered = store.recover()?;
-        let (jobs, queued) = crossbeam_channel::unbounded::<OwnedWriteBatch>();
+        let (jobs, queued) = crossbeam_channel::unbounded::<Job>();
         let (report, persisted) = crossbeam_channel::unbounded();
         let thread = std::thread::Builder::new()
             .name(name)
-            .spawn(move || write_queued(store, &queued, &report))
+            .spawn(move || write_queued(store, &queued, &report, peers.as_ref()))
             .map_err(|err| StorageError::Thread(format!("cannot start: {err}")))?;
         let store = AsyncEngineStore { jobs: Some(jobs), thread: Some(thread), recovered: Some(recovered) };
         Ok((store, persisted))
     }
 }
 
-/// The I/O thread: everything queued goes out in one group, synced once.
+/// What the driver hands the I/O thread, in order.
+#[derive(Debug)]
+enum Job {
+    Write(Box<OwnedWriteBatch>),
+    /// To send once every write before it is durable.
+    Send(Vec<Message>),
+}
+
+/// The I/O thread: everything queued goes out in one group, synced once;
+/// then the group's messages leave, then its writes are reported durable.
 fn write_queued(
     mut store: EngineStore,
-    queued: &crossbeam_channel::Receiver<OwnedWriteBatch>,
+    queued: &crossbeam_channel::Receiver<Job>,
     report: &crossbeam_channel::Sender<Persisted>,
+    peers: &dyn PeerSink,
 ) {
     let mut durable = 0u64;
     let mut group = Vec::new();
@@ -499,8 +533,10 @@ fn write_queued(
         group.clear();
         group.push(first);
         group.extend(queued.try_iter());
-        let sync_at = group.iter().rposition(|batch| !batch.may_defer_sync);
-        for (at, batch) in group.iter().enumerate() {
+        let sync_at = group.iter().rposition(|job| matches!(job, Job::Write(batch) if !batch.may_defer_sync));
+        let mut written = 0;
+        for (at, job) in group.iter().enumerate() {
+            let Job::Write(batch) = job else { continue };
             let mut batch = batch.as_batch();
             // One sync, at the last write that needs one, makes every
             // write before it durable too.
@@ -509,8 +545,16 @@ fn write_queued(
                 let _ = report.send(Err(err));
                 return;
             }
+            written += 1;
         }
-        durable += group.len() as u64;
+        for job in group.drain(..) {
+            if let Job::Send(messages) = job {
+                for message in messages {
+                    peers.send(message);
+                }
+            }
+        }
+        durable += written;
         // No one listening is no reason to stop writing what was queued.
         let _ = report.send(Ok(durable));
     }
@@ -525,13 +569,11 @@ impl Durable for AsyncEngineStore {
     }
 
     fn write(&mut self, batch: WriteBatch<'_>) -> Result<(), StorageError> {
-        let sent =
-            self.jobs.as_ref().is_some_and(|jobs| jobs.send(OwnedWriteBatch::from_batch(&batch)).is_ok());
-        if sent {
-            Ok(())
-        } else {
-            Err(StorageError::Thread("stopped after a failed write".into()))
-        }
+        self.queue(Job::Write(Box::new(OwnedWriteBatch::from_batch(&batch))))
+    }
+
+    fn send_when_durable(&mut self, messages: Vec<Message>) -> Result<(), StorageError> {
+        self.queue(Job::Send(messages))
     }
 
     fn is_async(&self) -> bool {

@@ -400,6 +400,11 @@ fn the_engine_store_keeps_raft_log_semantics_across_reopen() {
     check_store_semantics(move || Box::new(EngineStore::open(&path).unwrap()));
 }
 
+/// A peer sink whose messages go nowhere.
+fn nowhere() -> Box<dyn crate::shell::PeerSink> {
+    Box::new(crossbeam_channel::bounded::<Message>(1).0)
+}
+
 #[test]
 fn the_asynchronous_engine_store_keeps_raft_log_semantics_across_reopen() {
     let dir = tempfile::tempdir().unwrap();
@@ -407,7 +412,7 @@ fn the_asynchronous_engine_store_keeps_raft_log_semantics_across_reopen() {
     // Dropping the store lets its I/O thread write what is queued first.
     check_store_semantics(move || {
         let (store, _progress) =
-            AsyncEngineStore::spawn(EngineStore::open(&path).unwrap(), "io".into()).unwrap();
+            AsyncEngineStore::spawn(EngineStore::open(&path).unwrap(), "io".into(), nowhere()).unwrap();
         Box::new(store)
     });
 }
@@ -416,7 +421,7 @@ fn the_asynchronous_engine_store_keeps_raft_log_semantics_across_reopen() {
 fn the_asynchronous_engine_store_reports_each_write_durable_in_order() {
     let dir = tempfile::tempdir().unwrap();
     let (mut store, progress) =
-        AsyncEngineStore::spawn(EngineStore::open(dir.path()).unwrap(), "io".into()).unwrap();
+        AsyncEngineStore::spawn(EngineStore::open(dir.path()).unwrap(), "io".into(), nowhere()).unwrap();
     for index in 1..=50 {
         let entries = [entry(index, 1)];
         store.write(WriteBatch { entries: &entries, ..Default::default() }).unwrap();
@@ -603,16 +608,19 @@ fn messages_from_strangers_or_for_others_are_dropped() {
 struct QueuedStore {
     inner: MemStore,
     queue: Arc<std::sync::Mutex<Vec<crate::OwnedWriteBatch>>>,
+    /// Messages waiting for the queue to be durable.
+    held: Arc<std::sync::Mutex<Vec<Message>>>,
     written: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl QueuedStore {
-    /// Makes every queued write durable; returns the count of durable writes.
-    fn flush(&self) -> u64 {
+    /// Makes every queued write durable; returns the count of durable
+    /// writes and the messages that waited for them.
+    fn flush(&self) -> (u64, Vec<Message>) {
         for batch in std::mem::take(&mut *self.queue.lock().unwrap()) {
             self.inner.clone().write(batch.as_batch()).unwrap();
         }
-        self.written.load(Ordering::SeqCst)
+        (self.written.load(Ordering::SeqCst), std::mem::take(&mut *self.held.lock().unwrap()))
     }
 }
 
@@ -630,6 +638,11 @@ impl Durable for QueuedStore {
     fn is_async(&self) -> bool {
         true
     }
+
+    fn send_when_durable(&mut self, messages: Vec<Message>) -> Result<(), StorageError> {
+        self.held.lock().unwrap().extend(messages);
+        Ok(())
+    }
 }
 
 /// Turns on every node, persisting the writes of the nodes in `persist`.
@@ -637,7 +650,11 @@ fn turns_persisting(net: &mut Net<QueuedStore>, stores: &[QueuedStore], persist:
     for _ in 0..turns {
         net.turn().unwrap();
         for id in persist {
-            let durable = stores[(*id - 1) as usize].flush();
+            let (durable, messages) = stores[(*id - 1) as usize].flush();
+            for message in messages {
+                let to = message.to;
+                net.node(to).step(message);
+            }
             net.node(*id).on_persisted(durable);
         }
     }

@@ -93,12 +93,6 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     std::fs::create_dir_all(&raft_dir).with_context(|| format!("cannot create {}", raft_dir.display()))?;
     let store = EngineStore::open(&raft_dir)
         .with_context(|| format!("cannot open the raft log in {}", raft_dir.display()))?;
-    // Writes and syncs happen on their own thread, so that the driver goes
-    // on stepping and proposing while the disk syncs.
-    let (store, persisted) = AsyncEngineStore::spawn(store, "fencelock-raft-io".into())
-        .with_context(|| format!("cannot recover the raft log in {}", raft_dir.display()))?;
-    let replica = Replica::open(config.driver.clone(), store, logger).context("cannot open the replica")?;
-
     let (requests_tx, requests_rx) = bounded(config.max_in_flight.max(1024) * 4);
     let (peers_in_tx, peers_in_rx) = bounded::<Message>(65_536);
     let (stop_tx, stop_rx) = bounded(1);
@@ -123,6 +117,14 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     let (transport, outbox) =
         PeerTransport::start(peer_config, |message: &Message| message.to, peers_in_tx, logger)
             .with_context(|| format!("cannot listen for peers on {own_peer_addr}"))?;
+
+    // Writes and syncs happen on their own thread, so that the driver goes
+    // on stepping and proposing while the disk syncs; that thread also sends
+    // the votes and acknowledgements that wait for its syncs.
+    let (store, persisted) =
+        AsyncEngineStore::spawn(store, "fencelock-raft-io".into(), Box::new(OutboxSink(outbox.clone())))
+            .with_context(|| format!("cannot recover the raft log in {}", raft_dir.display()))?;
+    let replica = Replica::open(config.driver.clone(), store, logger).context("cannot open the replica")?;
 
     let channels = Channels {
         requests: requests_rx,

@@ -15,6 +15,7 @@
 use std::sync::{Arc, Mutex};
 
 use fencelock_raft::{Durable, MemStore, OwnedWriteBatch, Recovered, StorageError, WriteBatch};
+use raft::prelude::Message;
 
 #[derive(Clone, Debug, Default)]
 pub struct SimDisk {
@@ -30,6 +31,9 @@ struct DiskState {
     writes_left: Option<u32>,
     /// Written but not yet synced: lost by a crash.
     unsynced: Vec<OwnedWriteBatch>,
+    /// An asynchronous disk's messages that wait for the queue to be synced
+    /// (the I/O thread sends them): lost by a crash too.
+    held: Vec<Message>,
     /// Writes taken since the node (re)started, and of them synced.
     written: u64,
     synced: u64,
@@ -41,14 +45,15 @@ impl SimDisk {
     }
 
     /// An asynchronous disk's fsync: makes every queued write durable and
-    /// returns how many writes since the node started are now durable.
-    pub fn sync_queued(&mut self) -> Result<u64, StorageError> {
+    /// returns how many writes since the node started are now durable, and
+    /// the messages that waited for them, to send.
+    pub fn sync_queued(&mut self) -> Result<(u64, Vec<Message>), StorageError> {
         let mut state = self.state.lock().map_err(|_| StorageError::Poisoned)?;
         for owned in std::mem::take(&mut state.unsynced) {
             self.synced.write(owned.as_batch())?;
         }
         state.synced = state.written;
-        Ok(state.synced)
+        Ok((state.synced, std::mem::take(&mut state.held)))
     }
 
     /// Arms a crash: the disk takes `writes` more writes, then fails.
@@ -70,6 +75,7 @@ impl SimDisk {
     pub fn crash(&self) {
         if let Ok(mut state) = self.state.lock() {
             state.unsynced.clear();
+            state.held.clear();
             state.writes_left = None;
             state.written = 0;
             state.synced = 0;
@@ -108,5 +114,11 @@ impl Durable for SimDisk {
 
     fn is_async(&self) -> bool {
         self.asynchronous
+    }
+
+    fn send_when_durable(&mut self, messages: Vec<Message>) -> Result<(), StorageError> {
+        let mut state = self.state.lock().map_err(|_| StorageError::Poisoned)?;
+        state.held.extend(messages);
+        Ok(())
     }
 }

@@ -322,10 +322,13 @@ impl World {
                     self.schedule(delay, Event::Persist(node));
                     return Ok(());
                 }
-                let durable = match self.nodes[node].disk.sync_queued() {
-                    Ok(durable) => durable,
+                let (durable, messages) = match self.nodes[node].disk.sync_queued() {
+                    Ok(synced) => synced,
                     Err(err) => return Err(format!("simulated disk of {} failed: {err}", node + 1)),
                 };
+                for message in messages {
+                    self.send(node, message);
+                }
                 if let Some(replica) = self.nodes[node].replica.as_mut() {
                     replica.on_persisted(durable);
                 }

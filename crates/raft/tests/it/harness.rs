@@ -87,17 +87,18 @@ impl Cluster {
         let store = EngineStore::open(self.dirs[idx(id)].path()).expect("open raft-engine");
         // Node 2 writes on its driver thread, the others through an I/O
         // thread: every cluster runs both kinds of store, either leading.
+        let (peers_out_tx, peers_out_rx) = bounded::<Message>(4096);
         let (replica, persisted) = if id == 2 {
             (Node::Sync(Replica::open(config, store, &self.logger).expect("open replica")), never())
         } else {
             let (store, persisted) =
-                AsyncEngineStore::spawn(store, format!("test-io-{id}")).expect("start the I/O thread");
+                AsyncEngineStore::spawn(store, format!("test-io-{id}"), Box::new(peers_out_tx.clone()))
+                    .expect("start the I/O thread");
             (Node::Async(Replica::open(config, store, &self.logger).expect("open replica")), persisted)
         };
 
         let (requests_tx, requests_rx) = bounded(1024);
         let (peers_in_tx, peers_in_rx) = bounded(4096);
-        let (peers_out_tx, peers_out_rx) = bounded::<Message>(4096);
         let (stop_tx, stop_rx) = bounded(1);
         let shell_config = ShellConfig { tick_interval: Duration::from_millis(10), drain_max: 4096 };
         let channels = Channels {
