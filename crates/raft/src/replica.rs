@@ -38,7 +38,9 @@ pub struct Stats {
     pub requests_proposed: u64,
     pub commands_proposed: u64,
     pub entries_proposed: u64,
-    /// Writes to the durable store, and those of them that were synced.
+    /// Writes to the durable store, and its syncs: the writes synced by a
+    /// synchronous store, the fsyncs (each covering a group of writes) of
+    /// an asynchronous one.
     pub writes: u64,
     pub syncs: u64,
     pub readies: u64,
@@ -405,7 +407,8 @@ impl<D: Durable> Replica<D> {
     }
 
     pub fn stats(&self) -> Stats {
-        Stats { writes: self.disk.writes, syncs: self.disk.syncs, ..self.stats }
+        let syncs = self.disk.store.syncs_done().unwrap_or(self.disk.syncs);
+        Stats { writes: self.disk.writes, syncs, ..self.stats }
     }
 
     /// An asynchronous store reports that its first `writes` writes since

@@ -81,6 +81,12 @@ pub trait Durable {
         drop(messages);
         Err(StorageError::Thread("a synchronous store does not hold messages".into()))
     }
+
+    /// For an asynchronous store: the syncs it has done, which group many
+    /// writes. `None`: count the writes that asked for a sync.
+    fn syncs_done(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A storage failure. The driver treats every one as fatal for the node.
@@ -464,6 +470,8 @@ pub struct AsyncEngineStore {
     /// `None` only while dropping.
     jobs: Option<crossbeam_channel::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Syncs the thread has done.
+    syncs: Arc<std::sync::atomic::AtomicU64>,
     /// Read once, before the thread started.
     recovered: Option<Recovered>,
 }
@@ -501,11 +509,14 @@ impl AsyncEngineStore {
         let recovered = store.recover()?;
         let (jobs, queued) = crossbeam_channel::unbounded::<Job>();
         let (report, persisted) = crossbeam_channel::unbounded();
+        let syncs = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let thread_syncs = Arc::clone(&syncs);
         let thread = std::thread::Builder::new()
             .name(name)
-            .spawn(move || write_queued(store, &queued, &report, peers.as_ref()))
+            .spawn(move || write_queued(store, &queued, &report, peers.as_ref(), &thread_syncs))
             .map_err(|err| StorageError::Thread(format!("cannot start: {err}")))?;
-        let store = AsyncEngineStore { jobs: Some(jobs), thread: Some(thread), recovered: Some(recovered) };
+        let store =
+            AsyncEngineStore { jobs: Some(jobs), thread: Some(thread), syncs, recovered: Some(recovered) };
         Ok((store, persisted))
     }
 }
@@ -525,6 +536,7 @@ fn write_queued(
     queued: &crossbeam_channel::Receiver<Job>,
     report: &crossbeam_channel::Sender<Persisted>,
     peers: &dyn PeerSink,
+    syncs: &std::sync::atomic::AtomicU64,
 ) {
     let mut durable = 0u64;
     let mut group = Vec::new();
@@ -546,6 +558,9 @@ fn write_queued(
                 return;
             }
             written += 1;
+        }
+        if sync_at.is_some() {
+            syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         for job in group.drain(..) {
             if let Job::Send(messages) = job {
@@ -574,6 +589,10 @@ impl Durable for AsyncEngineStore {
 
     fn send_when_durable(&mut self, messages: Vec<Message>) -> Result<(), StorageError> {
         self.queue(Job::Send(messages))
+    }
+
+    fn syncs_done(&self) -> Option<u64> {
+        Some(self.syncs.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     fn is_async(&self) -> bool {

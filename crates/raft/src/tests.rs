@@ -433,6 +433,8 @@ fn the_asynchronous_engine_store_reports_each_write_durable_in_order() {
         last = durable;
     }
     assert_eq!(last, 50);
+    let syncs = store.syncs_done().unwrap();
+    assert!((1..=50).contains(&syncs), "{syncs} syncs for 50 writes");
     drop(store);
     let recovered = EngineStore::open(dir.path()).unwrap().recover().unwrap();
     assert_eq!(recovered.entries.len(), 50);
