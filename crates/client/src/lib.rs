@@ -2,7 +2,8 @@
 //!
 //! This crate owns the client side of the client protocol
 //! (`crates/types/proto/client.proto`): pipelined connections (one per node
-//! in use, many requests in flight, responses matched by id), the retry loop
+//! in use, many requests in flight, responses matched by id; no reader
+//! thread: a waiting caller reads for all of them), the retry loop
 //! (follow `NOT_LEADER` to the leader, move on from unavailable or
 //! unreachable nodes with backoff, give up after
 //! [`ClientConfig::retry_for`]), and lock guards renewed by one background

@@ -8,21 +8,29 @@
 //!  step(peer message)     │   (raft-rs + LockTable) ├─▶ applied events (lease timer)
 //!  tick()                 ┘        │                └─▶ role changes
 //!                                  ▼
-//!                        Durable store (fsync per Ready)
+//!                        Durable store (one write per Ready)
 //! ```
 //!
 //! [`Replica`] is the core. It reads no clock and owns no thread or socket:
 //! time arrives as `tick()`, peers as `step()`, and what should happen leaves
-//! as [`Effects`]. Its only I/O is the [`Durable`] store it is given, which
-//! is raft-engine on disk in production ([`EngineStore`]) and memory in tests
-//! ([`MemStore`]); the simulator plugs a modelled disk into the same seam.
+//! as [`Effects`]. Its only I/O is the [`Durable`] store it is given: memory
+//! in tests ([`MemStore`]), a modelled disk in the simulator, raft-engine on
+//! disk in production. A store is synchronous ([`EngineStore`]: each write
+//! is synced before `write` returns) or asynchronous ([`AsyncEngineStore`],
+//! what `fencelockd` runs: `write` queues, an I/O thread syncs groups of
+//! writes, and the owner reports progress with [`Replica::on_persisted`]).
 //! [`shell::spawn`] runs a replica on a thread, over bounded crossbeam
 //! channels.
 //!
 //! Architecture invariants:
 //! - The `Ready` order of raft-rs's `five_mem_node` example: entries and hard
-//!   state are synced (one write per `Ready`) before the messages that
-//!   depend on them are sent and before any result is handed out.
+//!   state are durable (one write per `Ready`) before the messages that
+//!   depend on them (votes, append acknowledgements) are sent and before any
+//!   result is handed out. With an asynchronous store, raft-rs's async ready
+//!   (`advance_append_async`, `on_persist_ready`): those messages wait for
+//!   the store's sync (its I/O thread sends them), raft counts entries
+//!   persisted only when reported, and only entries persisted locally are
+//!   applied; the driver meanwhile steps, proposes and applies.
 //! - Results reach proposers by the request id carried in the entry's
 //!   context, and only when the entry was proposed by this node in the term
 //!   recorded for the request; never by position.
