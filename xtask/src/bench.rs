@@ -48,6 +48,9 @@ struct Options {
     /// Workload names to run; empty runs them all.
     only: Vec<String>,
     perf: bool,
+    /// How the generator drives the lock workloads' connections: `events`
+    /// (one event loop) or `threads` (a `fencelock-client` and thread each).
+    generator: String,
 }
 
 impl Options {
@@ -57,6 +60,7 @@ impl Options {
             warmup: Duration::from_secs(1),
             only: Vec::new(),
             perf: false,
+            generator: "events".to_owned(),
         };
         let mut args = args.iter();
         while let Some(arg) = args.next() {
@@ -74,9 +78,15 @@ impl Options {
                     }
                 }
                 "--perf" => options.perf = true,
+                "--generator" => {
+                    options.generator = value("--generator")?.clone();
+                    if !["events", "threads"].contains(&options.generator.as_str()) {
+                        bail!("--generator is `events` or `threads`, not `{}`", options.generator);
+                    }
+                }
                 other => bail!(
                     "unknown flag `{other}`\n\nUsage: cargo xtask bench [--quick] [--duration SECS] \
-                     [--warmup SECS] [--only NAMES] [--perf]\nWorkloads: {}",
+                     [--warmup SECS] [--only NAMES] [--perf] [--generator events|threads]\nWorkloads: {}",
                     workload_names()
                 ),
             }
@@ -222,12 +232,13 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
         "fsync": fsync,
         "cluster": {
             "nodes": 3,
-            "settings": "fencelockd defaults: tick 50 ms, election 500 ms, heartbeat 100 ms; every raft write synced",
+            "settings": "fencelockd defaults: tick 50 ms, election 500 ms, heartbeat 100 ms; every raft write synced (on an I/O thread that groups writes into one sync)",
             "data": temp.path().display().to_string(),
         },
         "duration_s": options.duration.as_secs_f64(),
         "warmup_s": options.warmup.as_secs_f64(),
         "profiled": options.perf,
+        "generator": options.generator,
         "workloads": results,
     });
     let table = render(&record);
@@ -291,6 +302,8 @@ fn run_workload(
         &duration,
         "--warmup",
         &warmup,
+        "--generator",
+        &options.generator,
     ];
     args.extend_from_slice(workload.flags);
 
@@ -708,8 +721,12 @@ fn verdict(target: Target, generated: &Value) -> String {
 fn render(record: &Value) -> String {
     let mut out = String::new();
     let fsync = &record["fsync"]["sync_data_us"];
+    let generator = match record["generator"].as_str() {
+        Some("threads") => "a fencelock-client and thread per connection",
+        _ => "one event loop for all connections (renewals: a thread per client)",
+    };
     out.push_str(&format!(
-        "{} on {}; fsync (4 KiB append + sync_data, {}x): p50 {} us, p99 {} us\n\n",
+        "{} on {}; fsync (4 KiB append + sync_data, {}x): p50 {} us, p99 {} us; generator: {generator}\n\n",
         record["date_utc"].as_str().unwrap_or("?"),
         record["machine"]["summary"].as_str().unwrap_or("?"),
         fsync["count"].as_u64().unwrap_or(0),
@@ -948,8 +965,11 @@ mod tests {
             Duration::from_millis(2500)
         );
         assert_eq!(Options::parse(&[]).unwrap().selected().count(), WORKLOADS.len());
+        assert_eq!(Options::parse(&[]).unwrap().generator, "events");
+        assert_eq!(Options::parse(&args(&["--generator", "threads"])).unwrap().generator, "threads");
         for bad in [
             &["--only", "everything"][..],
+            &["--generator", "fibers"],
             &["--duration", "soon"],
             &["--duration", "0"],
             &["--fast"],

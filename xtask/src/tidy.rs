@@ -31,7 +31,7 @@ const ARROWS: &[(&str, &[&str])] = &[
         "fencelock-server",
         &["fencelock-types", "fencelock-fsm", "fencelock-lease", "fencelock-raft", "fencelock-net"],
     ),
-    ("fencelock-bench", &["fencelock-client"]),
+    ("fencelock-bench", &["fencelock-types", "fencelock-net", "fencelock-client"]),
     ("fencelock-sim", &["fencelock-types", "fencelock-fsm", "fencelock-raft"]),
     ("fencelock-suite", &["fencelock-types", "fencelock-net", "fencelock-client"]),
     ("xtask", &[]),

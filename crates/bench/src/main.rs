@@ -1,7 +1,9 @@
 //! fencelock-bench: the load generator of `cargo xtask bench`.
 //!
-//! It drives a running cluster through `fencelock-client`, one `Client` and
-//! one thread per client connection, and prints what it measured as one JSON
+//! It drives a running cluster with N client connections, from one event
+//! loop speaking the protocol (the lock workloads, by default) or through
+//! `fencelock-client` with one thread per connection (`--generator threads`,
+//! and the renew workload), and prints what it measured as one JSON
 //! document on stdout (progress goes to stderr). `cargo xtask bench` starts
 //! the cluster, runs this once per workload and renders the table; it can
 //! also be pointed at any cluster by hand:
@@ -17,6 +19,7 @@
 //! A benchmark measures; it never fails on a figure. It fails only when it
 //! cannot run (no leader, a lock it must take for setup is refused).
 
+mod events;
 mod fsync;
 mod order;
 mod report;
@@ -30,7 +33,7 @@ use anyhow::{bail, Result};
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
-use crate::workloads::{Settings, Workload};
+use crate::workloads::{Generator, Settings, Workload};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -74,9 +77,14 @@ struct RunArgs {
     endpoints: Vec<String>,
     #[arg(long, value_enum)]
     workload: Workload,
-    /// Client connections, one thread each.
+    /// Client connections, each with one request in flight.
     #[arg(long, default_value_t = 1)]
     clients: usize,
+    /// distinct and hot-key: drive the connections from one event loop
+    /// (`events`), or one `fencelock-client` and thread each (`threads`).
+    /// renew always uses threads.
+    #[arg(long, value_enum, default_value = "events")]
+    generator: Generator,
     /// How long to measure, after the warm-up.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     duration: Duration,
@@ -131,6 +139,7 @@ impl RunArgs {
             renew_batch: self.renew_batch,
             key_prefix: self.key_prefix.unwrap_or_else(|| format!("bench/{}", std::process::id())),
             grants_csv: self.grants_csv,
+            generator: self.generator,
         })
     }
 }
@@ -199,6 +208,11 @@ mod tests {
         assert_eq!(settings.wait, Duration::from_millis(500));
         assert_eq!(settings.locks, 10_000);
         assert_eq!(settings.key_prefix, "k");
+        assert_eq!(settings.generator, Generator::Events);
+        let cli = parse(&["run", "--endpoints", "a:1", "--workload", "distinct", "--generator", "threads"])
+            .unwrap();
+        let Command::Run(args) = cli.command else { panic!("not a run: {cli:?}") };
+        assert_eq!(args.settings().unwrap().generator, Generator::Threads);
     }
 
     #[test]

@@ -1,19 +1,22 @@
-//! The workloads, run through `fencelock-client` against a live cluster.
+//! The workloads, run against a live cluster.
 //!
-//! Every workload has one [`Client`] per client connection and one thread
-//! per client, so that N clients are N connections each with one request in
-//! flight, as N independent processes would be. Each thread runs its loop
-//! from the start; the main thread lets them warm up, opens the measured
-//! window, closes it, and only requests completed inside it are counted and
-//! timed. Latencies go into one HDR histogram per thread, merged at the end,
-//! so the threads share nothing while they run but one atomic phase flag.
+//! N clients are N connections to the leader, each with one request in
+//! flight, as N independent processes would be. The lock workloads drive
+//! them from one event loop (`events.rs`) by default, or with one [`Client`]
+//! and one thread per connection (`--generator threads`); renewals always
+//! use threads. The worker threads run their loops from the start; the main
+//! thread lets them warm up, opens the measured window, closes it, and only
+//! requests completed inside it are counted and timed. Latencies go into one
+//! HDR histogram per thread, merged at the end, so the threads share nothing
+//! while they run but one atomic phase flag.
 //!
-//! The lock workloads use `acquire_raw`, the protocol's acquire without a
+//! Through `fencelock-client`, the lock workloads use `acquire_raw`, the protocol's acquire without a
 //! guard: a `LockGuard` would also register the lock with the client's
 //! background renewer and wake its thread on every acquire, which measures
 //! the client's bookkeeping rather than the service.
 
 use std::collections::BTreeMap;
+use std::net::ToSocketAddrs;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
@@ -22,6 +25,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use fencelock_client::{Client, ClientConfig, ClientError, NodeStatus};
 use hdrhistogram::Histogram;
 
+use crate::events::{self, EventRun};
 use crate::order::{self, GrantRecord};
 use crate::report::{
     new_histogram, rate, record, seconds, HotKeyReport, LatencySummary, ReadyReport, RenewReport, RunReport,
@@ -40,6 +44,17 @@ pub struct Settings {
     pub renew_batch: usize,
     pub key_prefix: String,
     pub grants_csv: Option<PathBuf>,
+    pub generator: Generator,
+}
+
+/// How the lock workloads drive their client connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Generator {
+    /// One thread drives every connection over mio, speaking the protocol
+    /// (`events.rs`): the generator costs the shared machine little.
+    Events,
+    /// One `fencelock-client` and one blocking thread per connection.
+    Threads,
 }
 
 /// The workloads `cargo xtask bench` runs.
@@ -70,12 +85,12 @@ type Held = Vec<(Vec<u8>, u64)>;
 
 /// Threads check this between requests.
 const WARMUP: u8 = 0;
-const MEASURE: u8 = 1;
-const STOP: u8 = 2;
+pub(crate) const MEASURE: u8 = 1;
+pub(crate) const STOP: u8 = 2;
 
 /// The pause after a failed request, so that a cluster in trouble is not
 /// hammered (the client has already retried within its own budget).
-const ERROR_PAUSE: Duration = Duration::from_millis(10);
+pub(crate) const ERROR_PAUSE: Duration = Duration::from_millis(10);
 
 /// Client threads per client in the renew workload's setup and cleanup:
 /// enough requests in flight to take 10,000 locks in a few seconds.
@@ -83,34 +98,42 @@ const SETUP_THREADS_PER_CLIENT: usize = 4;
 
 /// What the client threads share: the phase, and the clock's origin for
 /// grant records.
-struct Shared {
+pub(crate) struct Shared {
     phase: AtomicU8,
     origin: Instant,
 }
 
 impl Shared {
-    fn phase(&self) -> u8 {
+    pub(crate) fn new() -> Shared {
+        Shared { phase: AtomicU8::new(WARMUP), origin: Instant::now() }
+    }
+
+    pub(crate) fn set_phase(&self, phase: u8) {
+        self.phase.store(phase, Ordering::Relaxed);
+    }
+
+    pub(crate) fn phase(&self) -> u8 {
         self.phase.load(Ordering::Relaxed)
     }
 
-    fn nanos(&self, at: Instant) -> u64 {
+    pub(crate) fn nanos(&self, at: Instant) -> u64 {
         u64::try_from(at.duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX)
     }
 }
 
 /// One thread's counts, merged into the run's at the end.
 #[derive(Debug, Default)]
-struct Tally {
-    cycles: u64,
+pub(crate) struct Tally {
+    pub(crate) cycles: u64,
     latency: BTreeMap<&'static str, Histogram<u64>>,
-    errors: BTreeMap<String, u64>,
-    grants: Vec<GrantRecord>,
+    pub(crate) errors: BTreeMap<String, u64>,
+    pub(crate) grants: Vec<GrantRecord>,
     locks_renewed: u64,
     not_renewed: u64,
 }
 
 impl Tally {
-    fn time(&mut self, kind: &'static str, elapsed: Duration) {
+    pub(crate) fn time(&mut self, kind: &'static str, elapsed: Duration) {
         record(self.latency.entry(kind).or_insert_with(new_histogram), elapsed);
     }
 
@@ -118,7 +141,7 @@ impl Tally {
         self.count(format!("{request}:{}", error.code()));
     }
 
-    fn count(&mut self, what: String) {
+    pub(crate) fn count(&mut self, what: String) {
         *self.errors.entry(what).or_default() += 1;
     }
 
@@ -218,43 +241,76 @@ pub fn run(workload: Workload, settings: &Settings) -> Result<RunReport> {
     let status = status_client(&settings.endpoints)?;
     let leader = agreed_leader(&status, &settings.endpoints)
         .with_context(|| format!("the nodes of {:?} do not agree on a leader", settings.endpoints))?;
-    let endpoints = leader_first(&settings.endpoints, &leader);
-    let clients: Vec<Client> = (0..settings.clients).map(|_| connect(&endpoints)).collect::<Result<_>>()?;
-    // Connections open on first use: open them all now, so that no
-    // connection set-up (nor the server's threads starting for it) lands in
-    // a timed request, or makes an early acquire look overtaken.
-    for client in &clients {
-        client.status(&leader.addr).with_context(|| format!("cannot reach the leader at {}", leader.addr))?;
-    }
+    let events = settings.generator == Generator::Events && workload != Workload::Renew;
     eprintln!(
-        "fencelock-bench: {} with {} clients, leader {} at {}: warm-up {:?}, measuring {:?}",
+        "fencelock-bench: {} with {} clients ({}), leader {} at {}: warm-up {:?}, measuring {:?}",
         workload.name(),
         settings.clients,
+        if events { "one event loop" } else { "a thread each" },
         leader.id,
         leader.addr,
         settings.warmup,
         settings.duration
     );
-    match workload {
-        Workload::Distinct => {
-            let window = measure(settings, &status, &leader, &clients, |index, client, shared| {
-                let key = format!("{}/distinct/{index}", settings.key_prefix);
-                cycle_loop(client, shared, &key, settings.lease, Duration::ZERO, index, false)
-            })?;
-            Ok(window.report(workload, settings, &leader, 2, None, None))
+    let hot_key = format!("{}/hot", settings.key_prefix);
+    let key = |index: usize| match workload {
+        Workload::HotKey => hot_key.clone(),
+        _ => format!("{}/distinct/{index}", settings.key_prefix),
+    };
+    let (wait, grants) = match workload {
+        Workload::HotKey => (settings.wait, true),
+        _ => (Duration::ZERO, false),
+    };
+    let window = if events {
+        let leader_addr = leader
+            .addr
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut addrs| addrs.next())
+            .with_context(|| format!("cannot resolve the leader's address {}", leader.addr))?;
+        let run = EventRun {
+            leader: leader_addr,
+            clients: settings.clients,
+            key: &key,
+            lease: settings.lease,
+            wait,
+            grants,
+            owner_prefix: format!("{}/owner", settings.key_prefix),
+        };
+        let connected = std::sync::Mutex::new(Some(events::connect(&run)?));
+        measure(settings, &status, &leader, 1, |_, shared| {
+            let taken = connected.lock().ok().and_then(|mut connected| connected.take());
+            let (poll, connections) = taken.context("the event loop ran twice")?;
+            events::drive(&run, poll, connections, shared)
+        })?
+    } else {
+        let endpoints = leader_first(&settings.endpoints, &leader);
+        let clients: Vec<Client> =
+            (0..settings.clients).map(|_| connect(&endpoints)).collect::<Result<_>>()?;
+        // Connections open on first use: open them all now, so that no
+        // connection set-up (nor the server's threads starting for it) lands
+        // in a timed request, or makes an early acquire look overtaken.
+        for client in &clients {
+            client
+                .status(&leader.addr)
+                .with_context(|| format!("cannot reach the leader at {}", leader.addr))?;
         }
+        if workload == Workload::Renew {
+            return renew(settings, &status, &leader, &clients);
+        }
+        measure(settings, &status, &leader, clients.len(), |index, shared| {
+            Ok(cycle_loop(&clients[index], shared, &key(index), settings.lease, wait, index, grants))
+        })?
+    };
+    match workload {
         Workload::HotKey => {
-            let key = format!("{}/hot", settings.key_prefix);
-            let window = measure(settings, &status, &leader, &clients, |index, client, shared| {
-                cycle_loop(client, shared, &key, settings.lease, settings.wait, index, true)
-            })?;
             let hot_key = hot_key_report(&window.tally.grants, settings);
             if let Some(path) = &settings.grants_csv {
                 write_grants_csv(path, &window.tally.grants)?;
             }
             Ok(window.report(workload, settings, &leader, 2, Some(hot_key), None))
         }
-        Workload::Renew => renew(settings, &status, &leader, &clients),
+        _ => Ok(window.report(workload, settings, &leader, 2, None, None)),
     }
 }
 
@@ -371,32 +427,32 @@ impl Window {
     }
 }
 
-/// Starts one thread per client running `worker`, lets them warm up,
+/// Starts `workers` threads running `worker`, lets them warm up,
 /// measures, stops them and merges what they counted.
 fn measure<W>(
     settings: &Settings,
     status: &Client,
     leader: &Leader,
-    clients: &[Client],
+    workers: usize,
     worker: W,
 ) -> Result<Window>
 where
-    W: Fn(usize, &Client, &Shared) -> Tally + Sync,
+    W: Fn(usize, &Shared) -> Result<Tally> + Sync,
 {
-    let shared = Shared { phase: AtomicU8::new(WARMUP), origin: Instant::now() };
+    let shared = Shared::new();
     std::thread::scope(|scope| {
-        let mut handles = Vec::with_capacity(clients.len());
-        for (index, client) in clients.iter().enumerate() {
+        let mut handles = Vec::with_capacity(workers);
+        for index in 0..workers {
             let (shared, worker) = (&shared, &worker);
             let spawned = std::thread::Builder::new()
                 .name(format!("bench-client-{index}"))
-                .spawn_scoped(scope, move || worker(index, client, shared));
+                .spawn_scoped(scope, move || worker(index, shared));
             match spawned {
                 Ok(handle) => handles.push(handle),
                 Err(err) => {
                     // The threads already started must see the end, or the
                     // scope would wait for them forever.
-                    shared.phase.store(STOP, Ordering::Relaxed);
+                    shared.set_phase(STOP);
                     return Err(anyhow!("cannot start client thread {index}: {err}"));
                 }
             }
@@ -404,17 +460,17 @@ where
         std::thread::sleep(settings.warmup);
         let before = status.status(&leader.addr).ok();
         let cpu_before = own_cpu_seconds();
-        shared.phase.store(MEASURE, Ordering::Relaxed);
+        shared.set_phase(MEASURE);
         let started = Instant::now();
         std::thread::sleep(settings.duration);
-        shared.phase.store(STOP, Ordering::Relaxed);
+        shared.set_phase(STOP);
         let measured = started.elapsed();
         let cpu_after = own_cpu_seconds();
         let after = status.status(&leader.addr).ok();
         eprintln!("fencelock-bench: measured {measured:?}; waiting for the clients to finish their cycle");
         let mut tally = Tally::default();
         for handle in handles {
-            let thread = handle.join().map_err(|_| anyhow!("a client thread panicked"))?;
+            let thread = handle.join().map_err(|_| anyhow!("a client thread panicked"))??;
             tally.merge(thread)?;
         }
         let (leader_changed, entries_committed) = match (&before, &after) {
@@ -491,8 +547,8 @@ fn renew(settings: &Settings, status: &Client, leader: &Leader, clients: &[Clien
         0 => keys.iter().map(Vec::len).max().unwrap_or(1),
         batch => batch,
     };
-    let window = measure(settings, status, leader, clients, |index, client, shared| {
-        renew_loop(client, shared, &held[index], batch, settings.lease)
+    let window = measure(settings, status, leader, clients.len(), |index, shared| {
+        Ok(renew_loop(&clients[index], shared, &held[index], batch, settings.lease))
     });
     // Released whatever the measurement gave, so that a failed run leaves no
     // locks behind on a cluster that lives on.
