@@ -49,8 +49,9 @@ enum Wake {
 }
 
 /// How long a waiting caller sleeps before looking at the reading role
-/// again, should the nudge that passes it on have been missed.
-const ROLE_POLL: Duration = Duration::from_millis(2);
+/// again, should a nudge that passes it on ever be missed: a safety net,
+/// not the way the role moves.
+const ROLE_POLL: Duration = Duration::from_millis(50);
 
 /// The callers waiting for responses, by request id.
 #[derive(Debug, Default)]
@@ -190,6 +191,9 @@ impl Connection {
         let outcome = self.wait(&receiver, deadline);
         if matches!(outcome, Err(CallError::TimedOut)) {
             self.waiters.forget(id);
+            // A nudge meant for this caller may have come as it gave up:
+            // pass it on, so that the others are not left without a reader.
+            self.waiters.nudge_one();
         }
         outcome
     }
