@@ -411,7 +411,12 @@ impl EventLoop {
             let Some(body) = input.get(at + 4..at + 4 + len) else { break };
             at += 4 + len;
             match Request::parse_from_bytes(body) {
-                Ok(request) => self.dispatch(token, request),
+                Ok(request) => {
+                    if let Err(close) = self.dispatch(token, request) {
+                        result = Err(close);
+                        break;
+                    }
+                }
                 Err(err) => {
                     result = Err(Close::Violation(FrameError::Decode(err).to_string()));
                     break;
@@ -427,7 +432,7 @@ impl EventLoop {
     }
 
     /// Hands one request on, or refuses it over the in-flight limit.
-    fn dispatch(&mut self, token: Token, request: Request) {
+    fn dispatch(&mut self, token: Token, request: Request) -> Result<(), Close> {
         let at_limit = |connections: &HashMap<Token, Connection>| {
             connections.get(&token).is_some_and(|connection| {
                 connection.shared.in_flight.load(Ordering::SeqCst) >= self.config.in_flight_max
@@ -438,7 +443,7 @@ impl EventLoop {
             // count them out before refusing.
             self.take_outbox();
         }
-        let Some(connection) = self.connections.get(&token) else { return };
+        let Some(connection) = self.connections.get(&token) else { return Ok(()) };
         let shared = &connection.shared;
         if shared.in_flight.load(Ordering::SeqCst) >= self.config.in_flight_max {
             let refusal = error_response(
@@ -447,11 +452,19 @@ impl EventLoop {
                 format!("more than {} requests in flight on this connection", self.config.in_flight_max),
             );
             self.refuse(token, refusal);
-            return;
+            return Ok(());
         }
         shared.in_flight.fetch_add(1, Ordering::SeqCst);
         let sink = ResponseSink { id: request.id, connection: Arc::clone(shared) };
-        self.handler.handle(request, sink);
+        // A handler bug must not take every client connection down with
+        // this thread: the connection whose request hit it is closed.
+        let handler = &self.handler;
+        let handled =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler.handle(request, sink)));
+        if handled.is_err() {
+            return Err(Close::Violation("the request handler panicked; see the panic message above".into()));
+        }
+        Ok(())
     }
 
     /// Queues a response of the loop's own (not counted in flight).

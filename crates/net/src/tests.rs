@@ -264,3 +264,27 @@ fn peers_exchange_messages_and_learn_client_addresses_despite_garbage() {
     // A message for a node that is not a peer is refused, not queued.
     assert!(!one_out.send(PeerHello { node_id: 9, ..Default::default() }));
 }
+
+/// Panics on request 13, answers the others.
+struct Unlucky;
+
+impl Handler for Unlucky {
+    fn handle(&self, request: Request, sink: ResponseSink) {
+        assert_ne!(request.id, 13, "unlucky request");
+        assert!(sink.send(crate::error_response(request.id, ErrorCode::INTERNAL, "ok")));
+    }
+}
+
+#[test]
+fn a_handler_that_panics_closes_only_that_connection() {
+    let listener = listener(Arc::new(Unlucky), 8, 8);
+    let mut unlucky = connect(listener.local_addr());
+    write_frame(&mut unlucky, &status_request(13)).unwrap();
+    let mut rest = Vec::new();
+    assert_eq!(unlucky.read_to_end(&mut rest).unwrap(), 0, "closed without an answer");
+    // The event loop lives on: new and old connections are served.
+    let mut lucky = connect(listener.local_addr());
+    write_frame(&mut lucky, &status_request(7)).unwrap();
+    let answer: Response = read_frame(&mut lucky, 1 << 20).unwrap();
+    assert_eq!(answer.id, 7);
+}
