@@ -377,15 +377,22 @@ mod tests {
         String::from_utf8(get.get_holder().key.clone()).unwrap()
     }
 
-    /// A server that answers `batch` requests at a time, in reverse order,
-    /// each batch's bytes in two writes split inside a frame.
-    fn reversing_server(batch: usize) -> String {
+    /// A server for one connection, run by `serve` on its own thread with
+    /// the connection's reading and writing halves.
+    fn one_connection_server(serve: impl FnOnce(BufReader<TcpStream>, TcpStream) + Send + 'static) -> String {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         std::thread::spawn(move || {
             let (stream, _) = listener.accept().unwrap();
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut writer = stream;
+            serve(BufReader::new(stream.try_clone().unwrap()), stream);
+        });
+        addr
+    }
+
+    /// A server that answers `batch` requests at a time, in reverse order,
+    /// each batch's bytes in two writes split inside a frame.
+    fn reversing_server(batch: usize) -> String {
+        one_connection_server(move |mut reader, mut writer| {
             let mut held = Vec::new();
             while let Ok(request) = read_frame::<Request>(&mut reader, 1 << 20) {
                 held.push(request);
@@ -401,8 +408,7 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(1));
                 writer.write_all(&bytes[half..]).unwrap();
             }
-        });
-        addr
+        })
     }
 
     #[test]
@@ -432,12 +438,7 @@ mod tests {
 
     #[test]
     fn a_reader_that_times_out_mid_frame_hands_the_role_and_the_bytes_on() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        std::thread::spawn(move || {
-            let (stream, _) = listener.accept().unwrap();
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut writer = stream;
+        let addr = one_connection_server(|mut reader, mut writer| {
             // The first request is never answered.
             let _first = read_frame::<Request>(&mut reader, 1 << 20).unwrap();
             let second = read_frame::<Request>(&mut reader, 1 << 20).unwrap();
