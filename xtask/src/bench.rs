@@ -308,6 +308,7 @@ fn run_workload(
     args.extend_from_slice(workload.flags);
 
     let cpu_before = cluster.cpu_ticks();
+    let switches_before = cluster.context_switches();
     let busy_before = machine_busy_ticks();
     let started = Instant::now();
     let child = spawn_generator(generator, &args)?;
@@ -319,6 +320,7 @@ fn run_workload(
     let output = child.wait_with_output().context("the load generator did not finish")?;
     let elapsed = started.elapsed();
     let cpu_after = cluster.cpu_ticks();
+    let switches_after = cluster.context_switches();
     let busy_after = machine_busy_ticks();
     let perf = perf.map(Profiler::finish).transpose()?;
     if !output.status.success() {
@@ -336,9 +338,16 @@ fn run_workload(
         .iter()
         .zip(cpu_before.iter().zip(&cpu_after))
         .zip(stats.iter().zip(&pids))
-        .map(|((node, (before, after)), (stats, pid))| {
+        .zip(switches_before.iter().zip(&switches_after))
+        .map(|(((node, (before, after)), (stats, pid)), switches)| {
             let cpu_s = match (before, after) {
                 (Some(before), Some(after)) => Some((after.saturating_sub(*before)) as f64 / ticks_per_s),
+                _ => None,
+            };
+            let switches_per_s = match switches {
+                (Some(before), Some(after)) => {
+                    Some((after.saturating_sub(*before) as f64 / elapsed.as_secs_f64()).round())
+                }
                 _ => None,
             };
             json!({
@@ -349,6 +358,9 @@ fn run_workload(
                 "cores_used": cpu_s.map(|cpu| round2(cpu / elapsed.as_secs_f64())),
                 "entries_applied": stats.entries_applied,
                 "syncs": stats.syncs,
+                // Voluntary and involuntary, summed over the server's threads
+                // that were alive at both readings.
+                "context_switches_per_s": switches_per_s,
             })
         })
         .collect();
@@ -462,6 +474,22 @@ impl Cluster {
         self.nodes.iter().find(|node| node.id == id)?.child.as_ref().map(Child::id)
     }
 
+    /// Each server's context switches so far, summed over its threads.
+    fn context_switches(&self) -> Vec<Option<u64>> {
+        self.nodes
+            .iter()
+            .map(|node| {
+                let pid = node.child.as_ref()?.id();
+                let mut total = 0;
+                for task in fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+                    let text = fs::read_to_string(task.path().join("status")).unwrap_or_default();
+                    total += context_switches_of_status(&text);
+                }
+                Some(total)
+            })
+            .collect()
+    }
+
     /// Each server's CPU time so far, in clock ticks.
     fn cpu_ticks(&self) -> Vec<Option<u64>> {
         self.nodes
@@ -557,6 +585,18 @@ fn cpu_ticks_of_stat(text: &str) -> Option<u64> {
 
 /// The machine's busy time so far, all CPUs, in clock ticks: the first line
 /// of `/proc/stat` less idle and I/O wait.
+/// Voluntary plus involuntary context switches in a `/proc/.../status`.
+fn context_switches_of_status(text: &str) -> u64 {
+    text.lines()
+        .filter_map(|line| {
+            let value = line
+                .strip_prefix("voluntary_ctxt_switches:")
+                .or_else(|| line.strip_prefix("nonvoluntary_ctxt_switches:"))?;
+            value.trim().parse::<u64>().ok()
+        })
+        .sum()
+}
+
 fn machine_busy_ticks() -> Option<u64> {
     busy_ticks_of_proc_stat(&fs::read_to_string("/proc/stat").ok()?)
 }
@@ -770,9 +810,9 @@ fn render(record: &Value) -> String {
     }
 
     out.push_str(
-        "\n| workload | requests / entry | entries / sync (leader) | CPU cores used: leader, followers, generator | other processes (cores) | errors |\n",
+        "\n| workload | requests / entry | entries / sync (leader) | context switches / request (leader) | CPU cores used: leader, followers, generator | other processes (cores) | errors |\n",
     );
-    out.push_str("|---|---:|---:|---|---:|---|\n");
+    out.push_str("|---|---:|---:|---:|---|---:|---|\n");
     for workload in workloads.iter().filter(|workload| workload["error"].is_null()) {
         let generated = &workload["generator"];
         let servers = workload["servers"].as_array().cloned().unwrap_or_default();
@@ -780,6 +820,13 @@ fn render(record: &Value) -> String {
         let entries_per_sync = leader
             .and_then(|leader| Some(leader["entries_applied"].as_f64()? / leader["syncs"].as_f64()?.max(1.0)))
             .map_or("?".to_owned(), |ratio| format!("{ratio:.2}"));
+        let requests_per_s = generated["cycles_per_s"].as_f64().unwrap_or(0.0) * 2.0;
+        let switches_per_request = leader
+            .and_then(|leader| leader["context_switches_per_s"].as_f64())
+            .filter(|_| {
+                requests_per_s > 0.0 && workload["name"].as_str().is_some_and(|name| name != "renew-10k")
+            })
+            .map_or("-".to_owned(), |switches| format!("{:.1}", switches / requests_per_s));
         let cores = |server: &Value| {
             server["cores_used"].as_f64().map_or("?".to_owned(), |cores| format!("{cores:.2}"))
         };
@@ -797,7 +844,7 @@ fn render(record: &Value) -> String {
             },
         );
         out.push_str(&format!(
-            "| {} | {} | {entries_per_sync} | {}, {}, {generator_cores} | {} | {errors} |\n",
+            "| {} | {} | {entries_per_sync} | {switches_per_request} | {}, {}, {generator_cores} | {} | {errors} |\n",
             workload["name"].as_str().unwrap_or("?"),
             generated["requests_per_entry"],
             leader.map_or("?".to_owned(), cores),
@@ -1018,6 +1065,9 @@ mod tests {
         assert_eq!(utc_date(1_709_210_096), "2024-02-29 12:34 UTC");
         let stat = "4242 (fencelockd) S 1 2 3 4 5 6 7 8 9 10 300 45 0 0";
         assert_eq!(cpu_ticks_of_stat(stat), Some(345));
+        let status =
+            "Name:\tfencelock-raft-\nvoluntary_ctxt_switches:\t120\nnonvoluntary_ctxt_switches:\t7\n";
+        assert_eq!(context_switches_of_status(status), 127);
         let perf = "# started\n\n1234,,syscalls:sys_enter_fdatasync,10.0,100.00,,\n<not counted>,,x,0,0,,\n";
         assert_eq!(perf_stat_counts(perf).get("fdatasync"), Some(&1234.0));
         assert_eq!(
@@ -1036,7 +1086,8 @@ mod tests {
                 {"name": "distinct-1", "label": "distinct keys", "target": ">= 1,000 cycles/s", "verdict": "met",
                  "generator": {"clients": 1, "cycles_per_s": 1500.0, "requests_per_entry": 1.0, "errors": {},
                                "latency_us": {"acquire": {"count": 5, "p50_us": 600, "p99_us": 900, "p999_us": 1200}}},
-                 "servers": [{"leader": true, "entries_applied": 100, "syncs": 50, "cores_used": 0.5}]},
+                 "servers": [{"leader": true, "entries_applied": 100, "syncs": 50, "cores_used": 0.5,
+                              "context_switches_per_s": 9000.0}]},
                 {"name": "hot-key-64", "label": "one hot key, waiting", "error": "no leader\nlogs"},
             ],
         });
@@ -1048,7 +1099,7 @@ mod tests {
             "{table}"
         );
         assert!(table.contains("| one hot key, waiting | | failed: no leader |"), "{table}");
-        assert!(table.contains("| distinct-1 | 1.0 | 2.00 |"), "{table}");
+        assert!(table.contains("| distinct-1 | 1.0 | 2.00 | 3.0 |"), "{table}");
         assert_eq!(busy_ticks_of_proc_stat("cpu  10 1 5 100 7 2 3 4 0 0\ncpu0 1 1 1 1 1 1 1 1\n"), Some(25));
         assert_eq!(busy_ticks_of_proc_stat("intr 1 2"), None);
     }
