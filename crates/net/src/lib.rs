@@ -4,10 +4,12 @@
 //! - [`frame`]: a 4-byte big-endian length, then one protobuf message;
 //!   readers refuse lengths over their limit before allocating.
 //! - [`PeerTransport`]: one outgoing TCP connection per peer, a bounded
-//!   queue per peer that drops when full, batched writes, reconnection with
-//!   backoff; incoming connections open with a `PeerHello`.
-//! - [`ClientListener`]: pipelined requests and responses on each client
-//!   connection, handed to a [`Handler`].
+//!   queue per peer (fed through a [`PeerOutbox`]) that drops when full,
+//!   batched writes, reconnection with backoff; incoming connections open
+//!   with a `PeerHello`.
+//! - [`ClientListener`]: one event loop (mio) for every client connection:
+//!   pipelined requests handed to a [`Handler`], responses written as they
+//!   complete, from whichever thread completes them.
 //!
 //! Architecture invariants: this crate knows frames, sockets and channels,
 //! and nothing of the driver, raft or the lock table: peer messages are any

@@ -165,7 +165,7 @@ impl<D: Durable> Replica<D> {
         config.validate()?;
         let logger = logger.new(slog::o!("node_id" => config.id.0));
         let mut recovered = durable.recover()?;
-        let mut disk = Disk { store: durable, submitted: 0, durable: 0, writes: 0, syncs: 0 };
+        let mut disk = Disk { store: durable, submitted: 0, durable: 0, syncs: 0 };
         if recovered.conf_state.is_none() {
             let conf_state = ConfState::from((config.voters.iter().map(|v| v.0).collect::<Vec<_>>(), vec![]));
             disk.write(WriteBatch { conf_state: Some(&conf_state), ..Default::default() })?;
@@ -408,7 +408,7 @@ impl<D: Durable> Replica<D> {
 
     pub fn stats(&self) -> Stats {
         let syncs = self.disk.store.syncs_done().unwrap_or(self.disk.syncs);
-        Stats { writes: self.disk.writes, syncs, ..self.stats }
+        Stats { writes: self.disk.submitted, syncs, ..self.stats }
     }
 
     /// An asynchronous store reports that its first `writes` writes since
@@ -841,11 +841,9 @@ impl<D: Durable> Replica<D> {
 
         if self.disk.store.is_async() {
             // The write is queued, not done: votes and append
-            // acknowledgements wait for it (`on_persisted`), and raft learns
-            // of it then. Meanwhile this node goes on stepping, proposing
+            // acknowledgements wait for it, and raft learns of it with
+            // `on_persisted`. Meanwhile this node goes on stepping, proposing
             // and applying what was persisted before.
-            // Raft counts a snapshot applied only once it is persisted; the
-            // entries applied now were persisted before this ready.
             let messages = ready.take_persisted_messages();
             if self.disk.durable == self.disk.submitted {
                 // Nothing is waiting to be durable (this ready wrote nothing).
@@ -855,6 +853,8 @@ impl<D: Durable> Replica<D> {
                 // durable: the acknowledgement does not wait for this thread.
                 self.disk.store.send_when_durable(messages)?;
             }
+            // Raft counts a snapshot applied only once it is persisted; the
+            // entries applied above were persisted before this ready.
             let snapshot_index = installed.then(|| ready.snapshot().get_metadata().index);
             let number = ready.number();
             self.unpersisted.push_back(Unpersisted { write: self.disk.submitted, number, snapshot_index });
@@ -1094,7 +1094,7 @@ struct Disk<D> {
     submitted: u64,
     /// Of those, how many are durable: all of them for a synchronous store.
     durable: u64,
-    writes: u64,
+    /// Of those, how many asked for a sync.
     syncs: u64,
 }
 
@@ -1106,7 +1106,6 @@ impl<D: Durable> Disk<D> {
         if !self.store.is_async() {
             self.durable = self.submitted;
         }
-        self.writes += 1;
         if synced {
             self.syncs += 1;
         }
