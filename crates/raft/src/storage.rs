@@ -1,10 +1,12 @@
 //! Raft log storage: an in-memory [`LogCache`] that raft-rs reads, behind it a
-//! [`Durable`] store that every write goes through, synced, before the driver
-//! acts on it.
+//! [`Durable`] store that every write goes through, durable before the
+//! driver acts on it.
 //!
 //! The split keeps raft-rs's reads off the disk and gives the simulator one
 //! seam to model a disk: implement [`Durable`]. Production uses
-//! [`EngineStore`] (raft-engine); tests use [`MemStore`].
+//! [`AsyncEngineStore`] (raft-engine behind an I/O thread that syncs groups
+//! of writes); tests also use [`EngineStore`] (raft-engine, synced on the
+//! caller's thread) and [`MemStore`].
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -476,17 +478,6 @@ pub struct AsyncEngineStore {
     recovered: Option<Recovered>,
 }
 
-impl AsyncEngineStore {
-    fn queue(&self, job: Job) -> Result<(), StorageError> {
-        let sent = self.jobs.as_ref().is_some_and(|jobs| jobs.send(job).is_ok());
-        if sent {
-            Ok(())
-        } else {
-            Err(StorageError::Thread("stopped after a failed write".into()))
-        }
-    }
-}
-
 impl Drop for AsyncEngineStore {
     /// Lets the I/O thread finish what is queued and close the engine, so
     /// that the directory can be opened again at once.
@@ -518,6 +509,15 @@ impl AsyncEngineStore {
         let store =
             AsyncEngineStore { jobs: Some(jobs), thread: Some(thread), syncs, recovered: Some(recovered) };
         Ok((store, persisted))
+    }
+
+    fn queue(&self, job: Job) -> Result<(), StorageError> {
+        let sent = self.jobs.as_ref().is_some_and(|jobs| jobs.send(job).is_ok());
+        if sent {
+            Ok(())
+        } else {
+            Err(StorageError::Thread("stopped after a failed write".into()))
+        }
     }
 }
 
