@@ -7,7 +7,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crossbeam_channel::bounded;
+use crossbeam_channel::{bounded, Sender};
 use fencelock_types::client_pb::{ErrorCode, PeerHello, Request, Response, StatusRequest};
 
 use crate::{
@@ -287,4 +287,59 @@ fn a_handler_that_panics_closes_only_that_connection() {
     write_frame(&mut lucky, &status_request(7)).unwrap();
     let answer: Response = read_frame(&mut lucky, 1 << 20).unwrap();
     assert_eq!(answer.id, 7);
+}
+
+/// Answers every request from another thread, in batches, in reverse order
+/// of arrival: as the raft driver does, a turn at a time.
+struct Elsewhere(Sender<ResponseSink>);
+
+impl Handler for Elsewhere {
+    fn handle(&self, _request: Request, sink: ResponseSink) {
+        self.0.send(sink).unwrap();
+    }
+}
+
+#[test]
+fn responses_sent_from_another_thread_all_reach_their_connections() {
+    let (sinks_tx, sinks_rx) = crossbeam_channel::unbounded::<ResponseSink>();
+    let answerer = std::thread::spawn(move || {
+        while let Ok(first) = sinks_rx.recv() {
+            let mut turn = vec![first];
+            turn.extend(sinks_rx.try_iter());
+            for sink in turn.into_iter().rev() {
+                let id = sink.id();
+                assert!(sink.send(crate::error_response(id, ErrorCode::INTERNAL, format!("answer to {id}"))));
+            }
+        }
+    });
+    let listener = listener(Arc::new(Elsewhere(sinks_tx)), 64, 16);
+    let addr = listener.local_addr();
+    let clients: Vec<_> = (0..16u64)
+        .map(|client| {
+            std::thread::spawn(move || {
+                let mut stream = connect(addr);
+                for round in 0..100u64 {
+                    // Up to 8 in flight, answered in any order.
+                    let ids: Vec<u64> = (0..8).map(|n| client * 1_000_000 + round * 8 + n + 1).collect();
+                    for id in &ids {
+                        write_frame(&mut stream, &status_request(*id)).unwrap();
+                    }
+                    let mut answered: Vec<u64> = (0..ids.len())
+                        .map(|_| {
+                            let answer: Response = read_frame(&mut stream, 1 << 20).unwrap();
+                            assert_eq!(answer.get_error().message, format!("answer to {}", answer.id));
+                            answer.id
+                        })
+                        .collect();
+                    answered.sort_unstable();
+                    assert_eq!(answered, ids);
+                }
+            })
+        })
+        .collect();
+    for client in clients {
+        client.join().unwrap();
+    }
+    drop(listener);
+    drop(answerer);
 }
