@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use crossbeam_channel::Sender;
 use fencelock_net::{error_response, Handler, ResponseSink};
@@ -26,11 +26,15 @@ pub trait Directory: Send + Sync {
 /// The client-facing side of one node.
 pub struct ClientHandler {
     pub driver: Sender<DriverRequest>,
+    pub identity: Arc<Identity>,
+}
+
+/// Who this node is, and where every node's clients connect.
+pub struct Identity {
     pub node_id: u64,
     pub client_addr: SocketAddr,
     pub peers: BTreeMap<u64, SocketAddr>,
-    /// Filled in once the peer transport runs.
-    pub directory: OnceLock<Arc<dyn Directory>>,
+    pub directory: Arc<dyn Directory>,
 }
 
 impl Handler for ClientHandler {
@@ -248,12 +252,7 @@ impl ClientHandler {
     /// Answers from the driver's status, without waiting for it here: this
     /// runs on the client listener's event loop.
     fn status(&self, sink: ResponseSink) {
-        let identity = Identity {
-            node_id: self.node_id,
-            client_addr: self.client_addr,
-            peers: self.peers.clone(),
-            directory: self.directory.get().cloned(),
-        };
+        let identity = Arc::clone(&self.identity);
         let deliver = StatusCallback::new(move |status| {
             let response = match status {
                 Some(status) => proto::Response {
@@ -279,21 +278,12 @@ impl ClientHandler {
         convert: impl FnOnce(Reply) -> Result<Out, RequestError> + Send + 'static,
     ) -> Responder {
         let id = sink.id();
-        let directory = self.directory.get().cloned();
-        let node_id = self.node_id;
-        let own_addr = self.client_addr;
+        let identity = Arc::clone(&self.identity);
         Responder::new(move |reply| {
             let response = match convert(reply) {
                 Ok(kind) => proto::Response { id, kind: Some(kind), ..Default::default() },
                 Err(err) => {
-                    let leader_addr = |leader: Option<NodeId>| {
-                        let leader = leader?;
-                        if leader.0 == node_id {
-                            return Some(own_addr.to_string());
-                        }
-                        directory.as_ref()?.client_addr(leader.0)
-                    };
-                    error_to_response(id, &err, leader_addr)
+                    error_to_response(id, &err, |leader: Option<NodeId>| identity.client_addr_of(leader?.0))
                 }
             };
             sink.send(response)
@@ -307,14 +297,6 @@ impl ClientHandler {
             refuse(request);
         }
     }
-}
-
-/// Who this node is, for a status response.
-struct Identity {
-    node_id: u64,
-    client_addr: SocketAddr,
-    peers: BTreeMap<u64, SocketAddr>,
-    directory: Option<Arc<dyn Directory>>,
 }
 
 impl Identity {
@@ -358,7 +340,7 @@ impl Identity {
         if id == self.node_id {
             return Some(self.client_addr.to_string());
         }
-        self.directory.as_ref()?.client_addr(id)
+        self.directory.client_addr(id)
     }
 }
 

@@ -12,7 +12,7 @@ mod config;
 mod handler;
 
 use std::process::ExitCode;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -25,7 +25,7 @@ use raft::prelude::Message;
 use slog::{crit, info, o, Drain, Logger};
 
 use crate::config::{Flags, LogFormat, ServerConfig};
-use crate::handler::{ClientHandler, Directory};
+use crate::handler::{ClientHandler, Directory, Identity};
 
 /// How long a stopping server lets requests in flight finish.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -137,14 +137,13 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     let driver = shell::spawn(replica, MonotonicClock::new(), shell_config, channels, logger)
         .context("cannot start the driver")?;
 
-    let handler = Arc::new(ClientHandler {
-        driver: requests_tx.clone(),
+    let identity = Identity {
         node_id: config.id,
         client_addr: config.client_addr,
         peers: config.peers.clone(),
-        directory: OnceLock::new(),
-    });
-    let _ = handler.directory.set(Arc::new(PeerDirectory(transport.client_addrs())));
+        directory: Arc::new(PeerDirectory(transport.client_addrs())),
+    };
+    let handler = Arc::new(ClientHandler { driver: requests_tx.clone(), identity: Arc::new(identity) });
     let client_config = ClientConfig {
         listen_addr: config.client_addr,
         connections_max: config.max_connections,
