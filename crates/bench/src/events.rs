@@ -21,14 +21,13 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use fencelock_net::frame::encode_frame;
+use fencelock_net::frame::{decode_frame, encode_frame};
 use fencelock_types::client_pb::{
     AcquireOutcome, AcquireRequest, ErrorCode, ReleaseRequest, Request, Request_oneof_kind, Response,
     Response_oneof_kind,
 };
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
-use protobuf::Message as _;
 
 use crate::order::GrantRecord;
 use crate::workloads::{Shared, Tally, ERROR_PAUSE, MEASURE, STOP};
@@ -230,15 +229,10 @@ fn read(connection: &mut Connection, chunk: &mut [u8]) -> Result<()> {
 
 /// The next whole response in the connection's input.
 fn next_response(connection: &mut Connection) -> Result<Option<Response>> {
-    let Some(header) = connection.input.get(..4) else { return Ok(None) };
-    let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize;
-    if len > FRAME_BYTES_MAX {
-        bail!("client {}: a {len}-byte response frame", connection.index);
-    }
-    let Some(body) = connection.input.get(4..4 + len) else { return Ok(None) };
-    let response = Response::parse_from_bytes(body)
-        .with_context(|| format!("client {}: a response that does not decode", connection.index))?;
-    connection.input.drain(..4 + len);
+    let decoded = decode_frame::<Response>(&connection.input, FRAME_BYTES_MAX)
+        .with_context(|| format!("client {}: a bad response frame", connection.index))?;
+    let Some((response, used)) = decoded else { return Ok(None) };
+    connection.input.drain(..used);
     if response.id == 0 {
         return Err(anyhow!(
             "client {}: the leader refused the connection: {:?}",

@@ -15,13 +15,12 @@ use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
-use fencelock_net::frame::{encode_frame, FrameError};
+use fencelock_net::frame::{decode_frame, encode_frame};
 use fencelock_types::client_pb::{ErrorCode, Request, Response};
-use protobuf::Message as _;
 
 /// The largest response frame accepted. A list of many long keys is the
 /// largest answer a server gives; anything bigger is a broken stream.
@@ -142,7 +141,7 @@ impl Connection {
         addr: &str,
         timeout: Duration,
         write_timeout: Duration,
-    ) -> Result<std::sync::Arc<Connection>, String> {
+    ) -> Result<Arc<Connection>, String> {
         let stream = connect(addr, timeout)?;
         // Requests are small and latency-bound; batching them in the kernel
         // would only delay them.
@@ -153,7 +152,7 @@ impl Connection {
             .set_write_timeout(Some(write_timeout.max(Duration::from_millis(1))))
             .map_err(|err| err.to_string())?;
         let read_half = stream.try_clone().map_err(|err| format!("cannot split the connection: {err}"))?;
-        Ok(std::sync::Arc::new(Connection {
+        Ok(Arc::new(Connection {
             writer: Mutex::new(stream),
             reader: Mutex::new(ReadHalf { stream: read_half, input: Vec::new(), chunk: vec![0; 64 * 1024] }),
             waiters: Waiters::default(),
@@ -198,7 +197,8 @@ impl Connection {
         outcome
     }
 
-    /// Waits for response `id`, reading for everyone while no one else does.
+    /// Waits for this caller's response, reading for everyone while no one
+    /// else does.
     fn wait(&self, receiver: &Receiver<Wake>, deadline: Instant) -> Result<Response, CallError> {
         loop {
             match receiver.try_recv() {
@@ -274,18 +274,15 @@ impl Connection {
     fn hand_out(&self, half: &mut ReadHalf) -> Result<(), String> {
         let mut at = 0;
         let mut result = Ok(());
-        while let Some(header) = half.input.get(at..at + 4) {
-            let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize;
-            if len > FRAME_BYTES_MAX {
-                result = Err(FrameError::TooLarge { len, max: FRAME_BYTES_MAX }.to_string());
-                break;
-            }
-            let Some(body) = half.input.get(at + 4..at + 4 + len) else { break };
-            at += 4 + len;
-            let response = match Response::parse_from_bytes(body) {
-                Ok(response) => response,
+        loop {
+            let response = match decode_frame::<Response>(&half.input[at..], FRAME_BYTES_MAX) {
+                Ok(Some((response, used))) => {
+                    at += used;
+                    response
+                }
+                Ok(None) => break,
                 Err(err) => {
-                    result = Err(FrameError::Decode(err).to_string());
+                    result = Err(err.to_string());
                     break;
                 }
             };

@@ -24,10 +24,9 @@ use crossbeam_channel::{unbounded, Receiver, Sender};
 use fencelock_types::client_pb::{Error, ErrorCode, Request, Response};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
-use protobuf::Message as _;
 use slog::{debug, info, warn, Logger};
 
-use crate::frame::{encode_frame, FrameError};
+use crate::frame::{decode_frame, encode_frame, FrameError};
 
 /// Settings of the client listener.
 #[derive(Clone, Debug)]
@@ -393,32 +392,29 @@ impl EventLoop {
         let input = std::mem::take(&mut connection.input);
         let mut at = 0;
         let mut result = Ok(());
-        while let Some(header) = input.get(at..at + 4) {
-            let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize;
-            let max = self.config.frame_bytes_max;
-            if len > max {
-                // Tell the client why before closing: it may be a
-                // well-meaning client with a huge request.
-                let err = FrameError::TooLarge { len, max };
-                self.refuse(token, error_response(0, ErrorCode::INVALID_ARGUMENT, err.to_string()));
-                if let Some(connection) = self.connections.get_mut(&token) {
-                    warn!(connection.logger, "closing client connection"; "reason" => %err);
-                    connection.closing = true;
-                }
-                at = input.len();
-                break;
-            }
-            let Some(body) = input.get(at + 4..at + 4 + len) else { break };
-            at += 4 + len;
-            match Request::parse_from_bytes(body) {
-                Ok(request) => {
+        loop {
+            match decode_frame::<Request>(&input[at..], self.config.frame_bytes_max) {
+                Ok(None) => break,
+                Ok(Some((request, used))) => {
+                    at += used;
                     if let Err(close) = self.dispatch(token, request) {
                         result = Err(close);
                         break;
                     }
                 }
+                Err(err @ FrameError::TooLarge { .. }) => {
+                    // Tell the client why before closing: it may be a
+                    // well-meaning client with a huge request.
+                    self.refuse(token, error_response(0, ErrorCode::INVALID_ARGUMENT, err.to_string()));
+                    if let Some(connection) = self.connections.get_mut(&token) {
+                        warn!(connection.logger, "closing client connection"; "reason" => %err);
+                        connection.closing = true;
+                    }
+                    at = input.len();
+                    break;
+                }
                 Err(err) => {
-                    result = Err(Close::Violation(FrameError::Decode(err).to_string()));
+                    result = Err(Close::Violation(err.to_string()));
                     break;
                 }
             }

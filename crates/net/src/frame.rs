@@ -36,6 +36,20 @@ pub fn write_frame(writer: &mut impl Write, message: &impl Message) -> io::Resul
     writer.write_all(&buffer)
 }
 
+/// Decodes the frame at the start of `input` once it is whole: the message
+/// and how many bytes it took, or `None` while bytes are missing. A length
+/// over `max` is refused before its body arrives. For readers that keep
+/// their own buffer (event loops, a read that may time out mid-frame).
+pub fn decode_frame<M: Message>(input: &[u8], max: usize) -> Result<Option<(M, usize)>, FrameError> {
+    let Some(header) = input.get(..4) else { return Ok(None) };
+    let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize;
+    if len > max {
+        return Err(FrameError::TooLarge { len, max });
+    }
+    let Some(body) = input.get(4..4 + len) else { return Ok(None) };
+    Ok(Some((M::parse_from_bytes(body)?, 4 + len)))
+}
+
 /// Reads one frame of at most `max` bytes and decodes it.
 pub fn read_frame<M: Message>(reader: &mut impl Read, max: usize) -> Result<M, FrameError> {
     let mut header = [0u8; 4];
@@ -88,6 +102,26 @@ mod tests {
             read_frame::<Request>(&mut bytes.as_slice(), 1 << 20),
             Err(FrameError::TooLarge { len: 0xffff_ffff, .. })
         ));
+    }
+
+    #[test]
+    fn buffered_frames_decode_once_whole_and_oversized_ones_are_refused() {
+        let mut buffer = Vec::new();
+        encode_frame(&PeerHello { node_id: 7, ..Default::default() }, &mut buffer);
+        let whole = buffer.len();
+        encode_frame(&PeerHello { node_id: 8, ..Default::default() }, &mut buffer);
+        for cut in 0..whole {
+            assert!(decode_frame::<PeerHello>(&buffer[..cut], 1024).unwrap().is_none(), "cut at {cut}");
+        }
+        let (first, used) = decode_frame::<PeerHello>(&buffer, 1024).unwrap().unwrap();
+        assert_eq!((first.node_id, used), (7, whole));
+        let (second, _) = decode_frame::<PeerHello>(&buffer[used..], 1024).unwrap().unwrap();
+        assert_eq!(second.node_id, 8);
+        assert!(matches!(
+            decode_frame::<PeerHello>(&[0, 0, 4, 1], 1024),
+            Err(FrameError::TooLarge { len: 1025, max: 1024 })
+        ));
+        assert!(matches!(decode_frame::<Request>(&[0, 0, 0, 1, 0xff], 1024), Err(FrameError::Decode(_))));
     }
 
     #[test]

@@ -44,7 +44,7 @@ pub mod frame;
 mod peer;
 
 pub use client::{error_response, ClientConfig, ClientListener, Handler, ResponseSink};
-pub use frame::{encode_frame, read_frame, write_frame, FrameError};
+pub use frame::{decode_frame, encode_frame, read_frame, write_frame, FrameError};
 pub use peer::{ClientAddrs, PeerConfig, PeerOutbox, PeerTransport};
 
 #[cfg(test)]
