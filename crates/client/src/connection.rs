@@ -452,8 +452,12 @@ mod tests {
             let connection = Arc::clone(&connection);
             std::thread::spawn(move || connection.call(get("first"), Duration::from_millis(200)))
         };
-        // The first caller is reading by now.
-        std::thread::sleep(Duration::from_millis(50));
+        // Once the first caller holds the reading role (and waits in a read):
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while connection.reader.try_lock().is_ok() {
+            assert!(Instant::now() < deadline, "the first caller never took the reading role");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let second = connection.call(get("second"), Duration::from_secs(5)).unwrap();
         assert_eq!(key_of(&second), "second");
         assert_eq!(first.join().unwrap(), Err(CallError::TimedOut));
