@@ -34,9 +34,8 @@ struct DiskState {
     /// An asynchronous disk's messages that wait for the queue to be synced
     /// (the I/O thread sends them): lost by a crash too.
     held: Vec<Message>,
-    /// Writes taken since the node (re)started, and of them synced.
+    /// Writes taken since the node (re)started.
     written: u64,
-    synced: u64,
 }
 
 impl SimDisk {
@@ -49,11 +48,8 @@ impl SimDisk {
     /// the messages that waited for them, to send.
     pub fn sync_queued(&mut self) -> Result<(u64, Vec<Message>), StorageError> {
         let mut state = self.state.lock().map_err(|_| StorageError::Poisoned)?;
-        for owned in std::mem::take(&mut state.unsynced) {
-            self.synced.write(owned.as_batch())?;
-        }
-        state.synced = state.written;
-        Ok((state.synced, std::mem::take(&mut state.held)))
+        sync(&mut self.synced, &mut state)?;
+        Ok((state.written, std::mem::take(&mut state.held)))
     }
 
     /// Arms a crash: the disk takes `writes` more writes, then fails.
@@ -78,7 +74,6 @@ impl SimDisk {
             state.held.clear();
             state.writes_left = None;
             state.written = 0;
-            state.synced = 0;
         }
     }
 }
@@ -105,11 +100,7 @@ impl Durable for SimDisk {
             return Ok(());
         }
         // A sync makes everything written before it durable too.
-        for owned in std::mem::take(&mut state.unsynced) {
-            self.synced.write(owned.as_batch())?;
-        }
-        state.synced = state.written;
-        Ok(())
+        sync(&mut self.synced, &mut state)
     }
 
     fn is_async(&self) -> bool {
@@ -121,4 +112,12 @@ impl Durable for SimDisk {
         state.held.extend(messages);
         Ok(())
     }
+}
+
+/// Makes every write so far durable.
+fn sync(synced: &mut MemStore, state: &mut DiskState) -> Result<(), StorageError> {
+    for owned in std::mem::take(&mut state.unsynced) {
+        synced.write(owned.as_batch())?;
+    }
+    Ok(())
 }
