@@ -10,10 +10,11 @@
 //! HDR histogram per thread, merged at the end, so the threads share nothing
 //! while they run but one atomic phase flag.
 //!
-//! Through `fencelock-client`, the lock workloads use `acquire_raw`, the protocol's acquire without a
-//! guard: a `LockGuard` would also register the lock with the client's
-//! background renewer and wake its thread on every acquire, which measures
-//! the client's bookkeeping rather than the service.
+//! Through `fencelock-client`, the lock workloads use `acquire_raw`, the
+//! protocol's acquire without a guard: a `LockGuard` would also register
+//! the lock with the client's background renewer and wake its thread on
+//! every acquire, which measures the client's bookkeeping rather than the
+//! service.
 
 use std::collections::BTreeMap;
 use std::net::ToSocketAddrs;
