@@ -19,6 +19,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::ThreadId;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use fencelock_types::client_pb::{Error, ErrorCode, Request, Response};
@@ -27,6 +28,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use slog::{debug, info, warn, Logger};
 
 use crate::frame::{decode_frame, encode_frame, FrameError};
+use crate::node::{Core, NodeIo, Peers, Turn};
 
 /// Settings of the client listener.
 #[derive(Clone, Debug)]
@@ -54,9 +56,10 @@ const READ_CHUNK_BYTES: usize = 64 * 1024;
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
+pub(crate) const PEER_LISTENER: Token = Token(2);
 /// Connection tokens start here and are never reused, so that a response
 /// for a closed connection can never reach a newer one.
-const FIRST_CONNECTION: usize = 2;
+const FIRST_CONNECTION: usize = 3;
 
 /// Where the answer to one request goes.
 #[derive(Debug)]
@@ -87,17 +90,17 @@ impl ResponseSink {
 
 /// The state the event loop shares with the threads that answer requests.
 #[derive(Debug)]
-struct LoopShared {
+pub(crate) struct LoopShared {
     /// Responses for connections, each counted in its `in_flight`.
     outbox: Sender<(Token, Response)>,
-    waker: Waker,
+    pub(crate) waker: Waker,
     /// Set when the loop was woken and has not yet looked at the outbox:
     /// a burst of responses costs one wake-up.
     wake_pending: AtomicBool,
-    stopping: AtomicBool,
+    pub(crate) stopping: AtomicBool,
     /// The loop's own thread, which drains the outbox after every event
     /// and so never needs waking.
-    loop_thread: std::sync::OnceLock<ThreadId>,
+    pub(crate) loop_thread: std::sync::OnceLock<ThreadId>,
 }
 
 impl LoopShared {
@@ -109,7 +112,7 @@ impl LoopShared {
         true
     }
 
-    fn wake(&self) {
+    pub(crate) fn wake(&self) {
         if self.loop_thread.get() == Some(&std::thread::current().id()) {
             return;
         }
@@ -145,34 +148,10 @@ impl ClientListener {
         handler: Arc<dyn Handler>,
         logger: &Logger,
     ) -> std::io::Result<ClientListener> {
-        let poll = Poll::new()?;
-        let mut listener = TcpListener::bind(config.listen_addr)?;
-        let local_addr = listener.local_addr()?;
-        poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
-        let waker = Waker::new(poll.registry(), WAKER)?;
-        let (outbox, inbox) = unbounded();
-        let shared = Arc::new(LoopShared {
-            outbox,
-            waker,
-            wake_pending: AtomicBool::new(false),
-            stopping: AtomicBool::new(false),
-            loop_thread: std::sync::OnceLock::new(),
-        });
-        let logger = logger.clone();
-        info!(logger, "client listener ready"; "addr" => %local_addr);
-        let event_loop = EventLoop {
-            poll,
-            listener: Some(listener),
-            inbox,
-            shared: Arc::clone(&shared),
-            connections: HashMap::new(),
-            next_token: FIRST_CONNECTION,
-            to_flush: Vec::new(),
-            scratch: vec![0; READ_CHUNK_BYTES],
-            config,
-            handler,
-            logger,
-        };
+        // No peers: the loop's peer message type is never used.
+        let event_loop = EventLoop::<fencelock_types::client_pb::PeerHello>::bind(config, handler, logger)?;
+        let local_addr = event_loop.local_addr()?;
+        let shared = Arc::clone(&event_loop.shared);
         let loop_shared = Arc::clone(&shared);
         std::thread::Builder::new().name("fencelock-client-io".into()).spawn(move || {
             let _ = loop_shared.loop_thread.set(std::thread::current().id());
@@ -206,12 +185,12 @@ pub fn error_response(id: u64, code: ErrorCode, message: impl Into<String>) -> R
     }
 }
 
-struct EventLoop {
-    poll: Poll,
+pub(crate) struct EventLoop<M> {
+    pub(crate) poll: Poll,
     /// `None` once the listener stopped accepting.
     listener: Option<TcpListener>,
     inbox: Receiver<(Token, Response)>,
-    shared: Arc<LoopShared>,
+    pub(crate) shared: Arc<LoopShared>,
     connections: HashMap<Token, Connection>,
     next_token: usize,
     /// Connections with output to write after this round of events.
@@ -219,6 +198,11 @@ struct EventLoop {
     scratch: Vec<u8>,
     config: ClientConfig,
     handler: Arc<dyn Handler>,
+    /// A node loop's peer side and core; `None` for a client listener.
+    pub(crate) peers: Option<Peers<M>>,
+    pub(crate) core: Option<Box<dyn Core<M>>>,
+    /// Peer messages read and not yet taken by the core.
+    inbound: Vec<M>,
     logger: Logger,
 }
 
@@ -256,22 +240,82 @@ enum Close {
     Violation(String),
 }
 
-impl EventLoop {
-    fn run(mut self) {
+impl<M: protobuf::Message> EventLoop<M> {
+    /// Binds the client listener; the loop runs once [`EventLoop::run`] is
+    /// called on its thread.
+    pub(crate) fn bind(
+        config: ClientConfig,
+        handler: Arc<dyn Handler>,
+        logger: &Logger,
+    ) -> io::Result<EventLoop<M>> {
+        let poll = Poll::new()?;
+        let mut listener = TcpListener::bind(config.listen_addr)?;
+        poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
+        let waker = Waker::new(poll.registry(), WAKER)?;
+        let (outbox, inbox) = unbounded();
+        let shared = Arc::new(LoopShared {
+            outbox,
+            waker,
+            wake_pending: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+            loop_thread: std::sync::OnceLock::new(),
+        });
+        info!(logger, "client listener ready"; "addr" => %listener.local_addr()?);
+        Ok(EventLoop {
+            poll,
+            listener: Some(listener),
+            inbox,
+            shared,
+            connections: HashMap::new(),
+            next_token: FIRST_CONNECTION,
+            to_flush: Vec::new(),
+            scratch: vec![0; READ_CHUNK_BYTES],
+            config,
+            handler,
+            peers: None,
+            core: None,
+            inbound: Vec::new(),
+            logger: logger.clone(),
+        })
+    }
+
+    pub(crate) fn local_addr(&self) -> io::Result<SocketAddr> {
+        match &self.listener {
+            Some(listener) => listener.local_addr(),
+            None => Err(io::ErrorKind::NotConnected.into()),
+        }
+    }
+
+    pub(crate) fn run(mut self) {
         let mut events = Events::with_capacity(1024);
+        // Until the core says otherwise, a node loop turns at once.
+        let mut core_wait = self.core.as_ref().map(|_| Duration::ZERO);
         loop {
-            if let Err(err) = self.poll.poll(&mut events, None) {
+            let now = Instant::now();
+            let deadline = self.peers.as_ref().and_then(Peers::next_deadline);
+            let timeout = match (core_wait, deadline) {
+                (Some(wait), Some(deadline)) => Some(wait.min(deadline.saturating_duration_since(now))),
+                (Some(wait), None) => Some(wait),
+                (None, Some(deadline)) => Some(deadline.saturating_duration_since(now)),
+                (None, None) => None,
+            };
+            if let Err(err) = self.poll.poll(&mut events, timeout) {
                 if err.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
-                warn!(self.logger, "client event loop failed; no more client connections are served"; "error" => %err);
+                warn!(self.logger, "event loop failed; no more connections are served"; "error" => %err);
                 return;
             }
             for event in events.iter() {
                 match event.token() {
                     LISTENER => self.accept_all(),
                     WAKER => {}
-                    token => {
+                    PEER_LISTENER => {
+                        if let Some(peers) = &mut self.peers {
+                            peers.accept_all(self.poll.registry());
+                        }
+                    }
+                    token if self.connections.contains_key(&token) => {
                         if event.is_readable() || event.is_read_closed() || event.is_error() {
                             self.read(token);
                         }
@@ -279,7 +323,17 @@ impl EventLoop {
                             self.queue_flush(token);
                         }
                     }
+                    token => {
+                        if let Some(peers) = &mut self.peers {
+                            if peers.owns(token) {
+                                peers.on_event(self.poll.registry(), event, &mut self.inbound);
+                            }
+                        }
+                    }
                 }
+            }
+            if let Some(peers) = &mut self.peers {
+                peers.on_time(self.poll.registry(), Instant::now());
             }
             if self.shared.stopping.load(Ordering::SeqCst) {
                 if let Some(mut listener) = self.listener.take() {
@@ -288,7 +342,33 @@ impl EventLoop {
                 }
             }
             self.take_outbox();
-            self.flush_queued();
+            if let Some(mut core) = self.core.take() {
+                // Cleared before the turn: whatever another thread sends
+                // the core after this wakes the loop again.
+                self.shared.wake_pending.store(false, Ordering::SeqCst);
+                let mut inbound = std::mem::take(&mut self.inbound);
+                let turn = core.turn(&mut inbound, &mut NodeIo { event_loop: &mut self });
+                inbound.clear();
+                self.inbound = inbound;
+                self.core = Some(core);
+                match turn {
+                    Turn::Wait(wait) => core_wait = Some(wait),
+                    Turn::Stop => {
+                        self.flush_all();
+                        return;
+                    }
+                }
+            }
+            self.flush_all();
+        }
+    }
+
+    /// Writes everything queued: client responses and peer messages.
+    pub(crate) fn flush_all(&mut self) {
+        self.take_outbox();
+        self.flush_queued();
+        if let Some(peers) = &mut self.peers {
+            peers.flush(self.poll.registry());
         }
     }
 

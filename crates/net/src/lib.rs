@@ -1,15 +1,17 @@
-//! fencelock's network layer: frames, the peer transport and the client
-//! listener. It moves frames between sockets and channels.
+//! fencelock's network layer: frames, the client listener and the node
+//! loop. It moves frames between sockets, channels and a core.
 //!
 //! - [`frame`]: a 4-byte big-endian length, then one protobuf message;
 //!   readers refuse lengths over their limit before allocating.
-//! - [`PeerTransport`]: one outgoing TCP connection per peer, a bounded
-//!   queue per peer (fed through a [`PeerOutbox`]) that drops when full,
-//!   batched writes, reconnection with backoff; incoming connections open
-//!   with a `PeerHello`.
 //! - [`ClientListener`]: one event loop (mio) for every client connection:
 //!   pipelined requests handed to a [`Handler`], responses written as they
 //!   complete, from whichever thread completes them.
+//! - [`NodeLoop`]: the same loop serving a node's peers as well (one
+//!   outgoing connection per peer, opened without blocking and reopened
+//!   with backoff, a bounded output per peer that drops when full; incoming
+//!   connections open with a `PeerHello`), and running the node's [`Core`]
+//!   (the server's raft driver) between rounds of events: one thread for
+//!   the whole node's network and consensus work.
 //!
 //! Architecture invariants: this crate knows frames, sockets and channels,
 //! and nothing of the driver, raft or the lock table: peer messages are any
@@ -41,11 +43,11 @@
 
 mod client;
 pub mod frame;
-mod peer;
+mod node;
 
 pub use client::{error_response, ClientConfig, ClientListener, Handler, ResponseSink};
 pub use frame::{decode_frame, encode_frame, read_frame, write_frame, FrameError};
-pub use peer::{ClientAddrs, PeerConfig, PeerOutbox, PeerTransport};
+pub use node::{ClientAddrs, Core, LoopWaker, NodeIo, NodeLoop, PeerConfig, Turn};
 
 #[cfg(test)]
 mod tests;

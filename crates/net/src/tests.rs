@@ -1,9 +1,10 @@
-//! Tests of the listener's limits and of the peer transport, over real
-//! sockets on 127.0.0.1.
+//! Tests of the listener's limits and of the node loop's peer side, over
+//! real sockets on 127.0.0.1.
 
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,8 +12,8 @@ use crossbeam_channel::{bounded, Sender};
 use fencelock_types::client_pb::{ErrorCode, PeerHello, Request, Response, StatusRequest};
 
 use crate::{
-    read_frame, write_frame, ClientConfig, ClientListener, Handler, PeerConfig, PeerOutbox, PeerTransport,
-    ResponseSink,
+    read_frame, write_frame, ClientAddrs, ClientConfig, ClientListener, Core, Handler, NodeIo, NodeLoop,
+    PeerConfig, ResponseSink, Turn,
 };
 
 fn logger() -> slog::Logger {
@@ -211,33 +212,133 @@ fn free_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
-fn transport(
-    id: u64,
-    addrs: &BTreeMap<u64, SocketAddr>,
-) -> (PeerTransport, PeerOutbox<PeerHello>, crossbeam_channel::Receiver<PeerHello>) {
-    let (in_tx, in_rx) = bounded(64);
-    let config = PeerConfig {
+/// A node loop's core for tests: hands inbound messages to a channel,
+/// sends what the test queues (reporting whether each was taken), counts
+/// its turns, and stops when told.
+struct Relay {
+    outbound: crossbeam_channel::Receiver<PeerHello>,
+    taken: Sender<bool>,
+    inbound: Sender<PeerHello>,
+    turns: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    wait: Duration,
+}
+
+impl Core<PeerHello> for Relay {
+    fn turn(&mut self, inbound: &mut Vec<PeerHello>, io: &mut NodeIo<'_, PeerHello>) -> Turn {
+        self.turns.fetch_add(1, Ordering::SeqCst);
+        for message in inbound.drain(..) {
+            let _ = self.inbound.send(message);
+        }
+        for message in self.outbound.try_iter() {
+            let _ = self.taken.send(io.send(message));
+        }
+        if self.stop.load(Ordering::SeqCst) {
+            Turn::Stop
+        } else {
+            Turn::Wait(self.wait)
+        }
+    }
+}
+
+/// A running test node: its loop and the ends of its relay's channels.
+struct TestNode {
+    node: NodeLoop,
+    outbound: Sender<PeerHello>,
+    taken: crossbeam_channel::Receiver<bool>,
+    inbound: crossbeam_channel::Receiver<PeerHello>,
+    turns: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    client_addrs: ClientAddrs,
+}
+
+impl TestNode {
+    /// Queues `message` and waits for the core to take it or drop it.
+    fn send(&self, message: PeerHello) -> bool {
+        self.outbound.send(message).unwrap();
+        self.node.waker().wake();
+        self.taken.recv_timeout(Duration::from_secs(10)).expect("the core never ran")
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.node.waker().wake();
+        self.node.join().unwrap();
+    }
+}
+
+fn node(id: u64, addrs: &BTreeMap<u64, SocketAddr>, output_bytes_max: usize) -> TestNode {
+    let (outbound_tx, outbound_rx) = crossbeam_channel::unbounded();
+    let (taken_tx, taken_rx) = crossbeam_channel::unbounded();
+    let (inbound_tx, inbound_rx) = crossbeam_channel::unbounded();
+    let turns = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let relay = Relay {
+        outbound: outbound_rx,
+        taken: taken_tx,
+        inbound: inbound_tx,
+        turns: Arc::clone(&turns),
+        stop: Arc::clone(&stop),
+        wait: Duration::from_millis(10),
+    };
+    let clients = ClientConfig {
+        listen_addr: "127.0.0.1:0".parse().unwrap(),
+        connections_max: 8,
+        in_flight_max: 8,
+        frame_bytes_max: 1024,
+    };
+    let peers = PeerConfig {
         node_id: id,
         listen_addr: addrs[&id],
         peers: addrs.iter().filter(|(peer, _)| **peer != id).map(|(peer, addr)| (*peer, *addr)).collect(),
         client_addr: format!("client-of-{id}"),
-        queue_max: 64,
         frame_bytes_max: 1024,
-        batch_max: 16,
+        output_bytes_max,
         reconnect_backoff_min: Duration::from_millis(10),
         reconnect_backoff_max: Duration::from_millis(100),
     };
+    let client_addrs = ClientAddrs::new();
     // The test's "messages" are hellos; the recipient rides in `node_id`.
-    let (transport, outbox) =
-        PeerTransport::start(config, |message: &PeerHello| message.node_id, in_tx, &logger()).unwrap();
-    (transport, outbox, in_rx)
+    let node = NodeLoop::start(
+        clients,
+        peers,
+        |message: &PeerHello| message.node_id,
+        Arc::new(Immediate),
+        |_waker| Box::new(relay) as Box<dyn Core<PeerHello>>,
+        client_addrs.clone(),
+        &logger(),
+    )
+    .unwrap();
+    TestNode { node, outbound: outbound_tx, taken: taken_rx, inbound: inbound_rx, turns, stop, client_addrs }
+}
+
+/// Answers every request at once.
+struct Immediate;
+
+impl Handler for Immediate {
+    fn handle(&self, request: Request, sink: ResponseSink) {
+        sink.send(crate::error_response(request.id, ErrorCode::INTERNAL, "answered"));
+    }
+}
+
+/// Sends `payload` from `from` to node `to` until it arrives there.
+fn deliver(from: &TestNode, to: u64, payload: &str, at: &TestNode) -> PeerHello {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        // Messages sent before the connection is up are dropped: resend.
+        from.send(PeerHello { node_id: to, client_addr: payload.into(), ..Default::default() });
+        if let Ok(message) = at.inbound.recv_timeout(Duration::from_millis(50)) {
+            return message;
+        }
+        assert!(std::time::Instant::now() < deadline, "no message crossed");
+    }
 }
 
 #[test]
 fn peers_exchange_messages_and_learn_client_addresses_despite_garbage() {
     let addrs: BTreeMap<u64, SocketAddr> = [(1, free_addr()), (2, free_addr())].into_iter().collect();
-    let (one, one_out, _one_in) = transport(1, &addrs);
-    let (_two, _two_out, two_in) = transport(2, &addrs);
+    let one = node(1, &addrs, 1 << 20);
+    let two = node(2, &addrs, 1 << 20);
 
     // Garbage on node 2's peer port is closed and forgotten.
     let mut garbage = connect(addrs[&2]);
@@ -245,24 +346,99 @@ fn peers_exchange_messages_and_learn_client_addresses_despite_garbage() {
     let mut rest = Vec::new();
     let _ = garbage.read_to_end(&mut rest);
 
+    assert_eq!(deliver(&one, 2, "payload", &two).client_addr, "payload");
+    assert_eq!(deliver(&two, 1, "back", &one).client_addr, "back");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let message = loop {
-        // Messages sent before the connection is up may be dropped: resend.
-        one_out.send(PeerHello { node_id: 2, client_addr: "payload".into(), ..Default::default() });
-        if let Ok(message) = two_in.recv_timeout(Duration::from_millis(50)) {
-            break message;
-        }
-        assert!(std::time::Instant::now() < deadline, "no message crossed");
-    };
-    assert_eq!(message.client_addr, "payload");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while one.client_addr(2).is_none() {
+    while one.client_addrs.get(2).is_none() {
         assert!(std::time::Instant::now() < deadline, "node 1 never learned node 2's client address");
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert_eq!(one.client_addr(2).as_deref(), Some("client-of-2"));
+    assert_eq!(one.client_addrs.get(2).as_deref(), Some("client-of-2"));
     // A message for a node that is not a peer is refused, not queued.
-    assert!(!one_out.send(PeerHello { node_id: 9, ..Default::default() }));
+    assert!(!one.send(PeerHello { node_id: 9, ..Default::default() }));
+    // The client side of the same loop answers too.
+    let mut client = connect(one.node.client_addr());
+    write_frame(&mut client, &status_request(5)).unwrap();
+    let answer: Response = read_frame(&mut client, 1 << 20).unwrap();
+    assert_eq!(answer.id, 5);
+}
+
+#[test]
+fn a_frame_over_the_limit_closes_only_that_peer_connection() {
+    let addrs: BTreeMap<u64, SocketAddr> = [(1, free_addr()), (2, free_addr())].into_iter().collect();
+    let one = node(1, &addrs, 1 << 20);
+    let two = node(2, &addrs, 1 << 20);
+    let mut rogue = connect(addrs[&2]);
+    write_frame(&mut rogue, &PeerHello { node_id: 1, client_addr: "rogue".into(), ..Default::default() })
+        .unwrap();
+    // Over node 2's 1024-byte frame limit.
+    write_frame(&mut rogue, &PeerHello { node_id: 2, client_addr: "x".repeat(4096), ..Default::default() })
+        .unwrap();
+    let mut rest = Vec::new();
+    assert_eq!(rogue.read_to_end(&mut rest).unwrap(), 0, "closed");
+    assert!(two.inbound.try_recv().is_err(), "the oversized message was not delivered");
+    // The real peer's connection carries on.
+    assert_eq!(deliver(&one, 2, "still here", &two).client_addr, "still here");
+}
+
+#[test]
+fn a_restarted_peer_is_reconnected() {
+    let addrs: BTreeMap<u64, SocketAddr> = [(1, free_addr()), (2, free_addr())].into_iter().collect();
+    let one = node(1, &addrs, 1 << 20);
+    let two = node(2, &addrs, 1 << 20);
+    assert_eq!(deliver(&one, 2, "first", &two).client_addr, "first");
+    two.stop();
+    let two = node(2, &addrs, 1 << 20);
+    assert_eq!(deliver(&one, 2, "second", &two).client_addr, "second");
+}
+
+#[test]
+fn a_peer_that_does_not_read_costs_bounded_output_and_stops_nothing() {
+    let addrs: BTreeMap<u64, SocketAddr> = [(1, free_addr()), (2, free_addr())].into_iter().collect();
+    // Node 2 accepts and never reads, like a stopped process.
+    let silent = std::net::TcpListener::bind(addrs[&2]).unwrap();
+    let one = node(1, &addrs, 64 * 1024);
+    let (accepted_tx, accepted_rx) = bounded(1);
+    std::thread::spawn(move || {
+        let (stream, _) = silent.accept().unwrap();
+        accepted_tx.send(stream).unwrap();
+        std::thread::sleep(Duration::from_secs(30));
+    });
+    let payload = "p".repeat(900);
+    // Until the connection is up, messages are dropped; after, they are
+    // taken until the socket buffers and the 64 KiB of output are full.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !one.send(PeerHello { node_id: 2, client_addr: payload.clone(), ..Default::default() }) {
+        assert!(std::time::Instant::now() < deadline, "never connected");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _held = accepted_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    let mut taken = 1;
+    while one.send(PeerHello { node_id: 2, client_addr: payload.clone(), ..Default::default() }) {
+        taken += 1;
+        assert!(taken < 1_000_000, "output to a peer that does not read was never bounded");
+    }
+    assert!(taken > 10, "took only {taken}");
+    // The loop still serves clients, and turns on its own.
+    let mut client = connect(one.node.client_addr());
+    write_frame(&mut client, &status_request(9)).unwrap();
+    let answer: Response = read_frame(&mut client, 1 << 20).unwrap();
+    assert_eq!(answer.id, 9);
+    let turns = one.turns.load(Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(one.turns.load(Ordering::SeqCst) > turns, "the core stopped turning");
+}
+
+#[test]
+fn a_core_that_stops_ends_the_loop_and_closes_its_clients() {
+    let addrs: BTreeMap<u64, SocketAddr> = [(1, free_addr())].into_iter().collect();
+    let one = node(1, &addrs, 1 << 20);
+    let mut client = connect(one.node.client_addr());
+    write_frame(&mut client, &status_request(1)).unwrap();
+    let _: Response = read_frame(&mut client, 1 << 20).unwrap();
+    one.stop();
+    let mut rest = Vec::new();
+    assert_eq!(client.read_to_end(&mut rest).unwrap(), 0, "the connection closed");
 }
 
 /// Panics on request 13, answers the others.

@@ -172,11 +172,15 @@ pub enum Request {
 
 /// Takes the driver's messages to peers. Called on the driver thread: it
 /// must not block, and drops a message it cannot queue (raft sends again).
-pub trait PeerSink: Send {
+pub trait PeerSink {
     fn send(&self, message: Message);
+
+    /// Called after each batch of sends: a sink that buffers writes them
+    /// out now.
+    fn flush(&self) {}
 }
 
-impl std::fmt::Debug for dyn PeerSink {
+impl std::fmt::Debug for dyn PeerSink + Send {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("PeerSink")
     }
@@ -206,7 +210,7 @@ pub struct Channels {
     pub peers_in: Receiver<Message>,
     /// Where messages to peers go; one that cannot be queued is dropped
     /// (raft retransmits).
-    pub peers_out: Box<dyn PeerSink>,
+    pub peers_out: Box<dyn PeerSink + Send>,
     /// A message, or dropping the sender, stops the loop.
     pub stop: Receiver<()>,
     /// Progress of an asynchronous store ([`crate::AsyncEngineStore`]);
@@ -226,21 +230,72 @@ pub fn spawn<D: Durable + Send + 'static>(
     channels: Channels,
     logger: &Logger,
 ) -> std::io::Result<JoinHandle<Result<Stats, FatalError>>> {
-    let logger = logger.new(slog::o!("node_id" => replica.status().id.0));
-    std::thread::Builder::new().name(format!("fencelock-raft-{}", replica.status().id.0)).spawn(move || {
-        let mut shell =
-            Shell { replica, clock: Box::new(clock), waiting: HashMap::new(), next_request_id: 0, logger };
-        let result = shell.run(&config, channels);
-        shell.fail_waiting();
-        match &result {
-            Ok(_) => info!(shell.logger, "driver stopped"),
-            Err(err) => crit!(shell.logger, "driver stopped on a fatal error"; "error" => %err),
-        }
+    let name = format!("fencelock-raft-{}", replica.status().id.0);
+    let mut driver = Driver::new(replica, clock, logger);
+    std::thread::Builder::new().name(name).spawn(move || {
+        let result = run(&mut driver, &config, channels);
+        driver.finish(&result);
         result
     })
 }
 
-struct Shell<D: Durable> {
+/// The loop of [`spawn`]'s thread.
+fn run<D: Durable>(
+    driver: &mut Driver<D>,
+    config: &ShellConfig,
+    channels: Channels,
+) -> Result<Stats, FatalError> {
+    let ticker = tick(config.tick_interval);
+    let requests = channels.requests;
+    let mut peers_in = channels.peers_in;
+    let persisted = channels.persisted;
+    loop {
+        select! {
+            recv(channels.stop) -> _ => return Ok(driver.stats()),
+            recv(requests) -> request => match request {
+                Ok(request) => driver.on_request(request),
+                Err(_) => return Ok(driver.stats()),
+            },
+            recv(peers_in) -> message => match message {
+                Ok(message) => driver.step(message),
+                Err(_) => peers_in = never(),
+            },
+            recv(persisted) -> progress => match progress {
+                Ok(progress) => driver.on_persisted(progress?),
+                // Only a store's I/O thread sends here, and it ends only
+                // after reporting a failure: its going silently is one too.
+                Err(_) => return Err(StorageError::Thread("ended without a word".into()).into()),
+            },
+            recv(ticker) -> _ => driver.tick(),
+        }
+        // Group commit: take everything already waiting into this turn.
+        for _ in 0..config.drain_max {
+            let mut drained = false;
+            if let Ok(request) = requests.try_recv() {
+                driver.on_request(request);
+                drained = true;
+            }
+            if let Ok(message) = peers_in.try_recv() {
+                driver.step(message);
+                drained = true;
+            }
+            if let Ok(progress) = persisted.try_recv() {
+                driver.on_persisted(progress?);
+                drained = true;
+            }
+            if !drained {
+                break;
+            }
+        }
+        driver.turn(channels.peers_out.as_ref())?;
+    }
+}
+
+/// A [`Replica`] with the requests waiting on it: the driver's logic
+/// without a thread. [`spawn`] runs one on its own thread; an event loop
+/// that also serves the sockets (fencelockd's) runs one on its own, feeding
+/// it inputs and calling [`Driver::turn`] after each round of them.
+pub struct Driver<D: Durable> {
     replica: Replica<D>,
     clock: Box<dyn Clock>,
     waiting: HashMap<RequestId, Waiting>,
@@ -248,66 +303,65 @@ struct Shell<D: Durable> {
     logger: Logger,
 }
 
-impl<D: Durable> Shell<D> {
-    fn run(&mut self, config: &ShellConfig, channels: Channels) -> Result<Stats, FatalError> {
-        let ticker = tick(config.tick_interval);
-        let requests = channels.requests;
-        let mut peers_in = channels.peers_in;
-        let persisted = channels.persisted;
-        loop {
-            select! {
-                recv(channels.stop) -> _ => return Ok(self.replica.stats()),
-                recv(requests) -> request => match request {
-                    Ok(request) => self.on_request(request),
-                    Err(_) => return Ok(self.replica.stats()),
-                },
-                recv(peers_in) -> message => match message {
-                    Ok(message) => self.replica.step(message),
-                    Err(_) => peers_in = never(),
-                },
-                recv(persisted) -> progress => match progress {
-                    Ok(progress) => self.replica.on_persisted(progress?),
-                    // Only a store's I/O thread sends here, and it ends only
-                    // after reporting a failure: its going silently is one too.
-                    Err(_) => return Err(StorageError::Thread("ended without a word".into()).into()),
-                },
-                recv(ticker) -> _ => self.replica.tick(),
-            }
-            // Group commit: take everything already waiting into this turn.
-            for _ in 0..config.drain_max {
-                let mut drained = false;
-                if let Ok(request) = requests.try_recv() {
-                    self.on_request(request);
-                    drained = true;
-                }
-                if let Ok(message) = peers_in.try_recv() {
-                    self.replica.step(message);
-                    drained = true;
-                }
-                if let Ok(progress) = persisted.try_recv() {
-                    self.replica.on_persisted(progress?);
-                    drained = true;
-                }
-                if !drained {
-                    break;
-                }
-            }
-            self.replica.set_now(self.clock.now_ms());
-            // What may leave before the turn's fsync leaves then, so that
-            // followers sync while this node does.
-            let mut ghosts = Vec::new();
-            let waiting = &mut self.waiting;
-            let peers_out = channels.peers_out.as_ref();
-            self.replica.run_ready_with(&mut |effects| dispatch(waiting, peers_out, effects, &mut ghosts))?;
-            let effects = self.replica.take_effects();
-            dispatch(&mut self.waiting, peers_out, effects, &mut ghosts);
-            for (key, token) in ghosts {
-                self.replica.release_ghost(key, token);
-            }
+impl<D: Durable> std::fmt::Debug for Driver<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver").field("waiting", &self.waiting.len()).finish_non_exhaustive()
+    }
+}
+
+impl<D: Durable> Driver<D> {
+    pub fn new(replica: Replica<D>, clock: impl Clock + 'static, logger: &Logger) -> Driver<D> {
+        let logger = logger.new(slog::o!("node_id" => replica.status().id.0));
+        Driver { replica, clock: Box::new(clock), waiting: HashMap::new(), next_request_id: 0, logger }
+    }
+
+    /// A peer's message.
+    pub fn step(&mut self, message: Message) {
+        self.replica.step(message);
+    }
+
+    /// Progress of an asynchronous store.
+    pub fn on_persisted(&mut self, writes: u64) {
+        self.replica.on_persisted(writes);
+    }
+
+    /// One raft tick.
+    pub fn tick(&mut self) {
+        self.replica.tick();
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.replica.stats()
+    }
+
+    /// Runs one `Ready` and dispatches its effects: messages to
+    /// `peers_out`, replies to their requests. What may leave before the
+    /// turn's fsync leaves then (followed by a [`PeerSink::flush`]), so that
+    /// followers sync while this node does.
+    pub fn turn(&mut self, peers_out: &dyn PeerSink) -> Result<(), FatalError> {
+        self.replica.set_now(self.clock.now_ms());
+        let mut ghosts = Vec::new();
+        let waiting = &mut self.waiting;
+        self.replica.run_ready_with(&mut |effects| dispatch(waiting, peers_out, effects, &mut ghosts))?;
+        let effects = self.replica.take_effects();
+        dispatch(&mut self.waiting, peers_out, effects, &mut ghosts);
+        for (key, token) in ghosts {
+            self.replica.release_ghost(key, token);
+        }
+        Ok(())
+    }
+
+    /// Answers every outstanding request with [`RequestError::Stopped`]
+    /// and logs how the driver ended.
+    pub fn finish(&mut self, result: &Result<Stats, FatalError>) {
+        self.fail_waiting();
+        match result {
+            Ok(_) => info!(self.logger, "driver stopped"),
+            Err(err) => crit!(self.logger, "driver stopped on a fatal error"; "error" => %err),
         }
     }
 
-    fn on_request(&mut self, request: Request) {
+    pub fn on_request(&mut self, request: Request) {
         match request {
             Request::Propose { commands, reply } => {
                 let grants = commands
@@ -366,8 +420,11 @@ fn dispatch(
     effects: Effects,
     ghosts: &mut Vec<(Key, FencingToken)>,
 ) {
-    for message in effects.messages {
-        peers_out.send(message);
+    if !effects.messages.is_empty() {
+        for message in effects.messages {
+            peers_out.send(message);
+        }
+        peers_out.flush();
     }
     for (id, reply) in effects.replies {
         let Some(waiting) = waiting.remove(&id) else { continue };

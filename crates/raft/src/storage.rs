@@ -495,7 +495,7 @@ impl AsyncEngineStore {
     pub fn spawn(
         mut store: EngineStore,
         name: String,
-        peers: Box<dyn PeerSink>,
+        peers: Box<dyn PeerSink + Send>,
     ) -> Result<(AsyncEngineStore, crossbeam_channel::Receiver<Persisted>), StorageError> {
         let recovered = store.recover()?;
         let (jobs, queued) = crossbeam_channel::unbounded::<Job>();
@@ -572,6 +572,9 @@ fn write_queued(
         durable += written;
         // No one listening is no reason to stop writing what was queued.
         let _ = report.send(Ok(durable));
+        // After the report: a sink that wakes an event loop wakes it once
+        // for the group's messages and its progress.
+        peers.flush();
     }
 }
 

@@ -401,7 +401,7 @@ fn the_engine_store_keeps_raft_log_semantics_across_reopen() {
 }
 
 /// A peer sink whose messages go nowhere.
-fn nowhere() -> Box<dyn crate::shell::PeerSink> {
+fn nowhere() -> Box<dyn crate::shell::PeerSink + Send> {
     Box::new(crossbeam_channel::bounded::<Message>(1).0)
 }
 

@@ -1,26 +1,30 @@
 //! fencelockd: one node of a fencelock cluster.
 //!
 //! A thin binary. It reads the configuration, builds the logger, opens the
-//! raft driver on its data directory, and joins it to the network layer
-//! with bounded crossbeam channels: peer messages in and out through the
-//! peer transport, client requests through the client listener and
-//! [`handler::ClientHandler`]. On SIGINT or SIGTERM it stops accepting
-//! clients, lets what is in flight finish, and stops the driver, whose every
-//! write was already synced.
+//! raft driver on its data directory, and joins it to the network layer:
+//! the driver runs as the [`Core`] of the network layer's node loop, one
+//! thread that reads and writes every client and peer socket and steps raft
+//! between rounds of events; client requests reach it through
+//! [`handler::ClientHandler`]. Writes and syncs happen on the store's I/O
+//! thread. On SIGINT or SIGTERM it stops accepting clients, lets what is in
+//! flight finish, and stops the driver, whose every write was already
+//! synced.
 
 mod config;
 mod handler;
 
+use std::cell::RefCell;
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use crossbeam_channel::{bounded, select, tick};
-use fencelock_net::{ClientAddrs, ClientConfig, ClientListener, PeerConfig, PeerOutbox, PeerTransport};
-use fencelock_raft::shell::{self, Channels, MonotonicClock, PeerSink, Request, ShellConfig};
-use fencelock_raft::{AsyncEngineStore, EngineStore, Replica};
+use crossbeam_channel::{bounded, select, tick, unbounded, Receiver, Sender};
+use fencelock_net::{ClientAddrs, ClientConfig, Core, LoopWaker, NodeIo, NodeLoop, PeerConfig, Turn};
+use fencelock_raft::shell::{Driver, MonotonicClock, PeerSink, Request};
+use fencelock_raft::{AsyncEngineStore, Durable, EngineStore, FatalError, Persisted, Replica, Stats};
 use raft::prelude::Message;
 use slog::{crit, info, o, Drain, Logger};
 
@@ -70,13 +74,110 @@ fn build_logger(config: &ServerConfig) -> (Logger, slog_async::AsyncGuard) {
     (Logger::root(drain.fuse(), o!()), guard)
 }
 
-/// The driver's messages go straight into the transport's peer queues.
-struct OutboxSink(PeerOutbox<Message>);
+/// The node's core, run by the node loop between rounds of socket events:
+/// the raft driver, fed the peers' messages and the clients' requests, its
+/// messages and replies written by the same thread.
+struct NodeCore<D: Durable> {
+    driver: Driver<D>,
+    requests: Receiver<Request>,
+    /// Progress of the asynchronous store, and the messages its I/O thread
+    /// held until a sync (`never()` for a synchronous store).
+    persisted: Receiver<Persisted>,
+    held: Receiver<Message>,
+    tick_interval: Duration,
+    next_tick: Instant,
+    /// The most requests taken into one turn.
+    drain_max: usize,
+    stop: Arc<AtomicBool>,
+    outcome: Arc<Mutex<Option<Result<Stats, FatalError>>>>,
+}
 
-impl PeerSink for OutboxSink {
+impl<D: Durable + Send> Core<Message> for NodeCore<D> {
+    fn turn(&mut self, inbound: &mut Vec<Message>, io: &mut NodeIo<'_, Message>) -> Turn {
+        let result = if self.stop.load(Ordering::SeqCst) {
+            Err(Ok(self.driver.stats()))
+        } else {
+            self.run_turn(inbound, io).map_err(Err)
+        };
+        match result {
+            Ok(wait) => Turn::Wait(wait),
+            Err(outcome) => {
+                self.driver.finish(&outcome);
+                if let Ok(mut slot) = self.outcome.lock() {
+                    *slot = Some(outcome);
+                }
+                Turn::Stop
+            }
+        }
+    }
+}
+
+impl<D: Durable> NodeCore<D> {
+    /// Takes everything waiting, runs one `Ready`; returns how long the
+    /// loop may sleep.
+    fn run_turn(
+        &mut self,
+        inbound: &mut Vec<Message>,
+        io: &mut NodeIo<'_, Message>,
+    ) -> Result<Duration, FatalError> {
+        for message in inbound.drain(..) {
+            self.driver.step(message);
+        }
+        for message in self.held.try_iter() {
+            // A dropped message is sent again by raft.
+            io.send(message);
+        }
+        while let Ok(progress) = self.persisted.try_recv() {
+            self.driver.on_persisted(progress?);
+        }
+        for request in self.requests.try_iter().take(self.drain_max) {
+            self.driver.on_request(request);
+        }
+        let now = Instant::now();
+        if now >= self.next_tick {
+            self.driver.tick();
+            // A loop held up for several ticks does not catch up in a burst.
+            self.next_tick = (self.next_tick + self.tick_interval).max(now);
+        }
+        self.driver.turn(&LoopSink(RefCell::new(io)))?;
+        if self.requests.is_empty() {
+            Ok(self.next_tick.saturating_duration_since(Instant::now()))
+        } else {
+            Ok(Duration::ZERO)
+        }
+    }
+}
+
+/// The driver's messages, written to the peers' sockets by the loop.
+struct LoopSink<'a, 'b>(RefCell<&'a mut NodeIo<'b, Message>>);
+
+impl PeerSink for LoopSink<'_, '_> {
     fn send(&self, message: Message) {
         // A dropped message is sent again by raft.
-        self.0.send(message);
+        self.0.borrow_mut().send(message);
+    }
+
+    fn flush(&self) {
+        self.0.borrow_mut().flush();
+    }
+}
+
+/// Where the asynchronous store's I/O thread sends the messages it held
+/// until their sync: to the loop, which is woken once per group.
+struct HeldSink {
+    messages: Sender<Message>,
+    waker: Arc<OnceLock<LoopWaker>>,
+}
+
+impl PeerSink for HeldSink {
+    fn send(&self, message: Message) {
+        let _ = self.messages.send(message);
+    }
+
+    fn flush(&self) {
+        if let Some(waker) = self.waker.get() {
+            waker.wake();
+        }
     }
 }
 
@@ -93,9 +194,33 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     std::fs::create_dir_all(&raft_dir).with_context(|| format!("cannot create {}", raft_dir.display()))?;
     let store = EngineStore::open(&raft_dir)
         .with_context(|| format!("cannot open the raft log in {}", raft_dir.display()))?;
-    let (requests_tx, requests_rx) = bounded(config.max_in_flight.max(1024) * 4);
-    let (peers_in_tx, peers_in_rx) = bounded::<Message>(65_536);
-    let (stop_tx, stop_rx) = bounded(1);
+    // Unbounded: the loop that drains it is the one that fills it, so a
+    // full channel would stop it for good. Connections and requests in
+    // flight per connection bound it.
+    let (requests_tx, requests_rx) = unbounded();
+    let (held_tx, held_rx) = unbounded();
+    let waker_slot = Arc::new(OnceLock::new());
+
+    // Writes and syncs happen on their own thread, so that the loop goes
+    // on serving sockets and stepping raft while the disk syncs; the
+    // messages that must wait for a sync come back to the loop.
+    let held_sink = HeldSink { messages: held_tx, waker: Arc::clone(&waker_slot) };
+    let (store, persisted) = AsyncEngineStore::spawn(store, "fencelock-raft-io".into(), Box::new(held_sink))
+        .with_context(|| format!("cannot recover the raft log in {}", raft_dir.display()))?;
+    let replica = Replica::open(config.driver.clone(), store, logger).context("cannot open the replica")?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let outcome = Arc::new(Mutex::new(None));
+    let core = NodeCore {
+        driver: Driver::new(replica, MonotonicClock::new(), logger),
+        requests: requests_rx,
+        persisted,
+        held: held_rx,
+        tick_interval: config.tick,
+        next_tick: Instant::now() + config.tick,
+        drain_max: 4_096,
+        stop: Arc::clone(&stop),
+        outcome: Arc::clone(&outcome),
+    };
 
     let own_peer_addr = config.peers[&config.id];
     let peer_config = PeerConfig {
@@ -108,40 +233,17 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
             .map(|(id, addr)| (*id, *addr))
             .collect(),
         client_addr: config.client_addr.to_string(),
-        queue_max: 4_096,
         frame_bytes_max: 256 << 20,
-        batch_max: 1_024,
+        output_bytes_max: 64 << 20,
         reconnect_backoff_min: Duration::from_millis(20),
         reconnect_backoff_max: Duration::from_secs(1),
     };
-    let (transport, outbox) =
-        PeerTransport::start(peer_config, |message: &Message| message.to, peers_in_tx, logger)
-            .with_context(|| format!("cannot listen for peers on {own_peer_addr}"))?;
-
-    // Writes and syncs happen on their own thread, so that the driver goes
-    // on stepping and proposing while the disk syncs; that thread also sends
-    // the votes and acknowledgements that wait for its syncs.
-    let (store, persisted) =
-        AsyncEngineStore::spawn(store, "fencelock-raft-io".into(), Box::new(OutboxSink(outbox.clone())))
-            .with_context(|| format!("cannot recover the raft log in {}", raft_dir.display()))?;
-    let replica = Replica::open(config.driver.clone(), store, logger).context("cannot open the replica")?;
-
-    let channels = Channels {
-        requests: requests_rx,
-        peers_in: peers_in_rx,
-        peers_out: Box::new(OutboxSink(outbox)),
-        stop: stop_rx,
-        persisted,
-    };
-    let shell_config = ShellConfig { tick_interval: config.tick, drain_max: 4_096 };
-    let driver = shell::spawn(replica, MonotonicClock::new(), shell_config, channels, logger)
-        .context("cannot start the driver")?;
-
+    let client_addrs = ClientAddrs::new();
     let identity = Identity {
         node_id: config.id,
         client_addr: config.client_addr,
         peers: config.peers.clone(),
-        directory: Arc::new(PeerDirectory(transport.client_addrs())),
+        directory: Arc::new(PeerDirectory(client_addrs.clone())),
     };
     let handler = Arc::new(ClientHandler { driver: requests_tx.clone(), identity: Arc::new(identity) });
     let client_config = ClientConfig {
@@ -150,8 +252,23 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         in_flight_max: config.max_in_flight,
         frame_bytes_max: config.max_frame_bytes,
     };
-    let listener = ClientListener::start(client_config, handler, logger)
-        .with_context(|| format!("cannot listen for clients on {}", config.client_addr))?;
+    let make_core = |waker: LoopWaker| -> Box<dyn Core<Message>> {
+        let _ = waker_slot.set(waker);
+        Box::new(core)
+    };
+    let node = NodeLoop::start(
+        client_config,
+        peer_config,
+        |message: &Message| message.to,
+        handler,
+        make_core,
+        client_addrs,
+        logger,
+    )
+    .with_context(|| {
+        format!("cannot listen on {} (clients) and {own_peer_addr} (peers)", config.client_addr)
+    })?;
+    let waker = node.waker();
     info!(logger, "fencelockd serving"; "node_id" => config.id, "clients" => %config.client_addr, "peers" => %own_peer_addr);
 
     let (signal_tx, signal_rx) = bounded(4);
@@ -166,7 +283,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         }
     })?;
 
-    // Wait for a signal, or for the driver to stop on its own (a fatal error).
+    // Wait for a signal, or for the loop to stop on its own (a fatal error).
     let poll = tick(Duration::from_millis(100));
     loop {
         select! {
@@ -175,31 +292,35 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
                 break;
             }
             recv(poll) -> _ => {
-                if driver.is_finished() {
+                if node.is_finished() {
                     break;
                 }
             }
         }
     }
 
-    listener.stop_accepting();
+    node.stop_accepting();
     let deadline = Instant::now() + SHUTDOWN_GRACE;
-    while Instant::now() < deadline && !driver.is_finished() && pending_requests(&requests_tx) > 0 {
+    while Instant::now() < deadline && !node.is_finished() && pending_requests(&requests_tx, &waker) > 0 {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let _ = stop_tx.send(());
-    let outcome = driver.join().map_err(|_| anyhow::anyhow!("the driver thread panicked"))?;
-    transport.stop();
-    let stats = outcome.context("the driver stopped on a fatal error")?;
+    stop.store(true, Ordering::SeqCst);
+    waker.wake();
+    node.join().map_err(|_| anyhow::anyhow!("the node loop panicked"))?;
+    let outcome = outcome.lock().map_err(|_| anyhow::anyhow!("the node loop panicked"))?.take();
+    let stats = outcome
+        .ok_or_else(|| anyhow::anyhow!("the node loop ended without a word"))?
+        .context("the driver stopped on a fatal error")?;
     info!(logger, "fencelockd stopped"; "entries_applied" => stats.entries_applied, "syncs" => stats.syncs);
     Ok(())
 }
 
 /// Requests the driver has accepted and not answered, 0 if it is gone.
-fn pending_requests(requests: &crossbeam_channel::Sender<Request>) -> usize {
+fn pending_requests(requests: &Sender<Request>, waker: &LoopWaker) -> usize {
     let (tx, rx) = bounded(1);
     if requests.send(Request::Status { reply: tx }).is_err() {
         return 0;
     }
+    waker.wake();
     rx.recv_timeout(Duration::from_secs(1)).map_or(0, |status| status.pending_requests)
 }

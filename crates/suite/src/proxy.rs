@@ -5,7 +5,7 @@
 //! `PeerHello` frame naming the sending node A, so B's proxy learns the
 //! direction A→B of each connection from its first frame. While [`Rules`]
 //! block A→B, the proxy closes A's connections to B and refuses new ones,
-//! which is what a partition looks like to the peer transport: the
+//! which is what a partition looks like to the node loop's peer side: the
 //! connection drops and reconnects fail until the partition heals.
 //!
 //! Only the direction a connection carries is blocked; a partition between

@@ -1,0 +1,599 @@
+//! The node loop: one thread that serves a node's client connections and
+//! its peer connections and runs the node's [`Core`] (the server's raft
+//! driver) between rounds of socket events.
+//!
+//! Why one thread: a request's commit crosses the leader and a follower and
+//! back, and every hand-off between threads on the way costs a wake-up,
+//! tens of microseconds on a virtual machine whose idle cores halt. Here a
+//! peer's message is decoded and stepped, and the messages it causes are
+//! written, on the thread that read it; responses are written on the
+//! thread that applied their entries.
+//!
+//! The peer side: one outgoing connection per peer, opened without
+//! blocking and reopened with backoff, carrying this node's messages after
+//! a [`PeerHello`]; incoming connections open with a hello and carry the
+//! peer's messages. A peer's unsent output is bounded: past the bound new
+//! messages are dropped (raft sends again), so a stopped peer costs bounded
+//! memory and never blocks the loop. A connection that sends anything
+//! malformed is closed; the rest carry on.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use fencelock_types::client_pb::PeerHello;
+use mio::event::Event;
+use mio::net::{TcpListener, TcpStream};
+use mio::{Interest, Registry, Token};
+use protobuf::Message;
+use slog::{debug, info, warn, Logger};
+
+use crate::client::{EventLoop, LoopShared};
+use crate::frame::{decode_frame, encode_frame};
+use crate::{ClientConfig, Handler};
+
+/// The largest hello accepted from a peer.
+const HELLO_BYTES_MAX: usize = 64 * 1024;
+/// How long an outgoing connection may take to open.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Peer connection tokens start here, far above any client connection's.
+pub(crate) const FIRST_PEER_TOKEN: usize = 1 << 40;
+
+/// Settings of the peer side of a node loop.
+#[derive(Clone, Debug)]
+pub struct PeerConfig {
+    pub node_id: u64,
+    /// Where this node listens for peers.
+    pub listen_addr: SocketAddr,
+    /// Every other node's peer address.
+    pub peers: BTreeMap<u64, SocketAddr>,
+    /// This node's client address, announced to peers in the hello.
+    pub client_addr: String,
+    /// The largest frame accepted from a peer (snapshots travel as frames).
+    pub frame_bytes_max: usize,
+    /// Unsent bytes queued for one peer past which new messages to it are
+    /// dropped (one message is always taken into an empty queue).
+    pub output_bytes_max: usize,
+    pub reconnect_backoff_min: Duration,
+    pub reconnect_backoff_max: Duration,
+}
+
+/// What a node loop runs between rounds of socket events: the server's
+/// raft driver. Called on the loop's thread only; it must not block for
+/// long (a synchronous disk write is the longest it should take).
+pub trait Core<M>: Send {
+    /// Takes the peer messages that came in (`inbound`, to drain) and does
+    /// its work, sending messages through `io`. Returns how long the loop
+    /// may wait for events before calling again, or that it should stop.
+    fn turn(&mut self, inbound: &mut Vec<M>, io: &mut NodeIo<'_, M>) -> Turn;
+}
+
+/// What a [`Core`] asks of the loop after a turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Turn {
+    /// Call again after the next events, or after this long at the latest.
+    Wait(Duration),
+    /// End the loop: every connection closes.
+    Stop,
+}
+
+/// The loop's sockets, as a [`Core`] sees them during its turn.
+pub struct NodeIo<'a, M> {
+    pub(crate) event_loop: &'a mut EventLoop<M>,
+}
+
+impl<M> std::fmt::Debug for NodeIo<'_, M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NodeIo")
+    }
+}
+
+impl<M: Message> NodeIo<'_, M> {
+    /// Queues `message` for its peer. False when it was dropped: the peer
+    /// is unknown, unreachable, or too far behind.
+    pub fn send(&mut self, message: M) -> bool {
+        match &mut self.event_loop.peers {
+            Some(peers) => peers.send(message),
+            None => false,
+        }
+    }
+
+    /// Writes what is queued (peer messages and client responses) now,
+    /// as far as the sockets take it, instead of after the turn.
+    pub fn flush(&mut self) {
+        self.event_loop.flush_all();
+    }
+}
+
+/// Wakes a node loop from another thread, so that its core runs a turn:
+/// after sending it something through a channel, say. Cheap to clone; one
+/// wake-up per burst.
+#[derive(Clone, Debug)]
+pub struct LoopWaker(pub(crate) Arc<LoopShared>);
+
+impl LoopWaker {
+    pub fn wake(&self) {
+        self.0.wake();
+    }
+}
+
+/// A running node loop.
+#[derive(Debug)]
+pub struct NodeLoop {
+    client_addr: SocketAddr,
+    peer_addr: SocketAddr,
+    shared: Arc<LoopShared>,
+    thread: JoinHandle<()>,
+}
+
+impl NodeLoop {
+    /// Binds the client and peer listeners and starts the loop on a thread
+    /// named `fencelock-node`. Messages go to the peer `recipient` names;
+    /// client requests go to `handler`; `make_core` builds the core, given
+    /// a waker for other threads. Peers' announced client addresses are
+    /// recorded in `client_addrs`.
+    pub fn start<M: Message>(
+        clients: ClientConfig,
+        peers: PeerConfig,
+        recipient: fn(&M) -> u64,
+        handler: Arc<dyn Handler>,
+        make_core: impl FnOnce(LoopWaker) -> Box<dyn Core<M>>,
+        client_addrs: ClientAddrs,
+        logger: &Logger,
+    ) -> io::Result<NodeLoop> {
+        let logger = logger.new(slog::o!("node_id" => peers.node_id));
+        let mut event_loop = EventLoop::<M>::bind(clients, handler, &logger)?;
+        let client_addr = event_loop.local_addr()?;
+        let mut listener = TcpListener::bind(peers.listen_addr)?;
+        let peer_addr = listener.local_addr()?;
+        event_loop.poll.registry().register(
+            &mut listener,
+            crate::client::PEER_LISTENER,
+            Interest::READABLE,
+        )?;
+        let shared = Arc::clone(&event_loop.shared);
+        event_loop.core = Some(make_core(LoopWaker(Arc::clone(&shared))));
+        event_loop.peers = Some(Peers::new(peers, listener, recipient, client_addrs, logger.clone()));
+        info!(logger, "node listening"; "clients" => %client_addr, "peers" => %peer_addr);
+        let loop_shared = Arc::clone(&shared);
+        let thread = std::thread::Builder::new().name("fencelock-node".into()).spawn(move || {
+            let _ = loop_shared.loop_thread.set(std::thread::current().id());
+            event_loop.run();
+        })?;
+        Ok(NodeLoop { client_addr, peer_addr, shared, thread })
+    }
+
+    pub fn client_addr(&self) -> SocketAddr {
+        self.client_addr
+    }
+
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer_addr
+    }
+
+    pub fn waker(&self) -> LoopWaker {
+        LoopWaker(Arc::clone(&self.shared))
+    }
+
+    /// Stops accepting new clients and closes the client listening socket;
+    /// open connections and peers carry on.
+    pub fn stop_accepting(&self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        let _ = self.shared.waker.wake();
+    }
+
+    /// True once the loop ended (its core asked it to stop).
+    pub fn is_finished(&self) -> bool {
+        self.thread.is_finished()
+    }
+
+    /// Waits for the loop to end; `Err` if its thread panicked.
+    pub fn join(self) -> std::thread::Result<()> {
+        self.thread.join()
+    }
+}
+
+/// The client addresses that peers announced in their hellos, by node id.
+#[derive(Clone, Debug)]
+pub struct ClientAddrs(Arc<RwLock<BTreeMap<u64, String>>>);
+
+impl ClientAddrs {
+    pub fn get(&self, id: u64) -> Option<String> {
+        self.0.read().ok()?.get(&id).cloned()
+    }
+
+    /// An empty directory, for a node loop to fill in.
+    pub fn new() -> ClientAddrs {
+        ClientAddrs(Arc::new(RwLock::new(BTreeMap::new())))
+    }
+
+    fn insert(&self, id: u64, addr: String) {
+        if let Ok(mut addrs) = self.0.write() {
+            addrs.insert(id, addr);
+        }
+    }
+}
+
+impl Default for ClientAddrs {
+    fn default() -> ClientAddrs {
+        ClientAddrs::new()
+    }
+}
+
+/// The peer side of a node loop.
+pub(crate) struct Peers<M> {
+    config: PeerConfig,
+    listener: TcpListener,
+    recipient: fn(&M) -> u64,
+    /// The hello every outgoing connection opens with, encoded.
+    hello: Vec<u8>,
+    client_addrs: ClientAddrs,
+    outgoing: BTreeMap<u64, Outgoing>,
+    /// Outgoing connection tokens to their peer.
+    by_token: HashMap<Token, u64>,
+    incoming: HashMap<Token, Incoming>,
+    next_token: usize,
+    /// Peers with output to write.
+    dirty: Vec<u64>,
+    scratch: Vec<u8>,
+    logger: Logger,
+}
+
+struct Outgoing {
+    addr: SocketAddr,
+    link: Link,
+    /// Encoded frames; `output[written..]` is still to go.
+    output: Vec<u8>,
+    written: usize,
+    backoff: Duration,
+    logger: Logger,
+}
+
+enum Link {
+    Down { retry_at: Instant },
+    Connecting { stream: TcpStream, token: Token, since: Instant },
+    Up { stream: TcpStream, token: Token },
+}
+
+struct Incoming {
+    stream: TcpStream,
+    /// Bytes read and not yet decoded: at most one partial frame.
+    input: Vec<u8>,
+    /// The peer, once its hello came.
+    peer: Option<u64>,
+    remote: String,
+}
+
+impl<M: Message> Peers<M> {
+    fn new(
+        config: PeerConfig,
+        listener: TcpListener,
+        recipient: fn(&M) -> u64,
+        client_addrs: ClientAddrs,
+        logger: Logger,
+    ) -> Peers<M> {
+        let mut hello = Vec::new();
+        let greeting = PeerHello {
+            node_id: config.node_id,
+            client_addr: config.client_addr.clone(),
+            ..Default::default()
+        };
+        encode_frame(&greeting, &mut hello);
+        let now = Instant::now();
+        let outgoing = config
+            .peers
+            .iter()
+            .map(|(&peer, &addr)| {
+                let outgoing = Outgoing {
+                    addr,
+                    link: Link::Down { retry_at: now },
+                    output: Vec::new(),
+                    written: 0,
+                    backoff: config.reconnect_backoff_min,
+                    logger: logger.new(slog::o!("peer" => peer)),
+                };
+                (peer, outgoing)
+            })
+            .collect();
+        Peers {
+            config,
+            listener,
+            recipient,
+            hello,
+            client_addrs,
+            outgoing,
+            by_token: HashMap::new(),
+            incoming: HashMap::new(),
+            next_token: FIRST_PEER_TOKEN,
+            dirty: Vec::new(),
+            scratch: vec![0; 64 * 1024],
+            logger,
+        }
+    }
+
+    fn token(&mut self) -> Token {
+        self.next_token += 1;
+        Token(self.next_token)
+    }
+
+    pub(crate) fn send(&mut self, message: M) -> bool {
+        let to = (self.recipient)(&message);
+        let Some(outgoing) = self.outgoing.get_mut(&to) else { return false };
+        if matches!(outgoing.link, Link::Down { .. }) {
+            // Stale by the time the peer is back: raft sends fresh ones.
+            return false;
+        }
+        let unsent = outgoing.output.len() - outgoing.written;
+        if unsent > 0 && unsent >= self.config.output_bytes_max {
+            return false;
+        }
+        if unsent == 0 {
+            self.dirty.push(to);
+        }
+        encode_frame(&message, &mut outgoing.output);
+        true
+    }
+
+    /// Writes every peer's queued output as far as its socket takes it.
+    pub(crate) fn flush(&mut self, registry: &Registry) {
+        for peer in std::mem::take(&mut self.dirty) {
+            self.write_out(registry, peer);
+        }
+    }
+
+    fn write_out(&mut self, registry: &Registry, peer: u64) {
+        let Some(outgoing) = self.outgoing.get_mut(&peer) else { return };
+        let Link::Up { stream, .. } = &mut outgoing.link else { return };
+        let mut failed = None;
+        while outgoing.written < outgoing.output.len() {
+            match stream.write(&outgoing.output[outgoing.written..]) {
+                Ok(0) => {
+                    failed = Some(io::Error::from(io::ErrorKind::WriteZero));
+                    break;
+                }
+                Ok(n) => outgoing.written += n,
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                Err(err) => {
+                    failed = Some(err);
+                    break;
+                }
+            }
+        }
+        if outgoing.written == outgoing.output.len() {
+            outgoing.output.clear();
+            outgoing.written = 0;
+        } else if outgoing.written > 1 << 20 {
+            outgoing.output.drain(..outgoing.written);
+            outgoing.written = 0;
+        }
+        if let Some(err) = failed {
+            warn!(outgoing.logger, "peer connection lost"; "error" => %err);
+            self.go_down(registry, peer);
+        }
+    }
+
+    /// Drops the peer's connection and output; it is reopened after the
+    /// backoff.
+    fn go_down(&mut self, registry: &Registry, peer: u64) {
+        let Some(outgoing) = self.outgoing.get_mut(&peer) else { return };
+        let retry_at = Instant::now() + outgoing.backoff;
+        let link = std::mem::replace(&mut outgoing.link, Link::Down { retry_at });
+        if let Link::Connecting { mut stream, token, .. } | Link::Up { mut stream, token } = link {
+            let _ = registry.deregister(&mut stream);
+            self.by_token.remove(&token);
+        }
+        outgoing.backoff = (outgoing.backoff * 2).min(self.config.reconnect_backoff_max);
+        outgoing.output.clear();
+        outgoing.written = 0;
+    }
+
+    /// The earliest moment a connection is due to be opened or given up on.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        self.outgoing
+            .values()
+            .filter_map(|outgoing| match &outgoing.link {
+                Link::Down { retry_at } => Some(*retry_at),
+                Link::Connecting { since, .. } => Some(*since + CONNECT_TIMEOUT),
+                Link::Up { .. } => None,
+            })
+            .min()
+    }
+
+    /// Opens the connections that are due, gives up on slow ones.
+    pub(crate) fn on_time(&mut self, registry: &Registry, now: Instant) {
+        let peers: Vec<u64> = self.outgoing.keys().copied().collect();
+        for peer in peers {
+            let Some(outgoing) = self.outgoing.get(&peer) else { continue };
+            match &outgoing.link {
+                Link::Down { retry_at } if *retry_at <= now => self.connect(registry, peer),
+                Link::Connecting { since, .. } if *since + CONNECT_TIMEOUT <= now => {
+                    debug!(outgoing.logger, "cannot reach peer"; "addr" => %outgoing.addr, "error" => "timed out");
+                    self.go_down(registry, peer);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn connect(&mut self, registry: &Registry, peer: u64) {
+        let token = self.token();
+        let Some(outgoing) = self.outgoing.get_mut(&peer) else { return };
+        let mut stream = match TcpStream::connect(outgoing.addr) {
+            Ok(stream) => stream,
+            Err(err) => {
+                debug!(outgoing.logger, "cannot reach peer"; "addr" => %outgoing.addr, "error" => %err);
+                self.go_down(registry, peer);
+                return;
+            }
+        };
+        if let Err(err) = registry.register(&mut stream, token, Interest::READABLE | Interest::WRITABLE) {
+            warn!(outgoing.logger, "cannot watch a peer connection"; "error" => %err);
+            self.go_down(registry, peer);
+            return;
+        }
+        outgoing.output.clear();
+        outgoing.written = 0;
+        outgoing.output.extend_from_slice(&self.hello);
+        outgoing.link = Link::Connecting { stream, token, since: Instant::now() };
+        self.by_token.insert(token, peer);
+    }
+
+    /// Accepts every waiting peer connection.
+    pub(crate) fn accept_all(&mut self, registry: &Registry) {
+        loop {
+            let (mut stream, remote) = match self.listener.accept() {
+                Ok(accepted) => accepted,
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                Err(err) => {
+                    warn!(self.logger, "accepting a peer failed"; "error" => %err);
+                    return;
+                }
+            };
+            let token = self.token();
+            if let Err(err) = registry.register(&mut stream, token, Interest::READABLE) {
+                warn!(self.logger, "cannot watch a peer connection"; "error" => %err);
+                continue;
+            }
+            let incoming = Incoming { stream, input: Vec::new(), peer: None, remote: remote.to_string() };
+            self.incoming.insert(token, incoming);
+        }
+    }
+
+    /// Whether `token` is one of this side's connections.
+    pub(crate) fn owns(&self, token: Token) -> bool {
+        self.by_token.contains_key(&token) || self.incoming.contains_key(&token)
+    }
+
+    /// Handles an event on one of this side's connections; messages read
+    /// go to `inbound`.
+    pub(crate) fn on_event(&mut self, registry: &Registry, event: &Event, inbound: &mut Vec<M>) {
+        let token = event.token();
+        if let Some(&peer) = self.by_token.get(&token) {
+            self.on_outgoing_event(registry, peer, event);
+        } else if self.incoming.contains_key(&token) {
+            if let Err(reason) = self.read_incoming(token, inbound) {
+                if let Some(mut incoming) = self.incoming.remove(&token) {
+                    match reason {
+                        Some(reason) => warn!(self.logger, "closing peer connection";
+                            "peer" => incoming.peer, "remote" => &incoming.remote, "error" => reason),
+                        None => debug!(self.logger, "peer closed its connection"; "peer" => incoming.peer),
+                    }
+                    let _ = registry.deregister(&mut incoming.stream);
+                }
+            }
+        }
+    }
+
+    fn on_outgoing_event(&mut self, registry: &Registry, peer: u64, event: &Event) {
+        let Some(outgoing) = self.outgoing.get_mut(&peer) else { return };
+        match &mut outgoing.link {
+            Link::Connecting { stream, token, .. } => {
+                if let Ok(Some(err)) | Err(err) = stream.take_error() {
+                    debug!(outgoing.logger, "cannot reach peer"; "addr" => %outgoing.addr, "error" => %err);
+                    self.go_down(registry, peer);
+                    return;
+                }
+                match stream.peer_addr() {
+                    Ok(_) => {}
+                    Err(err) if err.kind() == io::ErrorKind::NotConnected => return,
+                    Err(err) => {
+                        debug!(outgoing.logger, "cannot reach peer"; "addr" => %outgoing.addr, "error" => %err);
+                        self.go_down(registry, peer);
+                        return;
+                    }
+                }
+                let _ = stream.set_nodelay(true);
+                let token = *token;
+                let Link::Connecting { stream, .. } =
+                    std::mem::replace(&mut outgoing.link, Link::Down { retry_at: Instant::now() })
+                else {
+                    return;
+                };
+                outgoing.link = Link::Up { stream, token };
+                outgoing.backoff = self.config.reconnect_backoff_min;
+                info!(outgoing.logger, "connected to peer"; "addr" => %outgoing.addr);
+                self.write_out(registry, peer);
+            }
+            Link::Up { stream, .. } => {
+                if event.is_readable() || event.is_read_closed() || event.is_error() {
+                    // Peers send nothing back on this connection: a read
+                    // only tells whether it is still open.
+                    loop {
+                        match stream.read(&mut self.scratch) {
+                            Ok(0) => {
+                                info!(outgoing.logger, "peer closed the connection");
+                                self.go_down(registry, peer);
+                                return;
+                            }
+                            Ok(_) => continue,
+                            Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
+                            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                            Err(err) => {
+                                warn!(outgoing.logger, "peer connection lost"; "error" => %err);
+                                self.go_down(registry, peer);
+                                return;
+                            }
+                        }
+                    }
+                }
+                if event.is_writable() {
+                    self.write_out(registry, peer);
+                }
+            }
+            Link::Down { .. } => {}
+        }
+    }
+
+    /// Reads what the socket has and decodes every whole frame. `Err`
+    /// closes the connection: `Some(reason)` for a violation, `None` when
+    /// the peer closed it.
+    fn read_incoming(&mut self, token: Token, inbound: &mut Vec<M>) -> Result<(), Option<String>> {
+        let Some(incoming) = self.incoming.get_mut(&token) else { return Ok(()) };
+        loop {
+            let n = match incoming.stream.read(&mut self.scratch) {
+                Ok(0) => return Err(None),
+                Ok(n) => n,
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                Err(err) => return Err(Some(format!("read failed: {err}"))),
+            };
+            incoming.input.extend_from_slice(&self.scratch[..n]);
+            let mut at = 0;
+            loop {
+                let rest = &incoming.input[at..];
+                if incoming.peer.is_none() {
+                    match decode_frame::<PeerHello>(rest, HELLO_BYTES_MAX) {
+                        Ok(None) => break,
+                        Ok(Some((hello, used))) => {
+                            at += used;
+                            incoming.peer = Some(hello.node_id);
+                            self.client_addrs.insert(hello.node_id, hello.client_addr);
+                        }
+                        Err(err) => return Err(Some(format!("bad hello: {err}"))),
+                    }
+                } else {
+                    match decode_frame::<M>(rest, self.config.frame_bytes_max) {
+                        Ok(None) => break,
+                        Ok(Some((message, used))) => {
+                            at += used;
+                            inbound.push(message);
+                        }
+                        Err(err) => return Err(Some(err.to_string())),
+                    }
+                }
+            }
+            incoming.input.drain(..at);
+            // A short read emptied the socket: a later byte is a new edge.
+            if n < self.scratch.len() {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
