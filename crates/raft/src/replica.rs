@@ -836,6 +836,9 @@ impl<D: Durable> Replica<D> {
             may_defer_sync: !ready.must_sync(),
         };
         if !(batch.entries.is_empty() && batch.snapshot.is_none() && batch.hard_state.is_none()) {
+            // A follower's write is on the path of every commit; a leader's
+            // runs in parallel with its followers'.
+            self.disk.store.prefer_inline(self.raw.raft.state != StateRole::Leader);
             self.disk.write(batch)?;
         }
 
@@ -1105,6 +1108,9 @@ impl<D: Durable> Disk<D> {
         self.submitted += 1;
         if !self.store.is_async() {
             self.durable = self.submitted;
+        } else if let Some(durable) = self.store.durable_now() {
+            // Written inline, or the I/O thread got there already.
+            self.durable = self.durable.max(durable.min(self.submitted));
         }
         if synced {
             self.syncs += 1;

@@ -89,6 +89,22 @@ pub trait Durable {
     fn syncs_done(&self) -> Option<u64> {
         None
     }
+
+    /// For an asynchronous store: whether to make the next writes on the
+    /// caller's thread, synced before `write` returns, when nothing queued
+    /// earlier is still being written. A follower asks for this: its
+    /// acknowledgement then leaves without waiting on another thread,
+    /// while a leader keeps queueing, to go on serving while the disk
+    /// syncs. A store that cannot ignores it.
+    fn prefer_inline(&mut self, inline: bool) {
+        let _ = inline;
+    }
+
+    /// For an asynchronous store: the count of writes durable by now,
+    /// those made inline included; `None` to rely on the reports alone.
+    fn durable_now(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A storage failure. The driver treats every one as fatal for the node.
@@ -467,15 +483,35 @@ pub type Persisted = Result<u64, StorageError>;
 /// once for all of it (group commit), and reports the count of durable
 /// writes on the channel [`AsyncEngineStore::spawn`] returns. The driver
 /// thread thus goes on stepping and proposing while the disk syncs.
+///
+/// Asked to ([`Durable::prefer_inline`]), it writes and syncs on the
+/// caller's thread instead whenever the I/O thread has nothing queued, so
+/// that order holds: every write is made after all writes before it.
 #[derive(Debug)]
 pub struct AsyncEngineStore {
     /// `None` only while dropping.
     jobs: Option<crossbeam_channel::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
-    /// Syncs the thread has done.
-    syncs: Arc<std::sync::atomic::AtomicU64>,
+    /// The engine, used by the I/O thread and by inline writes, never both
+    /// at once: inline writes wait for `outstanding` to be 0.
+    store: Arc<std::sync::Mutex<EngineStore>>,
+    /// Shared with the I/O thread.
+    counts: Arc<Counts>,
+    inline: bool,
     /// Read once, before the thread started.
     recovered: Option<Recovered>,
+}
+
+/// What an [`AsyncEngineStore`] and its I/O thread both count.
+#[derive(Debug, Default)]
+struct Counts {
+    /// Syncs done.
+    syncs: std::sync::atomic::AtomicU64,
+    /// Writes durable since open.
+    durable: std::sync::atomic::AtomicU64,
+    /// Jobs queued and not yet done by the I/O thread (its last act on a
+    /// group is to count it out).
+    outstanding: std::sync::atomic::AtomicU64,
 }
 
 impl Drop for AsyncEngineStore {
@@ -500,24 +536,49 @@ impl AsyncEngineStore {
         let recovered = store.recover()?;
         let (jobs, queued) = crossbeam_channel::unbounded::<Job>();
         let (report, persisted) = crossbeam_channel::unbounded();
-        let syncs = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let thread_syncs = Arc::clone(&syncs);
+        let store = Arc::new(std::sync::Mutex::new(store));
+        let counts = Arc::new(Counts::default());
+        let (thread_store, thread_counts) = (Arc::clone(&store), Arc::clone(&counts));
         let thread = std::thread::Builder::new()
             .name(name)
-            .spawn(move || write_queued(store, &queued, &report, peers.as_ref(), &thread_syncs))
+            .spawn(move || write_queued(&thread_store, &queued, &report, peers.as_ref(), &thread_counts))
             .map_err(|err| StorageError::Thread(format!("cannot start: {err}")))?;
-        let store =
-            AsyncEngineStore { jobs: Some(jobs), thread: Some(thread), syncs, recovered: Some(recovered) };
+        let store = AsyncEngineStore {
+            jobs: Some(jobs),
+            thread: Some(thread),
+            store,
+            counts,
+            inline: false,
+            recovered: Some(recovered),
+        };
         Ok((store, persisted))
     }
 
     fn queue(&self, job: Job) -> Result<(), StorageError> {
+        self.counts.outstanding.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let sent = self.jobs.as_ref().is_some_and(|jobs| jobs.send(job).is_ok());
         if sent {
             Ok(())
         } else {
             Err(StorageError::Thread("stopped after a failed write".into()))
         }
+    }
+
+    /// Writes `batch` on this thread, if inline writes are wanted and the
+    /// I/O thread has nothing to do: `Ok(false)` when it did not.
+    fn write_inline(&mut self, batch: &WriteBatch<'_>) -> Result<bool, StorageError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if !self.inline || self.counts.outstanding.load(SeqCst) != 0 {
+            return Ok(false);
+        }
+        let mut store =
+            self.store.lock().map_err(|_| StorageError::Thread("the I/O thread panicked".into()))?;
+        store.write(WriteBatch { ..*batch })?;
+        if !batch.may_defer_sync {
+            self.counts.syncs.fetch_add(1, SeqCst);
+        }
+        self.counts.durable.fetch_add(1, SeqCst);
+        Ok(true)
     }
 }
 
@@ -532,19 +593,24 @@ enum Job {
 /// The I/O thread: everything queued goes out in one group, synced once;
 /// then the group's messages leave, then its writes are reported durable.
 fn write_queued(
-    mut store: EngineStore,
+    store: &std::sync::Mutex<EngineStore>,
     queued: &crossbeam_channel::Receiver<Job>,
     report: &crossbeam_channel::Sender<Persisted>,
     peers: &dyn PeerSink,
-    syncs: &std::sync::atomic::AtomicU64,
+    counts: &Counts,
 ) {
-    let mut durable = 0u64;
+    use std::sync::atomic::Ordering::SeqCst;
     let mut group = Vec::new();
     // Ends when the replica (the only sender) is dropped.
     while let Ok(first) = queued.recv() {
         group.clear();
         group.push(first);
         group.extend(queued.try_iter());
+        let jobs = group.len() as u64;
+        let Ok(mut store) = store.lock() else {
+            let _ = report.send(Err(StorageError::Thread("the engine's lock is poisoned".into())));
+            return;
+        };
         let sync_at = group.iter().rposition(|job| matches!(job, Job::Write(batch) if !batch.may_defer_sync));
         let mut written = 0;
         for (at, job) in group.iter().enumerate() {
@@ -559,8 +625,9 @@ fn write_queued(
             }
             written += 1;
         }
+        drop(store);
         if sync_at.is_some() {
-            syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            counts.syncs.fetch_add(1, SeqCst);
         }
         for job in group.drain(..) {
             if let Job::Send(messages) = job {
@@ -569,12 +636,14 @@ fn write_queued(
                 }
             }
         }
-        durable += written;
+        let durable = counts.durable.fetch_add(written, SeqCst) + written;
         // No one listening is no reason to stop writing what was queued.
         let _ = report.send(Ok(durable));
         // After the report: a sink that wakes an event loop wakes it once
         // for the group's messages and its progress.
         peers.flush();
+        // The last act on a group: from here an inline write may follow.
+        counts.outstanding.fetch_sub(jobs, SeqCst);
     }
 }
 
@@ -587,6 +656,9 @@ impl Durable for AsyncEngineStore {
     }
 
     fn write(&mut self, batch: WriteBatch<'_>) -> Result<(), StorageError> {
+        if self.write_inline(&batch)? {
+            return Ok(());
+        }
         self.queue(Job::Write(Box::new(OwnedWriteBatch::from_batch(&batch))))
     }
 
@@ -595,11 +667,19 @@ impl Durable for AsyncEngineStore {
     }
 
     fn syncs_done(&self) -> Option<u64> {
-        Some(self.syncs.load(std::sync::atomic::Ordering::Relaxed))
+        Some(self.counts.syncs.load(std::sync::atomic::Ordering::SeqCst))
     }
 
     fn is_async(&self) -> bool {
         true
+    }
+
+    fn prefer_inline(&mut self, inline: bool) {
+        self.inline = inline;
+    }
+
+    fn durable_now(&self) -> Option<u64> {
+        Some(self.counts.durable.load(std::sync::atomic::Ordering::SeqCst))
     }
 }
 

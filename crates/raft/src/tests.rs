@@ -441,6 +441,39 @@ fn the_asynchronous_engine_store_reports_each_write_durable_in_order() {
 }
 
 #[test]
+fn inline_writes_are_durable_at_once_and_never_overtake_queued_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut store, progress) =
+        AsyncEngineStore::spawn(EngineStore::open(dir.path()).unwrap(), "io".into(), nowhere()).unwrap();
+    // Alone, an inline write is durable when `write` returns.
+    store.prefer_inline(true);
+    store.write(WriteBatch { entries: &[entry(1, 1)], ..Default::default() }).unwrap();
+    assert_eq!(store.durable_now(), Some(1));
+    // Mixed with queued writes, in bursts: an inline write waits its turn
+    // (it is queued while the I/O thread has work), so the log stays in
+    // order, and the durable count only grows and never passes the writes.
+    let mut written = 1;
+    let mut last_durable = 1;
+    for index in 2..=400u64 {
+        store.prefer_inline(index % 3 == 0);
+        store.write(WriteBatch { entries: &[entry(index, 1)], ..Default::default() }).unwrap();
+        written += 1;
+        let durable = store.durable_now().unwrap();
+        assert!(durable >= last_durable && durable <= written, "durable {durable} after {written} writes");
+        last_durable = durable;
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while store.durable_now() != Some(written) {
+        assert!(std::time::Instant::now() < deadline, "never all durable: {:?}", store.durable_now());
+        let _ = progress.recv_timeout(std::time::Duration::from_millis(10));
+    }
+    drop(store);
+    let recovered = EngineStore::open(dir.path()).unwrap().recover().unwrap();
+    let indexes: Vec<u64> = recovered.entries.iter().map(|entry| entry.index).collect();
+    assert_eq!(indexes, (1..=400).collect::<Vec<u64>>());
+}
+
+#[test]
 fn the_memory_store_keeps_raft_log_semantics_across_reopen() {
     let store = MemStore::new();
     check_store_semantics(move || Box::new(store.clone()));

@@ -8,7 +8,9 @@
 //! asynchronous disk (`AsyncEngineStore` in production) only queues each
 //! write: the world syncs the queue later, after a simulated fsync, and
 //! tells the driver with `Replica::on_persisted`; a crash before then loses
-//! the whole queue. A crash mid-turn makes the turn's remaining writes fail:
+//! the whole queue. Asked for inline writes (a follower's), an asynchronous
+//! disk with nothing queued syncs the write at once, as `AsyncEngineStore`
+//! then does on the driver's thread. A crash mid-turn makes the turn's remaining writes fail:
 //! the turn is fatal, and what it would have sent after its write never
 //! leaves the node.
 
@@ -23,6 +25,10 @@ pub struct SimDisk {
     state: Arc<Mutex<DiskState>>,
     /// Writes are queued until [`SimDisk::sync_queued`].
     asynchronous: bool,
+    /// Asked for inline writes: an asynchronous disk with nothing queued
+    /// syncs the write at once, as `AsyncEngineStore` does on the
+    /// caller's thread.
+    inline: bool,
 }
 
 #[derive(Debug, Default)]
@@ -36,6 +42,8 @@ struct DiskState {
     held: Vec<Message>,
     /// Writes taken since the node (re)started.
     written: u64,
+    /// Of those, how many are synced.
+    durable: u64,
 }
 
 impl SimDisk {
@@ -74,6 +82,7 @@ impl SimDisk {
             state.held.clear();
             state.writes_left = None;
             state.written = 0;
+            state.durable = 0;
         }
     }
 }
@@ -96,7 +105,8 @@ impl Durable for SimDisk {
         owned.may_defer_sync = false;
         state.unsynced.push(owned);
         state.written += 1;
-        if batch.may_defer_sync || self.asynchronous {
+        let inline = self.asynchronous && self.inline && state.unsynced.len() == 1 && state.held.is_empty();
+        if !inline && (batch.may_defer_sync || self.asynchronous) {
             return Ok(());
         }
         // A sync makes everything written before it durable too.
@@ -112,6 +122,15 @@ impl Durable for SimDisk {
         state.held.extend(messages);
         Ok(())
     }
+
+    fn prefer_inline(&mut self, inline: bool) {
+        self.inline = inline;
+    }
+
+    fn durable_now(&self) -> Option<u64> {
+        let state = self.state.lock().ok()?;
+        self.asynchronous.then_some(state.durable)
+    }
 }
 
 /// Makes every write so far durable.
@@ -119,5 +138,6 @@ fn sync(synced: &mut MemStore, state: &mut DiskState) -> Result<(), StorageError
     for owned in std::mem::take(&mut state.unsynced) {
         synced.write(owned.as_batch())?;
     }
+    state.durable = state.written;
     Ok(())
 }
