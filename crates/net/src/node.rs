@@ -11,8 +11,9 @@
 //!
 //! The peer side: one outgoing connection per peer, opened without
 //! blocking and reopened with backoff, carrying this node's messages after
-//! a [`PeerHello`]; incoming connections open with a hello and carry the
-//! peer's messages. A peer's unsent output is bounded: past the bound new
+//! a [`PeerHello`]; incoming connections open with a hello from a
+//! configured peer and carry that peer's messages for this node, and
+//! nothing else. A peer's unsent output is bounded: past the bound new
 //! messages are dropped (raft sends again), so a stopped peer costs bounded
 //! memory and never blocks the loop. A connection that sends anything
 //! malformed is closed; the rest carry on.
@@ -60,6 +61,13 @@ pub struct PeerConfig {
     pub output_bytes_max: usize,
     pub reconnect_backoff_min: Duration,
     pub reconnect_backoff_max: Duration,
+}
+
+/// Who sends a peer message and who it is for, read from the message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Route {
+    pub from: u64,
+    pub to: u64,
 }
 
 /// What a node loop runs between rounds of socket events: the server's
@@ -132,14 +140,17 @@ pub struct NodeLoop {
 
 impl NodeLoop {
     /// Binds the client and peer listeners and starts the loop on a thread
-    /// named `fencelock-node`. Messages go to the peer `recipient` names;
-    /// client requests go to `handler`; `make_core` builds the core, given
-    /// a waker for other threads. Peers' announced client addresses are
-    /// recorded in `client_addrs`.
+    /// named `fencelock-node`. `route` reads a message's sender and
+    /// recipient: messages go to their recipient's connection, and an
+    /// incoming connection whose messages are not from the node its hello
+    /// named, or not for this node, is closed. Client requests go to
+    /// `handler`; `make_core` builds the core, given a waker for other
+    /// threads. Peers' announced client addresses are recorded in
+    /// `client_addrs`.
     pub fn start<M: Message>(
         clients: ClientConfig,
         peers: PeerConfig,
-        recipient: fn(&M) -> u64,
+        route: fn(&M) -> Route,
         handler: Arc<dyn Handler>,
         make_core: impl FnOnce(LoopWaker) -> Box<dyn Core<M>>,
         client_addrs: ClientAddrs,
@@ -157,7 +168,7 @@ impl NodeLoop {
         )?;
         let shared = Arc::clone(&event_loop.shared);
         event_loop.core = Some(make_core(LoopWaker(Arc::clone(&shared))));
-        event_loop.peers = Some(Peers::new(peers, listener, recipient, client_addrs, logger.clone()));
+        event_loop.peers = Some(Peers::new(peers, listener, route, client_addrs, logger.clone()));
         info!(logger, "node listening"; "clients" => %client_addr, "peers" => %peer_addr);
         let loop_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new().name("fencelock-node".into()).spawn(move || {
@@ -228,7 +239,7 @@ impl Default for ClientAddrs {
 pub(crate) struct Peers<M> {
     config: PeerConfig,
     listener: TcpListener,
-    recipient: fn(&M) -> u64,
+    route: fn(&M) -> Route,
     /// The hello every outgoing connection opens with, encoded.
     hello: Vec<u8>,
     client_addrs: ClientAddrs,
@@ -272,7 +283,7 @@ impl<M: Message> Peers<M> {
     fn new(
         config: PeerConfig,
         listener: TcpListener,
-        recipient: fn(&M) -> u64,
+        route: fn(&M) -> Route,
         client_addrs: ClientAddrs,
         logger: Logger,
     ) -> Peers<M> {
@@ -302,7 +313,7 @@ impl<M: Message> Peers<M> {
         Peers {
             config,
             listener,
-            recipient,
+            route,
             hello,
             client_addrs,
             outgoing,
@@ -321,7 +332,7 @@ impl<M: Message> Peers<M> {
     }
 
     pub(crate) fn send(&mut self, message: M) -> bool {
-        let to = (self.recipient)(&message);
+        let to = (self.route)(&message).to;
         let Some(outgoing) = self.outgoing.get_mut(&to) else { return false };
         if matches!(outgoing.link, Link::Down { .. }) {
             // Stale by the time the peer is back: raft sends fresh ones.
@@ -572,6 +583,9 @@ impl<M: Message> Peers<M> {
                         Ok(None) => break,
                         Ok(Some((hello, used))) => {
                             at += used;
+                            if !self.config.peers.contains_key(&hello.node_id) {
+                                return Err(Some(format!("hello from node {}, not a peer", hello.node_id)));
+                            }
                             incoming.peer = Some(hello.node_id);
                             self.client_addrs.insert(hello.node_id, hello.client_addr);
                         }
@@ -582,6 +596,13 @@ impl<M: Message> Peers<M> {
                         Ok(None) => break,
                         Ok(Some((message, used))) => {
                             at += used;
+                            let route = (self.route)(&message);
+                            if Some(route.from) != incoming.peer || route.to != self.config.node_id {
+                                return Err(Some(format!(
+                                    "a message from {} to {} on node {:?}'s connection",
+                                    route.from, route.to, incoming.peer
+                                )));
+                            }
                             inbound.push(message);
                         }
                         Err(err) => return Err(Some(err.to_string())),

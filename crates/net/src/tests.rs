@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crossbeam_channel::{bounded, Sender};
-use fencelock_types::client_pb::{ErrorCode, PeerHello, Request, Response, StatusRequest};
+use fencelock_types::client_pb::{ErrorCode, PeerHello, Request, Response, StatusRequest, StatusResponse};
 
 use crate::{
     read_frame, write_frame, ClientAddrs, ClientConfig, ClientListener, Core, Handler, NodeIo, NodeLoop,
-    PeerConfig, ResponseSink, Turn,
+    PeerConfig, ResponseSink, Route, Turn,
 };
 
 fn logger() -> slog::Logger {
@@ -212,20 +212,23 @@ fn free_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
+/// The test's peer message: from `node_id` to `leader_id`, carrying `role`.
+type Msg = StatusResponse;
+
 /// A node loop's core for tests: hands inbound messages to a channel,
 /// sends what the test queues (reporting whether each was taken), counts
 /// its turns, and stops when told.
 struct Relay {
-    outbound: crossbeam_channel::Receiver<PeerHello>,
+    outbound: crossbeam_channel::Receiver<Msg>,
     taken: Sender<bool>,
-    inbound: Sender<PeerHello>,
+    inbound: Sender<Msg>,
     turns: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
     wait: Duration,
 }
 
-impl Core<PeerHello> for Relay {
-    fn turn(&mut self, inbound: &mut Vec<PeerHello>, io: &mut NodeIo<'_, PeerHello>) -> Turn {
+impl Core<Msg> for Relay {
+    fn turn(&mut self, inbound: &mut Vec<Msg>, io: &mut NodeIo<'_, Msg>) -> Turn {
         self.turns.fetch_add(1, Ordering::SeqCst);
         for message in inbound.drain(..) {
             let _ = self.inbound.send(message);
@@ -244,9 +247,9 @@ impl Core<PeerHello> for Relay {
 /// A running test node: its loop and the ends of its relay's channels.
 struct TestNode {
     node: NodeLoop,
-    outbound: Sender<PeerHello>,
+    outbound: Sender<Msg>,
     taken: crossbeam_channel::Receiver<bool>,
-    inbound: crossbeam_channel::Receiver<PeerHello>,
+    inbound: crossbeam_channel::Receiver<Msg>,
     turns: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
     client_addrs: ClientAddrs,
@@ -254,7 +257,7 @@ struct TestNode {
 
 impl TestNode {
     /// Queues `message` and waits for the core to take it or drop it.
-    fn send(&self, message: PeerHello) -> bool {
+    fn send(&self, message: Msg) -> bool {
         self.outbound.send(message).unwrap();
         self.node.waker().wake();
         self.taken.recv_timeout(Duration::from_secs(10)).expect("the core never ran")
@@ -298,13 +301,12 @@ fn node(id: u64, addrs: &BTreeMap<u64, SocketAddr>, output_bytes_max: usize) -> 
         reconnect_backoff_max: Duration::from_millis(100),
     };
     let client_addrs = ClientAddrs::new();
-    // The test's "messages" are hellos; the recipient rides in `node_id`.
     let node = NodeLoop::start(
         clients,
         peers,
-        |message: &PeerHello| message.node_id,
+        |message: &Msg| Route { from: message.node_id, to: message.leader_id },
         Arc::new(Immediate),
-        |_waker| Box::new(relay) as Box<dyn Core<PeerHello>>,
+        |_waker| Box::new(relay) as Box<dyn Core<Msg>>,
         client_addrs.clone(),
         &logger(),
     )
@@ -321,12 +323,17 @@ impl Handler for Immediate {
     }
 }
 
-/// Sends `payload` from `from` to node `to` until it arrives there.
-fn deliver(from: &TestNode, to: u64, payload: &str, at: &TestNode) -> PeerHello {
+/// A test message from node `from` to node `to`.
+fn msg(from: u64, to: u64, payload: &str) -> Msg {
+    Msg { node_id: from, leader_id: to, role: payload.into(), ..Default::default() }
+}
+
+/// Sends `payload` from node `from` to node `to` until it arrives there.
+fn deliver(from: (u64, &TestNode), to: u64, payload: &str, at: &TestNode) -> Msg {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         // Messages sent before the connection is up are dropped: resend.
-        from.send(PeerHello { node_id: to, client_addr: payload.into(), ..Default::default() });
+        from.1.send(msg(from.0, to, payload));
         if let Ok(message) = at.inbound.recv_timeout(Duration::from_millis(50)) {
             return message;
         }
@@ -346,8 +353,8 @@ fn peers_exchange_messages_and_learn_client_addresses_despite_garbage() {
     let mut rest = Vec::new();
     let _ = garbage.read_to_end(&mut rest);
 
-    assert_eq!(deliver(&one, 2, "payload", &two).client_addr, "payload");
-    assert_eq!(deliver(&two, 1, "back", &one).client_addr, "back");
+    assert_eq!(deliver((1, &one), 2, "payload", &two).role, "payload");
+    assert_eq!(deliver((2, &two), 1, "back", &one).role, "back");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while one.client_addrs.get(2).is_none() {
         assert!(std::time::Instant::now() < deadline, "node 1 never learned node 2's client address");
@@ -355,7 +362,7 @@ fn peers_exchange_messages_and_learn_client_addresses_despite_garbage() {
     }
     assert_eq!(one.client_addrs.get(2).as_deref(), Some("client-of-2"));
     // A message for a node that is not a peer is refused, not queued.
-    assert!(!one.send(PeerHello { node_id: 9, ..Default::default() }));
+    assert!(!one.send(msg(1, 9, "nobody")));
     // The client side of the same loop answers too.
     let mut client = connect(one.node.client_addr());
     write_frame(&mut client, &status_request(5)).unwrap();
@@ -372,13 +379,37 @@ fn a_frame_over_the_limit_closes_only_that_peer_connection() {
     write_frame(&mut rogue, &PeerHello { node_id: 1, client_addr: "rogue".into(), ..Default::default() })
         .unwrap();
     // Over node 2's 1024-byte frame limit.
-    write_frame(&mut rogue, &PeerHello { node_id: 2, client_addr: "x".repeat(4096), ..Default::default() })
-        .unwrap();
+    write_frame(&mut rogue, &msg(1, 2, &"x".repeat(4096))).unwrap();
     let mut rest = Vec::new();
     assert_eq!(rogue.read_to_end(&mut rest).unwrap(), 0, "closed");
     assert!(two.inbound.try_recv().is_err(), "the oversized message was not delivered");
     // The real peer's connection carries on.
-    assert_eq!(deliver(&one, 2, "still here", &two).client_addr, "still here");
+    assert_eq!(deliver((1, &one), 2, "still here", &two).role, "still here");
+}
+
+#[test]
+fn a_connection_that_is_not_a_peer_or_lies_about_its_messages_is_closed() {
+    let addrs: BTreeMap<u64, SocketAddr> = [(1, free_addr()), (2, free_addr())].into_iter().collect();
+    let one = node(1, &addrs, 1 << 20);
+    let two = node(2, &addrs, 1 << 20);
+    let impostors = [
+        // A hello from a node that is not in the configuration.
+        (PeerHello { node_id: 7, ..Default::default() }, msg(7, 2, "stranger")),
+        // A peer's hello, then a message from another node.
+        (PeerHello { node_id: 1, ..Default::default() }, msg(3, 2, "spoofed")),
+        // A peer's hello, then a message for another node.
+        (PeerHello { node_id: 1, ..Default::default() }, msg(1, 9, "misrouted")),
+    ];
+    for (hello, message) in impostors {
+        let mut rogue = connect(addrs[&2]);
+        write_frame(&mut rogue, &hello).unwrap();
+        write_frame(&mut rogue, &message).unwrap();
+        let mut rest = Vec::new();
+        assert_eq!(rogue.read_to_end(&mut rest).unwrap(), 0, "{} was not closed", message.role);
+    }
+    assert!(two.inbound.try_recv().is_err(), "an impostor's message was delivered");
+    assert_eq!(two.client_addrs.get(7), None, "a stranger's address was recorded");
+    assert_eq!(deliver((1, &one), 2, "genuine", &two).role, "genuine");
 }
 
 #[test]
@@ -386,10 +417,10 @@ fn a_restarted_peer_is_reconnected() {
     let addrs: BTreeMap<u64, SocketAddr> = [(1, free_addr()), (2, free_addr())].into_iter().collect();
     let one = node(1, &addrs, 1 << 20);
     let two = node(2, &addrs, 1 << 20);
-    assert_eq!(deliver(&one, 2, "first", &two).client_addr, "first");
+    assert_eq!(deliver((1, &one), 2, "first", &two).role, "first");
     two.stop();
     let two = node(2, &addrs, 1 << 20);
-    assert_eq!(deliver(&one, 2, "second", &two).client_addr, "second");
+    assert_eq!(deliver((1, &one), 2, "second", &two).role, "second");
 }
 
 #[test]
@@ -405,16 +436,17 @@ fn a_peer_that_does_not_read_costs_bounded_output_and_stops_nothing() {
         std::thread::sleep(Duration::from_secs(30));
     });
     let payload = "p".repeat(900);
+    let big = || msg(1, 2, &payload);
     // Until the connection is up, messages are dropped; after, they are
     // taken until the socket buffers and the 64 KiB of output are full.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !one.send(PeerHello { node_id: 2, client_addr: payload.clone(), ..Default::default() }) {
+    while !one.send(big()) {
         assert!(std::time::Instant::now() < deadline, "never connected");
         std::thread::sleep(Duration::from_millis(5));
     }
     let _held = accepted_rx.recv_timeout(Duration::from_secs(10)).unwrap();
     let mut taken = 1;
-    while one.send(PeerHello { node_id: 2, client_addr: payload.clone(), ..Default::default() }) {
+    while one.send(big()) {
         taken += 1;
         assert!(taken < 1_000_000, "output to a peer that does not read was never bounded");
     }

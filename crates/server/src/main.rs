@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Parser;
 use crossbeam_channel::{bounded, select, tick, unbounded, Receiver, Sender};
-use fencelock_net::{ClientAddrs, ClientConfig, Core, LoopWaker, NodeIo, NodeLoop, PeerConfig, Turn};
+use fencelock_net::{ClientAddrs, ClientConfig, Core, LoopWaker, NodeIo, NodeLoop, PeerConfig, Route, Turn};
 use fencelock_raft::shell::{Driver, MonotonicClock, PeerSink, Request};
 use fencelock_raft::{AsyncEngineStore, Durable, EngineStore, FatalError, Persisted, Replica, Stats};
 use raft::prelude::Message;
@@ -259,7 +259,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     let node = NodeLoop::start(
         client_config,
         peer_config,
-        |message: &Message| message.to,
+        |message: &Message| Route { from: message.from, to: message.to },
         handler,
         make_core,
         client_addrs,
