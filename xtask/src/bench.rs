@@ -201,6 +201,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     let started_unix = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     eprintln!("xtask bench: measuring fsync in {}", temp.path().display());
     let fsync = generator_json(&generator, &["fsync", "--dir", &temp.path().display().to_string()])?;
+    let wakeup = generator_json(&generator, &["wakeup"])?;
 
     let mut results = Vec::new();
     let mut failed = Vec::new();
@@ -230,9 +231,10 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
         // The machine is shared: a busy one before the start is a warning.
         "loadavg_before": fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
         "fsync": fsync,
+        "wakeup": wakeup,
         "cluster": {
             "nodes": 3,
-            "settings": "fencelockd defaults: tick 50 ms, election 500 ms, heartbeat 100 ms; every raft write synced (on an I/O thread that groups writes into one sync)",
+            "settings": "fencelockd defaults: tick 50 ms, election 500 ms, heartbeat 100 ms; every raft write synced (a leader's on an I/O thread that groups writes into one sync, a follower's on its node loop when the I/O thread is idle)",
             "data": temp.path().display().to_string(),
         },
         "duration_s": options.duration.as_secs_f64(),
@@ -765,8 +767,21 @@ fn render(record: &Value) -> String {
         Some("threads") => "a fencelock-client and thread per connection",
         _ => "one event loop for all connections (renewals: a thread per client)",
     };
+    let where_ = match record["wakeup"]["across_cores"].as_bool() {
+        Some(true) => "two threads on two cores",
+        _ => "two threads",
+    };
+    let wakeup = &record["wakeup"]["round_trip_us"];
+    let wakeup = match wakeup["p50_us"].as_u64() {
+        Some(p50) => format!(
+            "; loopback round trip between {where_} (1 byte, {}x): p50 {p50} us, p99 {} us",
+            wakeup["count"].as_u64().unwrap_or(0),
+            wakeup["p99_us"].as_u64().unwrap_or(0)
+        ),
+        None => String::new(),
+    };
     out.push_str(&format!(
-        "{} on {}; fsync (4 KiB append + sync_data, {}x): p50 {} us, p99 {} us; generator: {generator}\n\n",
+        "{} on {}; fsync (4 KiB append + sync_data, {}x): p50 {} us, p99 {} us{wakeup}; generator: {generator}\n\n",
         record["date_utc"].as_str().unwrap_or("?"),
         record["machine"]["summary"].as_str().unwrap_or("?"),
         fsync["count"].as_u64().unwrap_or(0),
@@ -1082,6 +1097,7 @@ mod tests {
             "date_utc": "2024-01-01 00:00 UTC",
             "machine": {"summary": "2 cores"},
             "fsync": {"sync_data_us": {"count": 1000, "p50_us": 140, "p99_us": 400}},
+            "wakeup": {"across_cores": true, "round_trip_us": {"count": 2000, "p50_us": 83, "p99_us": 120}},
             "workloads": [
                 {"name": "distinct-1", "label": "distinct keys", "target": ">= 1,000 cycles/s", "verdict": "met",
                  "generator": {"clients": 1, "cycles_per_s": 1500.0, "requests_per_entry": 1.0, "errors": {},
@@ -1099,6 +1115,7 @@ mod tests {
             "{table}"
         );
         assert!(table.contains("| one hot key, waiting | | failed: no leader |"), "{table}");
+        assert!(table.contains("fsync (4 KiB append + sync_data, 1000x): p50 140 us, p99 400 us; loopback round trip between two threads on two cores (1 byte, 2000x): p50 83 us, p99 120 us;"), "{table}");
         assert!(table.contains("| distinct-1 | 1.0 | 2.00 | 3.0 |"), "{table}");
         assert_eq!(busy_ticks_of_proc_stat("cpu  10 1 5 100 7 2 3 4 0 0\ncpu0 1 1 1 1 1 1 1 1\n"), Some(25));
         assert_eq!(busy_ticks_of_proc_stat("intr 1 2"), None);

@@ -14,6 +14,7 @@
 //! fencelock-bench run --endpoints ... --workload hot-key --clients 64 --lease 10s --wait 10s
 //! fencelock-bench run --endpoints ... --workload renew --clients 8 --locks 10000 --lease 60s
 //! fencelock-bench fsync --dir /path/on/the/servers/disk
+//! fencelock-bench wakeup
 //! ```
 //!
 //! A benchmark measures; it never fails on a figure. It fails only when it
@@ -23,6 +24,7 @@ mod events;
 mod fsync;
 mod order;
 mod report;
+mod wakeup;
 mod workloads;
 
 use std::path::PathBuf;
@@ -57,6 +59,12 @@ enum Command {
         /// Bytes appended before each sync.
         #[arg(long, default_value_t = 4_096)]
         bytes: usize,
+    },
+    /// Times one byte's round trip between two threads over loopback TCP:
+    /// what the machine charges for waking a thread blocked on a socket.
+    Wakeup {
+        #[arg(long, default_value_t = 2_000)]
+        count: usize,
     },
     /// Waits until every node names the same leader and it grants a probe lock.
     Ready {
@@ -157,6 +165,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Fsync { dir, count, bytes } => print_json(&fsync::measure(&dir, count, bytes)?),
+        Command::Wakeup { count } => print_json(&wakeup::measure(count)?),
         Command::Ready { endpoints, timeout } => print_json(&workloads::ready(&endpoints, timeout)?),
         Command::Run(args) => {
             let workload = args.workload;

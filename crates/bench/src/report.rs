@@ -67,6 +67,16 @@ pub struct FsyncReport {
     pub sync_data_us: LatencySummary,
 }
 
+/// `fencelock-bench wakeup`: one byte's round trip between two threads
+/// over loopback TCP.
+#[derive(Clone, Debug, Serialize)]
+pub struct WakeupReport {
+    pub count: usize,
+    /// Whether the two threads were pinned to two different cores.
+    pub across_cores: bool,
+    pub round_trip_us: LatencySummary,
+}
+
 /// `fencelock-bench ready`: the leader every node agreed on.
 #[derive(Clone, Debug, Serialize)]
 pub struct ReadyReport {
