@@ -76,13 +76,16 @@ pub fn error_json(error: &anyhow::Error) -> Value {
     value
 }
 
-/// `fencelock acquire`: `{"key", "token", "lease_ms", "owner"}`.
+/// `fencelock acquire`: `{"key", "token", "lease_ms", "owner", "existing"}`
+/// (`existing`: the owner held the lock already, and `token` is the one
+/// granted then).
 pub fn acquire_json(key: &str, grant: &Grant, owner: &[u8]) -> Value {
     json!({
         "key": key,
         "token": grant.token,
         "lease_ms": millis(grant.lease),
         "owner": String::from_utf8_lossy(owner),
+        "existing": grant.existing,
     })
 }
 
@@ -163,12 +166,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn acquire_prints_key_token_lease_and_owner() {
-        let grant = Grant { token: 42, lease: Duration::from_secs(10) };
+    fn acquire_prints_key_token_lease_owner_and_whether_it_was_held_already() {
+        let grant = Grant { token: 42, lease: Duration::from_secs(10), existing: false };
         let value = acquire_json("jobs/x", &grant, b"worker-1");
-        assert_eq!(value, json!({"key": "jobs/x", "token": 42, "lease_ms": 10_000, "owner": "worker-1"}));
-        let object = value.as_object().unwrap();
-        assert_eq!(object.len(), 4);
+        assert_eq!(
+            value,
+            json!({"key": "jobs/x", "token": 42, "lease_ms": 10_000, "owner": "worker-1", "existing": false})
+        );
+        let again = acquire_json("jobs/x", &Grant { existing: true, ..grant }, b"worker-1");
+        assert_eq!(again["existing"], json!(true));
+        assert_eq!(again["token"], json!(42));
     }
 
     #[test]

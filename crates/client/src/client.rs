@@ -265,7 +265,8 @@ impl Inner {
         match response.outcome {
             AcquireOutcome::GRANTED if response.token != 0 => {
                 let lease_ms = if response.lease_ms == 0 { lease_ms } else { response.lease_ms };
-                Ok((Grant { token: response.token, lease: Duration::from_millis(lease_ms) }, sent))
+                let lease = Duration::from_millis(lease_ms);
+                Ok((Grant { token: response.token, lease, existing: response.existing }, sent))
             }
             AcquireOutcome::GRANTED => Err(ClientError::Internal("granted without a token".to_owned())),
             AcquireOutcome::HELD => Err(ClientError::Held { holder_token }),

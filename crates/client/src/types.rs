@@ -35,6 +35,9 @@ pub struct Grant {
     pub token: u64,
     /// The lease granted, counted from when the request was sent.
     pub lease: Duration,
+    /// This owner held the lock already (the acquire was a retry, say of
+    /// one whose answer was lost): `token` is the token granted then.
+    pub existing: bool,
 }
 
 /// A node of the cluster, as the answering node knows it.

@@ -82,29 +82,28 @@ impl ClientHandler {
         let reply = self.responder(sink, |reply| {
             let outcome =
                 |outcome, token: Option<FencingToken>, lease_ms: u64, holder: Option<FencingToken>| {
-                    Out::acquire(proto::AcquireResponse {
+                    proto::AcquireResponse {
                         outcome,
                         token: token.map_or(0, FencingToken::get),
                         lease_ms,
                         holder_token: holder.map_or(0, FencingToken::get),
                         ..Default::default()
-                    })
+                    }
                 };
+            let held = |holder| Out::acquire(outcome(proto::AcquireOutcome::HELD, None, 0, holder));
             match reply {
                 Ok(Response::Applied(results)) => match results.as_slice() {
-                    [ApplyResult::Granted { token, lease_ms, .. }] => {
-                        Ok(outcome(proto::AcquireOutcome::GRANTED, Some(*token), lease_ms.get(), None))
+                    [ApplyResult::Granted { token, lease_ms, existing }] => {
+                        let granted =
+                            outcome(proto::AcquireOutcome::GRANTED, Some(*token), lease_ms.get(), None);
+                        Ok(Out::acquire(proto::AcquireResponse { existing: *existing, ..granted }))
                     }
-                    [ApplyResult::GrantRejected { holder_token }] => {
-                        Ok(outcome(proto::AcquireOutcome::HELD, None, 0, Some(*holder_token)))
-                    }
+                    [ApplyResult::GrantRejected { holder_token }] => Ok(held(Some(*holder_token))),
                     other => Err(unexpected(other)),
                 },
-                Err(RequestError::Held { holder_token, .. }) => {
-                    Ok(outcome(proto::AcquireOutcome::HELD, None, 0, Some(holder_token)))
-                }
+                Err(RequestError::Held { holder_token, .. }) => Ok(held(Some(holder_token))),
                 Err(RequestError::WaitTimedOut { holder_token, .. }) => {
-                    Ok(outcome(proto::AcquireOutcome::WAIT_TIMED_OUT, None, 0, holder_token))
+                    Ok(Out::acquire(outcome(proto::AcquireOutcome::WAIT_TIMED_OUT, None, 0, holder_token)))
                 }
                 Err(err) => Err(err),
                 Ok(other) => Err(unexpected(&other)),

@@ -205,6 +205,21 @@ fn the_client_and_the_cli_acquire_and_release() {
     assert!(released.status.success(), "{released:?}");
     let again = cli(&cluster, &["release", "jobs/b", "--token", &cli_token.to_string()]);
     assert_eq!(again.status.code(), Some(2), "{again:?}");
+
+    // An owner acquiring what it holds (a retry whose answer was lost) gets
+    // its grant back, marked existing, not a second token.
+    let first =
+        client.acquire_raw(b"retrying-owner", "jobs/c", Duration::from_secs(5), Duration::ZERO).unwrap();
+    assert!(!first.existing);
+    let retried =
+        client.acquire_raw(b"retrying-owner", "jobs/c", Duration::from_secs(5), Duration::ZERO).unwrap();
+    assert!(retried.existing, "{retried:?}");
+    assert_eq!(retried.token, first.token);
+    let json = cli(&cluster, &["--json", "acquire", "jobs/c", "--ttl", "5s", "--owner", "retrying-owner"]);
+    assert!(json.status.success(), "{json:?}");
+    let printed: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(printed["existing"], serde_json::json!(true), "{printed}");
+    assert_eq!(printed["token"], serde_json::json!(first.token), "{printed}");
 }
 
 #[test]

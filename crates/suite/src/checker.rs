@@ -100,7 +100,7 @@ fn describe(op: &Op) -> String {
 /// The granted acquires: (token, lease_ms, op).
 fn grants<'a>(ops: &'a [Op]) -> impl Iterator<Item = (u64, u64, &'a Op)> + 'a {
     ops.iter().filter_map(|op| match op.outcome {
-        Outcome::Granted { token, lease_ms } => Some((token, lease_ms, op)),
+        Outcome::Granted { token, lease_ms, .. } => Some((token, lease_ms, op)),
         _ => None,
     })
 }
@@ -187,25 +187,27 @@ fn tokens(input: &Input<'_>) -> Check {
     }
     // An acquire by the same owner on the same key that got no answer may have
     // been granted already; a later acquire is then answered with that
-    // existing token, issued before the later acquire was even sent.
-    let unanswered: BTreeSet<(&str, &str, u64)> = input
+    // existing token (the answer says so), issued before the later acquire
+    // was even sent. Such an earlier acquire must exist.
+    let earlier_attempts: BTreeSet<(&str, &str, u64)> = input
         .ops
         .iter()
         .filter(|op| {
-            matches!(op.kind, OpKind::Acquire { .. }) && matches!(op.outcome, Outcome::Unknown { .. })
+            matches!(op.kind, OpKind::Acquire { .. })
+                && matches!(op.outcome, Outcome::Unknown { .. } | Outcome::Granted { .. })
         })
         .map(|op| (op.owner.as_str(), op.key.as_str(), op.invoke_us))
         .collect();
-    let maybe_regrant = |op: &Op| {
-        unanswered
-            .range(
-                (op.owner.as_str(), op.key.as_str(), 0)..(op.owner.as_str(), op.key.as_str(), op.invoke_us),
-            )
-            .next()
-            .is_some()
-    };
     for (token, _, op) in grants(input.ops) {
-        if maybe_regrant(op) {
+        if matches!(op.outcome, Outcome::Granted { existing: true, .. }) {
+            let from = (op.owner.as_str(), op.key.as_str(), 0);
+            let to = (op.owner.as_str(), op.key.as_str(), op.invoke_us);
+            if earlier_attempts.range(from..to).next().is_none() {
+                check.violation(format!(
+                    "token {token} granted as already held, with no earlier acquire by its owner: {}",
+                    describe(op)
+                ));
+            }
             continue;
         }
         let before = by_complete.partition_point(|(complete, _, _)| *complete < op.invoke_us);

@@ -189,7 +189,11 @@ fn probe(client: &Client, recorder: &Recorder, probe_client: usize) -> bool {
     ) {
         Ok(grant) => {
             let granted_ms = u64::try_from(grant.lease.as_millis()).unwrap_or(u64::MAX);
-            record(invoke, kind, Outcome::Granted { token: grant.token, lease_ms: granted_ms });
+            record(
+                invoke,
+                kind,
+                Outcome::Granted { token: grant.token, lease_ms: granted_ms, existing: grant.existing },
+            );
             grant
         }
         Err(error) => {

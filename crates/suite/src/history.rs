@@ -49,6 +49,9 @@ pub enum Outcome {
     Granted {
         token: u64,
         lease_ms: u64,
+        /// The owner held the lock already: a retry, answered with the
+        /// token granted to an earlier acquire of its.
+        existing: bool,
     },
     Held {
         holder_token: Option<u64>,

@@ -288,7 +288,7 @@ mod tests {
     #[test]
     fn figures_split_faults_from_quiet_and_time_the_recovery() {
         let acquire = OpKind::Acquire { lease_ms: 1_000, wait_ms: 0 };
-        let granted = |token| Outcome::Granted { token, lease_ms: 1_000 };
+        let granted = |token| Outcome::Granted { token, lease_ms: 1_000, existing: false };
         let ops = vec![
             op(0, 0, 100, acquire.clone(), granted(1)),
             op(0, 150, 200, OpKind::Release { token: 1 }, Outcome::Released),

@@ -178,7 +178,7 @@ impl Worker {
                     &key,
                     invoke,
                     kind,
-                    Outcome::Granted { token: grant.token, lease_ms: granted_ms },
+                    Outcome::Granted { token: grant.token, lease_ms: granted_ms, existing: grant.existing },
                 );
                 grant
             }

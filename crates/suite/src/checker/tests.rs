@@ -38,7 +38,8 @@ impl History {
 
     fn grant(&mut self, client: usize, key: &str, invoke_ms: u64, complete_ms: u64, token: u64) {
         let kind = OpKind::Acquire { lease_ms: 1_000, wait_ms: 0 };
-        self.push(client, key, invoke_ms, complete_ms, kind, Outcome::Granted { token, lease_ms: 1_000 });
+        let outcome = Outcome::Granted { token, lease_ms: 1_000, existing: false };
+        self.push(client, key, invoke_ms, complete_ms, kind, outcome);
     }
 
     fn release(
@@ -163,7 +164,7 @@ fn clean() -> (History, Listing, Convergence) {
         101,
         130,
         OpKind::Acquire { lease_ms: 1_000, wait_ms: 500 },
-        Outcome::Granted { token: 4, lease_ms: 1_000 },
+        Outcome::Granted { token: 4, lease_ms: 1_000, existing: false },
     );
     h.release(0, "k", 110, 120, 3, Outcome::Released);
     h.push(2, "k", 131, 135, OpKind::Check { token: 4 }, Outcome::Holds);
@@ -269,23 +270,34 @@ fn a_token_lower_than_an_earlier_grant_is_reported_on_any_key() {
 
 #[test]
 fn a_retried_acquire_answered_with_its_earlier_unanswered_token_is_not_out_of_order() {
+    let kind = OpKind::Acquire { lease_ms: 1_000, wait_ms: 0 };
+    let unanswered = Outcome::Unknown { error: "timed out".to_owned() };
+    let existing = Outcome::Granted { token: 9, lease_ms: 1_000, existing: true };
     let (mut history, listing, convergence) = clean();
     // Client 1's first acquire got no answer, yet was granted token 9. Token
     // 10 then went to client 2. Client 1's retry, same owner, is answered
-    // with its existing token 9: correct, though 9 < 10.
-    let kind = OpKind::Acquire { lease_ms: 1_000, wait_ms: 0 };
-    history.push(1, "fresh", 2_000, 2_500, kind, Outcome::Unknown { error: "timed out".to_owned() });
+    // with its existing token 9, and says so: correct, though 9 < 10.
+    history.push(1, "fresh", 2_000, 2_500, kind.clone(), unanswered.clone());
     history.grant(2, "other", 2_100, 2_105, 10);
-    history.grant(1, "fresh", 2_600, 2_605, 9);
+    history.push(1, "fresh", 2_600, 2_605, kind.clone(), existing.clone());
     let checks = run(&history, Some(&listing), Some(&convergence), &[]);
     let tokens = &checks["tokens"];
-    assert!(!tokens.examples.iter().any(|e| e.contains("token 9 granted after token 10")), "{tokens:?}");
-    // Without the unanswered attempt the same answers are a violation.
+    assert!(!tokens.examples.iter().any(|e| e.contains("token 9 granted")), "{tokens:?}");
+    // A fresh grant (not marked existing) after the same unanswered attempt
+    // must still be in order.
     let (mut history, listing, convergence) = clean();
+    history.push(1, "fresh", 2_000, 2_500, kind.clone(), unanswered);
     history.grant(2, "other", 2_100, 2_105, 10);
     history.grant(1, "fresh", 2_600, 2_605, 9);
     let checks = run(&history, Some(&listing), Some(&convergence), &[]);
     assert!(checks["tokens"].examples.iter().any(|e| e.contains("token 9 granted after token 10")));
+    // A grant marked existing with no earlier acquire by its owner is a lie.
+    let (mut history, listing, convergence) = clean();
+    history.grant(2, "other", 2_100, 2_105, 10);
+    history.push(1, "fresh", 2_600, 2_605, kind, existing);
+    let checks = run(&history, Some(&listing), Some(&convergence), &[]);
+    let tokens = &checks["tokens"];
+    assert!(tokens.examples.iter().any(|e| e.contains("granted as already held")), "{tokens:?}");
 }
 
 #[test]
