@@ -54,6 +54,10 @@ pub const OUTPUT_PAUSE_BYTES: usize = 256 * 1024;
 /// The most bytes taken from one socket in one read.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
 
+/// The most requests one connection dispatches in one round of the loop;
+/// the rest wait for the next round, after the core's turn.
+const REQUESTS_PER_ROUND: usize = 256;
+
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
 pub(crate) const PEER_LISTENER: Token = Token(2);
@@ -203,6 +207,9 @@ pub(crate) struct EventLoop<M> {
     pub(crate) core: Option<Box<dyn Core<M>>>,
     /// Peer messages read and not yet taken by the core.
     inbound: Vec<M>,
+    /// Client connections to read again next round: their budget ran out
+    /// with requests or bytes left.
+    read_again: Vec<Token>,
     logger: Logger,
 }
 
@@ -223,6 +230,9 @@ struct Connection {
     /// Close once the output is written (after a refusal that ends the
     /// connection).
     closing: bool,
+    /// `input` may hold whole requests not yet dispatched: the round's
+    /// budget ran out.
+    backlog: bool,
     logger: Logger,
 }
 
@@ -275,6 +285,7 @@ impl<M: protobuf::Message> EventLoop<M> {
             peers: None,
             core: None,
             inbound: Vec::new(),
+            read_again: Vec::new(),
             logger: logger.clone(),
         })
     }
@@ -299,6 +310,11 @@ impl<M: protobuf::Message> EventLoop<M> {
                 (None, Some(deadline)) => Some(deadline.saturating_duration_since(now)),
                 (None, None) => None,
             };
+            // Connections cut short last round go on without waiting.
+            let read_again = std::mem::take(&mut self.read_again);
+            let peers_again = self.peers.as_mut().map(Peers::take_again).unwrap_or_default();
+            let timeout =
+                if read_again.is_empty() && peers_again.is_empty() { timeout } else { Some(Duration::ZERO) };
             if let Err(err) = self.poll.poll(&mut events, timeout) {
                 if err.kind() == io::ErrorKind::Interrupted {
                     continue;
@@ -332,7 +348,13 @@ impl<M: protobuf::Message> EventLoop<M> {
                     }
                 }
             }
+            for token in read_again {
+                self.read(token);
+            }
             if let Some(peers) = &mut self.peers {
+                for token in peers_again {
+                    peers.read_more(self.poll.registry(), token, &mut self.inbound);
+                }
                 peers.on_time(self.poll.registry(), Instant::now());
             }
             if self.shared.stopping.load(Ordering::SeqCst) {
@@ -424,6 +446,7 @@ impl<M: protobuf::Message> EventLoop<M> {
             flush_queued: false,
             read_paused: false,
             closing: false,
+            backlog: false,
             logger,
         };
         self.connections.insert(token, connection);
@@ -439,7 +462,12 @@ impl<M: protobuf::Message> EventLoop<M> {
         }
     }
 
+    /// Reads and dispatches until the socket is empty, the client must
+    /// catch up on its answers, or [`REQUESTS_PER_ROUND`] requests were
+    /// dispatched: then the connection goes on in the next round (after the
+    /// core's turn), so that no client can hold the loop.
     fn read_until_blocked(&mut self, token: Token) -> Result<(), Close> {
+        let mut budget = REQUESTS_PER_ROUND;
         loop {
             let Some(connection) = self.connections.get_mut(&token) else { return Ok(()) };
             if connection.closing {
@@ -450,6 +478,14 @@ impl<M: protobuf::Message> EventLoop<M> {
                 return Ok(());
             }
             connection.read_paused = false;
+            if connection.backlog {
+                // Whole requests left from an earlier round go first.
+                if !self.decode(token, &mut budget)? {
+                    self.read_again.push(token);
+                    return Ok(());
+                }
+                continue;
+            }
             let n = match connection.stream.read(&mut self.scratch) {
                 Ok(0) => return Err(Close::Quietly("client closed the connection".into())),
                 Ok(n) => n,
@@ -458,7 +494,10 @@ impl<M: protobuf::Message> EventLoop<M> {
                 Err(err) => return Err(Close::Quietly(format!("read failed: {err}"))),
             };
             connection.input.extend_from_slice(&self.scratch[..n]);
-            self.decode(token)?;
+            if !self.decode(token, &mut budget)? {
+                self.read_again.push(token);
+                return Ok(());
+            }
             // A short read emptied the socket: a later byte is a new edge.
             if n < self.scratch.len() {
                 return Ok(());
@@ -466,16 +505,24 @@ impl<M: protobuf::Message> EventLoop<M> {
         }
     }
 
-    /// Decodes and dispatches every whole frame in the connection's input.
-    fn decode(&mut self, token: Token) -> Result<(), Close> {
-        let Some(connection) = self.connections.get_mut(&token) else { return Ok(()) };
+    /// Decodes and dispatches the whole frames in the connection's input,
+    /// at most `budget` of them. False when the budget ran out first (the
+    /// connection then has a backlog).
+    fn decode(&mut self, token: Token, budget: &mut usize) -> Result<bool, Close> {
+        let Some(connection) = self.connections.get_mut(&token) else { return Ok(true) };
         let input = std::mem::take(&mut connection.input);
         let mut at = 0;
         let mut result = Ok(());
+        let mut backlog = false;
         loop {
+            if *budget == 0 {
+                backlog = true;
+                break;
+            }
             match decode_frame::<Request>(&input[at..], self.config.frame_bytes_max) {
                 Ok(None) => break,
                 Ok(Some((request, used))) => {
+                    *budget -= 1;
                     at += used;
                     if let Err(close) = self.dispatch(token, request) {
                         result = Err(close);
@@ -503,8 +550,9 @@ impl<M: protobuf::Message> EventLoop<M> {
             let mut input = input;
             input.drain(..at.min(input.len()));
             connection.input = input;
+            connection.backlog = backlog;
         }
-        result
+        result.map(|()| !backlog)
     }
 
     /// Hands one request on, or refuses it over the in-flight limit.

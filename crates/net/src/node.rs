@@ -43,6 +43,10 @@ const HELLO_BYTES_MAX: usize = 64 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Peer connection tokens start here, far above any client connection's.
 pub(crate) const FIRST_PEER_TOKEN: usize = 1 << 40;
+/// The most bytes read from one peer connection in one round of the loop
+/// (a snapshot arrives over several rounds, with the core's turns between).
+/// One read's worth in tests, so that a burst is sure to take several.
+const PEER_BYTES_PER_ROUND: usize = if cfg!(test) { 64 * 1024 } else { 1 << 20 };
 
 /// Settings of the peer side of a node loop.
 #[derive(Clone, Debug)]
@@ -250,6 +254,8 @@ pub(crate) struct Peers<M> {
     next_token: usize,
     /// Peers with output to write.
     dirty: Vec<u64>,
+    /// Incoming connections to read again next round: their budget ran out.
+    again: Vec<Token>,
     scratch: Vec<u8>,
     logger: Logger,
 }
@@ -321,6 +327,7 @@ impl<M: Message> Peers<M> {
             incoming: HashMap::new(),
             next_token: FIRST_PEER_TOKEN,
             dirty: Vec::new(),
+            again: Vec::new(),
             scratch: vec![0; 64 * 1024],
             logger,
         }
@@ -476,6 +483,29 @@ impl<M: Message> Peers<M> {
         }
     }
 
+    /// The incoming connections cut short last round, to read again.
+    pub(crate) fn take_again(&mut self) -> Vec<Token> {
+        std::mem::take(&mut self.again)
+    }
+
+    /// Reads an incoming connection again (it was cut short last round).
+    pub(crate) fn read_more(&mut self, registry: &Registry, token: Token, inbound: &mut Vec<M>) {
+        if let Err(reason) = self.read_incoming(token, inbound) {
+            self.close_incoming(registry, token, reason);
+        }
+    }
+
+    fn close_incoming(&mut self, registry: &Registry, token: Token, reason: Option<String>) {
+        if let Some(mut incoming) = self.incoming.remove(&token) {
+            match reason {
+                Some(reason) => warn!(self.logger, "closing peer connection";
+                    "peer" => incoming.peer, "remote" => &incoming.remote, "error" => reason),
+                None => debug!(self.logger, "peer closed its connection"; "peer" => incoming.peer),
+            }
+            let _ = registry.deregister(&mut incoming.stream);
+        }
+    }
+
     /// Whether `token` is one of this side's connections.
     pub(crate) fn owns(&self, token: Token) -> bool {
         self.by_token.contains_key(&token) || self.incoming.contains_key(&token)
@@ -488,16 +518,7 @@ impl<M: Message> Peers<M> {
         if let Some(&peer) = self.by_token.get(&token) {
             self.on_outgoing_event(registry, peer, event);
         } else if self.incoming.contains_key(&token) {
-            if let Err(reason) = self.read_incoming(token, inbound) {
-                if let Some(mut incoming) = self.incoming.remove(&token) {
-                    match reason {
-                        Some(reason) => warn!(self.logger, "closing peer connection";
-                            "peer" => incoming.peer, "remote" => &incoming.remote, "error" => reason),
-                        None => debug!(self.logger, "peer closed its connection"; "peer" => incoming.peer),
-                    }
-                    let _ = registry.deregister(&mut incoming.stream);
-                }
-            }
+            self.read_more(registry, token, inbound);
         }
     }
 
@@ -566,7 +587,12 @@ impl<M: Message> Peers<M> {
     /// the peer closed it.
     fn read_incoming(&mut self, token: Token, inbound: &mut Vec<M>) -> Result<(), Option<String>> {
         let Some(incoming) = self.incoming.get_mut(&token) else { return Ok(()) };
+        let mut read = 0;
         loop {
+            if read >= PEER_BYTES_PER_ROUND {
+                self.again.push(token);
+                break;
+            }
             let n = match incoming.stream.read(&mut self.scratch) {
                 Ok(0) => return Err(None),
                 Ok(n) => n,
@@ -574,6 +600,7 @@ impl<M: Message> Peers<M> {
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
                 Err(err) => return Err(Some(format!("read failed: {err}"))),
             };
+            read += n;
             incoming.input.extend_from_slice(&self.scratch[..n]);
             let mut at = 0;
             loop {

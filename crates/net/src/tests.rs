@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -224,12 +224,18 @@ struct Relay {
     inbound: Sender<Msg>,
     turns: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
+    /// Milliseconds to sleep in the next turn, holding the loop.
+    hold_ms: Arc<AtomicU64>,
     wait: Duration,
 }
 
 impl Core<Msg> for Relay {
     fn turn(&mut self, inbound: &mut Vec<Msg>, io: &mut NodeIo<'_, Msg>) -> Turn {
         self.turns.fetch_add(1, Ordering::SeqCst);
+        let hold = self.hold_ms.swap(0, Ordering::SeqCst);
+        if hold > 0 {
+            std::thread::sleep(Duration::from_millis(hold));
+        }
         for message in inbound.drain(..) {
             let _ = self.inbound.send(message);
         }
@@ -252,6 +258,7 @@ struct TestNode {
     inbound: crossbeam_channel::Receiver<Msg>,
     turns: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
+    hold_ms: Arc<AtomicU64>,
     client_addrs: ClientAddrs,
 }
 
@@ -271,17 +278,28 @@ impl TestNode {
 }
 
 fn node(id: u64, addrs: &BTreeMap<u64, SocketAddr>, output_bytes_max: usize) -> TestNode {
+    node_with(id, addrs, output_bytes_max, Arc::new(Immediate))
+}
+
+fn node_with(
+    id: u64,
+    addrs: &BTreeMap<u64, SocketAddr>,
+    output_bytes_max: usize,
+    handler: Arc<dyn Handler>,
+) -> TestNode {
     let (outbound_tx, outbound_rx) = crossbeam_channel::unbounded();
     let (taken_tx, taken_rx) = crossbeam_channel::unbounded();
     let (inbound_tx, inbound_rx) = crossbeam_channel::unbounded();
     let turns = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicBool::new(false));
+    let hold_ms = Arc::new(AtomicU64::new(0));
     let relay = Relay {
         outbound: outbound_rx,
         taken: taken_tx,
         inbound: inbound_tx,
         turns: Arc::clone(&turns),
         stop: Arc::clone(&stop),
+        hold_ms: Arc::clone(&hold_ms),
         wait: Duration::from_millis(10),
     };
     let clients = ClientConfig {
@@ -305,13 +323,35 @@ fn node(id: u64, addrs: &BTreeMap<u64, SocketAddr>, output_bytes_max: usize) -> 
         clients,
         peers,
         |message: &Msg| Route { from: message.node_id, to: message.leader_id },
-        Arc::new(Immediate),
+        handler,
         |_waker| Box::new(relay) as Box<dyn Core<Msg>>,
         client_addrs.clone(),
         &logger(),
     )
     .unwrap();
-    TestNode { node, outbound: outbound_tx, taken: taken_rx, inbound: inbound_rx, turns, stop, client_addrs }
+    TestNode {
+        node,
+        outbound: outbound_tx,
+        taken: taken_rx,
+        inbound: inbound_rx,
+        turns,
+        stop,
+        hold_ms,
+        client_addrs,
+    }
+}
+
+/// Answers every request after 20 µs of work.
+struct Slow;
+
+impl Handler for Slow {
+    fn handle(&self, request: Request, sink: ResponseSink) {
+        let started = std::time::Instant::now();
+        while started.elapsed() < Duration::from_micros(20) {
+            std::hint::spin_loop();
+        }
+        sink.send(crate::error_response(request.id, ErrorCode::INTERNAL, "answered"));
+    }
 }
 
 /// Answers every request at once.
@@ -413,6 +453,30 @@ fn a_connection_that_is_not_a_peer_or_lies_about_its_messages_is_closed() {
 }
 
 #[test]
+fn a_burst_of_peer_messages_larger_than_a_round_arrives_whole_and_in_order() {
+    let addrs: BTreeMap<u64, SocketAddr> = [(1, free_addr()), (2, free_addr())].into_iter().collect();
+    let one = node(1, &addrs, 1 << 20);
+    // Node 2 speaks from a plain socket: 4.5 MB at once, while node 1's
+    // loop is held, so that the socket is full when it reads: many of the
+    // loop's rounds (one read each in tests) to read it all, each ending
+    // with bytes still waiting and no new edge to announce them.
+    let mut two = connect(addrs[&1]);
+    one.hold_ms.store(300, Ordering::SeqCst);
+    one.node.waker().wake();
+    let mut burst = Vec::new();
+    crate::encode_frame(&PeerHello { node_id: 2, ..Default::default() }, &mut burst);
+    for n in 0..5_000u64 {
+        crate::encode_frame(&msg(2, 1, &format!("{n:0>900}")), &mut burst);
+    }
+    let writer = std::thread::spawn(move || std::io::Write::write_all(&mut two, &burst).map(|()| two));
+    for n in 0..5_000u64 {
+        let message = one.inbound.recv_timeout(Duration::from_secs(10)).expect("the burst stalled");
+        assert_eq!(message.role, format!("{n:0>900}"));
+    }
+    drop(writer.join().unwrap().unwrap());
+}
+
+#[test]
 fn a_restarted_peer_is_reconnected() {
     let addrs: BTreeMap<u64, SocketAddr> = [(1, free_addr()), (2, free_addr())].into_iter().collect();
     let one = node(1, &addrs, 1 << 20);
@@ -459,6 +523,43 @@ fn a_peer_that_does_not_read_costs_bounded_output_and_stops_nothing() {
     let turns = one.turns.load(Ordering::SeqCst);
     std::thread::sleep(Duration::from_millis(200));
     assert!(one.turns.load(Ordering::SeqCst) > turns, "the core stopped turning");
+}
+
+#[test]
+fn a_client_that_floods_requests_does_not_starve_the_core() {
+    let addrs: BTreeMap<u64, SocketAddr> = [(1, free_addr())].into_iter().collect();
+    // Each request costs the loop 20 µs: the client writes faster than that.
+    let one = node_with(1, &addrs, 1 << 20, Arc::new(Slow));
+    let stream = connect(one.node.client_addr());
+    // A reader drains the answers, so the flood is never paused for them.
+    let mut reader = stream.try_clone().unwrap();
+    std::thread::spawn(move || {
+        let mut buffer = vec![0u8; 1 << 16];
+        while matches!(reader.read(&mut buffer), Ok(n) if n > 0) {}
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let flooding = Arc::clone(&stop);
+    let mut writer = stream;
+    let flooder = std::thread::spawn(move || {
+        let mut burst = Vec::new();
+        for id in 0..4_096 {
+            crate::encode_frame(&status_request(id), &mut burst);
+        }
+        while !flooding.load(Ordering::SeqCst) {
+            if std::io::Write::write_all(&mut writer, &burst).is_err() {
+                return;
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let before = one.turns.load(Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(1_000));
+    let during = one.turns.load(Ordering::SeqCst) - before;
+    stop.store(true, Ordering::SeqCst);
+    flooder.join().unwrap();
+    // The core asks to be called every 10 ms: a flood may slow that down,
+    // never stop it (a leader that stops turning stops sending heartbeats).
+    assert!(during >= 10, "the core turned {during} times in 1 s of flood");
 }
 
 #[test]
