@@ -42,7 +42,7 @@ const HELLO_BYTES_MAX: usize = 64 * 1024;
 /// How long an outgoing connection may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Peer connection tokens start here, far above any client connection's.
-pub(crate) const FIRST_PEER_TOKEN: usize = 1 << 40;
+const FIRST_PEER_TOKEN: usize = usize::MAX / 2;
 /// The most bytes read from one peer connection in one round of the loop
 /// (a snapshot arrives over several rounds, with the core's turns between).
 /// One read's worth in tests, so that a burst is sure to take several.
