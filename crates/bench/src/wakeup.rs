@@ -26,6 +26,10 @@ pub fn measure(count: usize) -> Result<WakeupReport> {
     };
     let listener = TcpListener::bind("127.0.0.1:0").context("cannot listen on 127.0.0.1")?;
     let addr = listener.local_addr().context("no local address")?;
+    // Connected before either thread starts (the kernel completes it in
+    // the backlog), so that no thread is left waiting on a failure.
+    let mut stream = TcpStream::connect(addr).context("cannot connect to the echo thread")?;
+    stream.set_nodelay(true).context("cannot set TCP_NODELAY")?;
     let echo = std::thread::Builder::new()
         .name("wakeup-echo".into())
         .spawn(move || -> std::io::Result<()> {
@@ -42,20 +46,27 @@ pub fn measure(count: usize) -> Result<WakeupReport> {
             Ok(())
         })
         .context("cannot start the echo thread")?;
-    // Pinned only for the measurement: this thread runs on afterwards.
-    let pinned = here.is_some_and(core_affinity::set_for_current);
-    let mut stream = TcpStream::connect(addr).context("cannot connect to the echo thread")?;
-    stream.set_nodelay(true).context("cannot set TCP_NODELAY")?;
-    let mut histogram = new_histogram();
-    let mut byte = [7u8; 1];
-    for _ in 0..count {
-        let started = Instant::now();
-        stream.write_all(&byte).context("cannot write to the echo thread")?;
-        stream.read_exact(&mut byte).context("cannot read from the echo thread")?;
-        record(&mut histogram, started.elapsed());
-    }
-    drop(stream);
-    echo.join().map_err(|_| anyhow::anyhow!("the echo thread panicked"))?.context("echo thread")?;
+    // Timed on a thread of its own too, so that the caller's stays unpinned.
+    let timer = std::thread::Builder::new()
+        .name("wakeup-timer".into())
+        .spawn(move || -> Result<(bool, hdrhistogram::Histogram<u64>)> {
+            let pinned = here.is_some_and(core_affinity::set_for_current);
+            let mut histogram = new_histogram();
+            let mut byte = [7u8; 1];
+            for _ in 0..count {
+                let started = Instant::now();
+                stream.write_all(&byte).context("cannot write to the echo thread")?;
+                stream.read_exact(&mut byte).context("cannot read from the echo thread")?;
+                record(&mut histogram, started.elapsed());
+            }
+            // Dropping the stream ends the echo thread.
+            Ok((pinned, histogram))
+        })
+        .context("cannot start the timing thread")?;
+    let timed = timer.join().map_err(|_| anyhow::anyhow!("the timing thread panicked"))?;
+    let echoed = echo.join().map_err(|_| anyhow::anyhow!("the echo thread panicked"))?;
+    let (pinned, histogram) = timed?;
+    echoed.context("echo thread")?;
     Ok(WakeupReport { count, across_cores: pinned, round_trip_us: LatencySummary::of(&histogram) })
 }
 

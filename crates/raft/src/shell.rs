@@ -1,10 +1,14 @@
-//! The thread around a [`Replica`]: a `crossbeam_channel::select!` loop over
-//! bounded channels and a tick timer. Each turn it drains what is waiting,
-//! runs one `Ready`, and dispatches the effects.
+//! The driver around a [`Replica`]: [`Driver`] is the replica with the
+//! requests waiting on it (inputs in, one `Ready` per [`Driver::turn`],
+//! messages out through a [`PeerSink`], replies to their [`Responder`]s),
+//! and no thread. fencelockd runs one inside its network event loop;
+//! [`spawn`] runs one on its own thread, a `crossbeam_channel::select!`
+//! loop over bounded channels and a tick timer that drains what is waiting
+//! into each turn.
 //!
-//! The network layer (or a test's router) plugs into `peers_in` and
-//! `peers_out`; the server sends [`Request`]s and waits on each request's
-//! own reply channel.
+//! With [`spawn`], the network layer (or a test's router) plugs into
+//! `peers_in` and `peers_out`; the server sends [`Request`]s and waits on
+//! each request's own reply channel.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -18,7 +18,7 @@ use raft::{GetEntriesContext, RaftState, StorageError as RaftStorageError};
 use crate::shell::PeerSink;
 
 /// One synced write: what a `Ready` asks to persist, or a local snapshot.
-#[derive(Debug, Default)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct WriteBatch<'a> {
     /// A snapshot to store. With `install`, it replaces the whole log (a
     /// snapshot received from the leader); without, it only drops the entries
@@ -573,7 +573,7 @@ impl AsyncEngineStore {
         }
         let mut store =
             self.store.lock().map_err(|_| StorageError::Thread("the I/O thread panicked".into()))?;
-        store.write(WriteBatch { ..*batch })?;
+        store.write(*batch)?;
         if !batch.may_defer_sync {
             self.counts.syncs.fetch_add(1, SeqCst);
         }

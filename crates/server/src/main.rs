@@ -136,8 +136,12 @@ impl<D: Durable> NodeCore<D> {
         let now = Instant::now();
         if now >= self.next_tick {
             self.driver.tick();
-            // A loop held up for several ticks does not catch up in a burst.
-            self.next_tick = (self.next_tick + self.tick_interval).max(now);
+            self.next_tick += self.tick_interval;
+            if self.next_tick <= now {
+                // A loop held up for several ticks does not catch up in a
+                // burst: the next tick is a whole interval away.
+                self.next_tick = now + self.tick_interval;
+            }
         }
         self.driver.turn(&LoopSink(RefCell::new(io)))?;
         if self.requests.is_empty() {

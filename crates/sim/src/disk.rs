@@ -10,9 +10,9 @@
 //! tells the driver with `Replica::on_persisted`; a crash before then loses
 //! the whole queue. Asked for inline writes (a follower's), an asynchronous
 //! disk with nothing queued syncs the write at once, as `AsyncEngineStore`
-//! then does on the driver's thread. A crash mid-turn makes the turn's remaining writes fail:
-//! the turn is fatal, and what it would have sent after its write never
-//! leaves the node.
+//! then does on the driver's thread. A crash mid-turn makes the turn's
+//! remaining writes fail: the turn is fatal, and what it would have sent
+//! after its write never leaves the node.
 
 use std::sync::{Arc, Mutex};
 
