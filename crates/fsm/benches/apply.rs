@@ -1,9 +1,12 @@
-//! Decode plus apply of a Grant/Release mix over 100,000 keys.
+//! Decode plus apply of a Grant/Release mix over 100,000 keys, and the
+//! snapshot and restore of a table of 100,000 held locks.
 //!
 //! The table starts with the 50,000 even keys held. One pass releases each
 //! of them with its token and grants each odd key: 100,000 commands, encoded
 //! as log entries the way the driver writes them, then decoded and applied
-//! by `LockTable::apply_entry_into`. Run with `cargo bench -p fencelock-fsm`.
+//! by `LockTable::apply_entry_into`. A snapshot is taken on the thread that
+//! serves the node's sockets, so its time is a stall of that node: the
+//! second group measures it. Run with `cargo bench -p fencelock-fsm`.
 
 use std::hint::black_box;
 
@@ -66,5 +69,21 @@ fn bench_apply(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_apply);
+fn bench_snapshot(c: &mut Criterion) {
+    let mut table = LockTable::new();
+    for i in 0..KEYS {
+        table.apply(grant(i));
+    }
+    let bytes = table.snapshot();
+    let mut group = c.benchmark_group("snapshot");
+    group.throughput(Throughput::Elements(KEYS as u64));
+    group.sample_size(20);
+    group.bench_function("100k_locks_take", |b| b.iter(|| black_box(table.snapshot())));
+    group.bench_function("100k_locks_restore", |b| {
+        b.iter(|| black_box(LockTable::restore(&bytes).expect("the bench's own snapshot restores")))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_apply, bench_snapshot);
 criterion_main!(benches);
