@@ -1,6 +1,7 @@
 //! Serves client requests: decodes and checks each one, hands it to the
-//! driver thread, and turns the driver's reply into a protocol response with
-//! a stable error code.
+//! driver (the node loop's core, which takes it in the loop's next turn),
+//! and turns the driver's reply into a protocol response with a stable
+//! error code.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -290,8 +291,8 @@ impl ClientHandler {
     }
 
     fn send(&self, request: DriverRequest) {
-        // The driver thread ends only when the node stops; a request that
-        // cannot reach it is answered through its responder when dropped.
+        // The driver ends only when the node stops; a request that cannot
+        // reach it is answered through its responder when dropped.
         if let Err(crossbeam_channel::SendError(request)) = self.driver.send(request) {
             refuse(request);
         }
