@@ -57,32 +57,37 @@ pub enum SnapshotError {
 
 impl LockTable {
     /// Encodes the table as a snapshot. Equal tables give equal bytes.
+    ///
+    /// The body is the `TableSnapshot` protobuf, written straight into the
+    /// snapshot's buffer byte for byte as the protobuf library writes it
+    /// (fields in number order, default values left out): the snapshot is
+    /// taken on the thread that serves the node, and building the message
+    /// first cost two copies of every key and owner.
     pub fn snapshot(&self) -> Vec<u8> {
-        let body = pb::TableSnapshot {
-            last_token: self.last_token.map_or(0, FencingToken::get),
-            locks: self
-                .locks
-                .iter()
-                .map(|(key, lock)| pb::LockRecord {
-                    key: key.as_bytes().to_vec(),
-                    token: lock.token.get(),
-                    owner: lock.owner.as_bytes().to_vec(),
-                    lease_ms: lock.lease_ms.get(),
-                    ..Default::default()
-                })
-                .collect(),
-            ..Default::default()
+        let mut bytes = Vec::with_capacity(HEADER_LEN + 16 + self.locks.len() * 48);
+        bytes.resize(HEADER_LEN, 0);
+        put_uint64(&mut bytes, 1, self.last_token.map_or(0, FencingToken::get));
+        for (key, lock) in &self.locks {
+            let (token, lease_ms) = (lock.token.get(), lock.lease_ms.get());
+            let (key, owner) = (key.as_bytes(), lock.owner.as_bytes());
+            let record_len =
+                bytes_len(1, key) + uint64_len(2, token) + bytes_len(3, owner) + uint64_len(4, lease_ms);
+            // A repeated message is written even when empty.
+            put_key(&mut bytes, 2, LENGTH_DELIMITED);
+            put_varint(&mut bytes, record_len as u64);
+            put_bytes(&mut bytes, 1, key);
+            put_uint64(&mut bytes, 2, token);
+            put_bytes(&mut bytes, 3, owner);
+            put_uint64(&mut bytes, 4, lease_ms);
         }
-        .write_to_bytes()
-        .expect("encoding a TableSnapshot into a Vec cannot fail");
-
-        let mut bytes = Vec::with_capacity(HEADER_LEN + body.len());
-        bytes.extend_from_slice(&MAGIC);
-        bytes.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
-        bytes.extend_from_slice(&0u16.to_le_bytes());
-        bytes.extend_from_slice(&(body.len() as u64).to_le_bytes());
-        bytes.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
-        bytes.extend_from_slice(&body);
+        let body_len = bytes.len() - HEADER_LEN;
+        let crc = crc32fast::hash(&bytes[HEADER_LEN..]);
+        let mut header = [0u8; HEADER_LEN];
+        header[..4].copy_from_slice(&MAGIC);
+        header[4..6].copy_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
+        header[8..16].copy_from_slice(&(body_len as u64).to_le_bytes());
+        header[16..20].copy_from_slice(&crc.to_le_bytes());
+        bytes[..HEADER_LEN].copy_from_slice(&header);
         bytes
     }
 
@@ -115,6 +120,58 @@ impl LockTable {
             locks.insert(key, Lock { token, owner, lease_ms });
         }
         Ok(LockTable { locks, last_token })
+    }
+}
+
+const VARINT: u64 = 0;
+const LENGTH_DELIMITED: u64 = 2;
+
+fn put_varint(bytes: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        bytes.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    bytes.push(value as u8);
+}
+
+fn varint_len(value: u64) -> usize {
+    (64 - (value | 1).leading_zeros() as usize).div_ceil(7)
+}
+
+fn put_key(bytes: &mut Vec<u8>, field: u64, wire_type: u64) {
+    put_varint(bytes, (field << 3) | wire_type);
+}
+
+/// A `uint64` field; protobuf 3 leaves out a zero.
+fn put_uint64(bytes: &mut Vec<u8>, field: u64, value: u64) {
+    if value != 0 {
+        put_key(bytes, field, VARINT);
+        put_varint(bytes, value);
+    }
+}
+
+fn uint64_len(field: u64, value: u64) -> usize {
+    if value == 0 {
+        0
+    } else {
+        varint_len(field << 3) + varint_len(value)
+    }
+}
+
+/// A `bytes` field; protobuf 3 leaves out an empty one.
+fn put_bytes(bytes: &mut Vec<u8>, field: u64, value: &[u8]) {
+    if !value.is_empty() {
+        put_key(bytes, field, LENGTH_DELIMITED);
+        put_varint(bytes, value.len() as u64);
+        bytes.extend_from_slice(value);
+    }
+}
+
+fn bytes_len(field: u64, value: &[u8]) -> usize {
+    if value.is_empty() {
+        0
+    } else {
+        varint_len(field << 3) + varint_len(value.len() as u64) + value.len()
     }
 }
 
