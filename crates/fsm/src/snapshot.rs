@@ -15,7 +15,7 @@
 //! key order, token uniqueness, the token counter) before it builds the table,
 //! so a corrupt snapshot gives an error and never a half-restored table.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 use fencelock_types::{pb, FencingToken, InvalidReason, Key, LeaseMs, Owner};
 use protobuf::Message;
@@ -101,7 +101,7 @@ impl LockTable {
         // Keys come sorted (checked below): collected in order, the map is
         // built in one pass instead of by one insertion per lock.
         let mut locks = Vec::with_capacity(snapshot.locks.len());
-        let mut tokens = HashSet::with_capacity(snapshot.locks.len());
+        let mut tokens = BTreeSet::new();
         for (index, record) in snapshot.locks.into_iter().enumerate() {
             let invalid = |reason| SnapshotError::InvalidRecord { index, reason };
             let key = Key::new(record.key).map_err(invalid)?;
