@@ -57,29 +57,10 @@ pub enum SnapshotError {
 
 impl LockTable {
     /// Encodes the table as a snapshot. Equal tables give equal bytes.
-    ///
-    /// The body is the `TableSnapshot` protobuf, written straight into the
-    /// snapshot's buffer byte for byte as the protobuf library writes it
-    /// (fields in number order, default values left out): the snapshot is
-    /// taken on the thread that serves the node, and building the message
-    /// first cost two copies of every key and owner.
     pub fn snapshot(&self) -> Vec<u8> {
         let mut bytes = Vec::with_capacity(HEADER_LEN + 16 + self.locks.len() * 48);
         bytes.resize(HEADER_LEN, 0);
-        put_uint64(&mut bytes, 1, self.last_token.map_or(0, FencingToken::get));
-        for (key, lock) in &self.locks {
-            let (token, lease_ms) = (lock.token.get(), lock.lease_ms.get());
-            let (key, owner) = (key.as_bytes(), lock.owner.as_bytes());
-            let record_len =
-                bytes_len(1, key) + uint64_len(2, token) + bytes_len(3, owner) + uint64_len(4, lease_ms);
-            // A repeated message is written even when empty.
-            put_key(&mut bytes, 2, LENGTH_DELIMITED);
-            put_varint(&mut bytes, record_len as u64);
-            put_bytes(&mut bytes, 1, key);
-            put_uint64(&mut bytes, 2, token);
-            put_bytes(&mut bytes, 3, owner);
-            put_uint64(&mut bytes, 4, lease_ms);
-        }
+        self.write_body(&mut bytes).expect("writing protobuf into a Vec cannot fail");
         let body_len = bytes.len() - HEADER_LEN;
         let crc = crc32fast::hash(&bytes[HEADER_LEN..]);
         let mut header = [0u8; HEADER_LEN];
@@ -89,6 +70,53 @@ impl LockTable {
         header[16..20].copy_from_slice(&crc.to_le_bytes());
         bytes[..HEADER_LEN].copy_from_slice(&header);
         bytes
+    }
+
+    /// Appends the `TableSnapshot` body, byte for byte as its generated
+    /// code writes it (fields in number order, default values left out),
+    /// without building the message first: that copied every key and owner
+    /// twice, on the thread that serves the node.
+    fn write_body(&self, bytes: &mut Vec<u8>) -> protobuf::ProtobufResult<()> {
+        use protobuf::rt::{bytes_size, value_size};
+        use protobuf::wire_format::WireType::{WireTypeLengthDelimited, WireTypeVarint};
+
+        let mut out = protobuf::CodedOutputStream::vec(bytes);
+        let last_token = self.last_token.map_or(0, FencingToken::get);
+        if last_token != 0 {
+            out.write_uint64(1, last_token)?;
+        }
+        for (key, lock) in &self.locks {
+            let (key, owner) = (key.as_bytes(), lock.owner.as_bytes());
+            let (token, lease_ms) = (lock.token.get(), lock.lease_ms.get());
+            let mut len = 0;
+            if !key.is_empty() {
+                len += bytes_size(1, key);
+            }
+            if token != 0 {
+                len += value_size(2, token, WireTypeVarint);
+            }
+            if !owner.is_empty() {
+                len += bytes_size(3, owner);
+            }
+            if lease_ms != 0 {
+                len += value_size(4, lease_ms, WireTypeVarint);
+            }
+            out.write_tag(2, WireTypeLengthDelimited)?;
+            out.write_raw_varint32(len)?;
+            if !key.is_empty() {
+                out.write_bytes(1, key)?;
+            }
+            if token != 0 {
+                out.write_uint64(2, token)?;
+            }
+            if !owner.is_empty() {
+                out.write_bytes(3, owner)?;
+            }
+            if lease_ms != 0 {
+                out.write_uint64(4, lease_ms)?;
+            }
+        }
+        out.flush()
     }
 
     /// Rebuilds a table from [`LockTable::snapshot`] bytes, or says why not.
@@ -120,58 +148,6 @@ impl LockTable {
             locks.push((key, Lock { token, owner, lease_ms }));
         }
         Ok(LockTable { locks: BTreeMap::from_iter(locks), last_token })
-    }
-}
-
-const VARINT: u64 = 0;
-const LENGTH_DELIMITED: u64 = 2;
-
-fn put_varint(bytes: &mut Vec<u8>, mut value: u64) {
-    while value >= 0x80 {
-        bytes.push((value as u8) | 0x80);
-        value >>= 7;
-    }
-    bytes.push(value as u8);
-}
-
-fn varint_len(value: u64) -> usize {
-    (64 - (value | 1).leading_zeros() as usize).div_ceil(7)
-}
-
-fn put_key(bytes: &mut Vec<u8>, field: u64, wire_type: u64) {
-    put_varint(bytes, (field << 3) | wire_type);
-}
-
-/// A `uint64` field; protobuf 3 leaves out a zero.
-fn put_uint64(bytes: &mut Vec<u8>, field: u64, value: u64) {
-    if value != 0 {
-        put_key(bytes, field, VARINT);
-        put_varint(bytes, value);
-    }
-}
-
-fn uint64_len(field: u64, value: u64) -> usize {
-    if value == 0 {
-        0
-    } else {
-        varint_len(field << 3) + varint_len(value)
-    }
-}
-
-/// A `bytes` field; protobuf 3 leaves out an empty one.
-fn put_bytes(bytes: &mut Vec<u8>, field: u64, value: &[u8]) {
-    if !value.is_empty() {
-        put_key(bytes, field, LENGTH_DELIMITED);
-        put_varint(bytes, value.len() as u64);
-        bytes.extend_from_slice(value);
-    }
-}
-
-fn bytes_len(field: u64, value: &[u8]) -> usize {
-    if value.is_empty() {
-        0
-    } else {
-        varint_len(field << 3) + varint_len(value.len() as u64) + value.len()
     }
 }
 
