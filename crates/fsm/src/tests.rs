@@ -445,18 +445,28 @@ fn token_of(result: &ApplyResult) -> Option<FencingToken> {
     }
 }
 
-/// Valid snapshot bodies with any key, owner, token and lease values
-/// (tokens up to `u64::MAX`, so every varint length occurs).
+/// Values of every varint length from 1 to `bits_max` bits (a uniform
+/// draw would almost never be short).
+fn arb_varint(bits_max: u32) -> impl Strategy<Value = u64> {
+    (1..=bits_max).prop_flat_map(|bits| {
+        let low = 1u64 << (bits - 1);
+        let high = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
+        low..=high
+    })
+}
+
+/// Valid snapshot bodies with any key, owner, token and lease values, of
+/// every varint length.
 fn arb_snapshot_body() -> impl Strategy<Value = pb::TableSnapshot> {
+    let lease = arb_varint(31).prop_filter("a valid lease", |ms| *ms <= fencelock_types::LEASE_MS_MAX);
     let records = prop::collection::btree_map(
-        prop::collection::vec(any::<u8>(), 1..40),
-        (prop::collection::vec(any::<u8>(), 1..20), 1..=fencelock_types::LEASE_MS_MAX),
+        prop::collection::vec(any::<u8>(), 1..200),
+        (prop::collection::vec(any::<u8>(), 1..150), lease),
         0..20,
     );
-    let tokens = prop::collection::btree_set(1..u64::MAX - 1_000, 20);
-    (records, tokens, 0..1_000u64).prop_map(|(records, tokens, extra)| {
-        let last_token =
-            if records.is_empty() { extra } else { tokens.iter().max().copied().unwrap_or(0) + extra };
+    let tokens = prop::collection::btree_set(arb_varint(63), 0..=20);
+    (records, tokens, arb_varint(20)).prop_map(|(records, tokens, extra)| {
+        let last_token = tokens.iter().max().map_or(extra, |max| max + extra);
         let locks = records
             .into_iter()
             .zip(tokens.into_iter().rev())
