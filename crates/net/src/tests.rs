@@ -496,8 +496,8 @@ fn a_peer_that_does_not_read_costs_bounded_output_and_stops_nothing() {
     let (accepted_tx, accepted_rx) = bounded(1);
     std::thread::spawn(move || {
         let (stream, _) = silent.accept().unwrap();
+        // The test holds the connection open, unread.
         accepted_tx.send(stream).unwrap();
-        std::thread::sleep(Duration::from_secs(30));
     });
     let payload = "p".repeat(900);
     let big = || msg(1, 2, &payload);
@@ -521,8 +521,11 @@ fn a_peer_that_does_not_read_costs_bounded_output_and_stops_nothing() {
     let answer: Response = read_frame(&mut client, 1 << 20).unwrap();
     assert_eq!(answer.id, 9);
     let turns = one.turns.load(Ordering::SeqCst);
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(one.turns.load(Ordering::SeqCst) > turns, "the core stopped turning");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while one.turns.load(Ordering::SeqCst) <= turns {
+        assert!(std::time::Instant::now() < deadline, "the core stopped turning");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 #[test]
@@ -540,6 +543,7 @@ fn a_client_that_floods_requests_does_not_starve_the_core() {
     let stop = Arc::new(AtomicBool::new(false));
     let flooding = Arc::clone(&stop);
     let mut writer = stream;
+    let (started_tx, started_rx) = bounded(1);
     let flooder = std::thread::spawn(move || {
         let mut burst = Vec::new();
         for id in 0..4_096 {
@@ -549,9 +553,11 @@ fn a_client_that_floods_requests_does_not_starve_the_core() {
             if std::io::Write::write_all(&mut writer, &burst).is_err() {
                 return;
             }
+            let _ = started_tx.try_send(());
         }
     });
-    std::thread::sleep(Duration::from_millis(200));
+    // Measured from the first burst on, with the flood under way.
+    started_rx.recv_timeout(Duration::from_secs(10)).expect("the flood never started");
     let before = one.turns.load(Ordering::SeqCst);
     std::thread::sleep(Duration::from_millis(1_000));
     let during = one.turns.load(Ordering::SeqCst) - before;
