@@ -129,8 +129,18 @@ pub fn status(cli: &Cli) -> Result<Exit> {
         for (endpoint, answer) in &answers {
             match answer {
                 Ok(node) => println!(
-                    "{endpoint}  id={} role={} term={} leader={} commit={} applied={}",
-                    node.node_id, node.role, node.term, node.leader_id, node.commit_index, node.applied_index
+                    "{endpoint}  id={} role={} term={} leader={} commit={} applied={}{}",
+                    node.node_id,
+                    node.role,
+                    node.term,
+                    node.leader_id,
+                    node.commit_index,
+                    node.applied_index,
+                    if node.rejoining {
+                        " rejoining (lost its data; not voting until caught up)"
+                    } else {
+                        ""
+                    }
                 ),
                 Err(error) => println!("{endpoint}  error: {error}"),
             }

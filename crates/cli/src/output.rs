@@ -132,8 +132,8 @@ pub fn list_json(prefix: &str, locks: &[LockInfo]) -> Value {
 /// `fencelock status`: `{"nodes": [...]}`, one object per endpoint: the
 /// endpoint and either every status field (`node_id`, `role`, `term`,
 /// `leader_id`, `leader_addr`, `commit_index`, `applied_index`,
-/// `last_index`, `snapshot_index`, `locks`, `last_token`, `members`) or
-/// `error`.
+/// `last_index`, `snapshot_index`, `locks`, `last_token`, `members`,
+/// `rejoining`) or `error`.
 pub fn status_json(nodes: &[(String, Result<NodeStatus, String>)]) -> Value {
     let nodes: Vec<Value> = nodes
         .iter()
@@ -250,6 +250,7 @@ mod tests {
             locks: 2,
             last_token: 5,
             members: vec![Member { id: 1, peer_addr: "h:7201".into(), client_addr: "h:7101".into() }],
+            rejoining: true,
         };
         let value = status_json(&[
             ("h:7101".into(), Ok(status)),
@@ -258,6 +259,7 @@ mod tests {
         assert_eq!(value["nodes"][0]["endpoint"], json!("h:7101"));
         assert_eq!(value["nodes"][0]["role"], json!("leader"));
         assert_eq!(value["nodes"][0]["members"][0]["peer_addr"], json!("h:7201"));
+        assert_eq!(value["nodes"][0]["rejoining"], json!(true));
         assert_eq!(value["nodes"][1], json!({"endpoint": "h:7102", "error": "connection refused"}));
     }
 }

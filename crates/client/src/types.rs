@@ -68,6 +68,9 @@ pub struct NodeStatus {
     pub locks: u64,
     pub last_token: u64,
     pub members: Vec<Member>,
+    /// The node lost its data and rejoined, and does not vote until it
+    /// has caught up with the cluster.
+    pub rejoining: bool,
 }
 
 impl From<client_pb::StatusResponse> for NodeStatus {
@@ -93,6 +96,7 @@ impl From<client_pb::StatusResponse> for NodeStatus {
                     client_addr: member.client_addr,
                 })
                 .collect(),
+            rejoining: status.rejoining,
         }
     }
 }

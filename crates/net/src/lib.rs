@@ -47,7 +47,7 @@ mod node;
 
 pub use client::{error_response, ClientConfig, ClientListener, Handler, ResponseSink};
 pub use frame::{decode_frame, encode_frame, read_frame, write_frame, FrameError};
-pub use node::{ClientAddrs, Core, LoopWaker, NodeIo, NodeLoop, PeerConfig, Route, Turn};
+pub use node::{ClientAddrs, Core, Greetings, Heard, LoopWaker, NodeIo, NodeLoop, PeerConfig, Route, Turn};
 
 #[cfg(test)]
 mod tests;

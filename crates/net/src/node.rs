@@ -18,7 +18,7 @@
 //! memory and never blocks the loop. A connection that sends anything
 //! malformed is closed; the rest carry on.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -65,6 +65,8 @@ pub struct PeerConfig {
     pub output_bytes_max: usize,
     pub reconnect_backoff_min: Duration,
     pub reconnect_backoff_max: Duration,
+    /// What the hellos say, both ways (see [`Greetings`]).
+    pub greetings: Greetings,
 }
 
 /// Who sends a peer message and who it is for, read from the message.
@@ -239,13 +241,76 @@ impl Default for ClientAddrs {
     }
 }
 
+/// What this node says of itself in the hello it opens each peer
+/// connection with, and what each peer said in the last hello it sent
+/// here. The core keeps the first up to date; a hello is built from it
+/// when a connection opens, so it says what was true then.
+#[derive(Clone, Debug, Default)]
+pub struct Greetings(Arc<RwLock<GreetingsInner>>);
+
+#[derive(Debug, Default)]
+struct GreetingsInner {
+    term: u64,
+    last_index: u64,
+    known: BTreeSet<u64>,
+    heard: BTreeMap<u64, Heard>,
+}
+
+/// What a peer's hello said.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Heard {
+    /// The peer has had raft messages from this node before.
+    pub knows_you: bool,
+    /// The peer's raft term and last log index when it connected.
+    pub term: u64,
+    pub last_index: u64,
+}
+
+impl Greetings {
+    pub fn new() -> Greetings {
+        Greetings::default()
+    }
+
+    /// Sets what this node's hellos say from now on: its raft term and
+    /// last index, and the peers it has had raft messages from.
+    pub fn set_own(&self, term: u64, last_index: u64, known: &BTreeSet<u64>) {
+        if let Ok(mut inner) = self.0.write() {
+            inner.term = term;
+            inner.last_index = last_index;
+            if inner.known != *known {
+                inner.known.clone_from(known);
+            }
+        }
+    }
+
+    /// What each peer said in the last hello it sent here.
+    pub fn heard(&self) -> BTreeMap<u64, Heard> {
+        self.0.read().map(|inner| inner.heard.clone()).unwrap_or_default()
+    }
+
+    fn hello_for(&self, node_id: u64, client_addr: &str, peer: u64) -> PeerHello {
+        let mut hello = PeerHello { node_id, client_addr: client_addr.to_owned(), ..Default::default() };
+        if let Ok(inner) = self.0.read() {
+            hello.knows_you = inner.known.contains(&peer);
+            hello.term = inner.term;
+            hello.last_index = inner.last_index;
+        }
+        hello
+    }
+
+    fn record(&self, peer: u64, hello: &PeerHello) {
+        if let Ok(mut inner) = self.0.write() {
+            let heard = Heard { knows_you: hello.knows_you, term: hello.term, last_index: hello.last_index };
+            inner.heard.insert(peer, heard);
+        }
+    }
+}
+
 /// The peer side of a node loop.
 pub(crate) struct Peers<M> {
     config: PeerConfig,
     listener: TcpListener,
     route: fn(&M) -> Route,
-    /// The hello every outgoing connection opens with, encoded.
-    hello: Vec<u8>,
     client_addrs: ClientAddrs,
     outgoing: BTreeMap<u64, Outgoing>,
     /// Outgoing connection tokens to their peer.
@@ -293,13 +358,6 @@ impl<M: Message> Peers<M> {
         client_addrs: ClientAddrs,
         logger: Logger,
     ) -> Peers<M> {
-        let mut hello = Vec::new();
-        let greeting = PeerHello {
-            node_id: config.node_id,
-            client_addr: config.client_addr.clone(),
-            ..Default::default()
-        };
-        encode_frame(&greeting, &mut hello);
         let now = Instant::now();
         let outgoing = config
             .peers
@@ -320,7 +378,6 @@ impl<M: Message> Peers<M> {
             config,
             listener,
             route,
-            hello,
             client_addrs,
             outgoing,
             by_token: HashMap::new(),
@@ -456,7 +513,8 @@ impl<M: Message> Peers<M> {
         }
         outgoing.output.clear();
         outgoing.written = 0;
-        outgoing.output.extend_from_slice(&self.hello);
+        let hello = self.config.greetings.hello_for(self.config.node_id, &self.config.client_addr, peer);
+        encode_frame(&hello, &mut outgoing.output);
         outgoing.link = Link::Connecting { stream, token, since: Instant::now() };
         self.by_token.insert(token, peer);
     }
@@ -614,6 +672,7 @@ impl<M: Message> Peers<M> {
                                 return Err(Some(format!("hello from node {}, not a peer", hello.node_id)));
                             }
                             incoming.peer = Some(hello.node_id);
+                            self.config.greetings.record(hello.node_id, &hello);
                             self.client_addrs.insert(hello.node_id, hello.client_addr);
                         }
                         Err(err) => return Err(Some(format!("bad hello: {err}"))),

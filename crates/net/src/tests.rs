@@ -1,7 +1,7 @@
 //! Tests of the listener's limits and of the node loop's peer side, over
 //! real sockets on 127.0.0.1.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -12,8 +12,8 @@ use crossbeam_channel::{bounded, Sender};
 use fencelock_types::client_pb::{ErrorCode, PeerHello, Request, Response, StatusRequest, StatusResponse};
 
 use crate::{
-    read_frame, write_frame, ClientAddrs, ClientConfig, ClientListener, Core, Handler, NodeIo, NodeLoop,
-    PeerConfig, ResponseSink, Route, Turn,
+    read_frame, write_frame, ClientAddrs, ClientConfig, ClientListener, Core, Greetings, Handler, Heard,
+    NodeIo, NodeLoop, PeerConfig, ResponseSink, Route, Turn,
 };
 
 fn logger() -> slog::Logger {
@@ -260,6 +260,7 @@ struct TestNode {
     stop: Arc<AtomicBool>,
     hold_ms: Arc<AtomicU64>,
     client_addrs: ClientAddrs,
+    greetings: Greetings,
 }
 
 impl TestNode {
@@ -317,7 +318,9 @@ fn node_with(
         output_bytes_max,
         reconnect_backoff_min: Duration::from_millis(10),
         reconnect_backoff_max: Duration::from_millis(100),
+        greetings: Greetings::new(),
     };
+    let greetings = peers.greetings.clone();
     let client_addrs = ClientAddrs::new();
     let node = NodeLoop::start(
         clients,
@@ -338,6 +341,7 @@ fn node_with(
         stop,
         hold_ms,
         client_addrs,
+        greetings,
     }
 }
 
@@ -474,6 +478,43 @@ fn a_burst_of_peer_messages_larger_than_a_round_arrives_whole_and_in_order() {
         assert_eq!(message.role, format!("{n:0>900}"));
     }
     drop(writer.join().unwrap().unwrap());
+}
+
+/// Waits until `node` has a hello from `peer` that satisfies `check`.
+fn heard_from(node: &TestNode, peer: u64, check: impl Fn(&Heard) -> bool) -> Heard {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(heard) = node.greetings.heard().get(&peer) {
+            if check(heard) {
+                return *heard;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no such hello from {peer}: {:?}",
+            node.greetings.heard()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn hellos_say_what_the_caller_knows_when_it_connects() {
+    let addrs: BTreeMap<u64, SocketAddr> = [(1, free_addr()), (2, free_addr())].into_iter().collect();
+    // Node 2 is not up yet, so node 1's first hello is built after this.
+    let one = node(1, &addrs, 1 << 20);
+    one.greetings.set_own(7, 42, &[2].into_iter().collect());
+    let two = node(2, &addrs, 1 << 20);
+    let heard = heard_from(&two, 1, |_| true);
+    assert_eq!(heard, Heard { knows_you: true, term: 7, last_index: 42 });
+    // Node 2 knows nothing of node 1 and says so.
+    assert_eq!(heard_from(&one, 2, |_| true), Heard::default());
+    // A connection opened later says what is true then.
+    one.greetings.set_own(9, 50, &BTreeSet::new());
+    two.stop();
+    let two = node(2, &addrs, 1 << 20);
+    let heard = heard_from(&two, 1, |_| true);
+    assert_eq!(heard, Heard { knows_you: false, term: 9, last_index: 50 });
 }
 
 #[test]

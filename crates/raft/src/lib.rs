@@ -69,6 +69,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod rejoin;
 mod replica;
 pub mod shell;
 mod storage;

@@ -1,7 +1,7 @@
 //! The sans-IO driver core: one raft-rs `RawNode`, the lock table it applies
 //! to, and the bookkeeping that routes results back to requests.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use fencelock_fsm::LockTable;
 use fencelock_lease::LeaseTracker;
@@ -13,6 +13,7 @@ use raft::prelude::{ConfChange, ConfChangeV2, ConfState, Entry, EntryType, Messa
 use raft::{RawNode, SnapshotStatus, StateRole};
 use slog::{debug, info, warn, Logger};
 
+use crate::rejoin::{self, Floor, Membership, PinVote, RaftPosition};
 use crate::storage::{Durable, LogCache, WriteBatch};
 use crate::{
     AppliedEvent, Config, FatalError, NodeId, Query, Reply, RequestError, RequestId, Response, RoleChange,
@@ -73,6 +74,8 @@ pub struct NodeStatus {
     pub locks: usize,
     pub last_token: Option<FencingToken>,
     pub pending_requests: usize,
+    /// This node lost its data and has not caught up yet: it does not vote.
+    pub rejoining: bool,
 }
 
 /// A request the leader accepted and has not answered yet.
@@ -148,6 +151,14 @@ pub struct Replica<D: Durable> {
 
     /// Peers that were sent a snapshot in this turn.
     snapshots_sent: Vec<u64>,
+    /// The peers it has had messages from, and its rejoin floor, if any.
+    membership: Membership,
+    /// A peer was heard from for the first time: the membership record
+    /// goes into the next write, and nothing leaves before that write.
+    membership_dirty: bool,
+    /// Set while a node that lost its data rejoins: it neither votes nor
+    /// campaigns until it has caught up past the floor.
+    abstaining: Option<Floor>,
     effects: Effects,
     stats: Stats,
 }
@@ -165,6 +176,7 @@ impl<D: Durable> Replica<D> {
         config.validate()?;
         let logger = logger.new(slog::o!("node_id" => config.id.0));
         let mut recovered = durable.recover()?;
+        let membership = std::mem::take(&mut recovered.membership);
         let mut disk = Disk { store: durable, submitted: 0, durable: 0, syncs: 0 };
         if recovered.conf_state.is_none() {
             let conf_state = ConfState::from((config.voters.iter().map(|v| v.0).collect::<Vec<_>>(), vec![]));
@@ -205,7 +217,7 @@ impl<D: Durable> Replica<D> {
         raft_config.validate()?;
         let raw = RawNode::new(&raft_config, cache, &logger)?;
         let reported = (raw.raft.state, raw.raft.term, raw.raft.leader_id);
-        Ok(Replica {
+        let mut replica = Replica {
             id: config.id,
             config,
             raw,
@@ -229,9 +241,14 @@ impl<D: Durable> Replica<D> {
             reads: BTreeMap::new(),
             reads_at_index: Vec::new(),
             snapshots_sent: Vec::new(),
+            abstaining: membership.rejoin,
+            membership,
+            membership_dirty: false,
             effects: Effects::default(),
             stats: Stats::default(),
-        })
+        };
+        replica.check_rejoined();
+        Ok(replica)
     }
 
     /// Accepts a request of commands. The answer comes later in
@@ -331,6 +348,49 @@ impl<D: Durable> Replica<D> {
             warn!(self.logger, "dropping message from a node that is not a peer"; "from" => message.from);
             return;
         }
+        if self.membership.known.insert(message.from) {
+            self.membership_dirty = true;
+        }
+        let last_index = self.raw.raft.raft_log.last_index();
+        if message.get_msg_type() == MessageType::MsgHeartbeat && message.commit > last_index {
+            // The leader remembers entries this node does not have: it lost
+            // its data (or the leader is confused). raft-rs would panic on
+            // such a commit; the node's own last index is as far as it can
+            // commit, and the leader's next append finds where the logs part.
+            warn!(self.logger, "heartbeat commits past this node's log";
+                "from" => message.from, "commit" => message.commit, "last_index" => last_index,
+                "rejoining" => self.abstaining.is_some());
+            let mut message = message;
+            message.commit = last_index;
+            if message.term >= self.raw.raft.term {
+                // The leader counts this node as holding entries it does not
+                // have, and would never send them again. A rejection past
+                // anything it counts makes it probe this node's log anew.
+                let mut reject = Message::default();
+                reject.set_msg_type(MessageType::MsgAppendResponse);
+                reject.from = self.id.0;
+                reject.to = message.from;
+                reject.term = message.term;
+                reject.reject = true;
+                reject.index = u64::MAX;
+                reject.reject_hint = last_index;
+                self.send(vec![reject]);
+            }
+            return self.step_checked(message);
+        }
+        self.step_checked(message)
+    }
+
+    fn step_checked(&mut self, message: Message) {
+        if self.abstaining.is_some()
+            && matches!(
+                message.get_msg_type(),
+                MessageType::MsgRequestVote | MessageType::MsgRequestPreVote | MessageType::MsgTimeoutNow
+            )
+        {
+            debug!(self.logger, "rejoining: not voting yet"; "from" => message.from, "term" => message.term);
+            return;
+        }
         if message.get_msg_type() == MessageType::MsgSnapshot {
             if let Err(err) = LockTable::restore(message.get_snapshot().get_data()) {
                 warn!(self.logger, "dropping snapshot that does not restore";
@@ -343,9 +403,47 @@ impl<D: Durable> Replica<D> {
         }
     }
 
-    /// Advances raft's logical clock by one tick.
+    /// Advances raft's logical clock by one tick. A rejoining node's
+    /// clock stands still: a follower's ticks only lead to campaigns.
     pub fn tick(&mut self) {
-        self.raw.tick();
+        if self.abstaining.is_none() {
+            self.raw.tick();
+        }
+    }
+
+    /// The peers this node has had raft messages from, for its hellos.
+    pub fn known_peers(&self) -> &BTreeSet<u64> {
+        &self.membership.known
+    }
+
+    /// This node's raft term and last log index, for its hellos.
+    pub fn log_position(&self) -> (u64, u64) {
+        (self.raw.raft.term, self.raw.raft.raft_log.last_index())
+    }
+
+    /// Ends a rejoin once this node caught up past its floor (see
+    /// [`crate::rejoin`]).
+    fn check_rejoined(&mut self) {
+        let Some(floor) = self.abstaining else { return };
+        let raft = &self.raw.raft;
+        let committed = raft.raft_log.committed;
+        let position = RaftPosition {
+            term: raft.term,
+            vote: raft.vote,
+            leader_id: raft.leader_id,
+            committed,
+            committed_term: raft.raft_log.term(committed).unwrap_or(0),
+        };
+        let Some(pin) = rejoin::caught_up(floor, position) else { return };
+        if let PinVote::To(leader) = pin {
+            // The lost store may have voted in this term: count the vote as
+            // given to the term's leader, so that it is never given again.
+            self.raw.raft.vote = leader;
+        }
+        self.abstaining = None;
+        info!(self.logger, "rejoined: caught up, voting again";
+            "term" => position.term, "committed" => committed, "floor_term" => floor.term,
+            "floor_last_index" => floor.last_index);
     }
 
     /// Starts an election now (a one-node cluster, or a test).
@@ -463,6 +561,7 @@ impl<D: Durable> Replica<D> {
             locks: self.table.len(),
             last_token: self.table.last_token(),
             pending_requests: self.pending.len() + self.reads.len(),
+            rejoining: self.abstaining.is_some(),
         }
     }
 
@@ -786,14 +885,23 @@ impl<D: Durable> Replica<D> {
 
     fn handle_ready(&mut self, early: Option<&mut dyn FnMut(Effects)>) -> Result<(), FatalError> {
         if !self.raw.has_ready() {
+            if std::mem::take(&mut self.membership_dirty) {
+                // A first message that changed nothing raft keeps.
+                self.disk.write(WriteBatch { membership: Some(&self.membership), ..Default::default() })?;
+            }
             return Ok(());
         }
         self.stats.readies += 1;
         let mut ready = self.raw.ready();
 
         // A leader may send before its own write: followers persist in
-        // parallel (see `early` below).
-        self.send(ready.take_messages());
+        // parallel (see `early` below). Not when a peer was heard from for
+        // the first time: what it took part in must not outlive the record
+        // that it did (see `crate::rejoin`).
+        let membership_write = std::mem::take(&mut self.membership_dirty);
+        if !membership_write {
+            self.send(ready.take_messages());
+        }
 
         let installed = !ready.snapshot().is_empty();
         if installed {
@@ -833,9 +941,14 @@ impl<D: Durable> Replica<D> {
             entries: ready.entries(),
             hard_state: write_hard_state.then(|| cache.hard_state()),
             conf_state: installed.then(|| cache.conf_state()),
-            may_defer_sync: !ready.must_sync(),
+            membership: membership_write.then_some(&self.membership),
+            may_defer_sync: !ready.must_sync() && !membership_write,
         };
-        if !(batch.entries.is_empty() && batch.snapshot.is_none() && batch.hard_state.is_none()) {
+        if !(batch.entries.is_empty()
+            && batch.snapshot.is_none()
+            && batch.hard_state.is_none()
+            && batch.membership.is_none())
+        {
             // A follower's write is on the path of every commit; a leader's
             // runs in parallel with its followers'.
             self.disk.store.prefer_inline(self.raw.raft.state != StateRole::Leader);
@@ -847,7 +960,12 @@ impl<D: Durable> Replica<D> {
             // acknowledgements wait for it, and raft learns of it with
             // `on_persisted`. Meanwhile this node goes on stepping, proposing
             // and applying what was persisted before.
-            let messages = ready.take_persisted_messages();
+            let mut messages = ready.take_persisted_messages();
+            if membership_write {
+                let leader_messages = ready.take_messages();
+                self.note_snapshots_sent(&leader_messages);
+                messages.extend(leader_messages);
+            }
             if self.disk.durable == self.disk.submitted {
                 // Nothing is waiting to be durable (this ready wrote nothing).
                 self.send(messages);
@@ -869,6 +987,9 @@ impl<D: Durable> Replica<D> {
         } else {
             // Only now, with entries and hard state synced, may votes and
             // append acknowledgements leave.
+            if membership_write {
+                self.send(ready.take_messages());
+            }
             self.send(ready.take_persisted_messages());
 
             let mut light = self.raw.advance(ready);
@@ -881,16 +1002,21 @@ impl<D: Durable> Replica<D> {
         }
         self.answer_reads();
         self.maybe_snapshot()?;
+        self.check_rejoined();
         Ok(())
     }
 
     fn send(&mut self, messages: Vec<Message>) {
-        for message in &messages {
+        self.note_snapshots_sent(&messages);
+        self.effects.messages.extend(messages);
+    }
+
+    fn note_snapshots_sent(&mut self, messages: &[Message]) {
+        for message in messages {
             if message.get_msg_type() == MessageType::MsgSnapshot {
                 self.snapshots_sent.push(message.to);
             }
         }
-        self.effects.messages.extend(messages);
     }
 
     fn install_snapshot(&mut self, snapshot: Snapshot) -> Result<(), FatalError> {

@@ -174,6 +174,25 @@ pub enum Request {
     },
 }
 
+impl Request {
+    /// Answers a request that no replica will see (the node is still
+    /// starting): as a follower that knows no leader, so that a client
+    /// tries another node. A status asked for gets no answer.
+    pub fn refuse(self) {
+        let not_leader = || Err(RequestError::NotLeader { leader_hint: None });
+        match self {
+            Request::Propose { reply, .. }
+            | Request::Acquire { reply, .. }
+            | Request::Read { reply, .. }
+            | Request::ReadLocal { reply, .. } => {
+                reply.respond(not_leader());
+            }
+            Request::StatusTo { deliver } => deliver.deliver(None),
+            Request::Status { .. } | Request::Table { .. } | Request::TransferLeader { .. } => {}
+        }
+    }
+}
+
 /// Takes the driver's messages to peers. Called on the driver thread: it
 /// must not block, and drops a message it cannot queue (raft sends again).
 pub trait PeerSink {
@@ -336,6 +355,11 @@ impl<D: Durable> Driver<D> {
 
     pub fn stats(&self) -> Stats {
         self.replica.stats()
+    }
+
+    /// The replica, to read its state.
+    pub fn replica(&self) -> &Replica<D> {
+        &self.replica
     }
 
     /// Runs one `Ready` and dispatches its effects: messages to

@@ -15,6 +15,7 @@ use protobuf::Message as _;
 use raft::prelude::{ConfState, Entry, HardState, Message, Snapshot};
 use raft::{GetEntriesContext, RaftState, StorageError as RaftStorageError};
 
+use crate::rejoin::Membership;
 use crate::shell::PeerSink;
 
 /// One synced write: what a `Ready` asks to persist, or a local snapshot.
@@ -30,6 +31,8 @@ pub struct WriteBatch<'a> {
     pub entries: &'a [Entry],
     pub hard_state: Option<&'a HardState>,
     pub conf_state: Option<&'a ConfState>,
+    /// What the node keeps about its membership (see [`crate::rejoin`]).
+    pub membership: Option<&'a Membership>,
     /// The write may skip its fsync and become durable with the next synced
     /// one: raft-rs said it need not be synced (only the commit index moved,
     /// which a restart can learn again). False, the default, syncs.
@@ -42,6 +45,7 @@ impl WriteBatch<'_> {
             && self.entries.is_empty()
             && self.hard_state.is_none()
             && self.conf_state.is_none()
+            && self.membership.is_none()
     }
 }
 
@@ -55,6 +59,17 @@ pub struct Recovered {
     pub snapshot: Snapshot,
     /// The entries after the snapshot, in index order.
     pub entries: Vec<Entry>,
+    pub membership: Membership,
+}
+
+impl Recovered {
+    /// Whether the store was never written: no raft state at all.
+    pub fn is_blank(&self) -> bool {
+        self.conf_state.is_none()
+            && self.entries.is_empty()
+            && self.snapshot.get_metadata().index == 0
+            && self.hard_state == HardState::default()
+    }
 }
 
 /// Durable storage of the raft log, hard state, conf state and snapshot.
@@ -313,6 +328,9 @@ impl Durable for MemStore {
         if let Some(conf_state) = batch.conf_state {
             disk.conf_state = Some(conf_state.clone());
         }
+        if let Some(membership) = batch.membership {
+            disk.membership = membership.clone();
+        }
         Ok(())
     }
 }
@@ -333,6 +351,10 @@ impl std::fmt::Debug for EngineStore {
 
 /// The one raft group this store holds.
 const GROUP: u64 = 1;
+/// The membership record lives in a group of its own, which a snapshot's
+/// install (a `Clean` of the raft group) leaves alone.
+const MEMBERSHIP_GROUP: u64 = 2;
+const MEMBERSHIP_KEY: &[u8] = b"membership";
 const HARD_STATE_KEY: &[u8] = b"hard_state";
 const CONF_STATE_KEY: &[u8] = b"conf_state";
 const SNAPSHOT_KEY: &[u8] = b"snapshot";
@@ -384,7 +406,11 @@ impl Durable for EngineStore {
                 });
             }
         }
-        Ok(Recovered { hard_state, conf_state, snapshot, entries })
+        let membership = match self.engine.get(MEMBERSHIP_GROUP, MEMBERSHIP_KEY) {
+            Some(bytes) => Membership::decode(&bytes)?,
+            None => Membership::default(),
+        };
+        Ok(Recovered { hard_state, conf_state, snapshot, entries, membership })
     }
 
     fn write(&mut self, batch: WriteBatch<'_>) -> Result<(), StorageError> {
@@ -427,6 +453,9 @@ impl Durable for EngineStore {
         if let Some(conf_state) = batch.conf_state {
             log_batch.put_message(GROUP, CONF_STATE_KEY.to_vec(), conf_state)?;
         }
+        if let Some(membership) = batch.membership {
+            log_batch.put(MEMBERSHIP_GROUP, MEMBERSHIP_KEY.to_vec(), membership.encode())?;
+        }
         self.engine.write(&mut log_batch, !batch.may_defer_sync)?;
         if compacted {
             self.compactions_since_purge += 1;
@@ -447,6 +476,7 @@ pub struct OwnedWriteBatch {
     pub entries: Vec<Entry>,
     pub hard_state: Option<HardState>,
     pub conf_state: Option<ConfState>,
+    pub membership: Option<Membership>,
     pub may_defer_sync: bool,
 }
 
@@ -458,6 +488,7 @@ impl OwnedWriteBatch {
             entries: batch.entries.to_vec(),
             hard_state: batch.hard_state.cloned(),
             conf_state: batch.conf_state.cloned(),
+            membership: batch.membership.cloned(),
             may_defer_sync: batch.may_defer_sync,
         }
     }
@@ -469,6 +500,7 @@ impl OwnedWriteBatch {
             entries: &self.entries,
             hard_state: self.hard_state.as_ref(),
             conf_state: self.conf_state.as_ref(),
+            membership: self.membership.as_ref(),
             may_defer_sync: self.may_defer_sync,
         }
     }

@@ -330,6 +330,7 @@ impl Identity {
                     ..Default::default()
                 })
                 .collect(),
+            rejoining: status.rejoining,
             ..Default::default()
         }
     }

@@ -14,6 +14,7 @@ mod config;
 mod handler;
 
 use std::cell::RefCell;
+use std::collections::BTreeSet;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -22,11 +23,16 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Parser;
 use crossbeam_channel::{bounded, select, tick, unbounded, Receiver, Sender};
-use fencelock_net::{ClientAddrs, ClientConfig, Core, LoopWaker, NodeIo, NodeLoop, PeerConfig, Route, Turn};
+use fencelock_net::{
+    ClientAddrs, ClientConfig, Core, Greetings, LoopWaker, NodeIo, NodeLoop, PeerConfig, Route, Turn,
+};
+use fencelock_raft::rejoin::{self, Membership, PeerReport, Start};
 use fencelock_raft::shell::{Driver, MonotonicClock, PeerSink, Request};
-use fencelock_raft::{AsyncEngineStore, Durable, EngineStore, FatalError, Persisted, Replica, Stats};
+use fencelock_raft::{
+    AsyncEngineStore, Durable, EngineStore, FatalError, Persisted, Replica, Stats, StorageError, WriteBatch,
+};
 use raft::prelude::Message;
-use slog::{crit, info, o, Drain, Logger};
+use slog::{crit, info, o, warn, Drain, Logger};
 
 use crate::config::{Flags, LogFormat, ServerConfig};
 use crate::handler::{ClientHandler, Directory, Identity};
@@ -78,7 +84,12 @@ fn build_logger(config: &ServerConfig) -> (Logger, slog_async::AsyncGuard) {
 /// the raft driver, fed the peers' messages and the clients' requests, its
 /// messages and replies written by the same thread.
 struct NodeCore<D: Durable> {
-    driver: Driver<D>,
+    /// `None` while a node that found its store empty waits for its peers'
+    /// hellos to tell how to start (`starting`).
+    driver: Option<Driver<D>>,
+    starting: Option<Starting<D>>,
+    /// What this node's hellos say, and what its peers' said.
+    greetings: Greetings,
     requests: Receiver<Request>,
     /// Progress of the asynchronous store, and the messages its I/O thread
     /// held until a sync (`never()` for a synchronous store).
@@ -90,19 +101,40 @@ struct NodeCore<D: Durable> {
     drain_max: usize,
     stop: Arc<AtomicBool>,
     outcome: Arc<Mutex<Option<Result<Stats, FatalError>>>>,
+    logger: Logger,
 }
+
+/// Opens the replica once the node knows how to start, with the store's
+/// progress reports.
+type Opener<D> = Box<dyn FnOnce(Start) -> Result<(Driver<D>, Receiver<Persisted>), FatalError> + Send>;
+
+/// A node whose store was empty: a new cluster's, or one whose data was
+/// lost. It asks its peers in their hellos before it takes any part (see
+/// `fencelock_raft::rejoin`).
+struct Starting<D: Durable> {
+    peers: BTreeSet<u64>,
+    open: Opener<D>,
+    next_report: Instant,
+}
+
+/// How often a starting node says whom it still waits for.
+const STARTING_REPORT_EVERY: Duration = Duration::from_secs(5);
 
 impl<D: Durable + Send> Core<Message> for NodeCore<D> {
     fn turn(&mut self, inbound: &mut Vec<Message>, io: &mut NodeIo<'_, Message>) -> Turn {
         let result = if self.stop.load(Ordering::SeqCst) {
-            Err(Ok(self.driver.stats()))
+            Err(Ok(self.driver.as_ref().map(Driver::stats).unwrap_or_default()))
+        } else if self.driver.is_none() {
+            self.start_turn(inbound).map_err(Err)
         } else {
             self.run_turn(inbound, io).map_err(Err)
         };
         match result {
             Ok(wait) => Turn::Wait(wait),
             Err(outcome) => {
-                self.driver.finish(&outcome);
+                if let Some(driver) = self.driver.as_mut() {
+                    driver.finish(&outcome);
+                }
                 if let Ok(mut slot) = self.outcome.lock() {
                     *slot = Some(outcome);
                 }
@@ -113,6 +145,59 @@ impl<D: Durable + Send> Core<Message> for NodeCore<D> {
 }
 
 impl<D: Durable> NodeCore<D> {
+    /// A turn of a node that is still deciding how to start: peers'
+    /// messages are dropped (raft sends again) and clients are told to try
+    /// another node, until every peer's hello says this node is new, or a
+    /// majority's says it lost its data.
+    fn start_turn(&mut self, inbound: &mut Vec<Message>) -> Result<Duration, FatalError> {
+        inbound.clear();
+        for request in self.requests.try_iter().take(self.drain_max) {
+            request.refuse();
+        }
+        let Some(starting) = self.starting.as_mut() else {
+            return Ok(STARTING_REPORT_EVERY);
+        };
+        let heard = self.greetings.heard();
+        let reports = heard
+            .iter()
+            .map(|(id, heard)| {
+                let report =
+                    PeerReport { knows_you: heard.knows_you, term: heard.term, last_index: heard.last_index };
+                (*id, report)
+            })
+            .collect();
+        let start = rejoin::decide(&starting.peers, &reports);
+        match start {
+            Start::Wait => {
+                let now = Instant::now();
+                if now >= starting.next_report {
+                    starting.next_report = now + STARTING_REPORT_EVERY;
+                    let waiting: Vec<u64> =
+                        starting.peers.iter().filter(|id| !heard.contains_key(id)).copied().collect();
+                    info!(self.logger, "empty store: waiting for peers to say whether this node was a member before";
+                        "answered" => ?heard.keys().collect::<Vec<_>>(), "waiting_for" => ?waiting);
+                }
+                return Ok(Duration::from_millis(20));
+            }
+            Start::Fresh => {
+                info!(self.logger, "empty store, and no peer knows this node: a new member, starting")
+            }
+            Start::Rejoin(floor) => warn!(self.logger,
+                "empty store, but peers know this node: its data was lost. Rejoining without a vote until it has \
+                 caught up";
+                "floor_term" => floor.term, "floor_last_index" => floor.last_index,
+                "known_by" => ?heard.iter().filter(|(_, heard)| heard.knows_you).map(|(id, _)| *id).collect::<Vec<_>>()),
+        }
+        let starting = self
+            .starting
+            .take()
+            .ok_or_else(|| FatalError::Storage(StorageError::Thread("no opener".into())))?;
+        let (driver, persisted) = (starting.open)(start)?;
+        self.driver = Some(driver);
+        self.persisted = persisted;
+        Ok(Duration::ZERO)
+    }
+
     /// Takes everything waiting, runs one `Ready`; returns how long the
     /// loop may sleep.
     fn run_turn(
@@ -120,22 +205,25 @@ impl<D: Durable> NodeCore<D> {
         inbound: &mut Vec<Message>,
         io: &mut NodeIo<'_, Message>,
     ) -> Result<Duration, FatalError> {
+        let Some(driver) = self.driver.as_mut() else {
+            return Ok(self.tick_interval);
+        };
         for message in inbound.drain(..) {
-            self.driver.step(message);
+            driver.step(message);
         }
         for message in self.held.try_iter() {
             // A dropped message is sent again by raft.
             io.send(message);
         }
         while let Ok(progress) = self.persisted.try_recv() {
-            self.driver.on_persisted(progress?);
+            driver.on_persisted(progress?);
         }
         for request in self.requests.try_iter().take(self.drain_max) {
-            self.driver.on_request(request);
+            driver.on_request(request);
         }
         let now = Instant::now();
         if now >= self.next_tick {
-            self.driver.tick();
+            driver.tick();
             self.next_tick += self.tick_interval;
             if self.next_tick <= now {
                 // A loop held up for several ticks does not catch up in a
@@ -143,7 +231,10 @@ impl<D: Durable> NodeCore<D> {
                 self.next_tick = now + self.tick_interval;
             }
         }
-        self.driver.turn(&LoopSink(RefCell::new(io)))?;
+        driver.turn(&LoopSink(RefCell::new(io)))?;
+        let replica = driver.replica();
+        let (term, last_index) = replica.log_position();
+        self.greetings.set_own(term, last_index, replica.known_peers());
         if self.requests.is_empty() {
             Ok(self.next_tick.saturating_duration_since(Instant::now()))
         } else {
@@ -196,8 +287,12 @@ impl Directory for PeerDirectory {
 fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     let raft_dir = config.data_dir.join("raft");
     std::fs::create_dir_all(&raft_dir).with_context(|| format!("cannot create {}", raft_dir.display()))?;
-    let store = EngineStore::open(&raft_dir)
+    let mut store = EngineStore::open(&raft_dir)
         .with_context(|| format!("cannot open the raft log in {}", raft_dir.display()))?;
+    let blank = store
+        .recover()
+        .with_context(|| format!("cannot recover the raft log in {}", raft_dir.display()))?
+        .is_blank();
     // Unbounded: the loop that drains it is the one that fills it, so a
     // full channel would stop it for good. Connections and requests in
     // flight per connection bound it.
@@ -209,13 +304,38 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     // on serving sockets and stepping raft while the disk syncs; the
     // messages that must wait for a sync come back to the loop.
     let held_sink = HeldSink { messages: held_tx, waker: Arc::clone(&waker_slot) };
-    let (store, persisted) = AsyncEngineStore::spawn(store, "fencelock-raft-io".into(), Box::new(held_sink))
-        .with_context(|| format!("cannot recover the raft log in {}", raft_dir.display()))?;
-    let replica = Replica::open(config.driver.clone(), store, logger).context("cannot open the replica")?;
+    let driver_config = config.driver.clone();
+    let open_logger = logger.clone();
+    let open = move |start: Start| -> Result<(Driver<AsyncEngineStore>, Receiver<Persisted>), FatalError> {
+        let mut store = store;
+        if let Start::Rejoin(floor) = start {
+            // Durable before the replica takes any part.
+            let membership = Membership { rejoin: Some(floor), ..Default::default() };
+            store.write(WriteBatch { membership: Some(&membership), ..Default::default() })?;
+        }
+        let (store, persisted) =
+            AsyncEngineStore::spawn(store, "fencelock-raft-io".into(), Box::new(held_sink))?;
+        let replica = Replica::open(driver_config, store, &open_logger)?;
+        Ok((Driver::new(replica, MonotonicClock::new(), &open_logger), persisted))
+    };
+    let greetings = Greetings::new();
+    let (driver, persisted, starting) = if blank && config.peers.len() > 1 {
+        info!(logger, "empty store: asking the peers whether this node was a member before");
+        let peers = config.peers.keys().copied().filter(|id| *id != config.id).collect();
+        let starting =
+            Starting { peers, open: Box::new(open), next_report: Instant::now() + STARTING_REPORT_EVERY };
+        (None, crossbeam_channel::never(), Some(starting))
+    } else {
+        let (driver, persisted) = open(Start::Fresh)
+            .with_context(|| format!("cannot open the replica in {}", raft_dir.display()))?;
+        (Some(driver), persisted, None)
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let outcome = Arc::new(Mutex::new(None));
     let core = NodeCore {
-        driver: Driver::new(replica, MonotonicClock::new(), logger),
+        driver,
+        starting,
+        greetings: greetings.clone(),
         requests: requests_rx,
         persisted,
         held: held_rx,
@@ -224,6 +344,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         drain_max: 4_096,
         stop: Arc::clone(&stop),
         outcome: Arc::clone(&outcome),
+        logger: logger.clone(),
     };
 
     let own_peer_addr = config.peers[&config.id];
@@ -241,6 +362,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         output_bytes_max: 64 << 20,
         reconnect_backoff_min: Duration::from_millis(20),
         reconnect_backoff_max: Duration::from_secs(1),
+        greetings,
     };
     let client_addrs = ClientAddrs::new();
     let identity = Identity {
