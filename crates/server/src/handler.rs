@@ -259,7 +259,9 @@ impl ClientHandler {
                     kind: Some(Out::status(identity.status_response(&status))),
                     ..Default::default()
                 },
-                None => error_response(0, ErrorCode::UNAVAILABLE, "the driver is not answering"),
+                None => {
+                    error_response(0, ErrorCode::UNAVAILABLE, "no status: the node is starting or stopping")
+                }
             };
             sink.send(response);
         });

@@ -37,6 +37,15 @@ fn free_port() -> u16 {
 
 impl Cluster {
     fn start(size: u64) -> Cluster {
+        let mut cluster = Cluster::configure(size);
+        for id in 1..=size {
+            cluster.launch(id);
+        }
+        cluster
+    }
+
+    /// A cluster's configuration and directory, no node started yet.
+    fn configure(size: u64) -> Cluster {
         let nodes = (1..=size)
             .map(|id| Node {
                 id,
@@ -45,11 +54,15 @@ impl Cluster {
                 child: None,
             })
             .collect();
-        let mut cluster = Cluster { dir: tempfile::tempdir().unwrap(), nodes };
-        for id in 1..=size {
-            cluster.launch(id);
-        }
-        cluster
+        Cluster { dir: tempfile::tempdir().unwrap(), nodes }
+    }
+
+    fn data_dir(&self, id: u64) -> PathBuf {
+        self.dir.path().join(format!("node-{id}"))
+    }
+
+    fn log(&self, id: u64) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("node-{id}.log"))).unwrap_or_default()
     }
 
     fn peers(&self) -> String {
@@ -62,7 +75,7 @@ impl Cluster {
 
     fn launch(&mut self, id: u64) {
         let peers = self.peers();
-        let data_dir = self.dir.path().join(format!("node-{id}"));
+        let data_dir = self.data_dir(id);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -353,6 +366,73 @@ fn fencelock_lock_exports_the_token_and_stops_its_child_when_the_lock_is_lost() 
     // The child is gone: signal 0 finds no such process.
     let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child_pid), None).is_ok();
     assert!(!alive, "the child outlived the lock");
+}
+
+#[test]
+fn a_node_whose_data_directory_was_lost_rejoins_without_a_vote_and_catches_up() {
+    let mut cluster = Cluster::start(3);
+    let client = cluster.client();
+    let leader = cluster.leader(&client);
+    let mut last = 0;
+    for i in 0..10 {
+        let guard =
+            client.acquire(format!("k{i}").as_bytes(), Duration::from_secs(60), Duration::ZERO).unwrap();
+        assert!(guard.token() > last);
+        last = guard.token();
+        std::mem::forget(guard);
+    }
+    let lost = leader % 3 + 1;
+    let other = lost % 3 + 1;
+    assert_ne!(other, leader);
+    cluster.kill(lost);
+    std::fs::remove_dir_all(cluster.data_dir(lost)).unwrap();
+    cluster.launch(lost);
+
+    // The peers know it: it rejoins, catches up, and says so.
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let leader_status = client.status(cluster.client_addr(leader)).unwrap();
+        let status = client.status(cluster.client_addr(lost));
+        if status.as_ref().is_ok_and(|status| {
+            !status.rejoining && status.locks == 10 && status.applied_index >= leader_status.commit_index
+        }) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the node did not catch up: {status:?}\n{}", cluster.logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = cluster.log(lost);
+    assert!(log.contains("its data was lost"), "{log}");
+    assert!(log.contains("rejoined: caught up, voting again"), "{log}");
+
+    // It votes again: with the leader gone, it and the other node elect
+    // one, which has every lock and issues only later tokens.
+    cluster.kill(leader);
+    for i in 0..10 {
+        assert!(client.check(format!("k{i}").as_bytes(), last - 9 + i).unwrap(), "k{i} lost");
+    }
+    let next = client.acquire(b"after", Duration::from_secs(60), Duration::ZERO).unwrap();
+    assert!(next.token() > last, "token {} after {last}", next.token());
+    assert!([lost, other].contains(&cluster.leader(&client)));
+}
+
+#[test]
+fn a_new_cluster_starts_once_every_node_has_answered() {
+    let mut cluster = Cluster::configure(3);
+    cluster.launch(1);
+    cluster.launch(2);
+    let client = cluster.client();
+    // Two blank nodes cannot tell a new cluster from one whose third node
+    // alone knew them: they wait, and say so.
+    std::thread::sleep(Duration::from_millis(1_500));
+    for id in [1, 2] {
+        assert!(client.status(cluster.client_addr(id)).is_err(), "node {id} started without node 3");
+    }
+    cluster.launch(3);
+    let leader = cluster.leader(&client);
+    assert!((1..=3).contains(&leader));
+    assert!(client.acquire(b"first", Duration::from_secs(60), Duration::ZERO).is_ok());
+    assert!(cluster.log(1).contains("asking the peers whether this node was a member"), "{}", cluster.log(1));
 }
 
 #[test]

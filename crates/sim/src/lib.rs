@@ -8,7 +8,9 @@
 //!   partitions, one-way links;
 //! - each node's clock: drift, forward jumps, pauses (a stopped process);
 //! - crashes and restarts, on a simulated disk where a crash can strike
-//!   between two writes of one turn;
+//!   between two writes of one turn; a crash may also lose the disk (one
+//!   node at a time), and the node then starts blank and asks the peers it
+//!   can reach whether to start anew or rejoin (`fencelock_raft::rejoin`);
 //! - clients: acquires with and without waiting, renewals, releases, and
 //!   disconnects in the middle of a request.
 //!
@@ -17,7 +19,8 @@
 //! are checked as it goes. raft-rs draws election timeouts from an unseeded
 //! generator; each node's window is pinned to one value drawn from the seed,
 //! so that a seed replays byte for byte (its [`Report::trace_digest`] is
-//! the same on every run).
+//! the same on every run). `SIM_TRACE=1` prints the trace's notes (faults,
+//! starts, rejoins) to stderr as a run makes them.
 //!
 //! ```
 //! let report = fencelock_sim::run(fencelock_sim::SimConfig::new(7, 3));

@@ -4,7 +4,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use fencelock_raft::{Config, Durable as _, NodeId, Replica, Reply, RequestError, RequestId, Response, Role};
+use fencelock_raft::rejoin::{self, Membership, PeerReport, Start};
+use fencelock_raft::{
+    Config, Durable as _, NodeId, Replica, Reply, RequestError, RequestId, Response, Role, WriteBatch,
+};
 use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner};
 use raft::prelude::Message;
 
@@ -38,6 +41,9 @@ pub struct Swarm {
     pub abandon_ppm: u64,
     /// Clock drift bound, in parts per million, for each node.
     pub drift_ppm_max: u64,
+    /// Crashes that also lose the node's disk, which then starts blank and
+    /// rejoins (`fencelock_raft::rejoin`), one node at a time.
+    pub lose_disk_ppm: u64,
 }
 
 impl Swarm {
@@ -52,6 +58,7 @@ impl Swarm {
             crash_mid_turn: rng.chance(500_000),
             abandon_ppm: rng.pick(&[0, 20_000, 100_000]),
             drift_ppm_max: rng.pick(&[0, 1_000, 50_000, 500_000]),
+            lose_disk_ppm: rng.pick(&[0, 0, 300_000]),
         }
     }
 }
@@ -90,6 +97,11 @@ struct Node {
     paused_until_ms: u64,
     tick_scheduled: bool,
     persist_scheduled: bool,
+    /// Up with a blank disk, waiting for its peers before it takes part:
+    /// it answers their questions as a blank node.
+    probing: bool,
+    /// Lost its disk and has not caught up since.
+    recovering: bool,
 }
 
 impl Node {
@@ -142,6 +154,8 @@ pub struct World {
     clients: Vec<Client>,
     /// Directed links whose messages are dropped, by partition id.
     cut: BTreeMap<u64, BTreeSet<(usize, usize)>>,
+    /// Print each note of the trace as it is made (`SIM_TRACE=1`).
+    print_notes: bool,
     next_partition: u64,
     /// Client requests in flight: id → client.
     requests: BTreeMap<RequestId, usize>,
@@ -187,6 +201,8 @@ impl World {
                     paused_until_ms: 0,
                     tick_scheduled: false,
                     persist_scheduled: false,
+                    probing: false,
+                    recovering: false,
                 }
             })
             .collect();
@@ -211,6 +227,7 @@ impl World {
             nodes,
             clients,
             cut: BTreeMap::new(),
+            print_notes: std::env::var_os("SIM_TRACE").is_some(),
             next_partition: 0,
             requests: BTreeMap::new(),
             abandoned: BTreeMap::new(),
@@ -275,7 +292,11 @@ impl World {
     }
 
     fn note(&mut self, line: &str) {
-        self.trace.update(format!("{} {line}\n", self.now_ms).as_bytes());
+        let line = format!("{} {line}\n", self.now_ms);
+        self.trace.update(line.as_bytes());
+        if self.print_notes {
+            eprint!("{line}");
+        }
     }
 
     fn handle(&mut self, event: Event) -> Result<(), String> {
@@ -380,6 +401,59 @@ impl World {
     }
 
     fn start_node(&mut self, node: usize) -> Result<(), String> {
+        let blank = self.nodes[node].disk.clone().recover().map_err(|err| err.to_string())?.is_blank();
+        if blank && self.nodes.len() > 1 {
+            // As fencelockd: ask the peers it can reach before taking part.
+            let peers: BTreeSet<u64> =
+                (0..self.nodes.len()).filter(|other| *other != node).map(|other| other as u64 + 1).collect();
+            let mut reports = BTreeMap::new();
+            for other in 0..self.nodes.len() {
+                let reachable = self.paused(other).is_none()
+                    && !self
+                        .cut
+                        .values()
+                        .any(|cut| cut.contains(&(node, other)) || cut.contains(&(other, node)));
+                if !reachable || other == node {
+                    continue;
+                }
+                if let Some(replica) = self.nodes[other].replica.as_ref() {
+                    let (term, last_index) = replica.log_position();
+                    let knows_you = replica.known_peers().contains(&(node as u64 + 1));
+                    reports.insert(other as u64 + 1, PeerReport { knows_you, term, last_index });
+                } else if self.nodes[other].probing {
+                    reports.insert(other as u64 + 1, PeerReport::default());
+                }
+            }
+            match rejoin::decide(&peers, &reports) {
+                Start::Wait => {
+                    if !self.nodes[node].probing {
+                        self.note(&format!("{} starts blank and waits for its peers", node + 1));
+                    }
+                    self.nodes[node].probing = true;
+                    let retry_ms = self.rng.range(10, 200);
+                    self.schedule(retry_ms, Event::Restart(node));
+                    return Ok(());
+                }
+                Start::Fresh => self.note(&format!("{} starts blank as a new member", node + 1)),
+                Start::Rejoin(floor) => {
+                    let membership = Membership { rejoin: Some(floor), ..Default::default() };
+                    self.nodes[node]
+                        .disk
+                        .write(WriteBatch { membership: Some(&membership), ..Default::default() })
+                        .map_err(|err| err.to_string())?;
+                    if self.nodes[node].disk.is_async() {
+                        self.nodes[node].disk.sync_queued().map_err(|err| err.to_string())?;
+                    }
+                    self.note(&format!(
+                        "{} lost its data and rejoins under term {} index {}",
+                        node + 1,
+                        floor.term,
+                        floor.last_index
+                    ));
+                }
+            }
+        }
+        self.nodes[node].probing = false;
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let replica = Replica::open(self.nodes[node].config.clone(), self.nodes[node].disk.clone(), &logger)
             .map_err(|err| format!("node {} does not reopen: {err}", node + 1))?;
@@ -389,6 +463,18 @@ impl World {
         self.note(&format!("start {} ({disk} disk)", node + 1));
         self.schedule_tick(node);
         Ok(())
+    }
+
+    /// Whether a node that lost its disk has not caught up yet: the
+    /// simulation loses at most one at a time (two of three would lose
+    /// what only they acknowledged).
+    fn any_node_recovering(&mut self) -> bool {
+        for node in &mut self.nodes {
+            if let Some(replica) = node.replica.as_ref() {
+                node.recovering &= replica.status().rejoining;
+            }
+        }
+        self.nodes.iter().any(|node| node.recovering)
     }
 
     fn crash(&mut self, node: usize) {
@@ -743,6 +829,12 @@ impl World {
                     self.note(&format!("disk of {} dies after {writes} writes", node + 1));
                 } else {
                     self.crash(node);
+                    if self.rng.chance(self.swarm.lose_disk_ppm) && !self.any_node_recovering() {
+                        let asynchronous = self.nodes[node].disk.is_async();
+                        self.nodes[node].disk = SimDisk::new(asynchronous);
+                        self.nodes[node].recovering = true;
+                        self.note(&format!("disk of {} lost", node + 1));
+                    }
                 }
             }
             2 => {
@@ -800,6 +892,12 @@ impl World {
                 self.handle(event)?;
             }
             self.now_ms = step_end;
+        }
+        if converged.is_none() {
+            for node in 0..self.nodes.len() {
+                let status = self.nodes[node].replica.as_ref().map(Replica::status);
+                self.note(&format!("at the end {}: {status:?}", node + 1));
+            }
         }
         self.checker.liveness.finish(self.clients.len(), converged.is_some())?;
         if let Some(table) = converged {
