@@ -156,6 +156,9 @@ pub struct Replica<D: Durable> {
     /// A peer was heard from for the first time: the membership record
     /// goes into the next write, and nothing leaves before that write.
     membership_dirty: bool,
+    /// The store's count of writes once the last membership record is
+    /// written: until that many are durable, nothing leaves early.
+    membership_written_at: u64,
     /// Set while a node that lost its data rejoins: it neither votes nor
     /// campaigns until it has caught up past the floor.
     abstaining: Option<Floor>,
@@ -244,6 +247,7 @@ impl<D: Durable> Replica<D> {
             abstaining: membership.rejoin,
             membership,
             membership_dirty: false,
+            membership_written_at: 0,
             effects: Effects::default(),
             stats: Stats::default(),
         };
@@ -888,6 +892,7 @@ impl<D: Durable> Replica<D> {
             if std::mem::take(&mut self.membership_dirty) {
                 // A first message that changed nothing raft keeps.
                 self.disk.write(WriteBatch { membership: Some(&self.membership), ..Default::default() })?;
+                self.membership_written_at = self.disk.submitted;
             }
             return Ok(());
         }
@@ -895,11 +900,12 @@ impl<D: Durable> Replica<D> {
         let mut ready = self.raw.ready();
 
         // A leader may send before its own write: followers persist in
-        // parallel (see `early` below). Not when a peer was heard from for
-        // the first time: what it took part in must not outlive the record
-        // that it did (see `crate::rejoin`).
+        // parallel (see `early` below). Not while the record that a peer was
+        // heard from for the first time is not durable: what that peer took
+        // part in must not outlive the record that it did (`crate::rejoin`).
         let membership_write = std::mem::take(&mut self.membership_dirty);
-        if !membership_write {
+        let send_early = !membership_write && self.disk.durable >= self.membership_written_at;
+        if send_early {
             self.send(ready.take_messages());
         }
 
@@ -954,6 +960,9 @@ impl<D: Durable> Replica<D> {
             self.disk.store.prefer_inline(self.raw.raft.state != StateRole::Leader);
             self.disk.write(batch)?;
         }
+        if membership_write {
+            self.membership_written_at = self.disk.submitted;
+        }
 
         if self.disk.store.is_async() {
             // The write is queued, not done: votes and append
@@ -961,7 +970,7 @@ impl<D: Durable> Replica<D> {
             // `on_persisted`. Meanwhile this node goes on stepping, proposing
             // and applying what was persisted before.
             let mut messages = ready.take_persisted_messages();
-            if membership_write {
+            if !send_early {
                 let leader_messages = ready.take_messages();
                 self.note_snapshots_sent(&leader_messages);
                 messages.extend(leader_messages);
@@ -987,7 +996,7 @@ impl<D: Durable> Replica<D> {
         } else {
             // Only now, with entries and hard state synced, may votes and
             // append acknowledgements leave.
-            if membership_write {
+            if !send_early {
                 self.send(ready.take_messages());
             }
             self.send(ready.take_persisted_messages());

@@ -692,6 +692,9 @@ fn turns_persisting(net: &mut Net<QueuedStore>, stores: &[QueuedStore], persist:
         for id in persist {
             let (durable, messages) = stores[(*id - 1) as usize].flush();
             for message in messages {
+                if net.down.contains(&message.to) || net.down.contains(&message.from) {
+                    continue;
+                }
                 let to = message.to;
                 net.node(to).step(message);
             }
@@ -899,4 +902,29 @@ fn a_heartbeat_that_commits_past_the_log_does_not_bring_the_node_down() {
     net.node(3).step(heartbeat);
     net.settle();
     assert_eq!(net.node(3).table().snapshot(), net.node(1).table().snapshot());
+}
+
+#[test]
+fn a_leader_sends_nothing_early_until_a_new_peer_is_recorded() {
+    let stores: Vec<QueuedStore> = (0..3).map(|_| QueuedStore::default()).collect();
+    let mut net = Net::with_stores(stores.clone());
+    net.down.insert(3);
+    net.node(1).campaign().unwrap();
+    turns_persisting(&mut net, &stores, &[1, 2, 3], 40);
+    assert!(net.node(1).is_leader_ready());
+    // Node 3 comes up and answers a heartbeat: the first node 1 hears from
+    // it. Node 1's disk does not sync, so its appends of a new entry, which
+    // would leave before its own write, wait for the record of node 3.
+    net.down.clear();
+    for _ in 0..3 {
+        net.node(1).tick();
+    }
+    turns_persisting(&mut net, &stores, &[2, 3], 10);
+    let last = net.node(2).status().last_index;
+    net.node(1).propose(RequestId(1), vec![grant("a", "o1")]);
+    turns_persisting(&mut net, &stores, &[2, 3], 10);
+    assert_eq!(net.node(2).status().last_index, last, "an append left before node 3 was recorded");
+    turns_persisting(&mut net, &stores, &[1, 2, 3], 20);
+    assert!(net.node(2).status().last_index > last);
+    assert!(matches!(net.take_reply(RequestId(1)), Some(Ok(Response::Applied(_)))));
 }
