@@ -18,7 +18,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::cargo;
 
-/// Each suite's run in `cargo xtask ci`: five suites (clock skew is skipped
+/// Each suite's run in `cargo xtask ci`: six suites (clock skew is skipped
 /// where libfaketime is missing), about 25 s of wall time each with the
 /// cluster's start, healing and checking.
 const CI_DURATION: &str = "15s";
@@ -33,9 +33,9 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
         println!(
             "Usage: cargo xtask suite [NAME|all] [--duration 60s] [--seed N] [--nodes 3|5] [--release]\n\
              \x20                        [--converge-within 20s] [--list]\n\n\
-             Suites: kill, pause, partition, clock-skew, combined; or one fault alone:\n\
+             Suites: kill, pause, partition, clock-skew, lose-data, combined; or one fault alone:\n\
              kill-leader, kill-random, kill-all, pause-leader, pause-holder, partition-halves,\n\
-             isolate-leader, bridge, clock-skew. Reports go to target/suites/. See docs/suites.md."
+             isolate-leader, bridge, clock-skew, lose-data. Reports go to target/suites/. See docs/suites.md."
         );
         return Ok(());
     }

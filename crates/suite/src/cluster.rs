@@ -257,6 +257,39 @@ impl Cluster {
         leader_of(&self.statuses())
     }
 
+    /// Deletes node `id`'s data directory (the node must be stopped): a
+    /// lost disk.
+    pub fn wipe(&mut self, id: u64) -> Result<()> {
+        let node = self.node(id)?;
+        if node.child.is_some() {
+            bail!("node {id} is running");
+        }
+        match fs::remove_dir_all(&node.data_dir) {
+            Ok(()) => Ok(()),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(err) => Err(err).with_context(|| format!("cannot delete {}", node.data_dir.display())),
+        }
+    }
+
+    /// Waits up to `within` for node `id` to answer a status that says it
+    /// is no longer rejoining, and for a leader.
+    pub fn wait_for_rejoin(&self, id: u64, within: Duration) -> Result<()> {
+        let deadline = Instant::now() + within;
+        loop {
+            let statuses = self.statuses();
+            let caught_up = statuses
+                .iter()
+                .any(|(node, status)| *node == id && status.as_ref().is_some_and(|status| !status.rejoining));
+            if caught_up && leader_of(&statuses).is_some() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!("node {id} did not rejoin within {within:?}; {}", self.log_tails(8));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Waits up to `within` for a leader.
     pub fn wait_for_leader(&self, within: Duration) -> Result<u64> {
         let deadline = Instant::now() + within;

@@ -44,9 +44,10 @@ use crate::run::Settings;
     about = "Runs real fencelockd clusters under faults and checks that fencing tokens keep a resource safe."
 )]
 struct Cli {
-    /// `all`, a suite (kill, pause, partition, clock-skew, combined), or one
-    /// fault alone (kill-leader, kill-random, kill-all, pause-leader,
-    /// pause-holder, partition-halves, isolate-leader, bridge, clock-skew).
+    /// `all`, a suite (kill, pause, partition, clock-skew, lose-data,
+    /// combined), or one fault alone (kill-leader, kill-random, kill-all,
+    /// pause-leader, pause-holder, partition-halves, isolate-leader, bridge,
+    /// clock-skew, lose-data).
     #[arg(default_value = "all")]
     name: String,
     /// The fencelockd binary.

@@ -40,10 +40,13 @@ pub enum FaultKind {
     /// rate, a majority of them fast (needs libfaketime; see
     /// `docs/suites.md`).
     ClockSkew,
+    /// kill -9 of a node drawn from the seed and deletion of its data
+    /// directory; restarted blank after the hold, it must rejoin.
+    LoseData,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 9] = [
+    pub const ALL: [FaultKind; 10] = [
         FaultKind::KillLeader,
         FaultKind::KillRandom,
         FaultKind::KillAll,
@@ -53,6 +56,7 @@ impl FaultKind {
         FaultKind::IsolateLeader,
         FaultKind::Bridge,
         FaultKind::ClockSkew,
+        FaultKind::LoseData,
     ];
 
     pub fn name(self) -> &'static str {
@@ -66,6 +70,7 @@ impl FaultKind {
             FaultKind::IsolateLeader => "isolate-leader",
             FaultKind::Bridge => "bridge",
             FaultKind::ClockSkew => "clock-skew",
+            FaultKind::LoseData => "lose-data",
         }
     }
 
@@ -76,7 +81,9 @@ impl FaultKind {
     /// How long the fault lasts, in ms.
     fn hold_range(self) -> (u64, u64) {
         match self {
-            FaultKind::KillLeader | FaultKind::KillRandom | FaultKind::PauseLeader => (1_000, 3_000),
+            FaultKind::KillLeader | FaultKind::KillRandom | FaultKind::PauseLeader | FaultKind::LoseData => {
+                (1_000, 3_000)
+            }
             FaultKind::KillAll => (500, 2_000),
             // The nemesis only asks for the pause; the time covers the
             // holder's lease and overstay, so that the next fault does not
@@ -117,6 +124,9 @@ pub enum Fault {
     ClockSkew {
         rates: Vec<f64>,
     },
+    LoseData {
+        node: u64,
+    },
 }
 
 impl Fault {
@@ -131,6 +141,7 @@ impl Fault {
             Fault::IsolateLeader => FaultKind::IsolateLeader,
             Fault::Bridge { .. } => FaultKind::Bridge,
             Fault::ClockSkew { .. } => FaultKind::ClockSkew,
+            Fault::LoseData { .. } => FaultKind::LoseData,
         }
     }
 
@@ -197,6 +208,7 @@ fn draw(kind: FaultKind, ids: &[u64], clients: usize, rng: &mut SplitMix64) -> F
     match kind {
         FaultKind::KillLeader => Fault::KillLeader,
         FaultKind::KillRandom => Fault::KillNode { node: shuffled[0] },
+        FaultKind::LoseData => Fault::LoseData { node: shuffled[0] },
         FaultKind::KillAll => Fault::KillAll,
         FaultKind::PauseLeader => Fault::PauseLeader,
         FaultKind::PauseHolder => Fault::PauseHolder {
@@ -385,6 +397,12 @@ fn strike(
             record.leader_lost = leader == Some(*node);
             cluster.kill9(*node)
         }
+        Fault::LoseData { node } => {
+            record.nodes = vec![*node];
+            record.leader_lost = leader == Some(*node);
+            cluster.kill9(*node)?;
+            cluster.wipe(*node)
+        }
         Fault::KillAll => {
             record.nodes = cluster.ids();
             record.leader_lost = leader.is_some();
@@ -487,6 +505,12 @@ fn heal(fault: &Fault, cluster: &mut Cluster, record: &FaultRecord) -> anyhow::R
             }
             Ok(())
         }
+        Fault::LoseData { node } => {
+            cluster.launch(*node)?;
+            // The next fault waits until the node has caught up: two nodes of
+            // three rejoining at once could never elect (docs/suites.md).
+            cluster.wait_for_rejoin(*node, REJOIN_WITHIN)
+        }
         Fault::PauseHolder { .. } => Ok(()),
         Fault::Partition { .. } | Fault::IsolateLeader | Fault::Bridge { .. } => {
             cluster.rules.heal();
@@ -500,6 +524,9 @@ fn heal(fault: &Fault, cluster: &mut Cluster, record: &FaultRecord) -> anyhow::R
         }
     }
 }
+
+/// How long a node that lost its data may take to rejoin and catch up.
+const REJOIN_WITHIN: Duration = Duration::from_secs(30);
 
 /// kill -9 and restart of node `id` with `env`, then a wait (bounded) for a
 /// leader, so that a rolling restart never takes two nodes down at once.

@@ -58,6 +58,11 @@ pub fn suites() -> Vec<Suite> {
             "every node restarted with its own clock rate, a majority fast (libfaketime)",
             &[ClockSkew],
         ),
+        suite(
+            "lose-data",
+            "kill -9 of a node and deletion of its data directory; it restarts blank and rejoins",
+            &[LoseData],
+        ),
         suite("combined", "every fault above, dealt in a seeded order", &FaultKind::ALL),
     ]
 }
@@ -364,11 +369,11 @@ mod tests {
         let all = select("all").unwrap();
         assert_eq!(
             all.iter().map(|suite| suite.name.as_str()).collect::<Vec<_>>(),
-            ["kill", "pause", "partition", "clock-skew", "combined"]
+            ["kill", "pause", "partition", "clock-skew", "lose-data", "combined"]
         );
         // Every fault kind belongs to some suite besides the combined one.
         for kind in FaultKind::ALL {
-            assert!(all[..4].iter().any(|suite| suite.kinds.contains(&kind)), "{kind:?}");
+            assert!(all[..5].iter().any(|suite| suite.kinds.contains(&kind)), "{kind:?}");
         }
         assert_eq!(select("partition").unwrap()[0].kinds.len(), 3);
         assert_eq!(select("bridge").unwrap()[0].kinds, vec![FaultKind::Bridge]);
