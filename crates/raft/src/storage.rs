@@ -63,9 +63,11 @@ pub struct Recovered {
 }
 
 impl Recovered {
-    /// Whether the store was never written: no raft state at all.
+    /// Whether the store was never written: no raft state at all, and no
+    /// membership record (a node that decided to rejoin keeps its floor).
     pub fn is_blank(&self) -> bool {
-        self.conf_state.is_none()
+        self.membership == Membership::default()
+            && self.conf_state.is_none()
             && self.entries.is_empty()
             && self.snapshot.get_metadata().index == 0
             && self.hard_state == HardState::default()

@@ -347,6 +347,16 @@ fn hard_state(term: u64, commit: u64) -> HardState {
 /// log, and reads it all back after reopening.
 fn check_store_semantics(mut open: impl FnMut() -> Box<dyn Durable>) {
     let mut store = open();
+    assert!(store.recover().unwrap().is_blank());
+    let membership = crate::rejoin::Membership {
+        known: [2, 3].into_iter().collect(),
+        rejoin: Some(crate::rejoin::Floor { term: 4, last_index: 8 }),
+    };
+    store.write(WriteBatch { membership: Some(&membership), ..Default::default() }).unwrap();
+    drop(store);
+    // A store with only a rejoin floor is not blank: the node decided.
+    let mut store = open();
+    assert!(!store.recover().unwrap().is_blank());
     let entries: Vec<Entry> = (1..=10).map(|i| entry(i, 1)).collect();
     store
         .write(WriteBatch { entries: &entries, hard_state: Some(&hard_state(1, 3)), ..Default::default() })
@@ -381,6 +391,7 @@ fn check_store_semantics(mut open: impl FnMut() -> Box<dyn Durable>) {
     let mut store = open();
     let recovered = store.recover().unwrap();
     assert!(recovered.entries.is_empty(), "stale suffix survived: {:?}", recovered.entries);
+    assert_eq!(recovered.membership, membership, "the snapshot's install lost the membership record");
     assert_eq!(recovered.snapshot.get_metadata().index, 5);
     assert_eq!(recovered.hard_state, hard_state(3, 5));
     assert_eq!(recovered.conf_state.unwrap().voters, [1, 2, 3]);
