@@ -48,6 +48,12 @@ pub struct Stats {
     pub entries_applied: u64,
     pub snapshots_taken: u64,
     pub snapshots_installed: u64,
+    /// Lock changes applied to the table, by kind (a grant to the holder
+    /// already holding the key counts as a grant).
+    pub grants_applied: u64,
+    pub renewals_applied: u64,
+    pub releases_applied: u64,
+    pub expiries_applied: u64,
 }
 
 /// Raft's role, as reported by [`Replica::status`].
@@ -418,6 +424,20 @@ impl<D: Durable> Replica<D> {
     /// The peers this node has had raft messages from, for its hellos.
     pub fn known_peers(&self) -> &BTreeSet<u64> {
         &self.membership.known
+    }
+
+    /// Sets the election timeout raft-rs drew at its last reset (a role or
+    /// term change) to `ticks`, clamped into the configured window: for a
+    /// deterministic simulation, which draws it from its seed instead of
+    /// raft-rs's unseeded generator.
+    pub fn pin_election_timeout(&mut self, ticks: usize) {
+        // raft-rs's window: [election_ticks, max), max twice the minimum
+        // unless configured.
+        let min = self.config.election_ticks;
+        let max = self.config.election_ticks_max.unwrap_or(2 * min);
+        if max > min {
+            self.raw.raft.set_randomized_election_timeout(ticks.clamp(min, max - 1));
+        }
     }
 
     /// This node's raft term and last log index, for its hellos.
@@ -1148,11 +1168,20 @@ impl<D: Durable> Replica<D> {
         };
         let now_ms = self.now_ms;
         match &event {
-            AppliedEvent::Granted { key, token, lease_ms, .. }
-            | AppliedEvent::Renewed { key, token, lease_ms } => {
+            AppliedEvent::Granted { key, token, lease_ms, .. } => {
+                self.stats.grants_applied += 1;
                 self.leases.granted(key.clone(), *token, *lease_ms, now_ms);
             }
-            AppliedEvent::Released { key, token } | AppliedEvent::Expired { key, token, .. } => {
+            AppliedEvent::Renewed { key, token, lease_ms } => {
+                self.stats.renewals_applied += 1;
+                self.leases.granted(key.clone(), *token, *lease_ms, now_ms);
+            }
+            AppliedEvent::Released { key, token } => {
+                self.stats.releases_applied += 1;
+                self.leases.removed(key, *token);
+            }
+            AppliedEvent::Expired { key, token, .. } => {
+                self.stats.expiries_applied += 1;
                 self.leases.removed(key, *token);
             }
             AppliedEvent::Restored => {}

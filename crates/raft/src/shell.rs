@@ -172,6 +172,10 @@ pub enum Request {
     Table {
         reply: Sender<(u64, Vec<u8>)>,
     },
+    /// The status and the counters since start, at once: for metrics.
+    Metrics {
+        reply: Sender<(NodeStatus, Stats)>,
+    },
 }
 
 impl Request {
@@ -188,7 +192,10 @@ impl Request {
                 reply.respond(not_leader());
             }
             Request::StatusTo { deliver } => deliver.deliver(None),
-            Request::Status { .. } | Request::Table { .. } | Request::TransferLeader { .. } => {}
+            Request::Status { .. }
+            | Request::Table { .. }
+            | Request::Metrics { .. }
+            | Request::TransferLeader { .. } => {}
         }
     }
 }
@@ -422,6 +429,9 @@ impl<D: Durable> Driver<D> {
             Request::Table { reply } => {
                 let applied = self.replica.status().applied_index;
                 let _ = reply.send((applied, self.replica.table().snapshot()));
+            }
+            Request::Metrics { reply } => {
+                let _ = reply.send((self.replica.status(), self.replica.stats()));
             }
         }
     }

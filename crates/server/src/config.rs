@@ -73,6 +73,9 @@ pub struct Flags {
     /// The largest client frame, in bytes.
     #[arg(long)]
     pub max_frame_bytes: Option<usize>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (off unless set).
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
     /// Check the configuration, print it, and exit.
     #[arg(long)]
     pub config_check: bool,
@@ -105,6 +108,7 @@ struct FileConfig {
     max_connections: Option<usize>,
     max_in_flight: Option<usize>,
     max_frame_bytes: Option<usize>,
+    metrics_addr: Option<SocketAddr>,
 }
 
 /// The checked configuration the server runs with.
@@ -121,6 +125,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     pub max_in_flight: usize,
     pub max_frame_bytes: usize,
+    /// Where `/metrics` is served; `None`: nowhere.
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 impl ServerConfig {
@@ -179,6 +185,12 @@ impl ServerConfig {
         if max_connections == 0 || max_in_flight == 0 || max_frame_bytes < 1024 {
             bail!("max_connections and max_in_flight must be positive, max_frame_bytes at least 1024");
         }
+        let metrics_addr = flags.metrics_addr.or(file.metrics_addr);
+        if let Some(addr) = metrics_addr {
+            if addr == client_addr || Some(&addr) == peers.get(&id) {
+                bail!("metrics_addr {addr} is also this node's client or peer address");
+            }
+        }
         Ok(ServerConfig {
             id,
             peers,
@@ -191,6 +203,7 @@ impl ServerConfig {
             max_connections,
             max_in_flight,
             max_frame_bytes,
+            metrics_addr,
         })
     }
 }
@@ -259,6 +272,10 @@ mod tests {
         assert_eq!(config.peers.len(), 2);
         assert_eq!(config.driver.election_ticks, 10);
         assert_eq!(config.tick, Duration::from_millis(20));
+        assert_eq!(config.metrics_addr, None);
+        std::fs::write(&path, "metrics_addr = \"127.0.0.1:9100\"\n").unwrap();
+        let config = ServerConfig::load(&flags(&["--config", path.to_str().unwrap()])).unwrap();
+        assert_eq!(config.metrics_addr, Some("127.0.0.1:9100".parse().unwrap()));
     }
 
     #[test]
@@ -270,6 +287,7 @@ mod tests {
             (vec!["--lease-min-ms", "100"], "election timeout"),
             (vec!["--election-ms", "75"], "multiple"),
             (vec!["--log-level", "loud"], "log level"),
+            (vec!["--metrics-addr", "127.0.0.1:7101"], "metrics_addr"),
         ] {
             let err = ServerConfig::load(&flags(&args)).unwrap_err();
             assert!(format!("{err:#}").contains(needle), "{args:?}: {err:#}");

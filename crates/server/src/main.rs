@@ -12,6 +12,7 @@
 
 mod config;
 mod handler;
+mod metrics;
 
 use std::cell::RefCell;
 use std::collections::BTreeSet;
@@ -285,6 +286,13 @@ impl Directory for PeerDirectory {
 }
 
 fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
+    // Bound first: a taken port is a configuration error, found at once.
+    let metrics_listener = match config.metrics_addr {
+        Some(addr) => Some(
+            std::net::TcpListener::bind(addr).with_context(|| format!("cannot serve metrics on {addr}"))?,
+        ),
+        None => None,
+    };
     let raft_dir = config.data_dir.join("raft");
     std::fs::create_dir_all(&raft_dir).with_context(|| format!("cannot create {}", raft_dir.display()))?;
     let mut store = EngineStore::open(&raft_dir)
@@ -395,6 +403,9 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         format!("cannot listen on {} (clients) and {own_peer_addr} (peers)", config.client_addr)
     })?;
     let waker = node.waker();
+    if let Some(listener) = metrics_listener {
+        metrics::spawn(listener, config.id, requests_tx.clone(), waker.clone(), logger.clone())?;
+    }
     info!(logger, "fencelockd serving"; "node_id" => config.id, "clients" => %config.client_addr, "peers" => %own_peer_addr);
 
     let (signal_tx, signal_rx) = bounded(4);

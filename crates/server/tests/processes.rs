@@ -22,6 +22,8 @@ struct Node {
     id: u64,
     peer_addr: String,
     client_addr: String,
+    /// Flags added to the node's command line.
+    extra_args: Vec<String>,
     child: Option<Child>,
 }
 
@@ -51,6 +53,7 @@ impl Cluster {
                 id,
                 peer_addr: format!("127.0.0.1:{}", free_port()),
                 client_addr: format!("127.0.0.1:{}", free_port()),
+                extra_args: Vec::new(),
                 child: None,
             })
             .collect();
@@ -97,6 +100,7 @@ impl Cluster {
                 "--lease-min-ms",
                 "1000",
             ])
+            .args(&node.extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -433,6 +437,51 @@ fn a_new_cluster_starts_once_every_node_has_answered() {
     assert!((1..=3).contains(&leader));
     assert!(client.acquire(b"first", Duration::from_secs(60), Duration::ZERO).is_ok());
     assert!(cluster.log(1).contains("asking the peers whether this node was a member"), "{}", cluster.log(1));
+}
+
+/// Sends `request` to `addr` and returns the whole answer.
+fn http(addr: &str, request: &[u8]) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream.write_all(request).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+/// The value of the sample named `name` (labels included) in a scrape.
+fn sample(scrape: &str, name: &str) -> Option<f64> {
+    scrape.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn metrics_are_served_over_http_and_follow_the_locks() {
+    let mut cluster = Cluster::configure(1);
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    cluster.nodes[0].extra_args = vec!["--metrics-addr".into(), metrics_addr.clone()];
+    cluster.launch(1);
+    let client = cluster.client();
+    cluster.leader(&client);
+    let guard = client.acquire(b"metered", Duration::from_secs(30), Duration::ZERO).unwrap();
+    let scrape = http(&metrics_addr, b"GET /metrics HTTP/1.1\r\nHost: fencelock\r\n\r\n");
+    assert!(scrape.starts_with("HTTP/1.1 200 OK"), "{scrape}");
+    let label = "{node_id=\"1\"}";
+    assert_eq!(sample(&scrape, &format!("fencelock_up{label}")), Some(1.0), "{scrape}");
+    assert_eq!(sample(&scrape, &format!("fencelock_is_leader{label}")), Some(1.0));
+    assert_eq!(sample(&scrape, &format!("fencelock_rejoining{label}")), Some(0.0));
+    assert_eq!(sample(&scrape, &format!("fencelock_locks{label}")), Some(1.0));
+    assert_eq!(sample(&scrape, &format!("fencelock_last_token{label}")), Some(guard.token() as f64));
+    assert!(sample(&scrape, &format!("fencelock_grants_total{label}")) >= Some(1.0));
+    // raft-engine's own: how long its fsyncs take.
+    assert!(sample(&scrape, "raft_engine_sync_log_duration_seconds_count") >= Some(1.0), "{scrape}");
+
+    // Nonsense on the metrics port is answered and changes nothing.
+    assert!(http(&metrics_addr, b"\x16\x03\x01 hello\r\n\r\n").starts_with("HTTP/1.1 400"));
+    assert!(http(&metrics_addr, b"GET /admin HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
+    guard.release().unwrap();
+    let scrape = http(&metrics_addr, b"GET /metrics HTTP/1.0\r\n\r\n");
+    assert_eq!(sample(&scrape, &format!("fencelock_locks{label}")), Some(0.0));
+    assert!(sample(&scrape, &format!("fencelock_releases_total{label}")) >= Some(1.0));
 }
 
 #[test]
