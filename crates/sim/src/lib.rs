@@ -17,8 +17,10 @@
 //! A run has a fault phase, then a heal phase in which the cluster must
 //! converge and serve every client again. The invariants in [`invariants`]
 //! are checked as it goes. raft-rs draws election timeouts from an unseeded
-//! generator; each node's window is pinned to one value drawn from the seed,
-//! so that a seed replays byte for byte (its [`Report::trace_digest`] is
+//! generator; the world overrides each draw (at start and after every role
+//! or term change) with one from the seed (`Replica::pin_election_timeout`),
+//! so that timeouts still differ from election to election, as raft needs to
+//! break ties, and a seed replays byte for byte (its [`Report::trace_digest`] is
 //! the same on every run). `SIM_TRACE=1` prints the trace's notes (faults,
 //! starts, rejoins) to stderr as a run makes them.
 //!

@@ -18,6 +18,9 @@ use crate::{Report, SimConfig, Violation};
 
 /// The length of a raft tick on each node's own clock.
 const TICK_MS: u64 = 10;
+/// The window election timeouts are drawn from, in ticks.
+const ELECTION_TICKS_MIN: usize = 10;
+const ELECTION_TICKS_MAX: usize = 20;
 /// How long a client waits for an answer before it gives the request up.
 const REQUEST_TIMEOUT_MS: u64 = 3_000;
 /// After the heal, how long before clients must be served again.
@@ -179,10 +182,11 @@ impl World {
         let nodes = (0..config.nodes)
             .map(|i| {
                 let mut driver = Config::new(NodeId(i as u64 + 1), voters.clone());
-                // raft-rs draws election timeouts from an unseeded generator:
-                // a one-value window, drawn here from the seed, pins them.
-                driver.election_ticks = rng.range(10, 20) as usize;
-                driver.election_ticks_max = Some(driver.election_ticks + 1);
+                // raft-rs draws election timeouts from an unseeded generator;
+                // the world draws them from the seed instead, after every
+                // role or term change (`pin_election_timeout`).
+                driver.election_ticks = ELECTION_TICKS_MIN;
+                driver.election_ticks_max = Some(ELECTION_TICKS_MAX);
                 driver.heartbeat_ticks = 2;
                 driver.snapshot_interval_entries = rng.pick(&[20, 100, 1_000]);
                 driver.lease_ms_min = 500;
@@ -458,6 +462,9 @@ impl World {
         let replica = Replica::open(self.nodes[node].config.clone(), self.nodes[node].disk.clone(), &logger)
             .map_err(|err| format!("node {} does not reopen: {err}", node + 1))?;
         self.checker.opened(node, replica.table());
+        let mut replica = replica;
+        let ticks = self.rng.range(ELECTION_TICKS_MIN as u64, ELECTION_TICKS_MAX as u64) as usize;
+        replica.pin_election_timeout(ticks);
         self.nodes[node].replica = Some(replica);
         let disk = if self.nodes[node].disk.is_async() { "asynchronous" } else { "synchronous" };
         self.note(&format!("start {} ({disk} disk)", node + 1));
@@ -509,6 +516,13 @@ impl World {
         )?;
         for role in &effects.roles {
             self.note(&format!("node {} {role:?}", node + 1));
+        }
+        if !effects.roles.is_empty() {
+            // raft-rs reset its election timeout with a draw of its own.
+            let ticks = self.rng.range(ELECTION_TICKS_MIN as u64, ELECTION_TICKS_MAX as u64) as usize;
+            if let Some(replica) = self.nodes[node].replica.as_mut() {
+                replica.pin_election_timeout(ticks);
+            }
         }
         for message in effects.messages {
             self.send(node, message);

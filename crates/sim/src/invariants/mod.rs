@@ -100,6 +100,7 @@ impl Checker {
         }
         if restored_at.is_some() {
             self.reset(node, table);
+            self.renewal.restored(node, table, local_ms);
         }
         self.convergence.observed(node, applied_index, table)
     }

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 
+use fencelock_fsm::LockTable;
 use fencelock_raft::AppliedEvent;
 use fencelock_types::{FencingToken, Key};
 
@@ -21,6 +22,19 @@ pub struct Check {
 impl Check {
     pub fn new(nodes: usize) -> Check {
         Check { refreshed: vec![BTreeMap::new(); nodes] }
+    }
+
+    /// Node `node` installed a snapshot at `local_ms`, ending the turn with
+    /// `table`. It cannot know when the locks in it were granted or renewed,
+    /// so it gives each a full lease from now (`LeaseTracker::restore`):
+    /// that, not what it applied before, is what it is held to. (A holder
+    /// that asked again with a shorter lease may have shortened it; the
+    /// snapshot carries the lease asked last.)
+    pub fn restored(&mut self, node: usize, table: &LockTable, local_ms: u64) {
+        self.refreshed[node] = table
+            .list(b"", usize::MAX)
+            .map(|(key, lock)| (key.clone(), (lock.token, local_ms, lock.lease_ms.get(), false)))
+            .collect();
     }
 
     pub fn applied(&mut self, applied: &Applied<'_>) -> Result<(), String> {
