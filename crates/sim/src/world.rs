@@ -484,10 +484,18 @@ impl World {
         self.nodes.iter().any(|node| node.recovering)
     }
 
+    /// The node dies (its unsynced writes with it), and with the swarm's
+    /// odds its whole disk too; it restarts later.
     fn crash(&mut self, node: usize) {
         if self.nodes[node].replica.take().is_some() {
             self.nodes[node].disk.crash();
             self.note(&format!("crash {}", node + 1));
+            if self.rng.chance(self.swarm.lose_disk_ppm) && !self.any_node_recovering() {
+                let asynchronous = self.nodes[node].disk.is_async();
+                self.nodes[node].disk = SimDisk::new(asynchronous);
+                self.nodes[node].recovering = true;
+                self.note(&format!("disk of {} lost", node + 1));
+            }
             let down_ms = self.rng.range(200, 3_000);
             self.schedule(down_ms, Event::Restart(node));
         }
@@ -843,12 +851,6 @@ impl World {
                     self.note(&format!("disk of {} dies after {writes} writes", node + 1));
                 } else {
                     self.crash(node);
-                    if self.rng.chance(self.swarm.lose_disk_ppm) && !self.any_node_recovering() {
-                        let asynchronous = self.nodes[node].disk.is_async();
-                        self.nodes[node].disk = SimDisk::new(asynchronous);
-                        self.nodes[node].recovering = true;
-                        self.note(&format!("disk of {} lost", node + 1));
-                    }
                 }
             }
             2 => {
