@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -274,35 +274,36 @@ impl Greetings {
     /// Sets what this node's hellos say from now on: its raft term and
     /// last index, and the peers it has had raft messages from.
     pub fn set_own(&self, term: u64, last_index: u64, known: &BTreeSet<u64>) {
-        if let Ok(mut inner) = self.0.write() {
-            inner.term = term;
-            inner.last_index = last_index;
-            if inner.known != *known {
-                inner.known.clone_from(known);
-            }
+        // A panic elsewhere while holding the lock leaves consistent data:
+        // every write is a plain assignment. Never answer "unknown" for it.
+        let mut inner = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        inner.term = term;
+        inner.last_index = last_index;
+        if inner.known != *known {
+            inner.known.clone_from(known);
         }
     }
 
     /// What each peer said in the last hello it sent here.
     pub fn heard(&self) -> BTreeMap<u64, Heard> {
-        self.0.read().map(|inner| inner.heard.clone()).unwrap_or_default()
+        self.0.read().unwrap_or_else(PoisonError::into_inner).heard.clone()
     }
 
     fn hello_for(&self, node_id: u64, client_addr: &str, peer: u64) -> PeerHello {
-        let mut hello = PeerHello { node_id, client_addr: client_addr.to_owned(), ..Default::default() };
-        if let Ok(inner) = self.0.read() {
-            hello.knows_you = inner.known.contains(&peer);
-            hello.term = inner.term;
-            hello.last_index = inner.last_index;
+        let inner = self.0.read().unwrap_or_else(PoisonError::into_inner);
+        PeerHello {
+            node_id,
+            client_addr: client_addr.to_owned(),
+            knows_you: inner.known.contains(&peer),
+            term: inner.term,
+            last_index: inner.last_index,
+            ..Default::default()
         }
-        hello
     }
 
     fn record(&self, peer: u64, hello: &PeerHello) {
-        if let Ok(mut inner) = self.0.write() {
-            let heard = Heard { knows_you: hello.knows_you, term: hello.term, last_index: hello.last_index };
-            inner.heard.insert(peer, heard);
-        }
+        let heard = Heard { knows_you: hello.knows_you, term: hello.term, last_index: hello.last_index };
+        self.0.write().unwrap_or_else(PoisonError::into_inner).heard.insert(peer, heard);
     }
 }
 

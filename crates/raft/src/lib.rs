@@ -41,6 +41,10 @@
 //!   and a Renew of one lock are never in flight together.
 //! - Losing leadership fails every pending request with a retryable error.
 //! - A storage error is fatal: the replica reports it and must be dropped.
+//! - A node never forgets that it heard from a peer: the record is durable
+//!   before anything that the peer's first message caused leaves the node.
+//!   A node that lost its data ([`rejoin`]) neither votes nor campaigns
+//!   until it has caught up past the floor its peers reported.
 //!
 //! ```
 //! use fencelock_raft::{Config, MemStore, NodeId, Replica, RequestId, Response};

@@ -6,9 +6,12 @@
 //! thread that reads and writes every client and peer socket and steps raft
 //! between rounds of events; client requests reach it through
 //! [`handler::ClientHandler`]. Writes and syncs happen on the store's I/O
-//! thread. On SIGINT or SIGTERM it stops accepting clients, lets what is in
-//! flight finish, and stops the driver, whose every write was already
-//! synced.
+//! thread. A node whose data directory is empty opens no replica until its
+//! peers' hellos tell it whether it is new or lost its data
+//! (`fencelock_raft::rejoin`); with `--metrics-addr`, a thread serves
+//! Prometheus metrics ([`metrics`]). On SIGINT or SIGTERM it stops
+//! accepting clients, lets what is in flight finish, and stops the driver,
+//! whose every write was already synced.
 
 mod config;
 mod handler;
