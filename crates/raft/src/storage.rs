@@ -389,6 +389,20 @@ impl EngineStore {
     }
 }
 
+impl EngineStore {
+    /// Whether the store was never written ([`Recovered::is_blank`]),
+    /// without reading the log.
+    pub fn is_blank(&self) -> Result<bool, StorageError> {
+        let hard_state: Option<HardState> = self.engine.get_message(GROUP, HARD_STATE_KEY)?;
+        let conf_state: Option<ConfState> = self.engine.get_message(GROUP, CONF_STATE_KEY)?;
+        Ok(hard_state.is_none_or(|hard_state| hard_state == HardState::default())
+            && conf_state.is_none()
+            && self.engine.get(GROUP, SNAPSHOT_KEY).is_none()
+            && self.engine.first_index(GROUP).is_none()
+            && self.engine.get(MEMBERSHIP_GROUP, MEMBERSHIP_KEY).is_none())
+    }
+}
+
 impl Durable for EngineStore {
     fn recover(&mut self) -> Result<Recovered, StorageError> {
         let hard_state: HardState = self.engine.get_message(GROUP, HARD_STATE_KEY)?.unwrap_or_default();

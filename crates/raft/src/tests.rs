@@ -416,6 +416,35 @@ fn the_engine_store_keeps_raft_log_semantics_across_reopen() {
     check_store_semantics(move || Box::new(EngineStore::open(&path).unwrap()));
 }
 
+#[test]
+fn the_engine_store_tells_blank_without_reading_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = || EngineStore::open(dir.path()).unwrap();
+    assert!(open().is_blank().unwrap());
+    // Each kind of record alone makes it not blank.
+    let membership = crate::rejoin::Membership {
+        rejoin: Some(crate::rejoin::Floor { term: 1, last_index: 1 }),
+        ..Default::default()
+    };
+    let entries = [entry(1, 1)];
+    let conf_state = raft::prelude::ConfState::from((vec![1], vec![]));
+    let batches = [
+        WriteBatch { membership: Some(&membership), ..Default::default() },
+        WriteBatch { entries: &entries, ..Default::default() },
+        WriteBatch { hard_state: Some(&hard_state(1, 0)), ..Default::default() },
+        WriteBatch { conf_state: Some(&conf_state), ..Default::default() },
+    ];
+    for (i, batch) in batches.into_iter().enumerate() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = EngineStore::open(dir.path()).unwrap();
+        store.write(batch).unwrap();
+        drop(store);
+        let mut store = EngineStore::open(dir.path()).unwrap();
+        assert!(!store.is_blank().unwrap(), "batch {i}");
+        assert!(!store.recover().unwrap().is_blank(), "batch {i}: the two views disagree");
+    }
+}
+
 /// A peer sink whose messages go nowhere.
 fn nowhere() -> Box<dyn crate::shell::PeerSink + Send> {
     Box::new(crossbeam_channel::bounded::<Message>(1).0)

@@ -298,12 +298,10 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     };
     let raft_dir = config.data_dir.join("raft");
     std::fs::create_dir_all(&raft_dir).with_context(|| format!("cannot create {}", raft_dir.display()))?;
-    let mut store = EngineStore::open(&raft_dir)
+    let store = EngineStore::open(&raft_dir)
         .with_context(|| format!("cannot open the raft log in {}", raft_dir.display()))?;
-    let blank = store
-        .recover()
-        .with_context(|| format!("cannot recover the raft log in {}", raft_dir.display()))?
-        .is_blank();
+    let blank =
+        store.is_blank().with_context(|| format!("cannot read the raft log in {}", raft_dir.display()))?;
     // Unbounded: the loop that drains it is the one that fills it, so a
     // full channel would stop it for good. Connections and requests in
     // flight per connection bound it.
