@@ -33,7 +33,7 @@ use fencelock_net::{
 use fencelock_raft::rejoin::{self, Membership, PeerReport, Start};
 use fencelock_raft::shell::{Driver, MonotonicClock, PeerSink, Request};
 use fencelock_raft::{
-    AsyncEngineStore, Durable, EngineStore, FatalError, Persisted, Replica, Stats, StorageError, WriteBatch,
+    AsyncEngineStore, Durable, EngineStore, FatalError, Persisted, Replica, Stats, WriteBatch,
 };
 use raft::prelude::Message;
 use slog::{crit, info, o, warn, Drain, Logger};
@@ -158,7 +158,7 @@ impl<D: Durable> NodeCore<D> {
         for request in self.requests.try_iter().take(self.drain_max) {
             request.refuse();
         }
-        let Some(starting) = self.starting.as_mut() else {
+        let Some(mut starting) = self.starting.take() else {
             return Ok(STARTING_REPORT_EVERY);
         };
         let heard = self.greetings.heard();
@@ -181,6 +181,7 @@ impl<D: Durable> NodeCore<D> {
                     info!(self.logger, "empty store: waiting for peers to say whether this node was a member before";
                         "answered" => ?heard.keys().collect::<Vec<_>>(), "waiting_for" => ?waiting);
                 }
+                self.starting = Some(starting);
                 return Ok(Duration::from_millis(20));
             }
             Start::Fresh => {
@@ -192,10 +193,6 @@ impl<D: Durable> NodeCore<D> {
                 "floor_term" => floor.term, "floor_last_index" => floor.last_index,
                 "known_by" => ?heard.iter().filter(|(_, heard)| heard.knows_you).map(|(id, _)| *id).collect::<Vec<_>>()),
         }
-        let starting = self
-            .starting
-            .take()
-            .ok_or_else(|| FatalError::Storage(StorageError::Thread("no opener".into())))?;
         let (driver, persisted) = (starting.open)(start)?;
         self.driver = Some(driver);
         self.persisted = persisted;

@@ -427,8 +427,15 @@ fn a_new_cluster_starts_once_every_node_has_answered() {
     cluster.launch(2);
     let client = cluster.client();
     // Two blank nodes cannot tell a new cluster from one whose third node
-    // alone knew them: they wait, and say so.
-    std::thread::sleep(Duration::from_millis(1_500));
+    // alone knew them: they wait, and say so. Once each has the other's
+    // hello, all they could decide from is in hand; a little later, they
+    // must still be waiting.
+    let deadline = Instant::now() + DEADLINE;
+    while !(cluster.log(1).contains("peer: 2") && cluster.log(2).contains("peer: 1")) {
+        assert!(Instant::now() < deadline, "nodes 1 and 2 never connected: {}", cluster.logs());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
     for id in [1, 2] {
         assert!(client.status(cluster.client_addr(id)).is_err(), "node {id} started without node 3");
     }

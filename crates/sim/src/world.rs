@@ -462,14 +462,21 @@ impl World {
         let replica = Replica::open(self.nodes[node].config.clone(), self.nodes[node].disk.clone(), &logger)
             .map_err(|err| format!("node {} does not reopen: {err}", node + 1))?;
         self.checker.opened(node, replica.table());
-        let mut replica = replica;
-        let ticks = self.rng.range(ELECTION_TICKS_MIN as u64, ELECTION_TICKS_MAX as u64) as usize;
-        replica.pin_election_timeout(ticks);
         self.nodes[node].replica = Some(replica);
+        self.draw_election_timeout(node);
         let disk = if self.nodes[node].disk.is_async() { "asynchronous" } else { "synchronous" };
         self.note(&format!("start {} ({disk} disk)", node + 1));
         self.schedule_tick(node);
         Ok(())
+    }
+
+    /// Replaces the election timeout raft-rs drew for `node` (when it opened
+    /// or changed role or term) with one drawn from the seed.
+    fn draw_election_timeout(&mut self, node: usize) {
+        let ticks = self.rng.range(ELECTION_TICKS_MIN as u64, ELECTION_TICKS_MAX as u64) as usize;
+        if let Some(replica) = self.nodes[node].replica.as_mut() {
+            replica.pin_election_timeout(ticks);
+        }
     }
 
     /// Whether a node that lost its disk has not caught up yet: the
@@ -527,10 +534,7 @@ impl World {
         }
         if !effects.roles.is_empty() {
             // raft-rs reset its election timeout with a draw of its own.
-            let ticks = self.rng.range(ELECTION_TICKS_MIN as u64, ELECTION_TICKS_MAX as u64) as usize;
-            if let Some(replica) = self.nodes[node].replica.as_mut() {
-                replica.pin_election_timeout(ticks);
-            }
+            self.draw_election_timeout(node);
         }
         for message in effects.messages {
             self.send(node, message);
