@@ -73,12 +73,16 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod node;
+mod registry;
 pub mod rejoin;
 mod replica;
 pub mod shell;
 mod storage;
 
-pub use replica::{Effects, NodeStatus, Replica, Role, Stats};
+pub use node::{Action, ClientRequest, Event, Node, NodeConfig};
+pub use registry::{Answered, ConnId, Registry};
+pub use replica::{Effects, GrantRef, NodeStatus, Replica, Role, Stats};
 pub use storage::{
     AsyncEngineStore, Durable, EngineStore, LogCache, MemStore, OwnedWriteBatch, Persisted, Recovered,
     StorageError, WriteBatch,

@@ -30,6 +30,21 @@ pub struct Effects {
     pub applied: Vec<AppliedEvent>,
     /// Leadership changes, in order.
     pub roles: Vec<RoleChange>,
+    /// The locks that answered requests were granted (or re-granted), with
+    /// where: what a ghost release of a grant nobody received must name.
+    pub grants: Vec<(RequestId, GrantRef)>,
+}
+
+/// One grant of a lock, as a request's answer told it: the key, the token
+/// and the index of the log entry that granted it (or re-granted or renewed
+/// it). A ghost release names it, and is dropped unproposed unless the lock
+/// is still exactly that grant: a re-grant to the same owner (a retry on
+/// another connection) or a renewal since makes it a different one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrantRef {
+    pub key: Key,
+    pub token: FencingToken,
+    pub index: u64,
 }
 
 /// Counters for measuring batching.
@@ -97,6 +112,9 @@ struct Pending {
     queued: bool,
     /// Proposed by the leader itself (an Expire, a ghost Release): no reply.
     internal: bool,
+    /// For a ghost Release: the index of the grant it undoes; it goes only
+    /// if the lock is still that grant when its turn comes.
+    ghost_of: Option<u64>,
     /// For a waiting acquire: until when, on this node's clock, it may wait
     /// for the key.
     wait_until_ms: Option<u64>,
@@ -155,6 +173,15 @@ pub struct Replica<D: Durable> {
     /// Reads whose ReadIndex is known, waiting for apply to reach it.
     reads_at_index: Vec<(u64, RequestId)>,
 
+    /// Per held key, the index of the entry that last granted, re-granted or
+    /// renewed its lock (absent for locks restored from a snapshot).
+    grant_index: BTreeMap<Key, u64>,
+    /// The index of the entry being applied.
+    applying_index: u64,
+    /// Votes and acknowledgements waiting until the store's count of
+    /// durable writes reaches the first number (an asynchronous store).
+    held: VecDeque<(u64, Vec<Message>)>,
+
     /// Peers that were sent a snapshot in this turn.
     snapshots_sent: Vec<u64>,
     /// The peers it has had messages from, and its rejoin floor, if any.
@@ -181,12 +208,31 @@ impl<D: Durable> std::fmt::Debug for Replica<D> {
 impl<D: Durable> Replica<D> {
     /// Opens a replica on `durable`: recovers its log, hard state and
     /// snapshot, or bootstraps an empty store with `config.voters`.
-    pub fn open(config: Config, mut durable: D, logger: &Logger) -> Result<Replica<D>, FatalError> {
+    pub fn open(config: Config, durable: D, logger: &Logger) -> Result<Replica<D>, FatalError> {
+        Replica::open_rejoining(config, durable, None, logger)
+    }
+
+    /// Like [`Replica::open`]; with `rejoin`, the store was found blank and
+    /// the peers said this node lost its data ([`rejoin::decide`]): the floor
+    /// is written first, and nothing this replica sends leaves before that
+    /// write is durable.
+    pub fn open_rejoining(
+        config: Config,
+        mut durable: D,
+        rejoin: Option<Floor>,
+        logger: &Logger,
+    ) -> Result<Replica<D>, FatalError> {
         config.validate()?;
         let logger = logger.new(slog::o!("node_id" => config.id.0));
         let mut recovered = durable.recover()?;
-        let membership = std::mem::take(&mut recovered.membership);
+        let mut membership = std::mem::take(&mut recovered.membership);
         let mut disk = Disk { store: durable, submitted: 0, durable: 0, syncs: 0 };
+        let mut membership_written_at = 0;
+        if let Some(floor) = rejoin {
+            membership.rejoin = Some(floor);
+            disk.write(WriteBatch { membership: Some(&membership), ..Default::default() })?;
+            membership_written_at = disk.submitted;
+        }
         if recovered.conf_state.is_none() {
             let conf_state = ConfState::from((config.voters.iter().map(|v| v.0).collect::<Vec<_>>(), vec![]));
             disk.write(WriteBatch { conf_state: Some(&conf_state), ..Default::default() })?;
@@ -253,7 +299,10 @@ impl<D: Durable> Replica<D> {
             abstaining: membership.rejoin,
             membership,
             membership_dirty: false,
-            membership_written_at: 0,
+            membership_written_at,
+            grant_index: BTreeMap::new(),
+            applying_index: snapshot_index,
+            held: VecDeque::new(),
             effects: Effects::default(),
             stats: Stats::default(),
         };
@@ -275,12 +324,40 @@ impl<D: Durable> Replica<D> {
         self.submit(id, vec![Command::Grant { key, lease_ms, owner }], wait_until_ms, false);
     }
 
-    /// Releases a lock whose Grant could not be delivered: its client is
-    /// gone (a ghost lock). Does nothing on a follower; the lease then runs out.
-    pub fn release_ghost(&mut self, key: Key, token: FencingToken) {
-        info!(self.logger, "releasing ghost lock"; "key" => %key, "token" => token.get());
+    /// Releases a lock whose grant could not be delivered: its client is
+    /// gone (a ghost lock). It is proposed only if, when its turn on the key
+    /// comes, the lock is still exactly `grant`: not re-granted to its owner
+    /// (a retry on another connection, told it holds the lock) nor renewed
+    /// since. Does nothing on a follower; the lease then runs out.
+    pub fn release_ghost(&mut self, grant: GrantRef) {
+        info!(self.logger, "releasing ghost lock";
+            "key" => %grant.key, "token" => grant.token.get(), "index" => grant.index);
         let id = self.internal_id();
-        self.submit(id, vec![Command::Release { key, token: Some(token) }], None, true);
+        let release = Command::Release { key: grant.key, token: Some(grant.token) };
+        self.submit_with(id, vec![release], None, true, Some(grant.index));
+    }
+
+    /// Forgets request `id` if it was not proposed yet (its asker is gone):
+    /// true when it is gone without a trace, false when it is in flight (or
+    /// unknown), and will be answered.
+    pub fn cancel(&mut self, id: RequestId) -> bool {
+        if self.reads.remove(&id).is_some() {
+            self.reads_at_index.retain(|(_, read)| *read != id);
+            return true;
+        }
+        let Some(pending) = self.pending.get(&id) else { return false };
+        if pending.proposed_term.is_some() {
+            return false;
+        }
+        let keys = pending.keys.clone();
+        self.pending.remove(&id);
+        self.ready_to_propose.retain(|queued| *queued != id);
+        for queue in self.waiters.values_mut() {
+            queue.retain(|waiter| *waiter != id);
+        }
+        self.waiters.retain(|_, queue| !queue.is_empty());
+        self.leave_key_queues(id, &keys);
+        true
     }
 
     /// Sets this node's monotonic time, in milliseconds. Time never goes
@@ -298,6 +375,17 @@ impl<D: Durable> Replica<D> {
     }
 
     fn submit(&mut self, id: RequestId, commands: Vec<Command>, wait_until_ms: Option<u64>, internal: bool) {
+        self.submit_with(id, commands, wait_until_ms, internal, None)
+    }
+
+    fn submit_with(
+        &mut self,
+        id: RequestId,
+        commands: Vec<Command>,
+        wait_until_ms: Option<u64>,
+        internal: bool,
+        ghost_of: Option<u64>,
+    ) {
         if let Err(err) = self.admit() {
             self.reply(id, Err(err));
             return;
@@ -318,7 +406,8 @@ impl<D: Durable> Replica<D> {
         for key in &keys {
             self.key_queues.entry(key.clone()).or_default().push_back(id);
         }
-        let pending = Pending { commands, keys, proposed_term: None, queued: false, internal, wait_until_ms };
+        let pending =
+            Pending { commands, keys, proposed_term: None, queued: false, internal, ghost_of, wait_until_ms };
         self.pending.insert(id, pending);
         self.queue_if_ready(id);
     }
@@ -547,8 +636,13 @@ impl<D: Durable> Replica<D> {
         self.disk.submitted - self.disk.durable
     }
 
-    /// Tells raft which readies are now durable.
+    /// Tells raft which readies are now durable, and lets the messages
+    /// that waited for them go.
     fn release_persisted(&mut self) {
+        while self.held.front().is_some_and(|(write, _)| *write <= self.disk.durable) {
+            let Some((_, messages)) = self.held.pop_front() else { break };
+            self.effects.messages.extend(messages);
+        }
         let mut persisted = None;
         let mut snapshot_index = None;
         while self.unpersisted.front().is_some_and(|ready| ready.write <= self.disk.durable) {
@@ -762,6 +856,11 @@ impl<D: Durable> Replica<D> {
                 self.finish(id, Ok(Response::Applied(Vec::new())));
                 continue;
             }
+            if let Some(stale) = self.stale_ghost(id) {
+                info!(self.logger, "ghost lock was granted or renewed again since: kept"; "key" => %stale);
+                self.finish(id, Ok(Response::Applied(Vec::new())));
+                continue;
+            }
             let Some(pending) = self.pending.get(&id) else { continue };
             if let Some((key, holder_token)) = self.grant_conflict(&pending.commands) {
                 if pending.wait_until_ms.is_some() {
@@ -835,6 +934,22 @@ impl<D: Durable> Replica<D> {
                 Some(key.clone())
             }
             _ => None,
+        }
+    }
+
+    /// The key of a ghost Release whose lock is no longer the grant nobody
+    /// received: released, expired, re-granted to its owner (whose retry was
+    /// told it holds the lock) or renewed since.
+    fn stale_ghost(&self, id: RequestId) -> Option<Key> {
+        let pending = self.pending.get(&id).filter(|pending| pending.internal)?;
+        let index = pending.ghost_of?;
+        match pending.commands.as_slice() {
+            [Command::Release { key, token: Some(token) }] => {
+                let same_grant = self.grant_index.get(key) == Some(&index)
+                    && self.table.holder(key.as_bytes()).is_some_and(|lock| lock.token == *token);
+                (!same_grant).then(|| key.clone())
+            }
+            other => panic!("a ghost release carries one Release with a token, not {other:?}"),
         }
     }
 
@@ -999,9 +1114,9 @@ impl<D: Durable> Replica<D> {
                 // Nothing is waiting to be durable (this ready wrote nothing).
                 self.send(messages);
             } else if !messages.is_empty() {
-                // The store sends them itself once its writes so far are
-                // durable: the acknowledgement does not wait for this thread.
-                self.disk.store.send_when_durable(messages)?;
+                // They leave once every write so far is durable
+                // (`release_persisted`).
+                self.held.push_back((self.disk.submitted, messages));
             }
             // Raft counts a snapshot applied only once it is persisted; the
             // entries applied above were persisted before this ready.
@@ -1056,6 +1171,9 @@ impl<D: Durable> Replica<D> {
         info!(self.logger, "installing snapshot"; "index" => index, "locks" => table.len());
         self.table = table;
         self.table_index = index;
+        // Which grant each lock is, is not in a snapshot: a ghost release
+        // from before finds no match and is dropped (the lease runs out).
+        self.grant_index.clear();
         self.raw.mut_store().install_snapshot(snapshot);
         self.stats.snapshots_installed += 1;
         self.restore_leases();
@@ -1067,7 +1185,10 @@ impl<D: Durable> Replica<D> {
         for entry in entries {
             match entry.get_entry_type() {
                 EntryType::EntryNormal if entry.data.is_empty() => {}
-                EntryType::EntryNormal => self.apply_commands(&entry),
+                EntryType::EntryNormal => {
+                    self.applying_index = entry.index;
+                    self.apply_commands(&entry)
+                }
                 EntryType::EntryConfChange => self.apply_conf_change::<ConfChange>(&entry)?,
                 EntryType::EntryConfChangeV2 => self.apply_conf_change::<ConfChangeV2>(&entry)?,
             }
@@ -1111,13 +1232,24 @@ impl<D: Durable> Replica<D> {
     fn apply_commands(&mut self, entry: &Entry) {
         let tags = pb::EntryTags::parse_from_bytes(&entry.context);
         let proposer = tags.as_ref().ok().map(|tags| NodeId(tags.proposer)).filter(|id| id.0 != 0);
+        // Each result, with the key of the command when it was a Grant.
+        let mut grant_keys: Vec<Option<Key>> = Vec::new();
         let results: Vec<ApplyResult> = match decode_batch(&entry.data) {
             Err(reason) => vec![ApplyResult::Invalid { reason }],
             Ok(commands) => commands
                 .into_iter()
                 .map(|command| match command {
-                    Ok(command) => self.apply_command(command, proposer),
-                    Err(reason) => ApplyResult::Invalid { reason },
+                    Ok(command) => {
+                        grant_keys.push(match &command {
+                            Command::Grant { key, .. } => Some(key.clone()),
+                            _ => None,
+                        });
+                        self.apply_command(command, proposer)
+                    }
+                    Err(reason) => {
+                        grant_keys.push(None);
+                        ApplyResult::Invalid { reason }
+                    }
                 })
                 .collect(),
         };
@@ -1135,7 +1267,15 @@ impl<D: Durable> Replica<D> {
             let ours = self.pending.get(&id).is_some_and(|pending| pending.proposed_term == Some(entry.term));
             if ours {
                 let reply = match results.get(offset..end) {
-                    Some(slice) => Ok(Response::Applied(slice.to_vec())),
+                    Some(slice) => {
+                        for (key, result) in grant_keys[offset..end].iter().zip(slice) {
+                            if let (Some(key), ApplyResult::Granted { token, .. }) = (key, result) {
+                                let grant = GrantRef { key: key.clone(), token: *token, index: entry.index };
+                                self.effects.grants.push((id, grant));
+                            }
+                        }
+                        Ok(Response::Applied(slice.to_vec()))
+                    }
                     // Tags that do not match the batch: the entry is corrupt.
                     None => Err(RequestError::Dropped),
                 };
@@ -1171,18 +1311,22 @@ impl<D: Durable> Replica<D> {
             AppliedEvent::Granted { key, token, lease_ms, .. } => {
                 self.stats.grants_applied += 1;
                 self.leases.granted(key.clone(), *token, *lease_ms, now_ms);
+                self.grant_index.insert(key.clone(), self.applying_index);
             }
             AppliedEvent::Renewed { key, token, lease_ms } => {
                 self.stats.renewals_applied += 1;
                 self.leases.granted(key.clone(), *token, *lease_ms, now_ms);
+                self.grant_index.insert(key.clone(), self.applying_index);
             }
             AppliedEvent::Released { key, token } => {
                 self.stats.releases_applied += 1;
                 self.leases.removed(key, *token);
+                self.grant_index.remove(key);
             }
             AppliedEvent::Expired { key, token, .. } => {
                 self.stats.expiries_applied += 1;
                 self.leases.removed(key, *token);
+                self.grant_index.remove(key);
             }
             AppliedEvent::Restored => {}
         }

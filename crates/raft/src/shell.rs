@@ -1,33 +1,31 @@
-//! The driver around a [`Replica`]: [`Driver`] is the replica with the
-//! requests waiting on it (inputs in, one `Ready` per [`Driver::turn`],
-//! messages out through a [`PeerSink`], replies to their [`Responder`]s),
-//! and no thread. fencelockd runs one inside its network event loop;
-//! [`spawn`] runs one on its own thread, a `crossbeam_channel::select!`
-//! loop over bounded channels and a tick timer that drains what is waiting
-//! into each turn.
-//!
-//! With [`spawn`], the network layer (or a test's router) plugs into
-//! `peers_in` and `peers_out`; the server sends [`Request`]s and waits on
-//! each request's own reply channel.
+//! A [`Node`] in a real process: [`Driver`] is the node with a real clock,
+//! answers delivered through [`Responder`]s and messages handed to a
+//! [`PeerSink`], and no thread and no logic of its own: every decision is
+//! the node's. fencelockd runs one inside its network event loop; [`spawn`]
+//! runs one on its own thread, a `crossbeam_channel::select!` loop over
+//! bounded channels that drains what is waiting into each turn (the
+//! in-process test cluster and the throughput benchmark).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{never, select, tick, Receiver, Sender};
-use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner};
+use fencelock_types::{Command, Key, LeaseMs, Owner};
 use raft::prelude::Message;
 use slog::{crit, info, Logger};
 
-use crate::replica::{Effects, NodeStatus, Replica, Stats};
+use crate::node::{Action, ClientRequest, Event, Node};
+use crate::registry::ConnId;
+use crate::rejoin::PeerReport;
+use crate::replica::{GrantRef, NodeStatus, Stats};
 use crate::storage::{Durable, Persisted, StorageError};
-use crate::{FatalError, Query, Reply, RequestError, RequestId, Response};
+use crate::{FatalError, NodeId, Query, Reply, RequestError};
 
 /// Delivers one reply to whoever asked: a channel, a client connection.
 /// Returns false when the asker is gone, which for a Grant makes a ghost
-/// lock that the shell releases.
+/// lock that the node releases.
 pub struct Responder(Box<dyn FnOnce(Reply) -> bool + Send>);
 
 impl Responder {
@@ -127,16 +125,25 @@ impl Clock for ManualClock {
     }
 }
 
-/// What callers ask of a running replica.
+/// What callers ask of a running node.
 #[derive(Debug)]
 pub enum Request {
+    /// A client's request on connection `conn` ([`ConnId::NONE`]: on no
+    /// connection that will ever be reported closed).
+    Client {
+        conn: ConnId,
+        request: ClientRequest,
+        reply: Responder,
+    },
+    /// Connection `conn` closed: see [`Event::ConnectionClosed`].
+    ConnectionClosed(ConnId),
     Propose {
         commands: Vec<Command>,
         reply: Responder,
     },
     /// Acquire `key`, waiting up to `wait_ms` for it when it is held (0: do
-    /// not wait). If `reply` is gone when the grant is ready (the client
-    /// disconnected), the lock is released at once.
+    /// not wait). If `reply` is gone when the grant is ready, the lock is
+    /// released at once.
     Acquire {
         key: Key,
         lease_ms: LeaseMs,
@@ -159,13 +166,14 @@ pub enum Request {
         reply: Sender<NodeStatus>,
     },
     /// Like `Status`, delivered to a callback on the driver thread: for
-    /// callers that must not block waiting, such as an event loop.
+    /// callers that must not block waiting, such as an event loop. `None`
+    /// while the node is starting.
     StatusTo {
         deliver: StatusCallback,
     },
     /// Asks this node, if it leads, to hand leadership to another.
     TransferLeader {
-        to: crate::NodeId,
+        to: NodeId,
     },
     /// The applied index and the lock table's snapshot bytes, at once from
     /// local state: for checking that replicas converge.
@@ -173,26 +181,26 @@ pub enum Request {
         reply: Sender<(u64, Vec<u8>)>,
     },
     /// The status and the counters since start, at once: for metrics.
+    /// Nothing is sent while the node is starting.
     Metrics {
         reply: Sender<(NodeStatus, Stats)>,
     },
 }
 
 impl Request {
-    /// Answers a request that no replica will see (the node is still
-    /// starting): as a follower that knows no leader, so that a client
-    /// tries another node. A status asked for gets no answer.
+    /// Answers a request that no node will see (it stopped).
     pub fn refuse(self) {
-        let not_leader = || Err(RequestError::NotLeader { leader_hint: None });
         match self {
-            Request::Propose { reply, .. }
+            Request::Client { reply, .. }
+            | Request::Propose { reply, .. }
             | Request::Acquire { reply, .. }
             | Request::Read { reply, .. }
             | Request::ReadLocal { reply, .. } => {
-                reply.respond(not_leader());
+                reply.respond(Err(RequestError::Stopped));
             }
             Request::StatusTo { deliver } => deliver.deliver(None),
-            Request::Status { .. }
+            Request::ConnectionClosed(_)
+            | Request::Status { .. }
             | Request::Table { .. }
             | Request::Metrics { .. }
             | Request::TransferLeader { .. } => {}
@@ -226,7 +234,8 @@ impl PeerSink for Sender<Message> {
 /// Settings of the thread loop.
 #[derive(Clone, Debug)]
 pub struct ShellConfig {
-    /// The wall-clock length of one raft tick.
+    /// The wall-clock length of one raft tick, for a node whose config has
+    /// no `tick_ms` of its own (its ticks then come from this timer).
     pub tick_interval: Duration,
     /// The most inputs taken from the channels in one turn before the turn's
     /// `Ready` is handled.
@@ -248,20 +257,20 @@ pub struct Channels {
     pub persisted: Receiver<Persisted>,
 }
 
-/// Starts `replica` on a thread named `fencelock-raft-<id>`, reading lease
-/// time from `clock`. The thread ends when told to stop or when every
-/// request sender is gone (`Ok`, with the final counters), or on a fatal
-/// error (`Err`), after answering every outstanding request with
+/// Starts `node` on a thread named `fencelock-raft-<id>`, reading its time
+/// from `clock`. The thread ends when told to stop or when every request
+/// sender is gone (`Ok`, with the final counters), or on a fatal error
+/// (`Err`), after answering every outstanding request with
 /// [`RequestError::Stopped`].
 pub fn spawn<D: Durable + Send + 'static>(
-    replica: Replica<D>,
+    node: Node<D, Responder>,
     clock: impl Clock + 'static,
     config: ShellConfig,
     channels: Channels,
     logger: &Logger,
 ) -> std::io::Result<JoinHandle<Result<Stats, FatalError>>> {
-    let name = format!("fencelock-raft-{}", replica.status().id.0);
-    let mut driver = Driver::new(replica, clock, logger);
+    let name = format!("fencelock-raft-{}", node.id().0);
+    let mut driver = Driver::new(node, clock, logger);
     std::thread::Builder::new().name(name).spawn(move || {
         let result = run(&mut driver, &config, channels);
         driver.finish(&result);
@@ -275,11 +284,12 @@ fn run<D: Durable>(
     config: &ShellConfig,
     channels: Channels,
 ) -> Result<Stats, FatalError> {
-    let ticker = tick(config.tick_interval);
+    let ticker = if driver.ticks_itself() { never() } else { tick(config.tick_interval) };
     let requests = channels.requests;
     let mut peers_in = channels.peers_in;
     let persisted = channels.persisted;
     loop {
+        let wait = driver.next_wake();
         select! {
             recv(channels.stop) -> _ => return Ok(driver.stats()),
             recv(requests) -> request => match request {
@@ -297,6 +307,7 @@ fn run<D: Durable>(
                 Err(_) => return Err(StorageError::Thread("ended without a word".into()).into()),
             },
             recv(ticker) -> _ => driver.tick(),
+            default(wait) => {}
         }
         // Group commit: take everything already waiting into this turn.
         for _ in 0..config.drain_max {
@@ -321,67 +332,111 @@ fn run<D: Durable>(
     }
 }
 
-/// A [`Replica`] with the requests waiting on it: the driver's logic
-/// without a thread. [`spawn`] runs one on its own thread; an event loop
-/// that also serves the sockets (fencelockd's) runs one on its own, feeding
-/// it inputs and calling [`Driver::turn`] after each round of them.
+/// A [`Node`] with a real clock, [`Responder`]s and a [`PeerSink`]: the
+/// shell's side of the node, without a thread. [`spawn`] runs one on its
+/// own thread; fencelockd's event loop, which also serves the sockets, runs
+/// one on its own, feeding it inputs and calling [`Driver::turn`] after each
+/// round of them.
 pub struct Driver<D: Durable> {
-    replica: Replica<D>,
+    node: Node<D, Responder>,
     clock: Box<dyn Clock>,
-    waiting: HashMap<RequestId, Waiting>,
-    next_request_id: u64,
+    /// Grants whose answer found its asker gone, for the node.
+    undelivered: Vec<GrantRef>,
     logger: Logger,
 }
 
 impl<D: Durable> std::fmt::Debug for Driver<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Driver").field("waiting", &self.waiting.len()).finish_non_exhaustive()
+        f.debug_struct("Driver").field("node", &self.node).finish_non_exhaustive()
     }
 }
 
 impl<D: Durable> Driver<D> {
-    pub fn new(replica: Replica<D>, clock: impl Clock + 'static, logger: &Logger) -> Driver<D> {
-        let logger = logger.new(slog::o!("node_id" => replica.status().id.0));
-        Driver { replica, clock: Box::new(clock), waiting: HashMap::new(), next_request_id: 0, logger }
+    pub fn new(node: Node<D, Responder>, clock: impl Clock + 'static, logger: &Logger) -> Driver<D> {
+        let logger = logger.new(slog::o!("node_id" => node.id().0));
+        Driver { node, clock: Box::new(clock), undelivered: Vec::new(), logger }
+    }
+
+    fn handle(&mut self, event: Event<Responder>) {
+        let now_ms = self.clock.now_ms();
+        self.node.handle(now_ms, event);
     }
 
     /// A peer's message.
     pub fn step(&mut self, message: Message) {
-        self.replica.step(message);
+        self.handle(Event::PeerMessage(message));
+    }
+
+    /// A peer's hello.
+    pub fn hello(&mut self, from: NodeId, report: PeerReport) {
+        self.handle(Event::PeerHello { from, report });
     }
 
     /// Progress of an asynchronous store.
     pub fn on_persisted(&mut self, writes: u64) {
-        self.replica.on_persisted(writes);
+        self.handle(Event::Persisted(writes));
     }
 
-    /// One raft tick.
+    /// One raft tick, for a node that does not tick itself.
     pub fn tick(&mut self) {
-        self.replica.tick();
+        self.handle(Event::Tick);
+    }
+
+    /// Whether the node ticks raft from its own time (its config has a
+    /// `tick_ms`).
+    pub fn ticks_itself(&self) -> bool {
+        self.node.ticks_itself()
     }
 
     pub fn stats(&self) -> Stats {
-        self.replica.stats()
+        self.node.stats()
     }
 
-    /// The replica, to read its state.
-    pub fn replica(&self) -> &Replica<D> {
-        &self.replica
+    /// The node, to read its state.
+    pub fn node(&self) -> &Node<D, Responder> {
+        &self.node
     }
 
-    /// Runs one `Ready` and dispatches its effects: messages to
-    /// `peers_out`, replies to their requests. What may leave before the
-    /// turn's fsync leaves then (followed by a [`PeerSink::flush`]), so that
-    /// followers sync while this node does.
+    /// How long until the node wants its next turn.
+    pub fn next_wake(&self) -> Duration {
+        let now_ms = self.clock.now_ms();
+        Duration::from_millis(self.node.next_wake_ms(now_ms).saturating_sub(now_ms))
+    }
+
+    /// Runs one turn of the node and carries out what it asks: messages to
+    /// `peers_out` (flushed after each batch, so that what may leave before
+    /// the turn's write leaves then), answers to their responders. Grants
+    /// whose asker is gone go back to the node, to be released.
     pub fn turn(&mut self, peers_out: &dyn PeerSink) -> Result<(), FatalError> {
-        self.replica.set_now(self.clock.now_ms());
-        let mut ghosts = Vec::new();
-        let waiting = &mut self.waiting;
-        self.replica.run_ready_with(&mut |effects| dispatch(waiting, peers_out, effects, &mut ghosts))?;
-        let effects = self.replica.take_effects();
-        dispatch(&mut self.waiting, peers_out, effects, &mut ghosts);
-        for (key, token) in ghosts {
-            self.replica.release_ghost(key, token);
+        if !self.undelivered.is_empty() {
+            let grants = std::mem::take(&mut self.undelivered);
+            self.handle(Event::Undelivered(grants));
+        }
+        let now_ms = self.clock.now_ms();
+        let undelivered = &mut self.undelivered;
+        let mut sent = false;
+        self.node.turn(now_ms, &mut |action| match action {
+            Action::Send(message) => {
+                peers_out.send(message);
+                sent = true;
+            }
+            Action::Reply { to, reply, grants } => {
+                if sent {
+                    peers_out.flush();
+                    sent = false;
+                }
+                if !to.respond(reply) {
+                    undelivered.extend(grants);
+                }
+            }
+            Action::Applied(_) | Action::Role(_) | Action::Started(_) => {}
+        })?;
+        if sent {
+            peers_out.flush();
+        }
+        if !self.undelivered.is_empty() {
+            let grants = std::mem::take(&mut self.undelivered);
+            self.handle(Event::Undelivered(grants));
         }
         Ok(())
     }
@@ -389,7 +444,9 @@ impl<D: Durable> Driver<D> {
     /// Answers every outstanding request with [`RequestError::Stopped`]
     /// and logs how the driver ended.
     pub fn finish(&mut self, result: &Result<Stats, FatalError>) {
-        self.fail_waiting();
+        for reply in self.node.stop() {
+            reply.respond(Err(RequestError::Stopped));
+        }
         match result {
             Ok(_) => info!(self.logger, "driver stopped"),
             Err(err) => crit!(self.logger, "driver stopped on a fatal error"; "error" => %err),
@@ -397,99 +454,37 @@ impl<D: Durable> Driver<D> {
     }
 
     pub fn on_request(&mut self, request: Request) {
-        match request {
-            Request::Propose { commands, reply } => {
-                let grants = commands
-                    .iter()
-                    .map(|command| match command {
-                        Command::Grant { key, .. } => Some(key.clone()),
-                        _ => None,
-                    })
-                    .collect();
-                let id = self.register(reply, grants);
-                self.replica.propose(id, commands);
-            }
+        let client = |request, reply| Event::Request { conn: ConnId::NONE, reply_to: reply, request };
+        let event = match request {
+            Request::Client { conn, request, reply } => Event::Request { conn, reply_to: reply, request },
+            Request::ConnectionClosed(conn) => Event::ConnectionClosed(conn),
+            Request::Propose { commands, reply } => client(ClientRequest::Propose(commands), reply),
             Request::Acquire { key, lease_ms, owner, wait_ms, reply } => {
-                let id = self.register(reply, vec![Some(key.clone())]);
-                self.replica.set_now(self.clock.now_ms());
-                self.replica.acquire(id, key, lease_ms, owner, wait_ms);
+                client(ClientRequest::Acquire { key, lease_ms, owner, wait_ms }, reply)
             }
-            Request::Read { query, reply } => {
-                let id = self.register(reply, Vec::new());
-                self.replica.read(id, query);
-            }
-            Request::ReadLocal { query, reply } => {
-                reply.respond(Ok(self.replica.read_local(query)));
-            }
-            Request::TransferLeader { to } => self.replica.transfer_leader(to),
+            Request::Read { query, reply } => client(ClientRequest::Read(query), reply),
+            Request::ReadLocal { query, reply } => client(ClientRequest::ReadLocal(query), reply),
+            Request::TransferLeader { to } => Event::TransferLeader(to),
             Request::Status { reply } => {
-                let _ = reply.send(self.replica.status());
+                if let Some(status) = self.node.status() {
+                    let _ = reply.send(status);
+                }
+                return;
             }
-            Request::StatusTo { deliver } => deliver.deliver(Some(self.replica.status())),
+            Request::StatusTo { deliver } => return deliver.deliver(self.node.status()),
             Request::Table { reply } => {
-                let applied = self.replica.status().applied_index;
-                let _ = reply.send((applied, self.replica.table().snapshot()));
+                if let Some(replica) = self.node.replica() {
+                    let _ = reply.send((replica.status().applied_index, replica.table().snapshot()));
+                }
+                return;
             }
             Request::Metrics { reply } => {
-                let _ = reply.send((self.replica.status(), self.replica.stats()));
+                if let Some(status) = self.node.status() {
+                    let _ = reply.send((status, self.node.stats()));
+                }
+                return;
             }
-        }
-    }
-
-    fn register(&mut self, reply: Responder, grants: Vec<Option<Key>>) -> RequestId {
-        self.next_request_id += 1;
-        let id = RequestId(self.next_request_id);
-        self.waiting.insert(id, Waiting { reply, grants });
-        id
-    }
-
-    fn fail_waiting(&mut self) {
-        for (_, waiting) in self.waiting.drain() {
-            waiting.reply.respond(Err(RequestError::Stopped));
-        }
-    }
-}
-
-/// Sends a turn's messages and replies. Grants whose caller is gone are
-/// pushed to `ghosts`, for the replica to release.
-fn dispatch(
-    waiting: &mut HashMap<RequestId, Waiting>,
-    peers_out: &dyn PeerSink,
-    effects: Effects,
-    ghosts: &mut Vec<(Key, FencingToken)>,
-) {
-    if !effects.messages.is_empty() {
-        for message in effects.messages {
-            peers_out.send(message);
-        }
-        peers_out.flush();
-    }
-    for (id, reply) in effects.replies {
-        let Some(waiting) = waiting.remove(&id) else { continue };
-        let granted: Vec<(Key, FencingToken)> = match &reply {
-            Ok(Response::Applied(results)) => waiting
-                .grants
-                .into_iter()
-                .zip(results)
-                .filter_map(|(key, result)| match (key, result) {
-                    (Some(key), ApplyResult::Granted { token, .. }) => Some((key, *token)),
-                    _ => None,
-                })
-                .collect(),
-            _ => Vec::new(),
         };
-        if !waiting.reply.respond(reply) {
-            // The caller is gone. Its request still took effect: a lock it
-            // was granted would be held by nobody (a ghost) until its lease
-            // ran out, so it is released now.
-            ghosts.extend(granted);
-        }
+        self.handle(event);
     }
-}
-
-/// A request waiting for its reply.
-struct Waiting {
-    reply: Responder,
-    /// Per command, the key of each Grant, to release a ghost lock.
-    grants: Vec<Option<Key>>,
 }

@@ -12,11 +12,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use protobuf::Message as _;
-use raft::prelude::{ConfState, Entry, HardState, Message, Snapshot};
+use raft::prelude::{ConfState, Entry, HardState, Snapshot};
 use raft::{GetEntriesContext, RaftState, StorageError as RaftStorageError};
 
 use crate::rejoin::Membership;
-use crate::shell::PeerSink;
 
 /// One synced write: what a `Ready` asks to persist, or a local snapshot.
 #[derive(Clone, Copy, Debug, Default)]
@@ -79,6 +78,12 @@ pub trait Durable {
     /// Reads back what was written before a restart.
     fn recover(&mut self) -> Result<Recovered, StorageError>;
 
+    /// Whether the store was never written (see [`Recovered::is_blank`]),
+    /// without consuming what [`Durable::recover`] returns.
+    fn is_blank(&mut self) -> Result<bool, StorageError> {
+        Ok(self.recover()?.is_blank())
+    }
+
     /// Writes `batch` atomically and, unless it says it may defer that,
     /// syncs it (and every write before it) before returning. An
     /// asynchronous store only queues it (see [`Durable::is_async`]).
@@ -90,15 +95,6 @@ pub trait Durable {
     /// nothing that depends on them leaves the node.
     fn is_async(&self) -> bool {
         false
-    }
-
-    /// For an asynchronous store: sends `messages` (votes, append
-    /// acknowledgements) once every write made before this call is
-    /// durable, before reporting those writes durable. A synchronous store
-    /// is never asked.
-    fn send_when_durable(&mut self, messages: Vec<Message>) -> Result<(), StorageError> {
-        drop(messages);
-        Err(StorageError::Thread("a synchronous store does not hold messages".into()))
     }
 
     /// For an asynchronous store: the syncs it has done, which group many
@@ -404,6 +400,10 @@ impl EngineStore {
 }
 
 impl Durable for EngineStore {
+    fn is_blank(&mut self) -> Result<bool, StorageError> {
+        EngineStore::is_blank(self)
+    }
+
     fn recover(&mut self) -> Result<Recovered, StorageError> {
         let hard_state: HardState = self.engine.get_message(GROUP, HARD_STATE_KEY)?.unwrap_or_default();
         let conf_state: Option<ConfState> = self.engine.get_message(GROUP, CONF_STATE_KEY)?;
@@ -575,11 +575,12 @@ impl Drop for AsyncEngineStore {
 
 impl AsyncEngineStore {
     /// Recovers `store`, then hands it to a thread named `name`, which
-    /// sends the messages that wait for its writes through `peers`.
+    /// calls `progress` after each report it sends (to wake the owner's
+    /// loop: one call per synced group).
     pub fn spawn(
         mut store: EngineStore,
         name: String,
-        peers: Box<dyn PeerSink + Send>,
+        progress: Box<dyn Fn() + Send>,
     ) -> Result<(AsyncEngineStore, crossbeam_channel::Receiver<Persisted>), StorageError> {
         let recovered = store.recover()?;
         let (jobs, queued) = crossbeam_channel::unbounded::<Job>();
@@ -589,7 +590,7 @@ impl AsyncEngineStore {
         let (thread_store, thread_counts) = (Arc::clone(&store), Arc::clone(&counts));
         let thread = std::thread::Builder::new()
             .name(name)
-            .spawn(move || write_queued(&thread_store, &queued, &report, peers.as_ref(), &thread_counts))
+            .spawn(move || write_queued(&thread_store, &queued, &report, progress.as_ref(), &thread_counts))
             .map_err(|err| StorageError::Thread(format!("cannot start: {err}")))?;
         let store = AsyncEngineStore {
             jobs: Some(jobs),
@@ -634,17 +635,16 @@ impl AsyncEngineStore {
 #[derive(Debug)]
 enum Job {
     Write(Box<OwnedWriteBatch>),
-    /// To send once every write before it is durable.
-    Send(Vec<Message>),
 }
 
 /// The I/O thread: everything queued goes out in one group, synced once;
-/// then the group's messages leave, then its writes are reported durable.
+/// then its writes are reported durable (the replica holds the messages
+/// that wait for them until it hears so).
 fn write_queued(
     store: &std::sync::Mutex<EngineStore>,
     queued: &crossbeam_channel::Receiver<Job>,
     report: &crossbeam_channel::Sender<Persisted>,
-    peers: &dyn PeerSink,
+    progress: &dyn Fn(),
     counts: &Counts,
 ) {
     use std::sync::atomic::Ordering::SeqCst;
@@ -659,10 +659,9 @@ fn write_queued(
             let _ = report.send(Err(StorageError::Thread("the engine's lock is poisoned".into())));
             return;
         };
-        let sync_at = group.iter().rposition(|job| matches!(job, Job::Write(batch) if !batch.may_defer_sync));
+        let sync_at = group.iter().rposition(|Job::Write(batch)| !batch.may_defer_sync);
         let mut written = 0;
-        for (at, job) in group.iter().enumerate() {
-            let Job::Write(batch) = job else { continue };
+        for (at, Job::Write(batch)) in group.iter().enumerate() {
             let mut batch = batch.as_batch();
             // One sync, at the last write that needs one, makes every
             // write before it durable too.
@@ -677,25 +676,21 @@ fn write_queued(
         if sync_at.is_some() {
             counts.syncs.fetch_add(1, SeqCst);
         }
-        for job in group.drain(..) {
-            if let Job::Send(messages) = job {
-                for message in messages {
-                    peers.send(message);
-                }
-            }
-        }
         let durable = counts.durable.fetch_add(written, SeqCst) + written;
         // No one listening is no reason to stop writing what was queued.
         let _ = report.send(Ok(durable));
-        // After the report: a sink that wakes an event loop wakes it once
-        // for the group's messages and its progress.
-        peers.flush();
+        // After the report: an owner's event loop is woken once a group.
+        progress();
         // The last act on a group: from here an inline write may follow.
         counts.outstanding.fetch_sub(jobs, SeqCst);
     }
 }
 
 impl Durable for AsyncEngineStore {
+    fn is_blank(&mut self) -> Result<bool, StorageError> {
+        Ok(self.recovered.as_ref().is_some_and(Recovered::is_blank))
+    }
+
     fn recover(&mut self) -> Result<Recovered, StorageError> {
         self.recovered.take().ok_or(StorageError::Corrupt {
             what: "store",
@@ -708,10 +703,6 @@ impl Durable for AsyncEngineStore {
             return Ok(());
         }
         self.queue(Job::Write(Box::new(OwnedWriteBatch::from_batch(&batch))))
-    }
-
-    fn send_when_durable(&mut self, messages: Vec<Message>) -> Result<(), StorageError> {
-        self.queue(Job::Send(messages))
     }
 
     fn syncs_done(&self) -> Option<u64> {

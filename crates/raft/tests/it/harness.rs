@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, never, Receiver, Sender};
 use fencelock_raft::shell::{self, Channels, ManualClock, Request, Responder, ShellConfig};
 use fencelock_raft::{
-    AsyncEngineStore, Config, EngineStore, FatalError, NodeId, NodeStatus, Query, Replica, Reply,
-    RequestError, Response, Role, Stats,
+    AsyncEngineStore, Config, Durable as _, EngineStore, FatalError, Node as FencelockNode, NodeConfig,
+    NodeId, NodeStatus, Query, Reply, RequestError, Response, Role, Stats, WriteBatch,
 };
 use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner};
-use raft::prelude::Message;
+use raft::prelude::{ConfState, Message};
 use tempfile::TempDir;
 
 /// How long a test waits for anything before failing.
@@ -84,17 +84,26 @@ impl Cluster {
         // millisecond they move, so that deadlines are exact.
         config.expiry_scan_interval_ms = 1;
         (self.tune)(&mut config);
-        let store = EngineStore::open(self.dirs[idx(id)].path()).expect("open raft-engine");
+        let mut store = EngineStore::open(self.dirs[idx(id)].path()).expect("open raft-engine");
+        if store.is_blank().expect("read raft-engine") {
+            // Bootstrapped with its voters, as a cluster whose nodes all
+            // start new: this harness exchanges no hellos.
+            let voters: Vec<u64> = config.voters.iter().map(|voter| voter.0).collect();
+            let conf_state = ConfState::from((voters, vec![]));
+            store
+                .write(WriteBatch { conf_state: Some(&conf_state), ..Default::default() })
+                .expect("bootstrap");
+        }
+        let config = NodeConfig { driver: config, tick_ms: None, election_seed: None };
         // Node 2 writes on its driver thread, the others through an I/O
         // thread: every cluster runs both kinds of store, either leading.
         let (peers_out_tx, peers_out_rx) = bounded::<Message>(4096);
-        let (replica, persisted) = if id == 2 {
-            (Node::Sync(Replica::open(config, store, &self.logger).expect("open replica")), never())
+        let (node, persisted) = if id == 2 {
+            (Node::Sync(FencelockNode::open(config, store, &self.logger).expect("open node")), never())
         } else {
-            let (store, persisted) =
-                AsyncEngineStore::spawn(store, format!("test-io-{id}"), Box::new(peers_out_tx.clone()))
-                    .expect("start the I/O thread");
-            (Node::Async(Replica::open(config, store, &self.logger).expect("open replica")), persisted)
+            let (store, persisted) = AsyncEngineStore::spawn(store, format!("test-io-{id}"), Box::new(|| {}))
+                .expect("start the I/O thread");
+            (Node::Async(FencelockNode::open(config, store, &self.logger).expect("open node")), persisted)
         };
 
         let (requests_tx, requests_rx) = bounded(1024);
@@ -109,9 +118,9 @@ impl Cluster {
             persisted,
         };
         let clock = self.clocks[idx(id)].clone();
-        let thread = match replica {
-            Node::Sync(replica) => shell::spawn(replica, clock, shell_config, channels, &self.logger),
-            Node::Async(replica) => shell::spawn(replica, clock, shell_config, channels, &self.logger),
+        let thread = match node {
+            Node::Sync(node) => shell::spawn(node, clock, shell_config, channels, &self.logger),
+            Node::Async(node) => shell::spawn(node, clock, shell_config, channels, &self.logger),
         }
         .expect("spawn driver");
         self.inboxes.write().unwrap()[idx(id)] = Some(peers_in_tx);
@@ -120,10 +129,10 @@ impl Cluster {
     }
 }
 
-/// A replica on either kind of store.
+/// A node on either kind of store.
 enum Node {
-    Sync(Replica<EngineStore>),
-    Async(Replica<AsyncEngineStore>),
+    Sync(FencelockNode<EngineStore, Responder>),
+    Async(FencelockNode<AsyncEngineStore, Responder>),
 }
 
 impl Cluster {

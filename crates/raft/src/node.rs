@@ -1,0 +1,489 @@
+//! The whole node as a sans-IO state machine: what `fencelockd` runs in its
+//! event loop, and what the simulator runs, the same code in both.
+//!
+//! Events go in with the node's monotonic time ([`Node::handle`]): a client
+//! request on a connection, a connection closed, an answer that could not be
+//! delivered, a peer's hello, a peer's raft message, the store's report
+//! that its first N writes are durable. [`Node::turn`] then runs the raft
+//! ticks that are due and one `Ready`, and hands out [`Action`]s: messages
+//! to peers, answers to clients, and what applied (for checkers). Messages
+//! that must wait for a write (votes, append acknowledgements) are held
+//! inside the node and leave when the store reports that write durable.
+//! [`Node::next_wake_ms`] says when it wants its next turn.
+//!
+//! What it owns: the [`Replica`] (raft-rs, the lock table, the leases, the
+//! per-key request queues), the [`Registry`] of client requests by
+//! connection (so that a closed connection's waiting requests are cancelled
+//! and its grants released as ghosts), the start-up decision of a node whose
+//! store is blank, from its peers' hellos ([`rejoin::decide`]), the raft tick
+//! schedule, and, in a simulation, the seeded election timeouts. What it
+//! does not own: sockets, threads, clocks, and the store's I/O thread; the
+//! store itself is handed in (a [`Durable`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use fencelock_types::{Command, Key, LeaseMs, Owner};
+use raft::prelude::Message;
+use slog::{info, warn, Logger};
+
+use crate::registry::{Answered, ConnId, Registry};
+use crate::rejoin::{self, PeerReport, Start};
+use crate::replica::{Effects, GrantRef, NodeStatus, Replica, Stats};
+use crate::storage::Durable;
+use crate::{AppliedEvent, Config, FatalError, NodeId, Query, Reply, RequestError, RoleChange};
+
+/// A node's settings.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    pub driver: Config,
+    /// The length of a raft tick on the node's clock: the node ticks raft
+    /// itself as its time passes. `None`: the shell sends [`Event::Tick`]
+    /// on a timer of its own (a test whose lease clock stands still).
+    pub tick_ms: Option<u64>,
+    /// `Some(seed)`: election timeouts are drawn from this seed after every
+    /// role or term change instead of raft-rs's unseeded generator, so that
+    /// a simulation replays byte for byte.
+    pub election_seed: Option<u64>,
+}
+
+/// What a client asks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClientRequest {
+    /// Commands to apply together, in one log entry.
+    Propose(Vec<Command>),
+    /// Acquire `key`, waiting up to `wait_ms` for it when another owner
+    /// holds it (0: do not wait).
+    Acquire { key: Key, lease_ms: LeaseMs, owner: Owner, wait_ms: u64 },
+    /// A linearizable read, through ReadIndex on the leader.
+    Read(Query),
+    /// A read of this node's applied table, at once: it may be stale.
+    ReadLocal(Query),
+}
+
+/// An input to the node. `T` is where an answer goes (a connection's
+/// response sink, a channel, a simulated client).
+#[derive(Debug)]
+pub enum Event<T> {
+    Request {
+        conn: ConnId,
+        reply_to: T,
+        request: ClientRequest,
+    },
+    /// The connection closed: requests on it not yet proposed are
+    /// forgotten, and what those in flight are granted is released.
+    ConnectionClosed(ConnId),
+    /// An answer's connection was gone when the shell tried to deliver it:
+    /// the grants it carried are released, unless granted again since.
+    Undelivered(Vec<GrantRef>),
+    /// A peer's hello: what it says of itself and of this node.
+    PeerHello {
+        from: NodeId,
+        report: PeerReport,
+    },
+    PeerMessage(Message),
+    /// The store's first `n` writes since open are durable.
+    Persisted(u64),
+    /// Hand leadership to another node, if this one leads.
+    TransferLeader(NodeId),
+    /// One raft tick, for a node without a `tick_ms` of its own.
+    Tick,
+}
+
+/// What the node asks its shell to do, in order.
+#[derive(Debug)]
+pub enum Action<T> {
+    /// A raft message for a peer. Dropping it is safe: raft sends again.
+    Send(Message),
+    /// An answer. If it cannot be delivered, hand `grants` back as
+    /// [`Event::Undelivered`].
+    Reply {
+        to: T,
+        reply: Reply,
+        grants: Vec<GrantRef>,
+    },
+    /// A change of the lock table, in log order.
+    Applied(AppliedEvent),
+    Role(RoleChange),
+    /// A node whose store was blank decided how it starts.
+    Started(Start),
+}
+
+/// How often a starting node logs whom it still waits for.
+const STARTING_REPORT_EVERY_MS: u64 = 5_000;
+/// How soon a starting node looks at its hellos again.
+const STARTING_POLL_MS: u64 = 20;
+
+enum Phase<D: Durable> {
+    /// The store was blank: waiting for the peers' hellos ([`rejoin`]).
+    /// `None` only while it opens.
+    Starting {
+        store: Option<D>,
+        next_report_ms: u64,
+    },
+    Running(Box<Replica<D>>),
+}
+
+/// The node. See the module docs.
+pub struct Node<D: Durable, T> {
+    config: NodeConfig,
+    phase: Phase<D>,
+    registry: Registry<T>,
+    /// Each peer's last hello.
+    heard: BTreeMap<u64, PeerReport>,
+    /// Actions decided while handling events, handed out at the next turn.
+    pending: Vec<Action<T>>,
+    next_tick_ms: Option<u64>,
+    rng: Option<SplitMix64>,
+    logger: Logger,
+}
+
+impl<D: Durable, T> std::fmt::Debug for Node<D, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node").field("status", &self.status()).finish_non_exhaustive()
+    }
+}
+
+impl<D: Durable, T> Node<D, T> {
+    /// Opens the node on `store`. A blank store in a cluster of more than
+    /// one node waits for its peers' hellos before it takes any part.
+    pub fn open(config: NodeConfig, mut store: D, logger: &Logger) -> Result<Node<D, T>, FatalError> {
+        config.driver.validate()?;
+        if config.tick_ms == Some(0) {
+            return Err(crate::ConfigError("tick_ms must be positive".into()).into());
+        }
+        let logger = logger.new(slog::o!("node_id" => config.driver.id.0));
+        let blank = store.is_blank()?;
+        let mut node = Node {
+            rng: config.election_seed.map(SplitMix64),
+            config,
+            phase: Phase::Starting { store: None, next_report_ms: 0 },
+            registry: Registry::default(),
+            heard: BTreeMap::new(),
+            pending: Vec::new(),
+            next_tick_ms: None,
+            logger,
+        };
+        if blank && node.config.driver.voters.len() > 1 {
+            info!(node.logger, "empty store: asking the peers whether this node was a member before");
+            node.phase = Phase::Starting { store: Some(store), next_report_ms: STARTING_REPORT_EVERY_MS };
+        } else {
+            node.start(store, None)?;
+        }
+        Ok(node)
+    }
+
+    fn start(&mut self, store: D, rejoin: Option<rejoin::Floor>) -> Result<(), FatalError> {
+        let replica = Replica::open_rejoining(self.config.driver.clone(), store, rejoin, &self.logger)?;
+        self.phase = Phase::Running(Box::new(replica));
+        self.next_tick_ms = None;
+        self.draw_election_timeout();
+        Ok(())
+    }
+
+    /// Takes one input. Nothing leaves before the next [`Node::turn`].
+    pub fn handle(&mut self, now_ms: u64, event: Event<T>) {
+        match event {
+            Event::Request { conn, reply_to, request } => self.request(now_ms, conn, reply_to, request),
+            Event::ConnectionClosed(conn) => {
+                for id in self.registry.close(conn) {
+                    if let Phase::Running(replica) = &mut self.phase {
+                        if replica.cancel(id) {
+                            self.registry.forget(id);
+                        }
+                    }
+                }
+            }
+            Event::Undelivered(grants) => {
+                if let Phase::Running(replica) = &mut self.phase {
+                    for grant in grants {
+                        replica.release_ghost(grant);
+                    }
+                }
+            }
+            Event::PeerHello { from, report } => {
+                let id = self.config.driver.id;
+                if from != id && self.config.driver.voters.contains(&from) {
+                    self.heard.insert(from.0, report);
+                }
+            }
+            Event::PeerMessage(message) => {
+                // A starting node drops them: raft sends again.
+                if let Phase::Running(replica) = &mut self.phase {
+                    replica.step(message);
+                }
+            }
+            Event::Persisted(writes) => {
+                if let Phase::Running(replica) = &mut self.phase {
+                    replica.on_persisted(writes);
+                }
+            }
+            Event::TransferLeader(to) => {
+                if let Phase::Running(replica) = &mut self.phase {
+                    replica.transfer_leader(to);
+                }
+            }
+            Event::Tick => {
+                if let Phase::Running(replica) = &mut self.phase {
+                    replica.tick();
+                }
+            }
+        }
+    }
+
+    fn request(&mut self, now_ms: u64, conn: ConnId, reply_to: T, request: ClientRequest) {
+        let Phase::Running(replica) = &mut self.phase else {
+            // As a follower that knows no leader: the client tries another node.
+            let reply = Err(RequestError::NotLeader { leader_hint: None });
+            self.pending.push(Action::Reply { to: reply_to, reply, grants: Vec::new() });
+            return;
+        };
+        if let ClientRequest::ReadLocal(query) = request {
+            let reply = Ok(replica.read_local(query));
+            self.pending.push(Action::Reply { to: reply_to, reply, grants: Vec::new() });
+            return;
+        }
+        let id = self.registry.register(conn, reply_to);
+        replica.set_now(now_ms);
+        match request {
+            ClientRequest::Propose(commands) => replica.propose(id, commands),
+            ClientRequest::Acquire { key, lease_ms, owner, wait_ms } => {
+                replica.acquire(id, key, lease_ms, owner, wait_ms)
+            }
+            ClientRequest::Read(query) => replica.read(id, query),
+            ClientRequest::ReadLocal(_) => unreachable!("answered above"),
+        }
+    }
+
+    /// Runs the ticks that are due and one `Ready`, and hands what should
+    /// happen to `out`, in order. What may leave before the turn's write (a
+    /// leader's appends, answers to entries committed before) is handed out
+    /// before it. An error is fatal: the node must be dropped.
+    pub fn turn(&mut self, now_ms: u64, out: &mut dyn FnMut(Action<T>)) -> Result<(), FatalError> {
+        for action in self.pending.drain(..) {
+            out(action);
+        }
+        if let Phase::Starting { .. } = self.phase {
+            match self.decide_start(now_ms) {
+                Start::Wait => return Ok(()),
+                start => {
+                    let Phase::Starting { store, .. } = &mut self.phase else { unreachable!("starting") };
+                    let store = store.take().expect("a starting node holds its store until it opens");
+                    let floor = match start {
+                        Start::Rejoin(floor) => Some(floor),
+                        _ => None,
+                    };
+                    self.start(store, floor)?;
+                    out(Action::Started(start));
+                }
+            }
+        }
+        let Phase::Running(replica) = &mut self.phase else { unreachable!("started above") };
+        if let Some(tick_ms) = self.config.tick_ms {
+            let next_tick_ms = *self.next_tick_ms.get_or_insert(now_ms.saturating_add(tick_ms));
+            if now_ms >= next_tick_ms {
+                replica.tick();
+                let mut next = next_tick_ms.saturating_add(tick_ms);
+                if next <= now_ms {
+                    // A node held up for several ticks does not catch up in
+                    // a burst: the next tick is a whole interval away.
+                    next = now_ms.saturating_add(tick_ms);
+                }
+                self.next_tick_ms = Some(next);
+            }
+        }
+        replica.set_now(now_ms);
+        let registry = &mut self.registry;
+        let mut ghosts = Vec::new();
+        let mut roles_changed = false;
+        replica.run_ready_with(&mut |effects| {
+            roles_changed |= dispatch(registry, effects, &mut *out, &mut ghosts);
+        })?;
+        let effects = replica.take_effects();
+        roles_changed |= dispatch(registry, effects, out, &mut ghosts);
+        for grant in ghosts {
+            replica.release_ghost(grant);
+        }
+        if roles_changed {
+            // raft-rs reset its election timeout with a draw of its own.
+            self.draw_election_timeout();
+        }
+        Ok(())
+    }
+
+    /// The start of a node whose store was blank, from its peers' hellos.
+    fn decide_start(&mut self, now_ms: u64) -> Start {
+        let id = self.config.driver.id;
+        let peers: BTreeSet<u64> =
+            self.config.driver.voters.iter().map(|voter| voter.0).filter(|voter| *voter != id.0).collect();
+        let start = rejoin::decide(&peers, &self.heard);
+        match start {
+            Start::Wait => {
+                if let Phase::Starting { next_report_ms, .. } = &mut self.phase {
+                    if now_ms >= *next_report_ms {
+                        *next_report_ms = now_ms.saturating_add(STARTING_REPORT_EVERY_MS);
+                        let waiting: Vec<u64> =
+                            peers.iter().filter(|peer| !self.heard.contains_key(peer)).copied().collect();
+                        info!(self.logger, "empty store: waiting for peers to say whether this node was a member before";
+                            "answered" => ?self.heard.keys().collect::<Vec<_>>(), "waiting_for" => ?waiting);
+                    }
+                }
+            }
+            Start::Fresh => {
+                info!(self.logger, "empty store, and no peer knows this node: a new member, starting")
+            }
+            Start::Rejoin(floor) => warn!(self.logger,
+                "empty store, but peers know this node: its data was lost. Rejoining without a vote until it has \
+                 caught up";
+                "floor_term" => floor.term, "floor_last_index" => floor.last_index,
+                "known_by" => ?self.heard.iter().filter(|(_, heard)| heard.knows_you).map(|(id, _)| *id).collect::<Vec<_>>()),
+        }
+        start
+    }
+
+    /// The node's time at which it wants its next turn, given its time now.
+    pub fn next_wake_ms(&self, now_ms: u64) -> u64 {
+        if !self.pending.is_empty() {
+            return now_ms;
+        }
+        match &self.phase {
+            Phase::Starting { .. } => now_ms.saturating_add(STARTING_POLL_MS),
+            Phase::Running(replica) if replica.has_ready() => now_ms,
+            Phase::Running(_) if self.config.tick_ms.is_none() => u64::MAX,
+            Phase::Running(_) => self.next_tick_ms.unwrap_or(now_ms),
+        }
+    }
+
+    /// What this node's hello to `peer` says: whether it has had raft
+    /// messages from it, and its own term and last index (nothing while it
+    /// is starting).
+    pub fn hello_for(&self, peer: NodeId) -> PeerReport {
+        match &self.phase {
+            Phase::Starting { .. } => PeerReport::default(),
+            Phase::Running(replica) => {
+                let (term, last_index) = replica.log_position();
+                PeerReport { knows_you: replica.known_peers().contains(&peer.0), term, last_index }
+            }
+        }
+    }
+
+    /// What every hello of this node says: its term, last index and the
+    /// peers it has heard from.
+    pub fn hello_state(&self) -> (u64, u64, BTreeSet<u64>) {
+        match &self.phase {
+            Phase::Starting { .. } => (0, 0, BTreeSet::new()),
+            Phase::Running(replica) => {
+                let (term, last_index) = replica.log_position();
+                (term, last_index, replica.known_peers().clone())
+            }
+        }
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.config.driver.id
+    }
+
+    /// Whether the node ticks raft from its own time (a `tick_ms`).
+    pub fn ticks_itself(&self) -> bool {
+        self.config.tick_ms.is_some()
+    }
+
+    /// Whether the node still waits for its peers to say how it starts.
+    pub fn is_starting(&self) -> bool {
+        matches!(self.phase, Phase::Starting { .. })
+    }
+
+    /// The replica, once the node has started.
+    pub fn replica(&self) -> Option<&Replica<D>> {
+        match &self.phase {
+            Phase::Running(replica) => Some(replica),
+            Phase::Starting { .. } => None,
+        }
+    }
+
+    /// `None` while the node is starting.
+    pub fn status(&self) -> Option<NodeStatus> {
+        self.replica().map(Replica::status)
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.replica().map(Replica::stats).unwrap_or_default()
+    }
+
+    /// Writes handed to the store and not yet reported durable.
+    pub fn writes_in_flight(&self) -> u64 {
+        self.replica().map_or(0, Replica::writes_in_flight)
+    }
+
+    /// Requests taken and not yet answered.
+    pub fn open_requests(&self) -> usize {
+        self.registry.len()
+    }
+
+    /// Every request waiting for an answer, to be told the node stopped;
+    /// the node forgets them.
+    pub fn stop(&mut self) -> Vec<T> {
+        self.registry.drain().collect()
+    }
+
+    fn draw_election_timeout(&mut self) {
+        let (Some(rng), Phase::Running(replica)) = (self.rng.as_mut(), &mut self.phase) else { return };
+        let min = self.config.driver.election_ticks as u64;
+        let max = self.config.driver.election_ticks_max.map_or(2 * min, |max| max as u64);
+        let ticks = min + rng.next() % (max - min).max(1);
+        replica.pin_election_timeout(ticks as usize);
+    }
+}
+
+/// Hands a turn's effects out. Answers to orphans (their connection closed)
+/// are not sent: what they were granted is pushed to `ghosts`. Returns
+/// whether the role changed.
+fn dispatch<T>(
+    registry: &mut Registry<T>,
+    effects: Effects,
+    out: &mut dyn FnMut(Action<T>),
+    ghosts: &mut Vec<GrantRef>,
+) -> bool {
+    for message in effects.messages {
+        out(Action::Send(message));
+    }
+    let mut grants: BTreeMap<crate::RequestId, Vec<GrantRef>> = BTreeMap::new();
+    for (id, grant) in effects.grants {
+        grants.entry(id).or_default().push(grant);
+    }
+    for (id, reply) in effects.replies {
+        let granted = grants.remove(&id).unwrap_or_default();
+        match registry.answer(id) {
+            Some(Answered::To(to)) => out(Action::Reply { to, reply, grants: granted }),
+            // Its client is gone: a lock it was granted would be held by
+            // nobody until its lease ran out.
+            Some(Answered::Orphan) => ghosts.extend(granted),
+            None => {}
+        }
+    }
+    for event in effects.applied {
+        out(Action::Applied(event));
+    }
+    let roles_changed = !effects.roles.is_empty();
+    for role in effects.roles {
+        out(Action::Role(role));
+    }
+    roles_changed
+}
+
+/// A small seeded generator for election timeouts (SplitMix64).
+#[derive(Debug)]
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+#[cfg(test)]
+#[path = "node_tests.rs"]
+mod tests;

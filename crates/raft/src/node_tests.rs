@@ -1,0 +1,320 @@
+//! The node as a client sees it: requests on connections, connections that
+//! close at the worst moment, retries on another connection.
+
+#![allow(clippy::unwrap_used)]
+
+use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner};
+
+use crate::node::{Action, ClientRequest, Event, Node, NodeConfig};
+use crate::registry::ConnId;
+use crate::storage::MemStore;
+use crate::tests::QueuedStore;
+use crate::{Config, NodeId, Query, Reply, Response};
+
+/// One node on an asynchronous store (its writes durable only when the
+/// test says), its time, and the answers it gave, by asker.
+struct One {
+    node: Node<QueuedStore, u32>,
+    store: QueuedStore,
+    now_ms: u64,
+    answers: Vec<(u32, Reply)>,
+}
+
+impl One {
+    fn new() -> One {
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let config = NodeConfig {
+            driver: Config::new(NodeId(1), vec![NodeId(1)]),
+            tick_ms: Some(10),
+            election_seed: Some(7),
+        };
+        let store = QueuedStore::default();
+        let node = Node::open(config, store.clone(), &logger).unwrap();
+        let mut one = One { node, store, now_ms: 0, answers: Vec::new() };
+        while !one.node.replica().is_some_and(|replica| replica.is_leader_ready()) {
+            one.advance(10);
+            assert!(one.now_ms < 10_000, "a one-node cluster never elected itself");
+        }
+        one
+    }
+
+    /// Runs turns, each write made durable after its turn, until the node
+    /// has nothing left to do now.
+    fn settle(&mut self) {
+        for _ in 0..100 {
+            self.turn();
+            if self.node.writes_in_flight() > 0 {
+                self.node.handle(self.now_ms, Event::Persisted(self.store.flush()));
+                continue;
+            }
+            if self.node.next_wake_ms(self.now_ms) > self.now_ms {
+                return;
+            }
+        }
+        panic!("the node never settled");
+    }
+
+    /// One turn; its writes stay queued.
+    fn turn(&mut self) {
+        let answers = &mut self.answers;
+        self.node
+            .turn(self.now_ms, &mut |action| {
+                if let Action::Reply { to, reply, .. } = action {
+                    answers.push((to, reply));
+                }
+            })
+            .unwrap();
+    }
+
+    fn advance(&mut self, ms: u64) {
+        self.now_ms += ms;
+        self.settle();
+    }
+
+    fn send(&mut self, conn: u64, asker: u32, request: ClientRequest) {
+        self.node.handle(self.now_ms, Event::Request { conn: ConnId(conn), reply_to: asker, request });
+    }
+
+    fn answer(&mut self, asker: u32) -> Option<Reply> {
+        let at = self.answers.iter().position(|(to, _)| *to == asker)?;
+        Some(self.answers.remove(at).1)
+    }
+
+    fn holder(&self, key: &str) -> Option<(Owner, FencingToken)> {
+        let lock = self.node.replica().unwrap().table().holder(key.as_bytes())?;
+        Some((lock.owner.clone(), lock.token))
+    }
+}
+
+fn acquire(key: &str, owner: &str) -> ClientRequest {
+    ClientRequest::Acquire {
+        key: Key::new(key.as_bytes().to_vec()).unwrap(),
+        lease_ms: LeaseMs::new(30_000).unwrap(),
+        owner: Owner::new(owner.as_bytes().to_vec()).unwrap(),
+        wait_ms: 0,
+    }
+}
+
+fn granted(reply: Option<Reply>) -> FencingToken {
+    match reply {
+        Some(Ok(Response::Applied(results))) => match results.as_slice() {
+            [ApplyResult::Granted { token, .. }] => *token,
+            other => panic!("not granted: {other:?}"),
+        },
+        other => panic!("not granted: {other:?}"),
+    }
+}
+
+#[test]
+fn a_retry_on_a_second_connection_keeps_the_lock_when_the_first_closes_before_its_answer() {
+    // The scenario of a plain user: acquire on connection 1, the same
+    // acquire again on connection 2, connection 1 closes before its answer.
+    let mut one = One::new();
+    one.send(1, 1, acquire("k", "X"));
+    one.send(2, 2, acquire("k", "X"));
+    // The first is proposed (and waits for its write), the retry queues
+    // behind it on the key.
+    one.turn();
+    assert!(one.node.writes_in_flight() > 0);
+    one.node.handle(one.now_ms, Event::ConnectionClosed(ConnId(1)));
+    one.settle();
+    let token = granted(one.answer(2));
+    assert!(one.answer(1).is_none(), "an answer went to a closed connection");
+    one.advance(50);
+    one.advance(50);
+    let owner = Owner::new(b"X".to_vec()).unwrap();
+    assert_eq!(one.holder("k"), Some((owner, token)), "the retry was told it holds the lock, then lost it");
+    // Another owner is turned away.
+    one.send(3, 3, acquire("k", "Y"));
+    one.settle();
+    assert!(matches!(one.answer(3), Some(Err(crate::RequestError::Held { .. }))));
+}
+
+#[test]
+fn a_retry_keeps_the_lock_when_the_first_answer_could_not_be_delivered() {
+    // Connection 1's answer is out before the shell learns it closed: the
+    // shell hands the grant back as undelivered, after the retry is queued.
+    let mut one = One::new();
+    one.send(1, 1, acquire("k", "X"));
+    one.settle();
+    let first = one.answers.iter().position(|(to, _)| *to == 1).unwrap();
+    let (_, reply) = one.answers.remove(first);
+    let token = granted(Some(reply));
+    one.send(2, 2, acquire("k", "X"));
+    let grant = crate::GrantRef { key: Key::new(b"k".to_vec()).unwrap(), token, index: grant_index(&one) };
+    one.node.handle(one.now_ms, Event::Undelivered(vec![grant]));
+    one.settle();
+    assert_eq!(granted(one.answer(2)), token);
+    one.advance(50);
+    assert_eq!(one.holder("k").map(|(_, token)| token), Some(token), "the re-granted lock was released");
+}
+
+/// The index of the entry that granted the only lock (the last applied).
+fn grant_index(one: &One) -> u64 {
+    one.node.replica().unwrap().status().applied_index
+}
+
+#[test]
+fn a_grant_no_one_was_told_of_is_released_at_once() {
+    let mut one = One::new();
+    one.send(1, 1, acquire("k", "X"));
+    one.node.handle(one.now_ms, Event::ConnectionClosed(ConnId(1)));
+    one.settle();
+    one.advance(10);
+    // Either it was never proposed (cancelled) or it was released: free.
+    assert_eq!(one.holder("k"), None);
+    assert!(one.answer(1).is_none());
+}
+
+#[test]
+fn a_grant_in_flight_when_its_connection_closes_is_released_when_it_applies() {
+    // An asynchronous store: the grant is proposed and written, not yet
+    // durable, so not applied, when the connection closes.
+    let logger = slog::Logger::root(slog::Discard, slog::o!());
+    let config = NodeConfig {
+        driver: Config::new(NodeId(1), vec![NodeId(1)]),
+        tick_ms: Some(10),
+        election_seed: Some(3),
+    };
+    let store = crate::tests::QueuedStore::default();
+    let mut node: Node<crate::tests::QueuedStore, u32> = Node::open(config, store.clone(), &logger).unwrap();
+    let mut now_ms = 0;
+    let mut answers: Vec<u32> = Vec::new();
+    let mut run = |node: &mut Node<crate::tests::QueuedStore, u32>, now_ms: u64, answers: &mut Vec<u32>| {
+        node.turn(now_ms, &mut |action| {
+            if let Action::Reply { to, .. } = action {
+                answers.push(to);
+            }
+        })
+        .unwrap();
+    };
+    while !node.replica().is_some_and(|replica| replica.is_leader_ready()) {
+        now_ms += 10;
+        run(&mut node, now_ms, &mut answers);
+        node.handle(now_ms, Event::Persisted(store.flush()));
+        run(&mut node, now_ms, &mut answers);
+        assert!(now_ms < 10_000, "never elected");
+    }
+    node.handle(now_ms, Event::Request { conn: ConnId(5), reply_to: 5, request: acquire("k", "X") });
+    run(&mut node, now_ms, &mut answers);
+    assert!(node.writes_in_flight() > 0, "the grant is not waiting for its write");
+    node.handle(now_ms, Event::ConnectionClosed(ConnId(5)));
+    for _ in 0..10 {
+        node.handle(now_ms, Event::Persisted(store.flush()));
+        run(&mut node, now_ms, &mut answers);
+    }
+    assert!(answers.is_empty(), "an answer went to a closed connection");
+    let replica = node.replica().unwrap();
+    assert_eq!(replica.stats().grants_applied, 1, "the grant never applied");
+    assert!(replica.table().holder(b"k").is_none(), "a ghost lock stayed");
+}
+
+#[test]
+fn an_undelivered_grant_renewed_since_is_kept() {
+    let mut one = One::new();
+    one.send(1, 1, acquire("k", "X"));
+    one.settle();
+    let token = granted(one.answer(1));
+    let index = grant_index(&one);
+    let key = Key::new(b"k".to_vec()).unwrap();
+    let renew = Command::Renew { key: key.clone(), token, lease_ms: LeaseMs::new(30_000).unwrap() };
+    one.send(2, 2, ClientRequest::Propose(vec![renew]));
+    one.settle();
+    assert!(matches!(one.answer(2), Some(Ok(Response::Applied(_)))));
+    one.node.handle(one.now_ms, Event::Undelivered(vec![crate::GrantRef { key, token, index }]));
+    one.advance(10);
+    assert_eq!(one.holder("k").map(|(_, token)| token), Some(token));
+}
+
+#[test]
+fn a_waiting_acquire_whose_connection_closes_is_forgotten_and_never_granted() {
+    let mut one = One::new();
+    one.send(1, 1, acquire("k", "X"));
+    one.settle();
+    let token = granted(one.answer(1));
+    let waiting = ClientRequest::Acquire {
+        key: Key::new(b"k".to_vec()).unwrap(),
+        lease_ms: LeaseMs::new(30_000).unwrap(),
+        owner: Owner::new(b"Y".to_vec()).unwrap(),
+        wait_ms: 60_000,
+    };
+    one.send(2, 2, waiting);
+    one.settle();
+    assert_eq!(one.node.open_requests(), 1);
+    one.node.handle(one.now_ms, Event::ConnectionClosed(ConnId(2)));
+    assert_eq!(one.node.open_requests(), 0, "the closed connection's waiter is still registered");
+    let release = Command::Release { key: Key::new(b"k".to_vec()).unwrap(), token: Some(token) };
+    one.send(3, 3, ClientRequest::Propose(vec![release]));
+    one.settle();
+    one.advance(10);
+    assert_eq!(one.holder("k"), None, "a waiter of a closed connection was granted the lock");
+    assert_eq!(one.node.replica().unwrap().status().pending_requests, 0);
+}
+
+#[test]
+fn a_starting_node_refuses_clients_and_waits_for_its_peers() {
+    let logger = slog::Logger::root(slog::Discard, slog::o!());
+    let config = NodeConfig {
+        driver: Config::new(NodeId(1), vec![NodeId(1), NodeId(2), NodeId(3)]),
+        tick_ms: Some(10),
+        election_seed: None,
+    };
+    let mut node: Node<MemStore, u32> = Node::open(config, MemStore::new(), &logger).unwrap();
+    assert!(node.is_starting());
+    node.handle(
+        0,
+        Event::Request {
+            conn: ConnId(1),
+            reply_to: 1,
+            request: ClientRequest::Read(Query::List { prefix: Vec::new(), limit: 1 }),
+        },
+    );
+    let mut actions = Vec::new();
+    node.turn(0, &mut |action| actions.push(action)).unwrap();
+    assert!(matches!(
+        actions.as_slice(),
+        [Action::Reply { to: 1, reply: Err(crate::RequestError::NotLeader { leader_hint: None }), .. }]
+    ));
+    // One peer says it is new too: not enough.
+    node.handle(1, Event::PeerHello { from: NodeId(2), report: Default::default() });
+    node.turn(1, &mut |_| {}).unwrap();
+    assert!(node.is_starting());
+    // A hello from a node that is not a voter counts for nothing.
+    node.handle(2, Event::PeerHello { from: NodeId(9), report: Default::default() });
+    node.turn(2, &mut |_| {}).unwrap();
+    assert!(node.is_starting());
+    // Every peer answered and none knows it: a new cluster.
+    node.handle(3, Event::PeerHello { from: NodeId(3), report: Default::default() });
+    let mut started = None;
+    node.turn(3, &mut |action| {
+        if let Action::Started(start) = action {
+            started = Some(start);
+        }
+    })
+    .unwrap();
+    assert_eq!(started, Some(crate::rejoin::Start::Fresh));
+    assert!(!node.is_starting());
+}
+
+#[test]
+fn a_blank_node_known_to_a_majority_rejoins_without_a_vote() {
+    let logger = slog::Logger::root(slog::Discard, slog::o!());
+    let config = NodeConfig {
+        driver: Config::new(NodeId(1), vec![NodeId(1), NodeId(2), NodeId(3)]),
+        tick_ms: Some(10),
+        election_seed: None,
+    };
+    let store = MemStore::new();
+    let mut node: Node<MemStore, u32> = Node::open(config, store.clone(), &logger).unwrap();
+    let knows = crate::rejoin::PeerReport { knows_you: true, term: 4, last_index: 17 };
+    node.handle(0, Event::PeerHello { from: NodeId(2), report: knows });
+    node.turn(0, &mut |_| {}).unwrap();
+    assert!(node.is_starting(), "one peer of two is no majority of the others");
+    node.handle(1, Event::PeerHello { from: NodeId(3), report: Default::default() });
+    node.turn(1, &mut |_| {}).unwrap();
+    let status = node.status().unwrap();
+    assert!(status.rejoining);
+    // The floor is on disk: a restart does not start blank again.
+    let mut reopened = store.clone();
+    assert!(!crate::Durable::is_blank(&mut reopened).unwrap());
+}
