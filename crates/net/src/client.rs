@@ -45,6 +45,13 @@ pub struct ClientConfig {
 /// the [`ResponseSink`].
 pub trait Handler: Send + Sync + 'static {
     fn handle(&self, request: Request, sink: ResponseSink);
+
+    /// Connection `connection` (as [`ResponseSink::connection`] names it)
+    /// closed, for whatever reason: after every request it carried was
+    /// handed to [`Handler::handle`]. Called on the loop's thread.
+    fn closed(&self, connection: u64) {
+        let _ = connection;
+    }
 }
 
 /// Unsent response bytes on one connection past which the loop stops
@@ -76,6 +83,12 @@ impl ResponseSink {
     /// The id of the request this sink answers.
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// The connection the request came on: a number never reused while
+    /// the listener runs.
+    pub fn connection(&self) -> u64 {
+        self.connection.token.0 as u64
     }
 
     /// Queues the response (its id is set here) for the event loop to
@@ -652,6 +665,11 @@ impl<M: protobuf::Message> EventLoop<M> {
     fn close(&mut self, token: Token, close: Close) {
         let Some(mut connection) = self.connections.remove(&token) else { return };
         connection.shared.alive.store(false, Ordering::SeqCst);
+        let handler = &self.handler;
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler.closed(token.0 as u64))).is_err()
+        {
+            warn!(connection.logger, "the request handler panicked on a closed connection");
+        }
         match close {
             Close::Quietly(reason) => {
                 debug!(connection.logger, "closing client connection"; "reason" => reason)

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crossbeam_channel::Sender;
 use fencelock_net::{error_response, Handler, ResponseSink};
 use fencelock_raft::shell::{Request as DriverRequest, Responder, StatusCallback};
-use fencelock_raft::{NodeId, NodeStatus, Query, Reply, RequestError, Response, Role};
+use fencelock_raft::{ClientRequest, ConnId, NodeId, NodeStatus, Query, Reply, RequestError, Response, Role};
 use fencelock_types::client_pb::{
     self as proto, ErrorCode, Request_oneof_kind as Kind, Response_oneof_kind as Out,
 };
@@ -39,6 +39,12 @@ pub struct Identity {
 }
 
 impl Handler for ClientHandler {
+    fn closed(&self, connection: u64) {
+        // After every request the connection carried, on the same channel:
+        // the node sees them in that order.
+        let _ = self.driver.send(DriverRequest::ConnectionClosed(ConnId(connection)));
+    }
+
     fn handle(&self, request: proto::Request, sink: ResponseSink) {
         let id = request.id;
         let Some(kind) = request.kind else {
@@ -68,6 +74,7 @@ type Refusal = (ResponseSink, String);
 
 impl ClientHandler {
     fn acquire(&self, acquire: proto::AcquireRequest, sink: ResponseSink) -> Result<(), Refusal> {
+        let conn = ConnId(sink.connection());
         let key = match Key::new(acquire.key) {
             Ok(key) => key,
             Err(err) => return Err((sink, format!("key: {err}"))),
@@ -110,11 +117,12 @@ impl ClientHandler {
                 Ok(other) => Err(unexpected(&other)),
             }
         });
-        self.send(DriverRequest::Acquire { key, lease_ms, owner, wait_ms: acquire.wait_ms, reply });
+        self.client(conn, ClientRequest::Acquire { key, lease_ms, owner, wait_ms: acquire.wait_ms }, reply);
         Ok(())
     }
 
     fn release(&self, release: proto::ReleaseRequest, sink: ResponseSink) -> Result<(), Refusal> {
+        let conn = ConnId(sink.connection());
         let key = match Key::new(release.key) {
             Ok(key) => key,
             Err(err) => return Err((sink, format!("key: {err}"))),
@@ -137,11 +145,12 @@ impl ClientHandler {
             Err(err) => Err(err),
             Ok(other) => Err(unexpected(&other)),
         });
-        self.send(DriverRequest::Propose { commands: vec![Command::Release { key, token }], reply });
+        self.client(conn, ClientRequest::Propose(vec![Command::Release { key, token }]), reply);
         Ok(())
     }
 
     fn renew(&self, renew: proto::RenewRequest, sink: ResponseSink) -> Result<(), Refusal> {
+        let conn = ConnId(sink.connection());
         let lease_ms = match LeaseMs::new(renew.lease_ms) {
             Ok(lease_ms) => lease_ms,
             Err(err) => return Err((sink, format!("lease_ms: {err}"))),
@@ -183,11 +192,12 @@ impl ClientHandler {
             Err(err) => Err(err),
             Ok(other) => Err(unexpected(&other)),
         });
-        self.send(DriverRequest::Propose { commands, reply });
+        self.client(conn, ClientRequest::Propose(commands), reply);
         Ok(())
     }
 
     fn get(&self, get: proto::GetRequest, sink: ResponseSink) -> Result<(), Refusal> {
+        let conn = ConnId(sink.connection());
         let key = match Key::new(get.key) {
             Ok(key) => key,
             Err(err) => return Err((sink, format!("key: {err}"))),
@@ -201,11 +211,12 @@ impl ClientHandler {
             Err(err) => Err(err),
             Ok(other) => Err(unexpected(&other)),
         });
-        self.read(get.linearizable, Query::Holder(key), reply);
+        self.read(conn, get.linearizable, Query::Holder(key), reply);
         Ok(())
     }
 
     fn check(&self, check: proto::CheckRequest, sink: ResponseSink) -> Result<(), Refusal> {
+        let conn = ConnId(sink.connection());
         let key = match Key::new(check.key) {
             Ok(key) => key,
             Err(err) => return Err((sink, format!("key: {err}"))),
@@ -220,11 +231,12 @@ impl ClientHandler {
             Err(err) => Err(err),
             Ok(other) => Err(unexpected(&other)),
         });
-        self.read(true, Query::Check { key, token }, reply);
+        self.read(conn, true, Query::Check { key, token }, reply);
         Ok(())
     }
 
     fn list(&self, list: proto::ListRequest, sink: ResponseSink) -> Result<(), Refusal> {
+        let conn = ConnId(sink.connection());
         let limit = match list.limit {
             0 => LIST_LIMIT_MAX,
             limit => limit.min(LIST_LIMIT_MAX),
@@ -237,16 +249,17 @@ impl ClientHandler {
             Err(err) => Err(err),
             Ok(other) => Err(unexpected(&other)),
         });
-        self.read(true, Query::List { prefix: list.prefix, limit: limit as usize }, reply);
+        self.read(conn, true, Query::List { prefix: list.prefix, limit: limit as usize }, reply);
         Ok(())
     }
 
-    fn read(&self, linearizable: bool, query: Query, reply: Responder) {
-        if linearizable {
-            self.send(DriverRequest::Read { query, reply });
-        } else {
-            self.send(DriverRequest::ReadLocal { query, reply });
-        }
+    fn read(&self, conn: ConnId, linearizable: bool, query: Query, reply: Responder) {
+        let request = if linearizable { ClientRequest::Read(query) } else { ClientRequest::ReadLocal(query) };
+        self.client(conn, request, reply);
+    }
+
+    fn client(&self, conn: ConnId, request: ClientRequest, reply: Responder) {
+        self.send(DriverRequest::Client { conn, request, reply });
     }
 
     /// Answers from the driver's status, without waiting for it here: this
@@ -349,14 +362,7 @@ impl Identity {
 
 /// Answers a request the driver never took.
 fn refuse(request: DriverRequest) {
-    let reply = match request {
-        DriverRequest::Propose { reply, .. }
-        | DriverRequest::Acquire { reply, .. }
-        | DriverRequest::Read { reply, .. }
-        | DriverRequest::ReadLocal { reply, .. } => reply,
-        _ => return,
-    };
-    reply.respond(Err(RequestError::Stopped));
+    request.refuse();
 }
 
 fn lock_info(key: &Key, lock: &fencelock_fsm::Lock) -> proto::LockInfo {
