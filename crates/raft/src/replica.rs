@@ -30,8 +30,8 @@ pub struct Effects {
     pub applied: Vec<AppliedEvent>,
     /// Leadership changes, in order.
     pub roles: Vec<RoleChange>,
-    /// The locks that answered requests were granted (or re-granted), with
-    /// where: what a ghost release of a grant nobody received must name.
+    /// The new locks that answered requests were granted (not re-grants),
+    /// with where: what a ghost release of a grant nobody received names.
     pub grants: Vec<(RequestId, GrantRef)>,
 }
 
@@ -1269,7 +1269,12 @@ impl<D: Durable> Replica<D> {
                 let reply = match results.get(offset..end) {
                     Some(slice) => {
                         for (key, result) in grant_keys[offset..end].iter().zip(slice) {
-                            if let (Some(key), ApplyResult::Granted { token, .. }) = (key, result) {
+                            // A re-grant (`existing`) names a lock whose
+                            // token someone was told before, or was asked
+                            // for again: never a ghost's.
+                            if let (Some(key), ApplyResult::Granted { token, existing: false, .. }) =
+                                (key, result)
+                            {
                                 let grant = GrantRef { key: key.clone(), token: *token, index: entry.index };
                                 self.effects.grants.push((id, grant));
                             }

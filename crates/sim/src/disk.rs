@@ -17,7 +17,6 @@
 use std::sync::{Arc, Mutex};
 
 use fencelock_raft::{Durable, MemStore, OwnedWriteBatch, Recovered, StorageError, WriteBatch};
-use raft::prelude::Message;
 
 #[derive(Clone, Debug, Default)]
 pub struct SimDisk {
@@ -37,9 +36,6 @@ struct DiskState {
     writes_left: Option<u32>,
     /// Written but not yet synced: lost by a crash.
     unsynced: Vec<OwnedWriteBatch>,
-    /// An asynchronous disk's messages that wait for the queue to be synced
-    /// (the I/O thread sends them): lost by a crash too.
-    held: Vec<Message>,
     /// Writes taken since the node (re)started.
     written: u64,
     /// Of those, how many are synced.
@@ -52,12 +48,11 @@ impl SimDisk {
     }
 
     /// An asynchronous disk's fsync: makes every queued write durable and
-    /// returns how many writes since the node started are now durable, and
-    /// the messages that waited for them, to send.
-    pub fn sync_queued(&mut self) -> Result<(u64, Vec<Message>), StorageError> {
+    /// returns how many writes since the node started are now durable.
+    pub fn sync_queued(&mut self) -> Result<u64, StorageError> {
         let mut state = self.state.lock().map_err(|_| StorageError::Poisoned)?;
         sync(&mut self.synced, &mut state)?;
-        Ok((state.written, std::mem::take(&mut state.held)))
+        Ok(state.written)
     }
 
     /// Arms a crash: the disk takes `writes` more writes, then fails.
@@ -79,7 +74,6 @@ impl SimDisk {
     pub fn crash(&self) {
         if let Ok(mut state) = self.state.lock() {
             state.unsynced.clear();
-            state.held.clear();
             state.writes_left = None;
             state.written = 0;
             state.durable = 0;
@@ -105,7 +99,7 @@ impl Durable for SimDisk {
         owned.may_defer_sync = false;
         state.unsynced.push(owned);
         state.written += 1;
-        let inline = self.asynchronous && self.inline && state.unsynced.len() == 1 && state.held.is_empty();
+        let inline = self.asynchronous && self.inline && state.unsynced.len() == 1;
         if !inline && (batch.may_defer_sync || self.asynchronous) {
             return Ok(());
         }
@@ -115,12 +109,6 @@ impl Durable for SimDisk {
 
     fn is_async(&self) -> bool {
         self.asynchronous
-    }
-
-    fn send_when_durable(&mut self, messages: Vec<Message>) -> Result<(), StorageError> {
-        let mut state = self.state.lock().map_err(|_| StorageError::Poisoned)?;
-        state.held.extend(messages);
-        Ok(())
     }
 
     fn prefer_inline(&mut self, inline: bool) {

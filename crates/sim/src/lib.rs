@@ -35,7 +35,11 @@
 
 pub mod invariants;
 
+mod clients;
+mod clock;
 mod disk;
+mod faults;
+mod network;
 mod rng;
 mod world;
 
@@ -77,6 +81,8 @@ pub struct Report {
     pub faults: u64,
     /// Client acknowledgements checked for durability.
     pub acknowledgements: usize,
+    /// How often each check judged something.
+    pub judged: Vec<(&'static str, u64)>,
     /// CRC-32 of the run's trace: equal for equal seeds.
     pub trace_digest: u32,
     /// The fault mix drawn from the seed.
@@ -129,6 +135,7 @@ pub fn run(config: SimConfig) -> Report {
                 grants: 0,
                 faults: 0,
                 acknowledgements: 0,
+                judged: Vec::new(),
                 trace_digest: 0,
                 swarm: String::new(),
                 result: Err(Violation { at_ms: 0, message: format!("panic: {message}") }),

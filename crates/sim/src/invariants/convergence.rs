@@ -10,6 +10,7 @@ use fencelock_fsm::LockTable;
 pub struct Check {
     /// Applied index → (first node seen there, CRC-32 of its table snapshot).
     digests: BTreeMap<u64, (usize, u32)>,
+    compared: u64,
 }
 
 pub fn digest(table: &LockTable) -> u32 {
@@ -17,6 +18,11 @@ pub fn digest(table: &LockTable) -> u32 {
 }
 
 impl Check {
+    /// Tables compared with an earlier one at the same index.
+    pub fn compared(&self) -> u64 {
+        self.compared
+    }
+
     pub fn observed(&mut self, node: usize, applied_index: u64, table: &LockTable) -> Result<(), String> {
         let digest = digest(table);
         match self.digests.get(&applied_index) {
@@ -25,7 +31,10 @@ impl Check {
                 first + 1,
                 node + 1
             )),
-            Some(_) => Ok(()),
+            Some(_) => {
+                self.compared += 1;
+                Ok(())
+            }
             None => {
                 self.digests.insert(applied_index, (node, digest));
                 Ok(())

@@ -8,12 +8,19 @@
 //! - [`renewal`]: a lock is expired only when the expiring leader's clock
 //!   says its last grant or renewal has run out;
 //! - [`liveness`]: after the faults heal, the cluster converges and serves
-//!   every client again.
+//!   every client again;
+//! - [`holders`]: what a client was told holds in real time: a client told
+//!   Granted or Renewed keeps the key for its lease, measured from when it
+//!   sent the request, unless it let go first;
+//! - [`reads`]: a linearizable read names a holder the key had while the
+//!   read was in flight.
 
 pub mod convergence;
 pub mod durability;
+pub mod holders;
 pub mod liveness;
 pub mod mutual_exclusion;
+pub mod reads;
 pub mod renewal;
 pub mod tokens;
 
@@ -43,6 +50,10 @@ pub struct Checker {
     pub durability: durability::Check,
     pub renewal: renewal::Check,
     pub liveness: liveness::Check,
+    pub holders: holders::Check,
+    pub reads: reads::Check,
+    /// Applied changes each per-node check judged.
+    judged_changes: u64,
     /// Per node: the highest index it applied, and the highest it had
     /// applied before its last restart.
     applied_max: Vec<u64>,
@@ -50,11 +61,14 @@ pub struct Checker {
 }
 
 impl Checker {
-    pub fn new(nodes: usize) -> Checker {
+    /// A checker for `nodes` nodes whose clocks drift at most
+    /// `drift_ppm_max` parts per million.
+    pub fn new(nodes: usize, drift_ppm_max: u64) -> Checker {
         Checker {
             mutual_exclusion: mutual_exclusion::Check::new(nodes),
             tokens: tokens::Check::new(nodes),
             renewal: renewal::Check::new(nodes),
+            holders: holders::Check::new(drift_ppm_max),
             applied_max: vec![0; nodes],
             replay_until: vec![0; nodes],
             ..Checker::default()
@@ -72,12 +86,30 @@ impl Checker {
         self.tokens.reset(node, table);
     }
 
-    /// Node `node` applied the changes of one turn, ending with `table` at
-    /// `applied_index`.
+    /// A node's clock jumped forward: what clients were promised shrinks.
+    pub fn clock_jumped(&mut self, now_ms: u64, jump_ms: u64) {
+        self.holders.clock_jumped(now_ms, jump_ms);
+    }
+
+    /// How often each check judged something, for the sweep's report.
+    pub fn judged(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("applied changes", self.judged_changes),
+            ("client promises", self.holders.judged()),
+            ("reads", self.reads.judged()),
+            ("acknowledgements", self.durability.acknowledgements() as u64),
+            ("tables compared", self.convergence.compared()),
+        ]
+    }
+
+    /// Node `node` applied the changes of one turn at true time `now_ms`
+    /// (`local_ms` on its clock), ending with `table` at `applied_index`.
+    #[allow(clippy::too_many_arguments)]
     pub fn turn(
         &mut self,
         node: usize,
         local_ms: u64,
+        now_ms: u64,
         is_leader: bool,
         events: &[AppliedEvent],
         applied_index: u64,
@@ -94,6 +126,11 @@ impl Checker {
             self.mutual_exclusion.applied(&applied)?;
             self.tokens.applied(&applied)?;
             self.renewal.applied(&applied)?;
+            self.judged_changes += 1;
+        }
+        for event in events {
+            self.holders.applied(event, now_ms)?;
+            self.reads.applied(event, now_ms);
         }
         for event in events {
             self.durability.applied(event);

@@ -1,0 +1,398 @@
+//! The simulated clients, which behave like real ones: each talks to one
+//! node at a time over a connection of its own, follows leader hints, and
+//! when its connection drops mid-request (a reset, a crashed node, a
+//! timeout) sends the same request again, same owner, on a new connection
+//! to the same or another node, as docs/protocol.md tells clients to.
+//! Some give an acquire up instead (a disconnect): what it is granted is a
+//! ghost the node must release.
+
+use fencelock_raft::{ClientRequest, Query, Reply, RequestError, Response};
+use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner};
+
+use crate::world::{Event, World};
+
+/// How long a client waits for an answer before it gives the connection up.
+const REQUEST_TIMEOUT_MS: u64 = 3_000;
+/// After the heal, how long before clients must be served again.
+const HEAL_SETTLE_MS: u64 = 1_000;
+
+/// Who an answer is for: a client's request, on the connection it was
+/// sent on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ask {
+    pub client: usize,
+    pub seq: u64,
+    pub conn: u64,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum Op {
+    Acquire {
+        key: Key,
+        lease_ms: LeaseMs,
+        wait_ms: u64,
+    },
+    Renew {
+        key: Key,
+        token: FencingToken,
+        lease_ms: LeaseMs,
+    },
+    Release {
+        key: Key,
+        token: FencingToken,
+    },
+    /// A linearizable read of one key's holder.
+    Get {
+        key: Key,
+    },
+}
+
+#[derive(Debug)]
+pub(crate) enum ClientState {
+    Idle,
+    /// Sends `op` again when its timer fires (its connection dropped).
+    Retrying {
+        op: Op,
+    },
+    Waiting {
+        seq: u64,
+        op: Op,
+        sent_ms: u64,
+        deadline_ms: u64,
+    },
+    Holding {
+        key: Key,
+        token: FencingToken,
+        lease_ms: LeaseMs,
+        release_at_ms: u64,
+    },
+}
+
+pub struct Client {
+    /// Bumped whenever the client's timer is set, so that earlier timers
+    /// are ignored.
+    pub(crate) generation: u64,
+    pub(crate) owner: Owner,
+    pub(crate) target: usize,
+    /// The node and connection it talks over, if one is open.
+    conn: Option<(usize, u64)>,
+    pub(crate) state: ClientState,
+    /// The key this client must get and release after the heal.
+    pub(crate) final_key: Key,
+    pub(crate) served_after_heal: bool,
+    next_seq: u64,
+}
+
+impl Client {
+    pub(crate) fn new(index: usize, nodes: usize) -> Client {
+        Client {
+            generation: 0,
+            owner: Owner::new(format!("client-{}", index + 1).into_bytes()).expect("a valid owner"),
+            target: index % nodes,
+            conn: None,
+            state: ClientState::Idle,
+            final_key: Key::new(format!("final/{}", index + 1).into_bytes()).expect("a valid key"),
+            served_after_heal: false,
+            next_seq: 0,
+        }
+    }
+}
+
+impl World {
+    /// Sets `client`'s timer, replacing any earlier one.
+    pub(crate) fn wake_client(&mut self, client: usize, delay_ms: u64) {
+        self.clients[client].generation += 1;
+        let generation = self.clients[client].generation;
+        self.schedule(delay_ms, Event::Client { client, generation });
+    }
+
+    pub(crate) fn client_wakes(&mut self, client: usize) -> Result<(), String> {
+        if self.finished {
+            return Ok(());
+        }
+        let state = std::mem::replace(&mut self.clients[client].state, ClientState::Idle);
+        match state {
+            ClientState::Idle => {
+                let op = self.next_op(client);
+                self.send_request(client, op)
+            }
+            ClientState::Retrying { op } => self.send_request(client, op),
+            ClientState::Waiting { op, deadline_ms, .. } if self.now_ms >= deadline_ms => {
+                // No answer: give the connection up and send the same
+                // request again elsewhere (a grant it got meanwhile is
+                // re-granted to the same owner, or released as a ghost).
+                self.close_connection(client);
+                self.clients[client].target = (self.clients[client].target + 1) % self.nodes.len();
+                self.send_request(client, op)
+            }
+            waiting @ ClientState::Waiting { .. } => {
+                self.clients[client].state = waiting;
+                Ok(())
+            }
+            ClientState::Holding { key, token, lease_ms, release_at_ms } => {
+                // After the heal every client must get its final key, so it
+                // lets go of what it holds.
+                let must_finish = self.healed && !self.clients[client].served_after_heal;
+                let op = if self.now_ms >= release_at_ms || must_finish {
+                    self.checker.holders.released(client);
+                    Op::Release { key, token }
+                } else {
+                    Op::Renew { key, token, lease_ms }
+                };
+                self.send_request(client, op)
+            }
+        }
+    }
+
+    fn next_op(&mut self, client: usize) -> Op {
+        let after_heal = self.healed && self.now_ms >= self.config.fault_ms + HEAL_SETTLE_MS;
+        let key = if after_heal && !self.clients[client].served_after_heal {
+            self.clients[client].final_key.clone()
+        } else {
+            let name = format!("k{}", self.rng.range(0, 3));
+            Key::new(name.into_bytes()).expect("a valid key")
+        };
+        if !after_heal && self.rng.chance(150_000) {
+            return Op::Get { key };
+        }
+        let lease_ms = LeaseMs::new(self.rng.pick(&[600, 1_500, 4_000])).expect("a valid lease");
+        let wait_ms = self.rng.pick(&[0, 0, 300, 2_000]);
+        Op::Acquire { key, lease_ms, wait_ms }
+    }
+
+    /// The client's connection to its target, opened if it has none.
+    fn connection(&mut self, client: usize) -> Option<u64> {
+        let target = self.clients[client].target;
+        if let Some((node, conn)) = self.clients[client].conn {
+            if node == target && self.client_conns.contains(&conn) {
+                return Some(conn);
+            }
+            self.close_connection(client);
+        }
+        self.nodes[target].node.as_ref()?;
+        self.next_conn += 1;
+        let conn = self.next_conn;
+        self.client_conns.insert(conn);
+        self.nodes[target].conns.insert(conn);
+        self.clients[client].conn = Some((target, conn));
+        Some(conn)
+    }
+
+    /// The client closes its connection; the node hears of it after the
+    /// requests sent on it (one TCP stream).
+    pub(crate) fn close_connection(&mut self, client: usize) {
+        let Some((node, conn)) = self.clients[client].conn.take() else { return };
+        if self.client_conns.remove(&conn) {
+            let delay = self.network.delay_min_ms + self.network.delay_jitter_ms + 1;
+            self.schedule(delay, Event::Close { node, conn });
+        }
+    }
+
+    /// The node side of `conn` is gone (it crashed): its client learns at
+    /// once, and sends what it waited for again elsewhere.
+    pub(crate) fn connection_reset(&mut self, conn: u64) {
+        self.client_conns.remove(&conn);
+        let Some(client) = self.clients.iter().position(|c| c.conn.is_some_and(|(_, open)| open == conn))
+        else {
+            return;
+        };
+        self.clients[client].conn = None;
+        self.clients[client].target = (self.clients[client].target + 1) % self.nodes.len();
+        // A holder keeps its lock: its next renewal opens a new connection.
+        let state = std::mem::replace(&mut self.clients[client].state, ClientState::Idle);
+        self.clients[client].state = match state {
+            ClientState::Waiting { op, .. } => {
+                let pause = self.rng.range(1, 50);
+                self.wake_client(client, pause);
+                ClientState::Retrying { op }
+            }
+            other => other,
+        };
+    }
+
+    fn send_request(&mut self, client: usize, op: Op) -> Result<(), String> {
+        let Some(conn) = self.connection(client) else {
+            // Connection refused: the client tries the next node shortly.
+            self.clients[client].target = (self.clients[client].target + 1) % self.nodes.len();
+            self.clients[client].state = ClientState::Retrying { op };
+            self.wake_client(client, 10);
+            return Ok(());
+        };
+        let node = self.clients[client].target;
+        self.clients[client].next_seq += 1;
+        let seq = self.clients[client].next_seq;
+        let ask = Ask { client, seq, conn };
+        let owner = self.clients[client].owner.clone();
+        let request = match op.clone() {
+            Op::Acquire { key, lease_ms, wait_ms } => {
+                ClientRequest::Acquire { key, lease_ms, owner, wait_ms }
+            }
+            Op::Renew { key, token, lease_ms } => {
+                ClientRequest::Propose(vec![Command::Renew { key, token, lease_ms }])
+            }
+            Op::Release { key, token } => {
+                ClientRequest::Propose(vec![Command::Release { key, token: Some(token) }])
+            }
+            Op::Get { key } => ClientRequest::Read(Query::Holder(key)),
+        };
+        if self.trace_clients {
+            self.note(&format!("client {} sends {seq} {op:?} to {} on {conn}", client + 1, node + 1));
+        }
+        // Requests on one connection arrive in order, before its close.
+        let delay = self.network.delay_min_ms + self.network.delay_jitter_ms / 2;
+        self.schedule(delay, Event::Request { node, conn, ask, request });
+        let wait_ms = if let Op::Acquire { wait_ms, .. } = &op { *wait_ms } else { 0 };
+        let deadline_ms = self.now_ms + REQUEST_TIMEOUT_MS + wait_ms;
+        if let Op::Acquire { .. } = &op {
+            if self.rng.chance(self.swarm.abandon_ppm) {
+                // The client disconnects right after asking, and gives up.
+                self.note(&format!("client {} abandons {seq} on connection {conn}", client + 1));
+                self.close_connection(client);
+                self.clients[client].state = ClientState::Idle;
+                let pause = self.rng.range(50, 300);
+                self.wake_client(client, pause);
+                return Ok(());
+            }
+            if self.rng.chance(self.swarm.reset_ppm) {
+                // The connection drops before the answer; the client sends
+                // the same acquire again on a new one, at once or soon, to
+                // the same node or the next.
+                self.note(&format!("client {} connection {conn} resets after {seq}", client + 1));
+                self.close_connection(client);
+                if self.rng.chance(500_000) {
+                    self.clients[client].target = (node + 1) % self.nodes.len();
+                }
+                self.clients[client].state = ClientState::Retrying { op };
+                let pause = self.rng.range(0, 30);
+                self.wake_client(client, pause);
+                return Ok(());
+            }
+        }
+        self.clients[client].state = ClientState::Waiting { seq, op, sent_ms: self.now_ms, deadline_ms };
+        self.wake_client(client, deadline_ms - self.now_ms);
+        Ok(())
+    }
+
+    /// An answer arrives; one for a request the client no longer waits for
+    /// (or on a connection it closed) is dropped.
+    pub(crate) fn client_reply(&mut self, ask: crate::clients::Ask, reply: Reply) -> Result<(), String> {
+        let client = ask.client;
+        if self.clients[client].conn.map(|(_, conn)| conn) != Some(ask.conn) {
+            return Ok(());
+        }
+        let ClientState::Waiting { seq, op, sent_ms, .. } =
+            std::mem::replace(&mut self.clients[client].state, ClientState::Idle)
+        else {
+            return Ok(());
+        };
+        if seq != ask.seq {
+            return Ok(());
+        }
+        self.client_answered(client, op, sent_ms, reply)
+    }
+
+    fn client_answered(&mut self, client: usize, op: Op, sent_ms: u64, reply: Reply) -> Result<(), String> {
+        if self.trace_clients {
+            self.note(&format!("client {} answered {op:?}: {reply:?}", client + 1));
+        }
+        let pause = self.rng.range(5, 100);
+        match (op, reply) {
+            (Op::Acquire { key, lease_ms, .. }, Ok(Response::Applied(results))) => match results.as_slice() {
+                [ApplyResult::Granted { token, .. }] => {
+                    self.grants += 1;
+                    self.checker.durability.acked_grant(&key, *token);
+                    self.checker.holders.granted(client, &key, *token, sent_ms, lease_ms.get())?;
+                    self.note(&format!("client {} granted {key} {token}", client + 1));
+                    // The final key only proves service: hand it back at once.
+                    let hold_ms = if key == self.clients[client].final_key {
+                        self.rng.range(1, 50)
+                    } else {
+                        self.rng.range(50, 3 * lease_ms.get())
+                    };
+                    let release_at_ms = self.now_ms + hold_ms;
+                    self.clients[client].state =
+                        ClientState::Holding { key, token: *token, lease_ms, release_at_ms };
+                    self.wake_client(client, (lease_ms.get() / 3).min(hold_ms));
+                }
+                other => return Err(format!("client {}: acquire answered {other:?}", client + 1)),
+            },
+            (Op::Renew { key, token, lease_ms }, Ok(Response::Applied(results))) => {
+                match results.as_slice() {
+                    [ApplyResult::Renewed { .. }] => {
+                        self.checker.durability.acked_renewal(&key, token);
+                        self.checker.holders.renewed(client, &key, token, sent_ms, lease_ms.get());
+                        let release_at_ms = match &self.clients[client].state {
+                            ClientState::Holding { release_at_ms, .. } => *release_at_ms,
+                            _ => self.now_ms,
+                        };
+                        self.clients[client].state =
+                            ClientState::Holding { key, token, lease_ms, release_at_ms };
+                        self.wake_client(client, (lease_ms.get() / 3).max(1));
+                    }
+                    [ApplyResult::NotFound] => {
+                        // The lock is gone: the client knows it lost it.
+                        self.checker.holders.released(client);
+                        self.wake_client(client, pause);
+                    }
+                    other => return Err(format!("client {}: renew answered {other:?}", client + 1)),
+                }
+            }
+            (Op::Release { key, token }, Ok(Response::Applied(results))) => {
+                match results.as_slice() {
+                    [ApplyResult::Released { .. }] => self.checker.durability.acked_release(&key, token),
+                    [ApplyResult::NotFound] => {}
+                    other => return Err(format!("client {}: release answered {other:?}", client + 1)),
+                }
+                if key == self.clients[client].final_key {
+                    self.clients[client].served_after_heal = true;
+                    self.checker.liveness.served(client);
+                }
+                self.wake_client(client, pause);
+            }
+            (Op::Get { key }, Ok(Response::Holder(holder))) => {
+                let token = holder.map(|lock| lock.token);
+                self.checker.reads.answered(&key, token, sent_ms, self.now_ms)?;
+                self.wake_client(client, pause);
+            }
+            (op, Err(RequestError::NotLeader { leader_hint })) => {
+                self.clients[client].target = match leader_hint {
+                    Some(leader) => (leader.0 - 1) as usize,
+                    None => (self.clients[client].target + 1) % self.nodes.len(),
+                };
+                self.retry(client, op, pause);
+            }
+            (
+                op,
+                Err(
+                    RequestError::LeadershipLost { .. }
+                    | RequestError::Dropped
+                    | RequestError::Overloaded
+                    | RequestError::Stopped,
+                ),
+            ) => self.retry(client, op, pause),
+            (Op::Acquire { .. }, Err(RequestError::Held { .. } | RequestError::WaitTimedOut { .. })) => {
+                self.wake_client(client, pause);
+            }
+            (op, other) => return Err(format!("client {}: {op:?} answered {other:?}", client + 1)),
+        }
+        Ok(())
+    }
+
+    /// Sends `op` again after `pause_ms`, keeping a held lock held meanwhile.
+    fn retry(&mut self, client: usize, op: Op, pause_ms: u64) {
+        self.clients[client].state = match op {
+            Op::Acquire { .. } | Op::Get { .. } => ClientState::Idle,
+            // The renewal's answer was lost: release soon rather than hold on.
+            Op::Renew { key, token, lease_ms } => {
+                ClientState::Holding { key, token, lease_ms, release_at_ms: self.now_ms }
+            }
+            Op::Release { key, token } => ClientState::Holding {
+                key,
+                token,
+                lease_ms: LeaseMs::new(600).expect("a valid lease"),
+                release_at_ms: 0,
+            },
+        };
+        self.wake_client(client, pause_ms);
+    }
+}

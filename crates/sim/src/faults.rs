@@ -1,0 +1,155 @@
+//! The faults of a run: the mix drawn from the seed (swarm testing), and
+//! carrying each one out: partitions, crashes (between two writes of a
+//! turn, too, and with a lost disk), pauses, clock jumps; then the heal.
+
+use std::collections::BTreeSet;
+
+use fencelock_raft::Durable as _;
+
+use crate::disk::SimDisk;
+use crate::rng::Rng;
+use crate::world::{Event, World};
+
+/// The fault mix of one run, drawn from its seed.
+#[derive(Clone, Debug)]
+pub struct Swarm {
+    pub loss_ppm: u64,
+    pub duplicate_ppm: u64,
+    pub delay_min_ms: u64,
+    pub delay_jitter_ms: u64,
+    pub fault_interval_ms: u64,
+    /// Relative weights of partition, crash, pause and clock jump.
+    pub weights: [u64; 4],
+    /// Crashes strike between writes of a turn, not only between turns.
+    pub crash_mid_turn: bool,
+    /// Clients abandoning an acquire before its answer (a disconnect, and
+    /// they give it up).
+    pub abandon_ppm: u64,
+    /// Clients whose connection drops right after they sent a request; they
+    /// send the same request again on a new connection.
+    pub reset_ppm: u64,
+    /// Clock drift bound, in parts per million, for each node.
+    pub drift_ppm_max: u64,
+    /// Crashes that also lose the node's disk, which then starts blank and
+    /// rejoins (`fencelock_raft::rejoin`), one node at a time.
+    pub lose_disk_ppm: u64,
+}
+
+impl Swarm {
+    pub(crate) fn draw(rng: &mut Rng) -> Swarm {
+        Swarm {
+            loss_ppm: rng.pick(&[0, 1_000, 20_000, 100_000]),
+            duplicate_ppm: rng.pick(&[0, 10_000, 50_000]),
+            delay_min_ms: rng.pick(&[0, 1, 5]),
+            delay_jitter_ms: rng.pick(&[1, 10, 40]),
+            fault_interval_ms: rng.pick(&[300, 1_000, 3_000]),
+            weights: [rng.range(0, 4), rng.range(0, 4), rng.range(0, 4), rng.range(0, 3)],
+            crash_mid_turn: rng.chance(500_000),
+            abandon_ppm: rng.pick(&[0, 20_000, 100_000]),
+            reset_ppm: rng.pick(&[0, 50_000, 200_000, 500_000]),
+            drift_ppm_max: rng.pick(&[0, 1_000, 50_000, 500_000]),
+            lose_disk_ppm: rng.pick(&[0, 0, 300_000]),
+        }
+    }
+}
+
+impl World {
+    pub(crate) fn inject_fault(&mut self) -> Result<(), String> {
+        let total: u64 = self.swarm.weights.iter().sum();
+        if total == 0 {
+            return Ok(());
+        }
+        self.faults += 1;
+        let mut pick = self.rng.range(0, total);
+        let mut kind = 0;
+        while pick >= self.swarm.weights[kind] {
+            pick -= self.swarm.weights[kind];
+            kind += 1;
+        }
+        let n = self.nodes.len();
+        let node = self.rng.range(0, n as u64) as usize;
+        match kind {
+            0 => {
+                let mut cut = BTreeSet::new();
+                let shape = self.rng.range(0, 3);
+                let side: Vec<bool> = (0..n).map(|_| self.rng.chance(500_000)).collect();
+                for a in 0..n {
+                    for b in 0..n {
+                        let split = match shape {
+                            0 => (a == node) != (b == node),
+                            1 => side[a] != side[b],
+                            // One way only: node hears nobody.
+                            _ => b == node && a != node,
+                        };
+                        if split {
+                            cut.insert((a, b));
+                        }
+                    }
+                }
+                let id = self.network.partition(cut);
+                let lasts = self.rng.range(200, 4_000);
+                self.schedule(lasts, Event::ClearPartition(id));
+                self.note(&format!("partition {id} shape {shape} around {}", node + 1));
+            }
+            1 => {
+                if self.swarm.crash_mid_turn && self.nodes[node].node.is_some() {
+                    let writes = self.rng.range(0, 3) as u32;
+                    self.nodes[node].disk.crash_after(writes);
+                    self.note(&format!("disk of {} dies after {writes} writes", node + 1));
+                } else {
+                    self.crash(node);
+                }
+            }
+            2 => {
+                let pause = self.rng.range(100, 3_000);
+                self.nodes[node].clock.paused_until_ms = self.now_ms + pause;
+                self.note(&format!("pause {} for {pause}", node + 1));
+            }
+            _ => {
+                let jump = self.rng.range(50, 2_000);
+                self.nodes[node].clock.jump_ms += jump;
+                self.checker.clock_jumped(self.now_ms, jump);
+                self.note(&format!("clock of {} jumps {jump}", node + 1));
+            }
+        }
+        Ok(())
+    }
+
+    /// The node dies (its unsynced writes and its client connections with
+    /// it), and with the swarm's odds its whole disk too; it restarts later.
+    pub(crate) fn crash(&mut self, node: usize) {
+        if self.nodes[node].node.take().is_none() {
+            return;
+        }
+        self.nodes[node].disk.crash();
+        self.nodes[node].wake_at = None;
+        self.note(&format!("crash {}", node + 1));
+        for conn in std::mem::take(&mut self.nodes[node].conns) {
+            self.connection_reset(conn);
+        }
+        if self.rng.chance(self.swarm.lose_disk_ppm) && !self.any_node_recovering() {
+            let asynchronous = self.nodes[node].disk.is_async();
+            self.nodes[node].disk = SimDisk::new(asynchronous);
+            self.nodes[node].recovering = true;
+            self.note(&format!("disk of {} lost", node + 1));
+        }
+        let down_ms = self.rng.range(200, 3_000);
+        self.schedule(down_ms, Event::Restart(node));
+    }
+
+    pub(crate) fn heal(&mut self) -> Result<(), String> {
+        self.healed = true;
+        self.note("heal");
+        self.network.heal();
+        self.swarm.abandon_ppm = 0;
+        self.swarm.reset_ppm = 0;
+        for node in 0..self.nodes.len() {
+            self.nodes[node].clock.paused_until_ms = 0;
+            self.nodes[node].disk.disarm();
+            if self.nodes[node].node.is_none() {
+                self.start_node(node)?;
+            }
+        }
+        Ok(())
+    }
+}
