@@ -33,9 +33,9 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
         println!(
             "Usage: cargo xtask suite [NAME|all] [--duration 60s] [--seed N] [--nodes 3|5] [--release]\n\
              \x20                        [--converge-within 20s] [--list]\n\n\
-             Suites: kill, pause, partition, clock-skew, lose-data, combined; or one fault alone:\n\
+             Suites: kill, pause, partition, clock-skew, lose-data, client-resets, combined; or one fault alone:\n\
              kill-leader, kill-random, kill-all, pause-leader, pause-holder, partition-halves,\n\
-             isolate-leader, bridge, clock-skew, lose-data. Reports go to target/suites/. See docs/suites.md."
+             isolate-leader, bridge, clock-skew, lose-data, reset-clients. Reports go to target/suites/. See docs/suites.md."
         );
         return Ok(());
     }

@@ -12,14 +12,16 @@
 //!
 //! Each suite starts a fresh cluster behind fault-injecting proxies, runs
 //! client threads that take locks and write to a fenced store while a seeded
-//! nemesis kills, pauses, partitions or skews nodes, heals, watches the
-//! cluster converge, and checks the history. It prints a summary, writes a
-//! JSON report, and exits 1 on any violation, printing the command that
-//! replays the run's schedule. `docs/suites.md` describes it all.
+//! nemesis kills, pauses, partitions or skews nodes or cuts the clients'
+//! connections, heals, watches the cluster converge, and checks the
+//! history. It prints a summary, writes a JSON report, and exits 1 on any
+//! violation, printing the command that replays the run's schedule.
+//! `docs/suites.md` describes it all.
 
 mod checker;
 mod cluster;
 mod converge;
+mod hangup;
 mod history;
 mod nemesis;
 mod proxy;
@@ -45,9 +47,9 @@ use crate::run::Settings;
 )]
 struct Cli {
     /// `all`, a suite (kill, pause, partition, clock-skew, lose-data,
-    /// combined), or one fault alone (kill-leader, kill-random, kill-all,
-    /// pause-leader, pause-holder, partition-halves, isolate-leader, bridge,
-    /// clock-skew, lose-data).
+    /// client-resets, combined), or one fault alone (kill-leader,
+    /// kill-random, kill-all, pause-leader, pause-holder, partition-halves,
+    /// isolate-leader, bridge, clock-skew, lose-data, reset-clients).
     #[arg(default_value = "all")]
     name: String,
     /// The fencelockd binary.
@@ -90,7 +92,7 @@ fn run(cli: &Cli) -> Result<bool> {
     if cli.list {
         for suite in run::suites() {
             let kinds: Vec<&str> = suite.kinds.iter().map(|kind| kind.name()).collect();
-            println!("{:<11} {} [{}]", suite.name, suite.about, kinds.join(", "));
+            println!("{:<13} {} [{}]", suite.name, suite.about, kinds.join(", "));
         }
         return Ok(true);
     }

@@ -6,7 +6,7 @@
 //! split). Faults that name "the leader" find it when they strike, since
 //! which node leads is up to the processes, not the seed.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -43,10 +43,13 @@ pub enum FaultKind {
     /// kill -9 of a node drawn from the seed and deletion of its data
     /// directory; restarted blank after the hold, it must rejoin.
     LoseData,
+    /// Every client hangs up right after sending each acquire, before its
+    /// answer, and retries the same acquire as the protocol says.
+    ResetClients,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 10] = [
+    pub const ALL: [FaultKind; 11] = [
         FaultKind::KillLeader,
         FaultKind::KillRandom,
         FaultKind::KillAll,
@@ -57,6 +60,7 @@ impl FaultKind {
         FaultKind::Bridge,
         FaultKind::ClockSkew,
         FaultKind::LoseData,
+        FaultKind::ResetClients,
     ];
 
     pub fn name(self) -> &'static str {
@@ -71,6 +75,7 @@ impl FaultKind {
             FaultKind::Bridge => "bridge",
             FaultKind::ClockSkew => "clock-skew",
             FaultKind::LoseData => "lose-data",
+            FaultKind::ResetClients => "reset-clients",
         }
     }
 
@@ -91,6 +96,8 @@ impl FaultKind {
             FaultKind::PauseHolder => (2_500, 4_000),
             FaultKind::PartitionHalves | FaultKind::IsolateLeader | FaultKind::Bridge => (1_500, 4_000),
             FaultKind::ClockSkew => (4_000, 8_000),
+            // Long enough for a few hundred abandoned acquires.
+            FaultKind::ResetClients => (2_000, 5_000),
         }
     }
 }
@@ -127,6 +134,7 @@ pub enum Fault {
     LoseData {
         node: u64,
     },
+    ResetClients,
 }
 
 impl Fault {
@@ -142,11 +150,13 @@ impl Fault {
             Fault::Bridge { .. } => FaultKind::Bridge,
             Fault::ClockSkew { .. } => FaultKind::ClockSkew,
             Fault::LoseData { .. } => FaultKind::LoseData,
+            Fault::ResetClients => FaultKind::ResetClients,
         }
     }
 
-    /// True for a fault of the cluster (as opposed to a client pausing):
-    /// the windows that count as "during faults" in the figures.
+    /// True for a fault of the cluster or of its client connections (as
+    /// opposed to a client pausing): the windows that count as "during
+    /// faults" in the figures.
     pub fn is_cluster_fault(&self) -> bool {
         !matches!(self, Fault::PauseHolder { .. })
     }
@@ -211,6 +221,7 @@ fn draw(kind: FaultKind, ids: &[u64], clients: usize, rng: &mut SplitMix64) -> F
         FaultKind::LoseData => Fault::LoseData { node: shuffled[0] },
         FaultKind::KillAll => Fault::KillAll,
         FaultKind::PauseLeader => Fault::PauseLeader,
+        FaultKind::ResetClients => Fault::ResetClients,
         FaultKind::PauseHolder => Fault::PauseHolder {
             client: rng.below(clients.max(1) as u64) as usize,
             extra_ms: rng.between(300, 1_500),
@@ -303,6 +314,46 @@ impl PauseRequests {
     }
 }
 
+/// Whether the clients hang up on their acquires, and how many they
+/// abandoned so.
+#[derive(Debug, Default)]
+pub struct Resets {
+    on: AtomicBool,
+    abandoned: AtomicU64,
+}
+
+impl Resets {
+    pub fn is_on(&self) -> bool {
+        self.on.load(Ordering::SeqCst)
+    }
+
+    /// Counts one acquire sent on a connection closed before its answer.
+    pub fn abandoned(&self) {
+        self.abandoned.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn set(&self, on: bool) {
+        self.on.store(on, Ordering::SeqCst);
+    }
+
+    fn abandoned_so_far(&self) -> u64 {
+        self.abandoned.load(Ordering::SeqCst)
+    }
+}
+
+/// What the nemesis asks of the client threads.
+#[derive(Debug)]
+pub struct ClientFaults {
+    pub pauses: PauseRequests,
+    pub resets: Resets,
+}
+
+impl ClientFaults {
+    pub fn new(clients: usize) -> ClientFaults {
+        ClientFaults { pauses: PauseRequests::new(clients), resets: Resets::default() }
+    }
+}
+
 /// How to start a node whose clock runs at `rate`: the environment for
 /// libfaketime, or `None` when it is not installed.
 pub type SkewEnv = dyn Fn(f64) -> Option<Vec<(String, String)>>;
@@ -314,7 +365,7 @@ pub fn run(
     cluster: &mut Cluster,
     start: Instant,
     recorder: &Recorder,
-    pauses: &PauseRequests,
+    clients: &ClientFaults,
     skew_env: &SkewEnv,
 ) -> Vec<FaultRecord> {
     let mut records = Vec::new();
@@ -341,22 +392,32 @@ pub fn run(
         // may still commit), unless the strike says otherwise.
         let mut started = 0;
         let now = || recorder.now_us();
-        if let Err(err) = strike(&step.fault, cluster, &mut record, pauses, skew_env, &mut started, &now) {
+        let abandoned_before = clients.resets.abandoned_so_far();
+        if let Err(err) = strike(&step.fault, cluster, &mut record, clients, skew_env, &mut started, &now) {
             record.error = Some(format!("{err:#}"));
         }
         record.start_us = if started > 0 { started } else { recorder.now_us() };
         record.links_cut = cluster.rules.blocked();
         sleep_until(start + Duration::from_millis(step.at_ms + step.hold_ms));
-        if let Err(err) = heal(&step.fault, cluster, &record) {
+        if let Err(err) = heal(&step.fault, cluster, &record, clients) {
             let previous = record.error.take().map(|e| format!("{e}; ")).unwrap_or_default();
             record.error = Some(format!("{previous}healing: {err:#}"));
         }
         record.end_us = recorder.now_us();
+        if matches!(step.fault, Fault::ResetClients) {
+            let abandoned = clients.resets.abandoned_so_far() - abandoned_before;
+            let seconds = (record.end_us.saturating_sub(record.start_us) as f64 / 1e6).max(1e-3);
+            record.note = Some(format!(
+                "{abandoned} acquires abandoned before their answer and retried ({:.0}/s)",
+                abandoned as f64 / seconds
+            ));
+        }
         // With every node down, recovery is what follows the restart.
         record.recover_from_us =
             if matches!(step.fault, Fault::KillAll) { record.end_us } else { record.start_us };
         let target = match &step.fault {
             Fault::PauseHolder { client, extra_ms } => format!("client {client} overstays by {extra_ms} ms"),
+            Fault::ResetClients => "every client".to_owned(),
             _ => format!("nodes {:?}", record.nodes),
         };
         eprintln!(
@@ -378,7 +439,7 @@ fn strike(
     fault: &Fault,
     cluster: &mut Cluster,
     record: &mut FaultRecord,
-    pauses: &PauseRequests,
+    clients: &ClientFaults,
     skew_env: &SkewEnv,
     started: &mut u64,
     now: &dyn Fn() -> u64,
@@ -418,7 +479,11 @@ fn strike(
             cluster.pause(id)
         }
         Fault::PauseHolder { client, extra_ms } => {
-            pauses.ask(*client, *extra_ms);
+            clients.pauses.ask(*client, *extra_ms);
+            Ok(())
+        }
+        Fault::ResetClients => {
+            clients.resets.set(true);
             Ok(())
         }
         Fault::Partition { minority } => {
@@ -489,7 +554,12 @@ fn strike(
     }
 }
 
-fn heal(fault: &Fault, cluster: &mut Cluster, record: &FaultRecord) -> anyhow::Result<()> {
+fn heal(
+    fault: &Fault,
+    cluster: &mut Cluster,
+    record: &FaultRecord,
+    clients: &ClientFaults,
+) -> anyhow::Result<()> {
     match fault {
         Fault::KillLeader | Fault::KillNode { .. } | Fault::KillAll => {
             for id in &record.nodes {
@@ -512,6 +582,10 @@ fn heal(fault: &Fault, cluster: &mut Cluster, record: &FaultRecord) -> anyhow::R
             cluster.wait_for_rejoin(*node, REJOIN_WITHIN)
         }
         Fault::PauseHolder { .. } => Ok(()),
+        Fault::ResetClients => {
+            clients.resets.set(false);
+            Ok(())
+        }
         Fault::Partition { .. } | Fault::IsolateLeader | Fault::Bridge { .. } => {
             cluster.rules.heal();
             Ok(())

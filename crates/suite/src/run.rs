@@ -63,6 +63,11 @@ pub fn suites() -> Vec<Suite> {
             "kill -9 of a node and deletion of its data directory; it restarts blank and rejoins",
             &[LoseData],
         ),
+        suite(
+            "client-resets",
+            "clients hang up on each acquire before its answer and retry it on another connection",
+            &[ResetClients],
+        ),
         suite("combined", "every fault above, dealt in a seeded order", &FaultKind::ALL),
     ]
 }
@@ -205,7 +210,7 @@ pub fn run(suite: &Suite, settings: &Settings) -> Result<Verdict> {
 
     let faketime = settings.faketime.clone();
     let skew = move |rate: f64| faketime.as_deref().map(|lib| skew_env(lib, rate));
-    let records = nemesis::run(&steps, &mut cluster, start, &shared.recorder, &shared.pauses, &skew);
+    let records = nemesis::run(&steps, &mut cluster, start, &shared.recorder, &shared.faults, &skew);
     let heal_error = cluster.heal_all().err();
     for client in clients {
         let _ = client.join();
@@ -289,6 +294,7 @@ pub fn run(suite: &Suite, settings: &Settings) -> Result<Verdict> {
             "lease_ms": workload_config.lease_ms,
             "wait_ms": workload_config.wait_ms,
             "overstay_chance": workload_config.overstay_chance,
+            "reset_hold_ms": workload_config.reset_hold_ms,
         },
         "kinds": kinds,
         "nodes_addrs": cluster.describe(),
@@ -369,11 +375,11 @@ mod tests {
         let all = select("all").unwrap();
         assert_eq!(
             all.iter().map(|suite| suite.name.as_str()).collect::<Vec<_>>(),
-            ["kill", "pause", "partition", "clock-skew", "lose-data", "combined"]
+            ["kill", "pause", "partition", "clock-skew", "lose-data", "client-resets", "combined"]
         );
         // Every fault kind belongs to some suite besides the combined one.
         for kind in FaultKind::ALL {
-            assert!(all[..5].iter().any(|suite| suite.kinds.contains(&kind)), "{kind:?}");
+            assert!(all[..all.len() - 1].iter().any(|suite| suite.kinds.contains(&kind)), "{kind:?}");
         }
         assert_eq!(select("partition").unwrap()[0].kinds.len(), 3);
         assert_eq!(select("bridge").unwrap()[0].kinds, vec![FaultKind::Bridge]);

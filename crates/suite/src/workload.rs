@@ -11,6 +11,15 @@
 //! writes with a token that may be stale by then: the fenced store must
 //! turn it away if a newer holder wrote meanwhile.
 //!
+//! While the reset-clients nemesis is on, every client first sends each
+//! acquire to the leader on a connection of its own and hangs up before the
+//! answer ([`HangUp`]), then retries the same acquire (same owner, key,
+//! lease and wait) through its `Client`, on another connection, as
+//! docs/protocol.md tells a client to. The abandoned acquire is recorded as
+//! unanswered and the retry's answer as the client's grant. A lock got so
+//! is then held for a while, as a client doing work under it would, so that
+//! a lock taken from under its holder shows in the history.
+//!
 //! Every loop is bounded: a thread starts no operation after the run's
 //! deadline, and every call is bounded by the client's retry budget.
 
@@ -21,9 +30,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use fencelock_client::{Client, ClientConfig, ClientError};
+use fencelock_types::client_pb::AcquireRequest;
 
+use crate::hangup::HangUp;
 use crate::history::{Op, OpKind, Outcome, Recorder};
-use crate::nemesis::PauseRequests;
+use crate::nemesis::ClientFaults;
 use crate::rng::SplitMix64;
 use crate::store::FencedStore;
 
@@ -43,6 +54,9 @@ pub struct WorkloadConfig {
     pub overstay_extra_ms: (u64, u64),
     /// The share of holders that check their lock before writing.
     pub check_chance: f64,
+    /// How long a client holds a lock whose acquire it hung up on and
+    /// retried, before it writes (ms).
+    pub reset_hold_ms: (u64, u64),
     pub request_timeout: Duration,
     pub retry_for: Duration,
 }
@@ -57,6 +71,7 @@ impl WorkloadConfig {
             overstay_chance: 0.01,
             overstay_extra_ms: (300, 1_500),
             check_chance: 0.2,
+            reset_hold_ms: (100, 400),
             request_timeout: Duration::from_millis(1_000),
             retry_for: Duration::from_secs(3),
         }
@@ -68,7 +83,7 @@ impl WorkloadConfig {
 pub struct Shared {
     pub recorder: Recorder,
     pub store: FencedStore,
-    pub pauses: PauseRequests,
+    pub faults: ClientFaults,
     /// Holders overstaying on their own right now: at most one per two
     /// keys, so that the keys are not blocked all the time.
     overstaying: AtomicUsize,
@@ -79,7 +94,7 @@ impl Shared {
         Shared {
             recorder: Recorder::new(start),
             store: FencedStore::default(),
-            pauses: PauseRequests::new(clients),
+            faults: ClientFaults::new(clients),
             overstaying: AtomicUsize::new(0),
         }
     }
@@ -109,6 +124,7 @@ pub fn spawn(
             index,
             owner,
             client: Client::connect(client_config)?,
+            hang_up: HangUp::new(endpoints, config.request_timeout),
             config: config.clone(),
             shared: Arc::clone(shared),
             rng: rng.fork(),
@@ -127,6 +143,7 @@ struct Worker {
     index: usize,
     owner: String,
     client: Client,
+    hang_up: HangUp,
     config: WorkloadConfig,
     shared: Arc<Shared>,
     rng: SplitMix64,
@@ -163,6 +180,7 @@ impl Worker {
         } else {
             self.rng.between(self.config.wait_ms.0, self.config.wait_ms.1)
         };
+        let reset = self.shared.faults.resets.is_on() && self.abandon(&key, lease_ms, wait_ms);
         let invoke = self.shared.recorder.now_us();
         let answer = self.client.acquire_raw(
             self.owner.as_bytes(),
@@ -196,8 +214,13 @@ impl Worker {
             }
         };
         let token = grant.token;
+        if reset {
+            // The work the lock protects, which takes a while.
+            let hold_ms = self.rng.between(self.config.reset_hold_ms.0, self.config.reset_hold_ms.1);
+            std::thread::sleep(Duration::from_millis(hold_ms));
+        }
 
-        let asked = self.shared.pauses.take(self.index);
+        let asked = self.shared.faults.pauses.take(self.index);
         let on_its_own =
             asked.is_none() && self.rng.chance(self.config.overstay_chance) && self.claim_overstay();
         let extra_ms = match asked {
@@ -241,6 +264,26 @@ impl Worker {
         if on_its_own {
             self.shared.overstaying.fetch_sub(1, Ordering::SeqCst);
         }
+    }
+
+    /// Sends the acquire and hangs up before its answer; true when it went
+    /// out (and is recorded as unanswered), false when nothing was sent.
+    fn abandon(&mut self, key: &str, lease_ms: u64, wait_ms: u64) -> bool {
+        let request = AcquireRequest {
+            key: key.as_bytes().to_vec(),
+            lease_ms,
+            owner: self.owner.as_bytes().to_vec(),
+            wait_ms,
+            ..Default::default()
+        };
+        let invoke = self.shared.recorder.now_us();
+        if self.hang_up.acquire(&self.client, request).is_err() {
+            return false;
+        }
+        self.shared.faults.resets.abandoned();
+        let error = "hung up before the answer (reset-clients)".to_owned();
+        self.record(key, invoke, OpKind::Acquire { lease_ms, wait_ms }, Outcome::Unknown { error });
+        true
     }
 
     /// Takes one of the few overstay slots, if one is free.

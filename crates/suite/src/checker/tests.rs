@@ -384,6 +384,31 @@ fn a_lock_expired_before_its_lease_is_reported_and_enforced_outside_skew_windows
 }
 
 #[test]
+fn a_retried_grant_released_under_its_holder_is_reported() {
+    // Client 0 sends an acquire and hangs up before the answer; the leader
+    // grants it token 1. The retry, on a new connection, is told Granted 1
+    // (existing). Then the grant nobody received is released as a ghost,
+    // and client 1 gets the key at 150 ms, while client 0 still works under
+    // a lease that runs to about 1,000 ms. Its write is turned away and its
+    // release finds nothing: fencing held, but the lock did not.
+    let kind = OpKind::Acquire { lease_ms: 1_000, wait_ms: 0 };
+    let mut h = History::default();
+    h.push(0, "k", 0, 1, kind.clone(), Outcome::Unknown { error: "hung up".into() });
+    h.push(0, "k", 2, 10, kind, Outcome::Granted { token: 1, lease_ms: 1_000, existing: true });
+    h.grant(1, "k", 100, 150, 2);
+    h.write(1, "k", 151, 2);
+    h.write(0, "k", 300, 1);
+    h.release(0, "k", 301, 305, 1, Outcome::NotHeld);
+    h.release(1, "k", 400, 405, 2, Outcome::Released);
+    let checks = run(&h, Some(&listing(1_000, &[])), Some(&converged(2)), &[]);
+    assert_eq!(violations(&checks), vec![("lease-expiry", 1)], "{checks:#?}");
+    let lease = &checks["lease-expiry"];
+    assert!(lease.examples[0].contains("token 2 was granted"), "{lease:?}");
+    assert!(lease.examples[0].contains("token 1's lease"), "{lease:?}");
+    assert!(lease.examples[0].contains("existing: true"), "{lease:?}");
+}
+
+#[test]
 fn a_cluster_that_does_not_serve_or_converge_is_reported() {
     let (history, listing, mut convergence) = clean();
     convergence.serving_ms = None;
