@@ -371,3 +371,17 @@ fn a_bad_configuration_is_refused_with_exit_code_1_and_config_check_passes_a_goo
     let good = run(&["--id", "2", "--peers", "1=127.0.0.1:7001,2=127.0.0.1:7002", "--config-check"]);
     assert!(good.status.success(), "{good:?}");
 }
+
+#[test]
+fn test_ports_are_never_handed_out_twice_and_lie_outside_the_ephemeral_range() {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let ephemeral: Vec<u16> = range.split_whitespace().filter_map(|number| number.parse().ok()).collect();
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..200 {
+        let port = free_port();
+        assert!(seen.insert(port), "port {port} handed out twice");
+        if let [min, max] = ephemeral[..] {
+            assert!(!(min..=max).contains(&port), "port {port} lies in the ephemeral range {min}-{max}");
+        }
+    }
+}

@@ -9,6 +9,8 @@
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use fencelock_client::{Client, ClientConfig};
@@ -30,8 +32,76 @@ pub struct Cluster {
     pub nodes: Vec<Node>,
 }
 
+/// A port for a node to listen on, never handed out twice in this process.
+///
+/// Binding port 0 and dropping the listener is not enough: two calls may
+/// return the same port, and the kernel may give a returned port to an
+/// outgoing connection (the nodes connect to their peers) before the node
+/// binds it. So ports come from outside the kernel's ephemeral range, which
+/// outgoing connections never take, starting at a block chosen by the process
+/// id, so that test binaries running at the same time (in other worktrees,
+/// say) start apart. Each is checked by binding it: one some other program
+/// listens on is skipped.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    static PORTS: OnceLock<Ports> = OnceLock::new();
+    static HANDED_OUT: AtomicU32 = AtomicU32::new(0);
+    let ports = PORTS.get_or_init(Ports::for_this_process);
+    loop {
+        let n = HANDED_OUT.fetch_add(1, Ordering::Relaxed);
+        assert!(n < ports.len, "all {} ports from {} are taken", ports.len, ports.first);
+        let port = ports.nth(n);
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// The ports outside the ephemeral range, and where this process starts in
+/// them.
+struct Ports {
+    first: u32,
+    len: u32,
+    start: u32,
+}
+
+impl Ports {
+    /// More ports than one test binary takes, so that processes whose blocks
+    /// differ never meet.
+    const BLOCK_LEN: u32 = 128;
+    /// Ports below this one need privileges.
+    const UNPRIVILEGED_MIN: u32 = 1024;
+
+    /// The larger of the two stretches outside the ephemeral range.
+    fn for_this_process() -> Ports {
+        let (ephemeral_min, ephemeral_max) = ephemeral_range();
+        let below = (Ports::UNPRIVILEGED_MIN, ephemeral_min.saturating_sub(Ports::UNPRIVILEGED_MIN));
+        let above = (ephemeral_max + 1, u32::from(u16::MAX) - ephemeral_max);
+        let (first, len) = if below.1 >= above.1 { below } else { above };
+        assert!(
+            len >= Ports::BLOCK_LEN,
+            "the ephemeral range {ephemeral_min}-{ephemeral_max} leaves no room for test ports"
+        );
+        let start = std::process::id() % (len / Ports::BLOCK_LEN) * Ports::BLOCK_LEN;
+        Ports { first, len, start }
+    }
+
+    fn nth(&self, n: u32) -> u16 {
+        u16::try_from(self.first + (self.start + n) % self.len).unwrap()
+    }
+}
+
+/// The ports the kernel picks from for outgoing connections.
+fn ephemeral_range() -> (u32, u32) {
+    // Linux's default, for when the file cannot be read.
+    const DEFAULT: (u32, u32) = (32768, 60999);
+    let Ok(text) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range") else {
+        return DEFAULT;
+    };
+    let mut numbers = text.split_whitespace().map(str::parse::<u32>);
+    match (numbers.next(), numbers.next()) {
+        (Some(Ok(min)), Some(Ok(max))) if min <= max && max <= u32::from(u16::MAX) => (min, max),
+        _ => DEFAULT,
+    }
 }
 
 impl Cluster {
