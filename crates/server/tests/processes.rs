@@ -8,173 +8,15 @@
 // Test code: unwrapping is how a test fails.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fencelock_client::{Client, ClientConfig};
-
-const DEADLINE: Duration = Duration::from_secs(30);
-
-struct Node {
-    id: u64,
-    peer_addr: String,
-    client_addr: String,
-    /// Flags added to the node's command line.
-    extra_args: Vec<String>,
-    child: Option<Child>,
-}
-
-/// A cluster of real server processes in a temporary directory.
-struct Cluster {
-    dir: tempfile::TempDir,
-    nodes: Vec<Node>,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-impl Cluster {
-    fn start(size: u64) -> Cluster {
-        let mut cluster = Cluster::configure(size);
-        for id in 1..=size {
-            cluster.launch(id);
-        }
-        cluster
-    }
-
-    /// A cluster's configuration and directory, no node started yet.
-    fn configure(size: u64) -> Cluster {
-        let nodes = (1..=size)
-            .map(|id| Node {
-                id,
-                peer_addr: format!("127.0.0.1:{}", free_port()),
-                client_addr: format!("127.0.0.1:{}", free_port()),
-                extra_args: Vec::new(),
-                child: None,
-            })
-            .collect();
-        Cluster { dir: tempfile::tempdir().unwrap(), nodes }
-    }
-
-    fn data_dir(&self, id: u64) -> PathBuf {
-        self.dir.path().join(format!("node-{id}"))
-    }
-
-    fn log(&self, id: u64) -> String {
-        std::fs::read_to_string(self.dir.path().join(format!("node-{id}.log"))).unwrap_or_default()
-    }
-
-    fn peers(&self) -> String {
-        self.nodes.iter().map(|node| format!("{}={}", node.id, node.peer_addr)).collect::<Vec<_>>().join(",")
-    }
-
-    fn endpoints(&self) -> Vec<String> {
-        self.nodes.iter().map(|node| node.client_addr.clone()).collect()
-    }
-
-    fn launch(&mut self, id: u64) {
-        let peers = self.peers();
-        let data_dir = self.data_dir(id);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join(format!("node-{id}.log")))
-            .unwrap();
-        let node = &mut self.nodes[(id - 1) as usize];
-        assert!(node.child.is_none());
-        let child = Command::new(env!("CARGO_BIN_EXE_fencelockd"))
-            .args(["--id", &id.to_string(), "--peers", &peers, "--client-addr", &node.client_addr])
-            .arg("--data-dir")
-            .arg(&data_dir)
-            .args([
-                "--tick-ms",
-                "20",
-                "--election-ms",
-                "200",
-                "--heartbeat-ms",
-                "40",
-                "--lease-min-ms",
-                "1000",
-            ])
-            .args(&node.extra_args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        node.child = Some(child);
-    }
-
-    /// kill -9.
-    fn kill(&mut self, id: u64) {
-        let mut child = self.nodes[(id - 1) as usize].child.take().expect("node is running");
-        child.kill().unwrap();
-        child.wait().unwrap();
-    }
-
-    fn client(&self) -> Client {
-        let mut config = ClientConfig::new(self.endpoints());
-        config.request_timeout = Duration::from_secs(2);
-        config.retry_for = DEADLINE;
-        Client::connect(config).unwrap()
-    }
-
-    fn client_addr(&self, id: u64) -> &str {
-        &self.nodes[(id - 1) as usize].client_addr
-    }
-
-    fn peer_addr(&self, id: u64) -> &str {
-        &self.nodes[(id - 1) as usize].peer_addr
-    }
-
-    /// Waits for a leader that the running nodes agree on.
-    fn leader(&self, client: &Client) -> u64 {
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            let running: Vec<&Node> = self.nodes.iter().filter(|node| node.child.is_some()).collect();
-            let statuses: Vec<_> =
-                running.iter().filter_map(|node| client.status(&node.client_addr).ok()).collect();
-            if statuses.len() == running.len() {
-                let leader = statuses[0].leader_id;
-                if leader != 0 && statuses.iter().all(|status| status.leader_id == leader) {
-                    return leader;
-                }
-            }
-            assert!(Instant::now() < deadline, "no leader: {}", self.logs());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn logs(&self) -> String {
-        let mut text = String::new();
-        for node in &self.nodes {
-            let log = std::fs::read_to_string(self.dir.path().join(format!("node-{}.log", node.id)))
-                .unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(15).collect();
-            text += &format!(
-                "\n--- node {} ---\n{}",
-                node.id,
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            );
-        }
-        text
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for node in &mut self.nodes {
-            if let Some(mut child) = node.child.take() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
-    }
-}
+use common::{free_port, Cluster, DEADLINE};
 
 fn cli_binary() -> PathBuf {
     let path = Path::new(env!("CARGO_BIN_EXE_fencelockd")).with_file_name("fencelock");
@@ -528,4 +370,18 @@ fn a_bad_configuration_is_refused_with_exit_code_1_and_config_check_passes_a_goo
     assert_eq!(garbage.status.code(), Some(1), "{garbage:?}");
     let good = run(&["--id", "2", "--peers", "1=127.0.0.1:7001,2=127.0.0.1:7002", "--config-check"]);
     assert!(good.status.success(), "{good:?}");
+}
+
+#[test]
+fn test_ports_are_never_handed_out_twice_and_lie_outside_the_ephemeral_range() {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let ephemeral: Vec<u16> = range.split_whitespace().filter_map(|number| number.parse().ok()).collect();
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..200 {
+        let port = free_port();
+        assert!(seen.insert(port), "port {port} handed out twice");
+        if let [min, max] = ephemeral[..] {
+            assert!(!(min..=max).contains(&port), "port {port} lies in the ephemeral range {min}-{max}");
+        }
+    }
 }
