@@ -318,3 +318,44 @@ fn a_blank_node_known_to_a_majority_rejoins_without_a_vote() {
     let mut reopened = store.clone();
     assert!(!crate::Durable::is_blank(&mut reopened).unwrap());
 }
+
+#[test]
+fn a_read_right_after_an_election_is_answered_once_the_leader_commits() {
+    // An asynchronous store holds the new leader's first entry unwritten:
+    // elected, not yet ready. raft-rs drops a ReadIndex then; the node
+    // must ask again once the leader has committed, not leave it hanging.
+    let logger = slog::Logger::root(slog::Discard, slog::o!());
+    let config = NodeConfig {
+        driver: Config::new(NodeId(1), vec![NodeId(1)]),
+        tick_ms: Some(10),
+        election_seed: Some(5),
+    };
+    let store = QueuedStore::default();
+    let mut node: Node<QueuedStore, u32> = Node::open(config, store.clone(), &logger).unwrap();
+    let mut now_ms = 0;
+    while node.status().unwrap().role != crate::Role::Leader {
+        now_ms += 10;
+        node.turn(now_ms, &mut |_| {}).unwrap();
+        if node.status().unwrap().role != crate::Role::Leader {
+            node.handle(now_ms, Event::Persisted(store.flush()));
+        }
+        assert!(now_ms < 10_000, "never elected");
+    }
+    assert!(!node.replica().unwrap().is_leader_ready(), "ready before its first entry was durable");
+    let read = ClientRequest::Read(Query::Holder(Key::new(b"k".to_vec()).unwrap()));
+    node.handle(now_ms, Event::Request { conn: ConnId(1), reply_to: 1, request: read });
+    let mut answers = Vec::new();
+    for _ in 0..10 {
+        node.turn(now_ms, &mut |action| {
+            if let Action::Reply { to, reply, .. } = action {
+                answers.push((to, reply));
+            }
+        })
+        .unwrap();
+        node.handle(now_ms, Event::Persisted(store.flush()));
+    }
+    assert!(
+        matches!(answers.as_slice(), [(1, Ok(Response::Holder(None)))]),
+        "the read was not answered: {answers:?}"
+    );
+}

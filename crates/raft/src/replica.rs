@@ -170,6 +170,9 @@ pub struct Replica<D: Durable> {
 
     /// Reads waiting for their ReadIndex.
     reads: BTreeMap<RequestId, Query>,
+    /// Reads taken by a leader that has not committed an entry of its term
+    /// yet: raft-rs drops a ReadIndex then, so they are asked once it has.
+    reads_before_ready: Vec<RequestId>,
     /// Reads whose ReadIndex is known, waiting for apply to reach it.
     reads_at_index: Vec<(u64, RequestId)>,
 
@@ -294,6 +297,7 @@ impl<D: Durable> Replica<D> {
             leases_need_restore: true,
             last_expiry_scan_ms: None,
             reads: BTreeMap::new(),
+            reads_before_ready: Vec::new(),
             reads_at_index: Vec::new(),
             snapshots_sent: Vec::new(),
             abstaining: membership.rejoin,
@@ -343,6 +347,7 @@ impl<D: Durable> Replica<D> {
     pub fn cancel(&mut self, id: RequestId) -> bool {
         if self.reads.remove(&id).is_some() {
             self.reads_at_index.retain(|(_, read)| *read != id);
+            self.reads_before_ready.retain(|read| *read != id);
             return true;
         }
         let Some(pending) = self.pending.get(&id) else { return false };
@@ -432,7 +437,26 @@ impl<D: Durable> Replica<D> {
             return;
         }
         self.reads.insert(id, query);
-        self.raw.read_index(id.0.to_le_bytes().to_vec());
+        if self.leader_ready {
+            self.raw.read_index(id.0.to_le_bytes().to_vec());
+        } else {
+            // A leader right after its election: raft-rs would drop the
+            // ReadIndex silently until the leader's first commit.
+            self.reads_before_ready.push(id);
+        }
+    }
+
+    /// Asks raft for the ReadIndex of the reads that came before this
+    /// leader was ready.
+    fn ask_parked_reads(&mut self) {
+        if !self.leader_ready || self.reads_before_ready.is_empty() {
+            return;
+        }
+        for id in std::mem::take(&mut self.reads_before_ready) {
+            if self.reads.contains_key(&id) {
+                self.raw.read_index(id.0.to_le_bytes().to_vec());
+            }
+        }
     }
 
     /// Feeds a raft message from a peer. Messages not for this node or not
@@ -587,6 +611,7 @@ impl<D: Durable> Replica<D> {
     fn turn(&mut self, early: Option<&mut dyn FnMut(Effects)>) -> Result<(), FatalError> {
         self.notice_role_change();
         self.time_out_waiters();
+        self.ask_parked_reads();
         self.propose_expiries();
         self.propose_ready_requests();
         self.handle_ready(early)?;
@@ -605,7 +630,8 @@ impl<D: Durable> Replica<D> {
     }
 
     pub fn has_ready(&self) -> bool {
-        self.raw.has_ready() || !self.ready_to_propose.is_empty() && self.leader_ready
+        self.raw.has_ready()
+            || self.leader_ready && (!self.ready_to_propose.is_empty() || !self.reads_before_ready.is_empty())
     }
 
     pub fn is_leader_ready(&self) -> bool {
@@ -1019,6 +1045,7 @@ impl<D: Durable> Replica<D> {
         self.waiters.clear();
         self.expiring.clear();
         self.reads_at_index.clear();
+        self.reads_before_ready.clear();
         self.last_expiry_scan_ms = None;
     }
 
