@@ -30,7 +30,7 @@ use crate::registry::{Answered, ConnId, Registry};
 use crate::rejoin::{self, PeerReport, Start};
 use crate::replica::{Effects, GrantRef, NodeStatus, Replica, Stats};
 use crate::storage::Durable;
-use crate::{AppliedEvent, Config, FatalError, NodeId, Query, Reply, RequestError, RoleChange};
+use crate::types::{AppliedEvent, Config, FatalError, NodeId, Query, Reply, RequestError, RoleChange};
 
 /// A node's settings.
 #[derive(Clone, Debug)]
@@ -149,7 +149,7 @@ impl<D: Durable, T> Node<D, T> {
     pub fn open(config: NodeConfig, mut store: D, logger: &Logger) -> Result<Node<D, T>, FatalError> {
         config.driver.validate()?;
         if config.tick_ms == Some(0) {
-            return Err(crate::ConfigError("tick_ms must be positive".into()).into());
+            return Err(crate::types::ConfigError("tick_ms must be positive".into()).into());
         }
         let logger = logger.new(slog::o!("node_id" => config.driver.id.0));
         let blank = store.is_blank()?;
@@ -446,7 +446,7 @@ fn dispatch<T>(
     for message in effects.messages {
         out(Action::Send(message));
     }
-    let mut grants: BTreeMap<crate::RequestId, Vec<GrantRef>> = BTreeMap::new();
+    let mut grants: BTreeMap<crate::types::RequestId, Vec<GrantRef>> = BTreeMap::new();
     for (id, grant) in effects.grants {
         grants.entry(id).or_default().push(grant);
     }

@@ -180,7 +180,7 @@ fn a_grant_in_flight_when_its_connection_closes_is_released_when_it_applies() {
     let mut node: Node<crate::tests::QueuedStore, u32> = Node::open(config, store.clone(), &logger).unwrap();
     let mut now_ms = 0;
     let mut answers: Vec<u32> = Vec::new();
-    let mut run = |node: &mut Node<crate::tests::QueuedStore, u32>, now_ms: u64, answers: &mut Vec<u32>| {
+    let run = |node: &mut Node<crate::tests::QueuedStore, u32>, now_ms: u64, answers: &mut Vec<u32>| {
         node.turn(now_ms, &mut |action| {
             if let Action::Reply { to, .. } = action {
                 answers.push(to);

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::RequestId;
+use crate::types::RequestId;
 
 /// A client connection, as the shell numbers them. Requests that come on no
 /// connection of their own (a channel, a test) may share

@@ -32,8 +32,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::storage::StorageError;
-
 /// What a node keeps about its membership beside its raft state.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Membership {
@@ -43,6 +41,11 @@ pub struct Membership {
     /// not vote until it has caught up past this.
     pub rejoin: Option<Floor>,
 }
+
+/// A stored membership record that does not decode.
+#[derive(Debug, thiserror::Error)]
+#[error("stored membership record is corrupt: {0}")]
+pub struct CorruptMembership(pub String);
 
 /// The largest term and last log index a majority of the other nodes
 /// reported when a node started again without its data.
@@ -151,8 +154,8 @@ impl Membership {
         out
     }
 
-    pub fn decode(bytes: &[u8]) -> Result<Membership, StorageError> {
-        let corrupt = |detail: String| StorageError::Corrupt { what: "membership record", detail };
+    pub fn decode(bytes: &[u8]) -> Result<Membership, CorruptMembership> {
+        let corrupt = |detail: String| CorruptMembership(detail);
         let mut reader = Reader(bytes);
         let version = reader.u8().ok_or_else(|| corrupt("empty".into()))?;
         if version != VERSION {

@@ -15,7 +15,7 @@ use slog::{debug, info, warn, Logger};
 
 use crate::rejoin::{self, Floor, Membership, PinVote, RaftPosition};
 use crate::storage::{Durable, LogCache, WriteBatch};
-use crate::{
+use crate::types::{
     AppliedEvent, Config, FatalError, NodeId, Query, Reply, RequestError, RequestId, Response, RoleChange,
 };
 
@@ -535,7 +535,7 @@ impl<D: Durable> Replica<D> {
     }
 
     /// The peers this node has had raft messages from, for its hellos.
-    pub fn known_peers(&self) -> &BTreeSet<u64> {
+    pub(crate) fn known_peers(&self) -> &BTreeSet<u64> {
         &self.membership.known
     }
 
@@ -543,7 +543,7 @@ impl<D: Durable> Replica<D> {
     /// term change) to `ticks`, clamped into the configured window: for a
     /// deterministic simulation, which draws it from its seed instead of
     /// raft-rs's unseeded generator.
-    pub fn pin_election_timeout(&mut self, ticks: usize) {
+    pub(crate) fn pin_election_timeout(&mut self, ticks: usize) {
         // raft-rs's window: [election_ticks, max), max twice the minimum
         // unless configured.
         let min = self.config.election_ticks;
@@ -554,7 +554,7 @@ impl<D: Durable> Replica<D> {
     }
 
     /// This node's raft term and last log index, for its hellos.
-    pub fn log_position(&self) -> (u64, u64) {
+    pub(crate) fn log_position(&self) -> (u64, u64) {
         (self.raw.raft.term, self.raw.raft.raft_log.last_index())
     }
 

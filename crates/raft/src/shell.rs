@@ -21,7 +21,7 @@ use crate::registry::ConnId;
 use crate::rejoin::PeerReport;
 use crate::replica::{GrantRef, NodeStatus, Stats};
 use crate::storage::{Durable, Persisted, StorageError};
-use crate::{FatalError, NodeId, Query, Reply, RequestError};
+use crate::types::{FatalError, NodeId, Query, Reply, RequestError};
 
 /// Delivers one reply to whoever asked: a channel, a client connection.
 /// Returns false when the asker is gone, which for a Grant makes a ghost

@@ -423,7 +423,8 @@ impl Durable for EngineStore {
             }
         }
         let membership = match self.engine.get(MEMBERSHIP_GROUP, MEMBERSHIP_KEY) {
-            Some(bytes) => Membership::decode(&bytes)?,
+            Some(bytes) => Membership::decode(&bytes)
+                .map_err(|err| StorageError::Corrupt { what: "membership record", detail: err.0 })?,
             None => Membership::default(),
         };
         Ok(Recovered { hard_state, conf_state, snapshot, entries, membership })

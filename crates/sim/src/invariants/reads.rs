@@ -45,7 +45,7 @@ impl Check {
         let history = self.history.get(key).map(Vec::as_slice).unwrap_or(&[]);
         // The holder when the read was sent, then every one set before it
         // was answered.
-        let at_send = history.iter().rev().find(|(at, _)| *at <= sent_ms).map_or(None, |(_, holder)| *holder);
+        let at_send = history.iter().rev().find(|(at, _)| *at <= sent_ms).and_then(|(_, holder)| *holder);
         let possible = std::iter::once(at_send).chain(
             history.iter().filter(|(at, _)| *at > sent_ms && *at <= answered_ms).map(|(_, holder)| *holder),
         );

@@ -1,0 +1,261 @@
+//! The driver's vocabulary, shared by its modules and its users: node and
+//! request ids, the settings, requests and their answers, what applied,
+//! role changes, and the errors that stop a node.
+
+use fencelock_fsm::Lock;
+use fencelock_types::{ApplyResult, FencingToken, Key, LeaseMs};
+
+use crate::storage::StorageError;
+
+/// A node of the cluster, as raft-rs numbers it (never 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NodeId(pub u64);
+
+/// A request's id on the node that received it. The shell assigns them; the
+/// driver carries them in the log to route results back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RequestId(pub u64);
+
+/// The driver's settings. Times are in ticks; the server converts
+/// milliseconds to ticks once, in its config.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub id: NodeId,
+    /// Every voter of the cluster, this node included.
+    pub voters: Vec<NodeId>,
+    /// Ticks without a leader before a follower campaigns (the lower bound).
+    pub election_ticks: usize,
+    /// The upper bound (exclusive) of the randomized election timeout;
+    /// `None` is raft-rs's default of twice `election_ticks`. A simulation
+    /// pins it to `election_ticks + 1` for reproducible runs.
+    pub election_ticks_max: Option<usize>,
+    pub heartbeat_ticks: usize,
+    /// A snapshot of the lock table is taken, and the log compacted, every
+    /// this many applied entries.
+    pub snapshot_interval_entries: u64,
+    /// Requests (proposals and reads) waiting or in flight at once; more are
+    /// refused with [`RequestError::Overloaded`].
+    pub pending_requests_max: usize,
+    /// The most commands one log entry carries.
+    pub entry_commands_max: usize,
+    /// raft-rs's limits on replication messages.
+    pub max_inflight_msgs: usize,
+    pub max_size_per_msg_bytes: u64,
+    /// The shortest and longest lease a client may ask for. The shortest
+    /// must be well above the election timeout (see
+    /// [`Config::validate_timing`]), or locks would expire during a normal
+    /// fail-over.
+    pub lease_ms_min: u64,
+    pub lease_ms_max: u64,
+    /// How often the leader looks for due leases, on its own clock.
+    pub expiry_scan_interval_ms: u64,
+}
+
+impl Config {
+    /// Settings for a cluster of `voters`, with defaults for the rest.
+    pub fn new(id: NodeId, voters: Vec<NodeId>) -> Config {
+        Config {
+            id,
+            voters,
+            election_ticks: 10,
+            election_ticks_max: None,
+            heartbeat_ticks: 2,
+            snapshot_interval_entries: 10_000,
+            pending_requests_max: 65_536,
+            entry_commands_max: 4_096,
+            max_inflight_msgs: 256,
+            max_size_per_msg_bytes: 1 << 20,
+            lease_ms_min: 1_000,
+            lease_ms_max: 24 * 60 * 60 * 1_000,
+            expiry_scan_interval_ms: 10,
+        }
+    }
+
+    /// Checks the lease bounds against the election timeout, given the
+    /// wall-clock length of a tick: the shortest lease must be at least
+    /// twice the longest election timeout.
+    pub fn validate_timing(&self, tick_ms: u64) -> Result<(), ConfigError> {
+        self.validate()?;
+        let election_ticks_max = self.election_ticks_max.unwrap_or(2 * self.election_ticks) as u64;
+        let election_timeout_ms = election_ticks_max.saturating_mul(tick_ms);
+        if self.lease_ms_min < 2 * election_timeout_ms {
+            return Err(ConfigError(format!(
+                "lease_ms_min ({} ms) must be at least twice the longest election timeout ({election_timeout_ms} ms)",
+                self.lease_ms_min
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks the rules between fields.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |reason: String| Err(ConfigError(reason));
+        if self.id.0 == 0 {
+            return invalid("node id 0 is reserved".into());
+        }
+        if !self.voters.contains(&self.id) {
+            return invalid(format!("node {} is not among the voters {:?}", self.id.0, self.voters));
+        }
+        let mut voters = self.voters.clone();
+        voters.sort();
+        voters.dedup();
+        if voters.len() != self.voters.len() || voters.contains(&NodeId(0)) {
+            return invalid("voters must be distinct and non-zero".into());
+        }
+        if self.heartbeat_ticks == 0 || self.election_ticks <= self.heartbeat_ticks {
+            return invalid("election_ticks must be greater than heartbeat_ticks > 0".into());
+        }
+        if self.election_ticks_max.is_some_and(|max| max <= self.election_ticks) {
+            return invalid("election_ticks_max must be greater than election_ticks".into());
+        }
+        if self.snapshot_interval_entries == 0 {
+            return invalid("snapshot_interval_entries must be positive".into());
+        }
+        if self.pending_requests_max == 0 || self.entry_commands_max == 0 {
+            return invalid("pending_requests_max and entry_commands_max must be positive".into());
+        }
+        if self.lease_ms_min == 0 || self.lease_ms_min > self.lease_ms_max {
+            return invalid(format!(
+                "lease bounds must satisfy 0 < lease_ms_min <= lease_ms_max (got {} and {})",
+                self.lease_ms_min, self.lease_ms_max
+            ));
+        }
+        if self.lease_ms_max > fencelock_types::LEASE_MS_MAX {
+            return invalid(format!("lease_ms_max is over {} ms", fencelock_types::LEASE_MS_MAX));
+        }
+        if self.expiry_scan_interval_ms == 0 {
+            return invalid("expiry_scan_interval_ms must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+/// A config that breaks a rule between its fields.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid driver config: {0}")]
+pub struct ConfigError(pub String);
+
+/// A linearizable read, answered through raft's ReadIndex.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Query {
+    /// The lock on a key.
+    Holder(Key),
+    /// Whether `token` holds `key` right now.
+    Check { key: Key, token: FencingToken },
+    /// Up to `limit` locks whose keys start with `prefix`, in key order.
+    List { prefix: Vec<u8>, limit: usize },
+}
+
+/// A successful answer to a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Response {
+    /// One result per proposed command, in order.
+    Applied(Vec<ApplyResult>),
+    Holder(Option<Lock>),
+    Check(bool),
+    List(Vec<(Key, Lock)>),
+}
+
+/// The answer to a request.
+pub type Reply = Result<Response, RequestError>;
+
+/// Why a request was not answered with a result. `NotLeader`,
+/// `LeadershipLost`, `Dropped`, `Overloaded` and `Stopped` are retryable (a
+/// retried acquire with the same owner can never grant twice); `Held`,
+/// `WaitTimedOut` and `LeaseOutOfBounds` are answers.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// This node is not the leader; nothing was proposed.
+    #[error("not the leader (leader hint: {leader_hint:?})")]
+    NotLeader { leader_hint: Option<NodeId> },
+    /// Leadership was lost after the request was proposed: it may or may not
+    /// take effect.
+    #[error("leadership lost before the request applied; its outcome is unknown")]
+    LeadershipLost { leader_hint: Option<NodeId> },
+    /// raft-rs refused the proposal (for example, too much uncommitted
+    /// data); nothing was proposed.
+    #[error("proposal dropped by raft")]
+    Dropped,
+    /// Too many requests are pending; nothing was proposed.
+    #[error("too many pending requests")]
+    Overloaded,
+    /// A Grant in the request names a key another owner holds; nothing was
+    /// proposed.
+    #[error("key {key} is held under token {holder_token}")]
+    Held { key: Key, holder_token: FencingToken },
+    /// A waiting acquire's time ran out before the key was free.
+    #[error("waited in vain for key {key} (held under token {holder_token:?})")]
+    WaitTimedOut { key: Key, holder_token: Option<FencingToken> },
+    /// A Grant or Renew asked for a lease outside the configured bounds.
+    #[error("lease of {lease_ms} ms is outside {min_ms}..={max_ms} ms")]
+    LeaseOutOfBounds { lease_ms: u64, min_ms: u64, max_ms: u64 },
+    /// The node stopped before answering.
+    #[error("node stopped")]
+    Stopped,
+    /// A bug: a reply of the wrong shape, for example.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// A change of the lock table, for the lease timer. Emitted on every node as
+/// entries apply, in log order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AppliedEvent {
+    /// A lock was granted (`existing`: re-granted to its holder, lease restarted).
+    Granted {
+        key: Key,
+        token: FencingToken,
+        lease_ms: LeaseMs,
+        existing: bool,
+    },
+    Renewed {
+        key: Key,
+        token: FencingToken,
+        lease_ms: LeaseMs,
+    },
+    Released {
+        key: Key,
+        token: FencingToken,
+    },
+    Expired {
+        key: Key,
+        token: FencingToken,
+        /// The leader that proposed the Expire, as its entry names it.
+        proposer: Option<NodeId>,
+    },
+    /// The table was replaced by a snapshot; rebuild from [`Replica::table`](crate::Replica::table).
+    Restored,
+}
+
+/// Leadership as this node sees it, reported when it changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoleChange {
+    Follower {
+        term: u64,
+        leader: Option<NodeId>,
+    },
+    Candidate {
+        term: u64,
+    },
+    /// Elected, but nothing of its own term is applied yet.
+    Leader {
+        term: u64,
+    },
+    /// The leader applied an entry of its own term: it may now propose.
+    LeaderReady {
+        term: u64,
+    },
+}
+
+/// An error that stops the node.
+#[derive(Debug, thiserror::Error)]
+pub enum FatalError {
+    #[error("storage failed: {0}")]
+    Storage(#[from] StorageError),
+    #[error("raft failed: {0}")]
+    Raft(#[from] raft::Error),
+    #[error("stored snapshot does not restore: {0}")]
+    Snapshot(#[from] fencelock_fsm::SnapshotError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
