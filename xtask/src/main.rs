@@ -10,45 +10,84 @@ mod suite;
 mod tidy;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, ExitStatus};
 
 use anyhow::{bail, Context, Result};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 
-const TASKS: &[(&str, &str)] = &[
-    ("ci", "everything CI checks: format, clippy (warnings denied), tidy, build, all tests"),
-    ("tidy", "architecture rules: dependency arrows, module docs, banned APIs in the cores"),
-    ("bench", "throughput and latency of a real 3-node cluster (release build; --quick, --only, --perf)"),
-    ("sim", "deterministic simulation sweep: --seeds N [--first F] | --seed S, [--nodes 3|5]"),
-    ("cluster", "a local fencelockd cluster: start [--nodes 3|5] [--dir D] | stop | status"),
-    ("suite", "real clusters under faults, checked: [NAME|all] [--duration D] [--seed N] [--nodes 3|5]"),
-];
+/// `cargo xtask`: the command line. Every task's flags are its own struct,
+/// beside the task's code.
+#[derive(Debug, Parser)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "The workspace's automation: cargo xtask <task>",
+    // As the hand-written parsers did: a flag given twice keeps its last value.
+    args_override_self = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    task: Option<Task>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Everything CI checks: format, clippy (warnings denied), tidy, build, all tests
+    Ci,
+    /// Architecture rules: dependency arrows, module docs, banned APIs in the cores
+    Tidy,
+    /// Throughput and latency of a real 3-node cluster (release build)
+    Bench(bench::Options),
+    /// Deterministic simulation sweep: --seeds N [--first F] | --seed S, [--nodes 3|5] [--jobs N]
+    Sim(SimOptions),
+    /// A local fencelockd cluster: start [--nodes 3|5] [--dir D] | stop | status
+    Cluster(cluster::Options),
+    /// Real clusters under faults, checked: [NAME|all] [--duration D] [--seed N] [--nodes 3|5]
+    Suite(suite::Options),
+}
+
+/// `cargo xtask sim`: every argument goes to the `fencelock-sim` binary.
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Every argument goes to the fencelock-sim binary, built in release:
+  --seeds N      seeds to sweep (100)          --first F     the sweep's first seed (0)
+  --seed S       replay one seed               --nodes 3|5   (default: 3 for even seeds, 5 for odd)
+  --fault-ms T   simulated ms of faults        --heal-ms T   simulated ms of healing
+  --jobs N       threads (default: all cores)
+`cargo xtask sim -- --help` prints fencelock-sim's own help.")]
+struct SimOptions {
+    /// Arguments for fencelock-sim
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "ARGS")]
+    args: Vec<String>,
+}
 
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let cli = Cli::parse();
     let root = project_root();
-    match args.first().map(String::as_str) {
-        None | Some("help" | "-h" | "--help") => {
-            print_tasks();
+    match cli.task {
+        None => {
+            // A closed pipe (`cargo xtask | head`) is not the reader's error.
+            let _ = Cli::command().print_help();
             Ok(())
         }
-        Some("ci") => ci(&root),
-        Some("tidy") => tidy::run(&root),
-        Some("bench") => bench::run(&root, &args[1..]),
-        Some("sim") => sim(&root, &args[1..]),
-        Some("cluster") => cluster::run(&root, &args[1..]),
-        Some("suite") => suite::run(&root, &args[1..]),
-        Some(other) => {
-            print_tasks();
-            bail!("unknown task `{other}`")
-        }
+        Some(Task::Ci) => ci(&root),
+        Some(Task::Tidy) => tidy::run(&root),
+        Some(Task::Bench(options)) => bench::run(&root, options),
+        Some(Task::Sim(options)) => sim(&root, &options.args),
+        Some(Task::Cluster(options)) => cluster::run(&root, options),
+        Some(Task::Suite(options)) => suite::run(&root, options),
     }
 }
 
-fn print_tasks() {
-    println!("Usage: cargo xtask <task>\n\nTasks:");
-    for (name, about) in TASKS {
-        println!("  {name:<8} {about}");
-    }
+/// Prints the help of one task, for the tasks that pass their flags on and
+/// so see a `--help` only after clap has parsed.
+fn print_task_help(task: &str) -> Result<()> {
+    let mut command = Cli::command();
+    command.build();
+    let task = command.find_subcommand_mut(task).with_context(|| format!("no task `{task}`"))?;
+    // A closed pipe (`| head`) is not the reader's error.
+    let _ = task.print_help();
+    Ok(())
 }
 
 fn ci(root: &Path) -> Result<()> {
@@ -76,23 +115,37 @@ const SIM_SEEDS_CI: &str = "1000";
 fn sim(root: &Path, args: &[String]) -> Result<()> {
     let mut cargo_args = vec!["run", "--release", "--locked", "--quiet", "--package", "fencelock-sim", "--"];
     cargo_args.extend(args.iter().map(String::as_str));
-    cargo(root, &cargo_args)
-        .context("the simulation found a violation: the failing seed's replay command is above")
+    let status = cargo_status(root, &cargo_args)?;
+    match status.code() {
+        Some(0) => Ok(()),
+        // clap's code for arguments it refused; it said why above.
+        Some(2) => bail!("fencelock-sim refused its arguments: `cargo xtask sim --help` lists them"),
+        _ => bail!(
+            "the simulation found a violation: the failing seed's replay command is above \
+             (`cargo {}` failed with {status})",
+            cargo_args.join(" ")
+        ),
+    }
 }
 
 /// Runs cargo with `args` in `root`, failing when it fails.
 fn cargo(root: &Path, args: &[&str]) -> Result<()> {
-    eprintln!("$ cargo {}", args.join(" "));
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let status = Command::new(cargo)
-        .args(args)
-        .current_dir(root)
-        .status()
-        .with_context(|| format!("cannot run `cargo {}`", args.join(" ")))?;
+    let status = cargo_status(root, args)?;
     if !status.success() {
         bail!("`cargo {}` failed with {status}", args.join(" "));
     }
     Ok(())
+}
+
+/// Runs cargo with `args` in `root`, and tells how it ended.
+fn cargo_status(root: &Path, args: &[&str]) -> Result<ExitStatus> {
+    eprintln!("$ cargo {}", args.join(" "));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    Command::new(cargo)
+        .args(args)
+        .current_dir(root)
+        .status()
+        .with_context(|| format!("cannot run `cargo {}`", args.join(" ")))
 }
 
 fn project_root() -> PathBuf {
@@ -100,4 +153,38 @@ fn project_root() -> PathBuf {
         .parent()
         .expect("xtask lives one level below the workspace root")
         .to_path_buf()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Task {
+        let cli = Cli::try_parse_from(["xtask"].iter().chain(args)).unwrap();
+        cli.task.unwrap()
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+        assert!(Cli::try_parse_from(["xtask"]).unwrap().task.is_none());
+        assert!(Cli::try_parse_from(["xtask", "nope"]).is_err());
+    }
+
+    #[test]
+    fn sim_and_suite_pass_their_arguments_on_as_given() {
+        let Task::Sim(sim) = parse(&["sim", "--seeds", "5", "--first", "7", "--jobs", "2"]) else { panic!() };
+        assert_eq!(sim.args, ["--seeds", "5", "--first", "7", "--jobs", "2"]);
+        let Task::Sim(sim) = parse(&["sim", "--", "--help"]) else { panic!() };
+        assert_eq!(sim.args, ["--help"]);
+        let Task::Suite(suite) = parse(&["suite", "--release", "kill", "--duration", "5s", "--release"])
+        else {
+            panic!()
+        };
+        assert!(suite.release);
+        assert_eq!(suite.args, ["kill", "--duration", "5s", "--release"]);
+        let Task::Suite(suite) = parse(&["suite", "--duration", "5s", "all"]) else { panic!() };
+        assert!(!suite.release);
+        assert_eq!(suite.args, ["--duration", "5s", "all"]);
+    }
 }
