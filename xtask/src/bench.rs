@@ -40,9 +40,38 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 /// The syscalls counted per server with `--perf`.
 const SYSCALLS: &[&str] = &["fdatasync", "fsync", "pwrite64", "sendto", "recvfrom", "futex"];
 
-/// What a run is asked to do.
+/// `cargo xtask bench`'s flags, as given.
+#[derive(Clone, Debug, clap::Args)]
+#[command(after_help = format!("Workloads: {}", workload_names()))]
+pub struct Options {
+    /// 3 s per workload instead of 10 (the later of --quick and --duration wins)
+    #[arg(long, overrides_with = "duration")]
+    quick: bool,
+    /// Measured time per workload: 10, 10s or 2.5s [default: 10]
+    #[arg(long, value_name = "SECS", value_parser = parse_duration, overrides_with = "quick")]
+    duration: Option<Duration>,
+    /// Load before the measured time, not counted
+    #[arg(long, value_name = "SECS", value_parser = parse_seconds, default_value = "1")]
+    warmup: Duration,
+    /// Comma-separated workloads to run (default: all)
+    #[arg(long, value_name = "NAMES", value_parser = parse_only)]
+    only: Option<WorkloadNames>,
+    /// Also record a system-wide perf profile of each workload's measured time
+    #[arg(long)]
+    perf: bool,
+    /// How the generator drives the lock workloads' connections: one event
+    /// loop (events) or a fencelock-client and thread each (threads)
+    #[arg(long, value_name = "events|threads", value_parser = parse_generator, default_value = "events")]
+    generator: String,
+}
+
+/// The names `--only` gave, each a workload's.
 #[derive(Clone, Debug, PartialEq)]
-struct Options {
+struct WorkloadNames(Vec<String>);
+
+/// What a run is asked to do, once the flags are read.
+#[derive(Clone, Debug, PartialEq)]
+struct Plan {
     duration: Duration,
     warmup: Duration,
     /// Workload names to run; empty runs them all.
@@ -54,54 +83,54 @@ struct Options {
 }
 
 impl Options {
-    fn parse(args: &[String]) -> Result<Options> {
-        let mut options = Options {
-            duration: Duration::from_secs(10),
-            warmup: Duration::from_secs(1),
-            only: Vec::new(),
-            perf: false,
-            generator: "events".to_owned(),
+    fn plan(self) -> Plan {
+        let duration = match (self.quick, self.duration) {
+            (true, _) => Duration::from_secs(3),
+            (false, Some(duration)) => duration,
+            (false, None) => Duration::from_secs(10),
         };
-        let mut args = args.iter();
-        while let Some(arg) = args.next() {
-            let mut value = |flag: &str| args.next().with_context(|| format!("{flag} needs a value"));
-            match arg.as_str() {
-                "--quick" => options.duration = Duration::from_secs(3),
-                "--duration" => options.duration = parse_seconds(value("--duration")?)?,
-                "--warmup" => options.warmup = parse_seconds(value("--warmup")?)?,
-                "--only" => {
-                    options.only = value("--only")?.split(',').map(|name| name.trim().to_owned()).collect();
-                    for name in &options.only {
-                        if !WORKLOADS.iter().any(|workload| workload.name == name) {
-                            bail!("no workload `{name}`; there are: {}", workload_names());
-                        }
-                    }
-                }
-                "--perf" => options.perf = true,
-                "--generator" => {
-                    options.generator = value("--generator")?.clone();
-                    if !["events", "threads"].contains(&options.generator.as_str()) {
-                        bail!("--generator is `events` or `threads`, not `{}`", options.generator);
-                    }
-                }
-                other => bail!(
-                    "unknown flag `{other}`\n\nUsage: cargo xtask bench [--quick] [--duration SECS] \
-                     [--warmup SECS] [--only NAMES] [--perf] [--generator events|threads]\nWorkloads: {}",
-                    workload_names()
-                ),
-            }
+        Plan {
+            duration,
+            warmup: self.warmup,
+            only: self.only.map(|names| names.0).unwrap_or_default(),
+            perf: self.perf,
+            generator: self.generator,
         }
-        if options.duration.is_zero() {
-            bail!("--duration must be positive");
-        }
-        Ok(options)
     }
+}
 
+impl Plan {
     fn selected(&self) -> impl Iterator<Item = &'static Workload> + '_ {
         WORKLOADS
             .iter()
             .filter(|workload| self.only.is_empty() || self.only.iter().any(|name| name == workload.name))
     }
+}
+
+/// `--duration`: seconds as [`parse_seconds`] reads them, and more than none.
+fn parse_duration(text: &str) -> Result<Duration> {
+    let duration = parse_seconds(text)?;
+    if duration.is_zero() {
+        bail!("--duration must be positive");
+    }
+    Ok(duration)
+}
+
+fn parse_only(text: &str) -> Result<WorkloadNames> {
+    let names: Vec<String> = text.split(',').map(|name| name.trim().to_owned()).collect();
+    for name in &names {
+        if !WORKLOADS.iter().any(|workload| workload.name == name) {
+            bail!("no workload `{name}`; there are: {}", workload_names());
+        }
+    }
+    Ok(WorkloadNames(names))
+}
+
+fn parse_generator(text: &str) -> Result<String> {
+    if !["events", "threads"].contains(&text) {
+        bail!("--generator is `events` or `threads`, not `{text}`");
+    }
+    Ok(text.to_owned())
 }
 
 /// `10`, `10s` or `2.5s`.
@@ -185,8 +214,8 @@ fn workload_names() -> String {
     WORKLOADS.iter().map(|workload| workload.name).collect::<Vec<_>>().join(", ")
 }
 
-pub fn run(root: &Path, args: &[String]) -> Result<()> {
-    let options = Options::parse(args)?;
+pub fn run(root: &Path, options: Options) -> Result<()> {
+    let options = options.plan();
     cargo(root, &["build", "--release", "--bin", "fencelockd", "--bin", "fencelock-bench"])?;
     let target_dir = target_dir(root);
     let server = target_dir.join("release").join("fencelockd");
@@ -225,7 +254,8 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     let record = json!({
         "started_unix": started_unix,
         "date_utc": utc_date(started_unix),
-        "command": std::iter::once("cargo xtask bench".to_owned()).chain(args.iter().cloned()).collect::<Vec<_>>().join(" "),
+        // As typed: `cargo xtask` and the arguments from the task's name on.
+        "command": std::iter::once("cargo xtask".to_owned()).chain(std::env::args().skip(1)).collect::<Vec<_>>().join(" "),
         "git": git_revision(root),
         "machine": machine(),
         // The machine is shared: a busy one before the start is a warning.
@@ -283,7 +313,7 @@ fn run_workload(
     dir: &Path,
     out_dir: &Path,
     workload: &Workload,
-    options: &Options,
+    options: &Plan,
 ) -> Result<Value> {
     let mut cluster = Cluster::start(server, dir)?;
     let endpoints = cluster.endpoints();
@@ -646,7 +676,7 @@ impl Profiler {
         leader_id: u64,
         out_dir: &Path,
         name: &str,
-        options: &Options,
+        options: &Plan,
     ) -> Result<Profiler> {
         // The window opens after the warm-up; the client connections (and
         // the servers' threads serving them) exist by then.
@@ -1010,34 +1040,49 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 mod tests {
     use super::*;
 
-    fn args(list: &[&str]) -> Vec<String> {
-        list.iter().map(|arg| (*arg).to_owned()).collect()
+    fn parse(list: &[&str]) -> Result<Plan, clap::Error> {
+        use clap::Parser;
+        let cli = crate::Cli::try_parse_from(["xtask", "bench"].iter().chain(list))?;
+        match cli.task {
+            Some(crate::Task::Bench(options)) => Ok(options.plan()),
+            other => panic!("not bench: {other:?}"),
+        }
     }
 
     #[test]
     fn options_parse_and_refuse() {
-        let quick = Options::parse(&args(&["--quick", "--only", "distinct-1,hot-key-64"])).unwrap();
+        let quick = parse(&["--quick", "--only", "distinct-1,hot-key-64"]).unwrap();
         assert_eq!(quick.duration, Duration::from_secs(3));
         assert_eq!(
             quick.selected().map(|workload| workload.name).collect::<Vec<_>>(),
             ["distinct-1", "hot-key-64"]
         );
-        assert_eq!(
-            Options::parse(&args(&["--duration", "2.5s"])).unwrap().duration,
-            Duration::from_millis(2500)
-        );
-        assert_eq!(Options::parse(&[]).unwrap().selected().count(), WORKLOADS.len());
-        assert_eq!(Options::parse(&[]).unwrap().generator, "events");
-        assert_eq!(Options::parse(&args(&["--generator", "threads"])).unwrap().generator, "threads");
-        for bad in [
-            &["--only", "everything"][..],
-            &["--generator", "fibers"],
-            &["--duration", "soon"],
-            &["--duration", "0"],
-            &["--fast"],
-            &["--duration"],
+        assert_eq!(parse(&["--duration", "2.5s"]).unwrap().duration, Duration::from_millis(2500));
+        // The later of --quick and --duration wins, and a repeated flag keeps
+        // its last value, as with the hand-written parser.
+        assert_eq!(parse(&["--duration", "5", "--quick"]).unwrap().duration, Duration::from_secs(3));
+        assert_eq!(parse(&["--quick", "--duration", "5"]).unwrap().duration, Duration::from_secs(5));
+        assert_eq!(parse(&["--duration", "5", "--duration", "6"]).unwrap().duration, Duration::from_secs(6));
+        assert_eq!(parse(&["--only", "distinct-1", "--only", "renew-10k"]).unwrap().only, ["renew-10k"]);
+        let plain = parse(&[]).unwrap();
+        assert_eq!(plain.selected().count(), WORKLOADS.len());
+        assert_eq!(plain.duration, Duration::from_secs(10));
+        assert_eq!(plain.warmup, Duration::from_secs(1));
+        assert_eq!(plain.generator, "events");
+        assert!(!plain.perf);
+        assert!(parse(&["--perf", "--warmup", "0"]).unwrap().perf);
+        assert_eq!(parse(&["--generator", "threads"]).unwrap().generator, "threads");
+        for (bad, says) in [
+            (&["--only", "everything"][..], "no workload `everything`; there are: distinct-1"),
+            (&["--generator", "fibers"], "--generator is `events` or `threads`, not `fibers`"),
+            (&["--duration", "soon"], "`soon` is not a number of seconds"),
+            (&["--duration", "0"], "--duration must be positive"),
+            (&["--warmup", "7200"], "7200 s is not between 0 and an hour"),
+            (&["--fast"], "--fast"),
+            (&["--duration"], "--duration"),
         ] {
-            assert!(Options::parse(&args(bad)).is_err(), "{bad:?}");
+            let err = parse(bad).unwrap_err().to_string();
+            assert!(err.contains(says), "{bad:?}: {err}");
         }
     }
 

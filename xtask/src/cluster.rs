@@ -91,55 +91,49 @@ impl NodeRecord {
     }
 }
 
-/// What the command line asked for.
-#[derive(Debug, PartialEq, Eq)]
-struct Options {
-    action: String,
+/// `cargo xtask cluster`'s action and flags. The flags may come before or
+/// after the action, and `stop` and `status` take `--nodes` and ignore it, as
+/// the hand-written parser did.
+#[derive(Debug, PartialEq, Eq, clap::Args)]
+pub struct Options {
+    #[command(subcommand)]
+    action: Action,
+    /// Nodes to start: 3 or 5
+    #[arg(long, global = true, value_name = "3|5", value_parser = parse_nodes, default_value = "3")]
     nodes: u64,
+    /// The cluster's data, logs and cluster.json [default: target/cluster]
+    #[arg(long, global = true, value_name = "D")]
     dir: Option<PathBuf>,
 }
 
-fn parse(args: &[String]) -> Result<Options> {
-    let usage =
-        "Usage: cargo xtask cluster start [--nodes 3|5] [--dir D] | stop [--dir D] | status [--dir D]";
-    let mut options = Options { action: String::new(), nodes: 3, dir: None };
-    let mut args = args.iter();
-    while let Some(arg) = args.next() {
-        let mut value = |flag: &str| args.next().with_context(|| format!("{flag} needs a value\n\n{usage}"));
-        match arg.as_str() {
-            "--nodes" => {
-                options.nodes = value("--nodes")?.parse().context("--nodes takes a number")?;
-                if !matches!(options.nodes, 3 | 5) {
-                    bail!("--nodes must be 3 or 5");
-                }
-            }
-            "--dir" => options.dir = Some(PathBuf::from(value("--dir")?)),
-            "start" | "stop" | "status" if options.action.is_empty() => options.action = arg.clone(),
-            "-h" | "--help" => {
-                println!("{usage}");
-                options.action = "help".into();
-            }
-            other => bail!("unexpected `{other}`\n\n{usage}"),
-        }
-    }
-    if options.action.is_empty() {
-        bail!("{usage}");
-    }
-    Ok(options)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::Subcommand)]
+enum Action {
+    /// Builds fencelockd, starts the nodes, waits for a leader and prints the endpoints
+    Start,
+    /// Stops the nodes (SIGTERM, SIGKILL after 10 s); data and logs stay
+    Stop,
+    /// Lists the nodes and asks the cluster for its status
+    Status,
 }
 
-pub fn run(root: &Path, args: &[String]) -> Result<()> {
-    let options = parse(args)?;
+fn parse_nodes(text: &str) -> Result<u64> {
+    let nodes = text.parse().context("--nodes takes a number")?;
+    if !matches!(nodes, 3 | 5) {
+        bail!("--nodes must be 3 or 5");
+    }
+    Ok(nodes)
+}
+
+pub fn run(root: &Path, options: Options) -> Result<()> {
     let dir = match &options.dir {
         Some(dir) if dir.is_absolute() => dir.clone(),
         Some(dir) => std::env::current_dir()?.join(dir),
         None => root.join("target").join("cluster"),
     };
-    match options.action.as_str() {
-        "start" => start(root, &dir, options.nodes),
-        "stop" => stop(&dir),
-        "status" => status(root, &dir),
-        _ => Ok(()),
+    match options.action {
+        Action::Start => start(root, &dir, options.nodes),
+        Action::Stop => stop(&dir),
+        Action::Status => status(root, &dir),
     }
 }
 
@@ -330,18 +324,34 @@ fn tail(path: &Path, lines: usize) -> String {
 mod tests {
     use super::*;
 
-    fn args(text: &str) -> Vec<String> {
-        text.split_whitespace().map(str::to_owned).collect()
+    fn parse(text: &str) -> Result<Options, clap::Error> {
+        use clap::Parser;
+        let cli =
+            crate::Cli::try_parse_from(["xtask", "cluster"].into_iter().chain(text.split_whitespace()))?;
+        match cli.task {
+            Some(crate::Task::Cluster(options)) => Ok(options),
+            other => panic!("not cluster: {other:?}"),
+        }
     }
 
     #[test]
     fn parses_the_actions_and_flags() {
-        let options = parse(&args("start --nodes 5 --dir /tmp/c")).unwrap();
-        assert_eq!(options, Options { action: "start".into(), nodes: 5, dir: Some("/tmp/c".into()) });
-        assert_eq!(parse(&args("stop")).unwrap().action, "stop");
-        assert!(parse(&args("start --nodes 4")).is_err());
-        assert!(parse(&args("")).is_err());
-        assert!(parse(&args("start stop")).is_err());
+        let options = parse("start --nodes 5 --dir /tmp/c").unwrap();
+        assert_eq!(options, Options { action: Action::Start, nodes: 5, dir: Some("/tmp/c".into()) });
+        // Flags before the action, as before clap.
+        assert_eq!(parse("--nodes 5 --dir /tmp/c start").unwrap(), options);
+        assert_eq!(parse("stop").unwrap(), Options { action: Action::Stop, nodes: 3, dir: None });
+        assert_eq!(parse("status --nodes 5").unwrap().action, Action::Status);
+        for (bad, says) in [
+            ("start --nodes 4", "--nodes must be 3 or 5"),
+            ("start --nodes x", "--nodes takes a number"),
+            ("", "Usage"),
+            ("start stop", "stop"),
+            ("restart", "restart"),
+        ] {
+            let err = parse(bad).unwrap_err().to_string();
+            assert!(err.contains(says), "{bad:?}: {err}");
+        }
     }
 
     #[test]

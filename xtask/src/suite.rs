@@ -18,29 +18,45 @@ use anyhow::{bail, Context, Result};
 
 use crate::cargo;
 
-/// Each suite's run in `cargo xtask ci`: six suites (clock skew is skipped
+/// Each suite's run in `cargo xtask ci`: seven suites (clock skew is skipped
 /// where libfaketime is missing), about 25 s of wall time each with the
 /// cluster's start, healing and checking.
 const CI_DURATION: &str = "15s";
 
-/// Runs every suite briefly, as `cargo xtask ci` does.
-pub fn ci(root: &Path) -> Result<()> {
-    run(root, &["all".to_owned(), "--duration".to_owned(), CI_DURATION.to_owned()])
+/// `cargo xtask suite`'s arguments: `--release`, and the rest for
+/// `fencelock-suite`. They pass through rather than being declared here, so
+/// that a flag the suite binary gains works at once.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Arguments: [NAME|all] [--duration 60s] [--seed N] [--nodes 3|5] [--converge-within 20s] [--list]
+
+Suites: kill, pause, partition, clock-skew, lose-data, client-resets, combined; or one fault alone:
+kill-leader, kill-random, kill-all, pause-leader, pause-holder, partition-halves,
+isolate-leader, bridge, clock-skew, lose-data, reset-clients. Reports go to target/suites/. See docs/suites.md.")]
+pub struct Options {
+    /// Build and run release binaries instead of debug ones
+    #[arg(long)]
+    pub(crate) release: bool,
+    /// The suite to run and fencelock-suite's flags
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "ARGS")]
+    pub(crate) args: Vec<String>,
 }
 
-pub fn run(root: &Path, args: &[String]) -> Result<()> {
-    if args.iter().any(|arg| matches!(arg.as_str(), "-h" | "--help")) {
-        println!(
-            "Usage: cargo xtask suite [NAME|all] [--duration 60s] [--seed N] [--nodes 3|5] [--release]\n\
-             \x20                        [--converge-within 20s] [--list]\n\n\
-             Suites: kill, pause, partition, clock-skew, lose-data, client-resets, combined; or one fault alone:\n\
-             kill-leader, kill-random, kill-all, pause-leader, pause-holder, partition-halves,\n\
-             isolate-leader, bridge, clock-skew, lose-data, reset-clients. Reports go to target/suites/. See docs/suites.md."
-        );
-        return Ok(());
+/// Runs every suite briefly, as `cargo xtask ci` does.
+pub fn ci(root: &Path) -> Result<()> {
+    let args = ["all", "--duration", CI_DURATION].map(str::to_owned).to_vec();
+    run(root, Options { release: false, args })
+}
+
+pub fn run(root: &Path, options: Options) -> Result<()> {
+    // Once the suite's name or a flag of fencelock-suite is read, clap takes
+    // the rest as they are: `--help` and `--release` may be among them.
+    if options.args.iter().any(|arg| matches!(arg.as_str(), "-h" | "--help")) {
+        return crate::print_task_help("suite");
     }
-    let release = args.iter().any(|arg| arg == "--release");
-    let passed: Vec<&str> = args.iter().map(String::as_str).filter(|arg| *arg != "--release").collect();
+    let release = options.release || options.args.iter().any(|arg| arg == "--release");
+    let passed: Vec<&str> =
+        options.args.iter().map(String::as_str).filter(|arg| *arg != "--release").collect();
     let mut build = vec!["build", "--locked", "--bin", "fencelockd", "--bin", "fencelock-suite"];
     if release {
         build.push("--release");

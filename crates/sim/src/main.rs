@@ -1,97 +1,196 @@
-//! `fencelock-sim`: runs seeds of the simulation and reports each, with the
-//! command that replays a failure. `cargo xtask sim` calls it.
+//! `fencelock-sim`: runs seeds of the simulation and reports each failure,
+//! with the command that replays it. `cargo xtask sim` calls it.
 //!
-//! Usage: `fencelock-sim [--seeds N] [--first F] [--seed S] [--nodes 3|5] [--fault-ms T] [--heal-ms T]`
+//! Usage: `fencelock-sim [--seeds N] [--first F] [--seed S] [--nodes 3|5] [--fault-ms T] [--heal-ms T] [--jobs N]`
+//!
+//! A sweep runs its seeds on `--jobs` threads (every core by default). Each
+//! seed is still one single-threaded, deterministic run: the threads only
+//! share out the seeds, and a failure replays alone with `--seed`.
 
+use std::num::NonZeroUsize;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
 use std::time::Instant;
 
-use fencelock_sim::{run, SimConfig};
+use clap::Parser;
+use fencelock_sim::{run, Report, SimConfig};
+
+/// Runs seeds of the whole-cluster simulation.
+#[derive(Debug, Parser)]
+#[command(
+    name = "fencelock-sim",
+    // As the hand-written parser did: a flag given twice keeps its last value.
+    args_override_self = true
+)]
+struct Options {
+    /// Seeds to sweep
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    seeds: u64,
+    /// The sweep's first seed
+    #[arg(long, value_name = "F", default_value_t = 0)]
+    first: u64,
+    /// Runs this one seed and prints its report, instead of a sweep
+    #[arg(long, value_name = "S")]
+    seed: Option<u64>,
+    /// Cluster size: 3 or 5 [default: 3 for even seeds, 5 for odd ones]
+    #[arg(long, value_name = "3|5", value_parser = parse_nodes)]
+    nodes: Option<usize>,
+    /// Simulated milliseconds of faults [default: SimConfig's]
+    #[arg(long, value_name = "T")]
+    fault_ms: Option<u64>,
+    /// Simulated milliseconds of healing [default: SimConfig's]
+    #[arg(long, value_name = "T")]
+    heal_ms: Option<u64>,
+    /// Threads that run seeds [default: the available parallelism]
+    #[arg(long, value_name = "N")]
+    jobs: Option<NonZeroUsize>,
+}
+
+/// Every this many seeds, a long sweep says how far it got.
+const PROGRESS_EVERY: u64 = 1_000;
 
 fn main() -> ExitCode {
-    let mut seeds = 100u64;
-    let mut first = 0u64;
-    let mut single = None;
-    let mut nodes = None;
-    let mut fault_ms = None;
-    let mut heal_ms = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        let mut value = |name: &str| -> Option<u64> {
-            let parsed = args.next().and_then(|v| v.parse().ok());
-            if parsed.is_none() {
-                eprintln!("fencelock-sim: {name} takes a number");
-            }
-            parsed
-        };
-        match arg.as_str() {
-            "--seeds" => match value("--seeds") {
-                Some(n) => seeds = n,
-                None => return ExitCode::from(1),
-            },
-            "--first" => match value("--first") {
-                Some(n) => first = n,
-                None => return ExitCode::from(1),
-            },
-            "--seed" => match value("--seed") {
-                Some(n) => single = Some(n),
-                None => return ExitCode::from(1),
-            },
-            "--fault-ms" => match value("--fault-ms") {
-                Some(n) => fault_ms = Some(n),
-                None => return ExitCode::from(1),
-            },
-            "--heal-ms" => match value("--heal-ms") {
-                Some(n) => heal_ms = Some(n),
-                None => return ExitCode::from(1),
-            },
-            "--nodes" => match value("--nodes") {
-                Some(n @ (3 | 5)) => nodes = Some(n as usize),
-                _ => {
-                    eprintln!("fencelock-sim: --nodes is 3 or 5");
-                    return ExitCode::from(1);
-                }
-            },
-            other => {
-                eprintln!("fencelock-sim: unknown argument `{other}`\nusage: fencelock-sim [--seeds N] [--first F] [--seed S] [--nodes 3|5] [--fault-ms T] [--heal-ms T]");
-                return ExitCode::from(1);
-            }
-        }
-    }
-    let seeds: Vec<u64> = match single {
-        Some(seed) => vec![seed],
-        None => (first..first + seeds).collect(),
+    let options = Options::parse();
+    let (first, count) = match options.seed {
+        Some(seed) => (seed, 1),
+        None => (options.first, options.seeds),
     };
+    if first.checked_add(count).is_none() {
+        eprintln!(
+            "fencelock-sim: --first {first} with --seeds {count} runs past the last seed, {}",
+            u64::MAX
+        );
+        return ExitCode::from(2);
+    }
+    let jobs = options
+        .jobs
+        .or_else(|| std::thread::available_parallelism().ok())
+        .map_or(1, NonZeroUsize::get)
+        .min(usize::try_from(count).unwrap_or(usize::MAX))
+        .max(1);
+
     let started = Instant::now();
     let mut sim_ms = 0;
+    let mut done = 0;
     let mut failed = 0;
-    for seed in &seeds {
-        let nodes = nodes.unwrap_or(if seed % 2 == 0 { 3 } else { 5 });
-        let mut config = SimConfig::new(*seed, nodes);
-        config.fault_ms = fault_ms.unwrap_or(config.fault_ms);
-        config.heal_ms = heal_ms.unwrap_or(config.heal_ms);
-        let report = run(config);
-        sim_ms += report.sim_ms;
-        if report.result.is_err() {
-            failed += 1;
+    let next = AtomicU64::new(0);
+    let (sender, reports) = mpsc::channel::<Report>();
+    std::thread::scope(|scope| {
+        for _ in 0..jobs {
+            let (sender, next, options) = (sender.clone(), &next, &options);
+            scope.spawn(move || loop {
+                let index = next.fetch_add(1, Ordering::Relaxed);
+                if index >= count {
+                    break;
+                }
+                // The receiver lives until every sender is gone.
+                if sender.send(run(options.config(first + index))).is_err() {
+                    break;
+                }
+            });
         }
-        if report.result.is_err() || single.is_some() {
-            println!("{report}");
+        drop(sender);
+        // Reports come in as seeds finish, in no fixed order.
+        for report in reports {
+            done += 1;
+            sim_ms += report.sim_ms;
+            if report.result.is_err() {
+                failed += 1;
+            }
+            if report.result.is_err() || options.seed.is_some() {
+                println!("{report}");
+            }
+            if count >= 2 * PROGRESS_EVERY && done % PROGRESS_EVERY == 0 && done < count {
+                eprintln!(
+                    "sim: {done} of {count} seeds, {failed} failed, {:.0} s",
+                    started.elapsed().as_secs_f64()
+                );
+            }
         }
-    }
+    });
+
     let wall = started.elapsed().as_secs_f64();
     println!(
         "{} seeds, {} failed; {:.0} simulated s in {:.1} wall s: {:.0}x real time",
-        seeds.len(),
+        done,
         failed,
         sim_ms as f64 / 1_000.0,
         wall,
         sim_ms as f64 / 1_000.0 / wall.max(1e-9)
     );
-    println!("sim: {} passed, {} failed", seeds.len() - failed, failed);
+    println!("sim: {} passed, {} failed", done - failed, failed);
     if failed > 0 {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+impl Options {
+    fn config(&self, seed: u64) -> SimConfig {
+        let nodes = self.nodes.unwrap_or(if seed % 2 == 0 { 3 } else { 5 });
+        let mut config = SimConfig::new(seed, nodes);
+        config.fault_ms = self.fault_ms.unwrap_or(config.fault_ms);
+        config.heal_ms = self.heal_ms.unwrap_or(config.heal_ms);
+        config
+    }
+}
+
+fn parse_nodes(text: &str) -> Result<usize, String> {
+    match text.parse() {
+        Ok(nodes @ (3 | 5)) => Ok(nodes),
+        _ => Err("--nodes is 3 or 5".to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Options, clap::Error> {
+        Options::try_parse_from(["fencelock-sim"].iter().chain(args))
+    }
+
+    #[test]
+    fn flags_keep_their_meaning() {
+        use clap::CommandFactory;
+        Options::command().debug_assert();
+        let plain = parse(&[]).unwrap();
+        assert_eq!(
+            (plain.seeds, plain.first, plain.seed, plain.nodes, plain.jobs),
+            (100, 0, None, None, None)
+        );
+        assert_eq!(plain.config(4).nodes, 3);
+        assert_eq!(plain.config(5).nodes, 5);
+        let given = parse(&[
+            "--seeds",
+            "7",
+            "--first",
+            "9",
+            "--nodes",
+            "5",
+            "--fault-ms",
+            "100",
+            "--heal-ms",
+            "200",
+            "--jobs",
+            "3",
+        ])
+        .unwrap();
+        assert_eq!((given.seeds, given.first, given.jobs.map(NonZeroUsize::get)), (7, 9, Some(3)));
+        let config = given.config(4);
+        assert_eq!((config.seed, config.nodes, config.fault_ms, config.heal_ms), (4, 5, 100, 200));
+        assert_eq!(parse(&["--seed", "1", "--seed", "2"]).unwrap().seed, Some(2));
+        for (bad, says) in [
+            (&["--nodes", "4"][..], "--nodes is 3 or 5"),
+            (&["--seeds", "many"], "--seeds"),
+            (&["--jobs", "0"], "--jobs"),
+            (&["--first"], "--first"),
+            (&["--replay"], "--replay"),
+        ] {
+            let err = parse(bad).unwrap_err().to_string();
+            assert!(err.contains(says), "{bad:?}: {err}");
+        }
     }
 }
