@@ -139,6 +139,7 @@ impl World {
 
     pub(crate) fn heal(&mut self) -> Result<(), String> {
         self.healed = true;
+        self.healed_at = Some(self.now_ms);
         self.note("heal");
         self.network.heal();
         self.swarm.abandon_ppm = 0;

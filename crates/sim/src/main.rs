@@ -74,6 +74,8 @@ fn main() -> ExitCode {
     let mut sim_ms = 0;
     let mut done = 0;
     let mut failed = 0;
+    // How often each check judged something, over the sweep.
+    let mut judged: Vec<(&'static str, u64)> = Vec::new();
     let next = AtomicU64::new(0);
     let (sender, reports) = mpsc::channel::<Report>();
     std::thread::scope(|scope| {
@@ -95,6 +97,12 @@ fn main() -> ExitCode {
         for report in reports {
             done += 1;
             sim_ms += report.sim_ms;
+            for (check, count) in &report.judged {
+                match judged.iter_mut().find(|(name, _)| name == check) {
+                    Some((_, total)) => *total += count,
+                    None => judged.push((check, *count)),
+                }
+            }
             if report.result.is_err() {
                 failed += 1;
             }
@@ -119,6 +127,8 @@ fn main() -> ExitCode {
         wall,
         sim_ms as f64 / 1_000.0 / wall.max(1e-9)
     );
+    let judged: Vec<String> = judged.iter().map(|(check, count)| format!("{count} {check}")).collect();
+    println!("checks judged: {}", judged.join(", "));
     println!("sim: {} passed, {} failed", done - failed, failed);
     if failed > 0 {
         ExitCode::from(1)

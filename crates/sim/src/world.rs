@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use fencelock_fsm::LockTable;
 use fencelock_raft::{
     Action, ClientRequest, Config, ConnId, Event as NodeEvent, GrantRef, Node, NodeConfig, NodeId, Reply,
-    Role,
+    Role, RoleChange,
 };
 use raft::prelude::Message;
 
@@ -115,6 +115,7 @@ pub struct World {
     /// Note every client request and answer (`SIM_TRACE=clients`).
     pub(crate) trace_clients: bool,
     pub(crate) healed: bool,
+    pub(crate) healed_at: Option<u64>,
     pub(crate) finished: bool,
     pub(crate) checker: Checker,
     trace: crc32fast::Hasher,
@@ -173,6 +174,7 @@ impl World {
             print_notes: std::env::var_os("SIM_TRACE").is_some(),
             trace_clients: std::env::var("SIM_TRACE").is_ok_and(|trace| trace == "clients"),
             healed: false,
+            healed_at: None,
             finished: false,
             checker,
             trace: crc32fast::Hasher::new(),
@@ -418,7 +420,12 @@ impl World {
                 Action::Send(message) => messages.push(message),
                 Action::Reply { to, reply, grants } => replies.push((to, reply, grants)),
                 Action::Applied(event) => applied.push(event),
-                Action::Role(role) => self.note(&format!("node {} {role:?}", node + 1)),
+                Action::Role(role) => {
+                    if let RoleChange::LeaderReady { .. } = role {
+                        self.checker.expiry.leader_ready(self.now_ms);
+                    }
+                    self.note(&format!("node {} {role:?}", node + 1))
+                }
                 Action::Started(start) => {
                     self.note(&format!("{} decided from its peers' hellos: {start:?}", node + 1));
                     self.checker.opened(node, &LockTable::new());
@@ -436,6 +443,9 @@ impl World {
                 status.applied_index,
                 replica.table(),
             )?;
+        }
+        if let Some(healed_ms) = self.healed_at {
+            self.checker.expiry.check(self.now_ms, healed_ms)?;
         }
         for message in messages {
             self.send(node, message);

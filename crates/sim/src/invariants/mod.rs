@@ -13,10 +13,13 @@
 //!   Granted or Renewed keeps the key for its lease, measured from when it
 //!   sent the request, unless it let go first;
 //! - [`reads`]: a linearizable read names a holder the key had while the
-//!   read was in flight.
+//!   read was in flight;
+//! - [`expiry`]: after the heal, a lock nobody renews is freed within its
+//!   lease (stretched by drift) and a bound, once a leader is ready.
 
 pub mod convergence;
 pub mod durability;
+pub mod expiry;
 pub mod holders;
 pub mod liveness;
 pub mod mutual_exclusion;
@@ -52,6 +55,7 @@ pub struct Checker {
     pub liveness: liveness::Check,
     pub holders: holders::Check,
     pub reads: reads::Check,
+    pub expiry: expiry::Check,
     /// Applied changes each per-node check judged.
     judged_changes: u64,
     /// Per node: the highest index it applied, and the highest it had
@@ -69,6 +73,7 @@ impl Checker {
             tokens: tokens::Check::new(nodes),
             renewal: renewal::Check::new(nodes),
             holders: holders::Check::new(drift_ppm_max),
+            expiry: expiry::Check::new(drift_ppm_max),
             applied_max: vec![0; nodes],
             replay_until: vec![0; nodes],
             ..Checker::default()
@@ -97,6 +102,7 @@ impl Checker {
             ("applied changes", self.judged_changes),
             ("client promises", self.holders.judged()),
             ("reads", self.reads.judged()),
+            ("lock expiries", self.expiry.judged()),
             ("acknowledgements", self.durability.acknowledgements() as u64),
             ("tables compared", self.convergence.compared()),
         ]
@@ -131,6 +137,7 @@ impl Checker {
         for event in events {
             self.holders.applied(event, now_ms)?;
             self.reads.applied(event, now_ms);
+            self.expiry.applied(event, now_ms);
         }
         for event in events {
             self.durability.applied(event);

@@ -1,0 +1,150 @@
+//! Expiry liveness: a lock whose holder stopped renewing it is freed within
+//! its lease, stretched by the clocks' drift bound, plus [`SLACK_MS`], once
+//! a leader is ready and the faults have healed. A lock that leaks (a ghost
+//! never released, a lease a restarted leader never re-armed) stays held,
+//! and a contending client waits for it in vain.
+//!
+//! Judged in the heal phase only: partitions, pauses, crashes and clock
+//! jumps legitimately delay an expiry without bound.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use fencelock_raft::AppliedEvent;
+use fencelock_types::{FencingToken, Key};
+
+/// Time beyond the lease for the leader's next scan, the Expire's commit
+/// and apply.
+pub const SLACK_MS: u64 = 1_000;
+
+#[derive(Debug, Default)]
+pub struct Check {
+    drift_ppm_max: u64,
+    /// Live locks: (key, token) → (true time of the last grant or renewal
+    /// any node applied, lease).
+    live: BTreeMap<(Key, FencingToken), (u64, u64)>,
+    /// Locks some node removed: a lagging or restarted node that applies
+    /// their grant again later does not bring them back.
+    removed: BTreeSet<(Key, FencingToken)>,
+    /// When a leader last became ready.
+    leader_ready_ms: Option<u64>,
+    judged: u64,
+}
+
+impl Check {
+    pub fn new(drift_ppm_max: u64) -> Check {
+        Check { drift_ppm_max, ..Check::default() }
+    }
+
+    /// Some node applied `event` at true time `now_ms`.
+    pub fn applied(&mut self, event: &AppliedEvent, now_ms: u64) {
+        match event {
+            AppliedEvent::Granted { key, token, lease_ms, .. }
+            | AppliedEvent::Renewed { key, token, lease_ms } => {
+                if self.removed.contains(&(key.clone(), *token)) {
+                    return;
+                }
+                let entry = self.live.entry((key.clone(), *token)).or_insert((now_ms, lease_ms.get()));
+                if now_ms >= entry.0 {
+                    *entry = (now_ms, lease_ms.get());
+                }
+            }
+            AppliedEvent::Released { key, token } | AppliedEvent::Expired { key, token, .. } => {
+                self.live.remove(&(key.clone(), *token));
+                self.removed.insert((key.clone(), *token));
+            }
+            AppliedEvent::Restored => {}
+        }
+    }
+
+    /// A node became the ready leader at `now_ms`.
+    pub fn leader_ready(&mut self, now_ms: u64) {
+        self.leader_ready_ms = Some(now_ms);
+    }
+
+    /// At `now_ms`, after the heal at `healed_ms`: every live lock must have
+    /// been refreshed recently enough.
+    pub fn check(&mut self, now_ms: u64, healed_ms: u64) -> Result<(), String> {
+        let Some(leader_ms) = self.leader_ready_ms else { return Ok(()) };
+        for ((key, token), (refreshed_ms, lease_ms)) in &self.live {
+            let since_ms = (*refreshed_ms).max(healed_ms).max(leader_ms);
+            let stretched_ms = lease_ms * 1_000_000 / (1_000_000 - self.drift_ppm_max.min(900_000));
+            let due_ms = since_ms + stretched_ms + SLACK_MS;
+            if now_ms > due_ms {
+                self.judged += 1;
+                return Err(format!(
+                    "{key} under {token}, last granted or renewed at {refreshed_ms} ms for {lease_ms} ms, \
+                     is still held at {now_ms} ms (due by {due_ms} ms: a ready leader since {leader_ms} ms, \
+                     healed at {healed_ms} ms)"
+                ));
+            }
+        }
+        self.judged += self.live.len() as u64;
+        Ok(())
+    }
+
+    /// How many times a live lock was held against its bound.
+    pub fn judged(&self) -> u64 {
+        self.judged
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fencelock_types::LeaseMs;
+
+    fn key() -> Key {
+        Key::new(b"k".to_vec()).unwrap()
+    }
+
+    fn grant(token: u64, lease_ms: u64) -> AppliedEvent {
+        AppliedEvent::Granted {
+            key: key(),
+            token: FencingToken::new(token).unwrap(),
+            lease_ms: LeaseMs::new(lease_ms).unwrap(),
+            existing: false,
+        }
+    }
+
+    #[test]
+    fn a_lock_nobody_renews_that_outlives_its_bound_is_caught() {
+        let mut check = Check::new(0);
+        check.applied(&grant(1, 1_000), 100);
+        check.leader_ready(50);
+        assert!(check.check(2_100, 0).is_ok(), "within lease plus slack");
+        let err = check.check(2_101, 0).unwrap_err();
+        assert!(err.contains("still held"), "{err}");
+    }
+
+    #[test]
+    fn renewals_releases_and_drift_push_the_bound() {
+        let mut check = Check::new(500_000);
+        check.leader_ready(0);
+        check.applied(&grant(1, 1_000), 0);
+        // A slow clock may take twice the lease.
+        assert!(check.check(2_900, 0).is_ok());
+        let renew = AppliedEvent::Renewed {
+            key: key(),
+            token: FencingToken::new(1).unwrap(),
+            lease_ms: LeaseMs::new(1_000).unwrap(),
+        };
+        check.applied(&renew, 2_500);
+        assert!(check.check(5_400, 0).is_ok());
+        check.applied(&AppliedEvent::Released { key: key(), token: FencingToken::new(1).unwrap() }, 5_450);
+        assert!(check.check(100_000, 0).is_ok());
+    }
+
+    #[test]
+    fn no_bound_before_a_leader_is_ready_or_before_the_heal() {
+        let mut check = Check::new(0);
+        check.applied(&grant(1, 1_000), 0);
+        assert!(check.check(50_000, 0).is_ok(), "judged without a leader");
+        check.leader_ready(10_000);
+        assert!(check.check(11_999, 0).is_ok());
+        assert!(check.check(12_001, 0).is_err());
+        let mut check = Check::new(0);
+        check.applied(&grant(1, 1_000), 0);
+        check.leader_ready(0);
+        assert!(check.check(20_000, 19_000).is_ok(), "the heal starts the bound");
+    }
+}
