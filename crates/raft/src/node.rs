@@ -457,7 +457,9 @@ fn dispatch<T>(
             // Its client is gone: a lock it was granted would be held by
             // nobody until its lease ran out.
             Some(Answered::Orphan) => ghosts.extend(granted),
-            None => {}
+            // The replica answers each request it took once, and a request
+            // the registry forgot was cancelled, never to be answered.
+            None => panic!("an answer to request {} that the node never took or already answered", id.0),
         }
     }
     for event in effects.applied {

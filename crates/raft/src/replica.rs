@@ -873,7 +873,7 @@ impl<D: Durable> Replica<D> {
         }
         let mut batch = Batch::default();
         while let Some(id) = self.ready_to_propose.pop_front() {
-            let Some(pending) = self.pending.get_mut(&id) else { continue };
+            let pending = self.pending.get_mut(&id).expect("a request ready to propose is pending");
             pending.queued = false;
             // Nothing else is in flight on these keys, so the applied table
             // (and this node's leases) is what this request will meet.
@@ -887,7 +887,7 @@ impl<D: Durable> Replica<D> {
                 self.finish(id, Ok(Response::Applied(Vec::new())));
                 continue;
             }
-            let Some(pending) = self.pending.get(&id) else { continue };
+            let pending = self.pending.get(&id).expect("a request ready to propose is pending");
             if let Some((key, holder_token)) = self.grant_conflict(&pending.commands) {
                 if pending.wait_until_ms.is_some() {
                     let keys = pending.keys.clone();
@@ -924,7 +924,7 @@ impl<D: Durable> Replica<D> {
     /// lock those commands will remove.
     fn add_to_batch(&mut self, batch: &mut Batch, id: RequestId) -> Vec<Key> {
         let term = self.raw.raft.term;
-        let Some(pending) = self.pending.get_mut(&id) else { return Vec::new() };
+        let pending = self.pending.get_mut(&id).expect("a request going into a batch is pending");
         pending.queued = false;
         pending.proposed_term = Some(term);
         let commands = std::mem::take(&mut pending.commands);
