@@ -101,8 +101,12 @@ pub enum Action<T> {
         reply: Reply,
         grants: Vec<GrantRef>,
     },
-    /// A change of the lock table, in log order.
-    Applied(AppliedEvent),
+    /// A change of the lock table, in log order, with the index of the
+    /// entry that made it.
+    Applied {
+        index: u64,
+        event: AppliedEvent,
+    },
     Role(RoleChange),
     /// A node whose store was blank decided how it starts.
     Started(Start),
@@ -462,8 +466,8 @@ fn dispatch<T>(
             None => panic!("an answer to request {} that the node never took or already answered", id.0),
         }
     }
-    for event in effects.applied {
-        out(Action::Applied(event));
+    for (index, event) in effects.applied {
+        out(Action::Applied { index, event });
     }
     let roles_changed = !effects.roles.is_empty();
     for role in effects.roles {

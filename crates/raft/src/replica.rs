@@ -26,8 +26,9 @@ pub struct Effects {
     pub messages: Vec<Message>,
     /// Answers to requests, by id.
     pub replies: Vec<(RequestId, Reply)>,
-    /// Lock-table changes, in apply order.
-    pub applied: Vec<AppliedEvent>,
+    /// Lock-table changes, in apply order, each with the index of the log
+    /// entry that made it (a snapshot's index for `Restored`).
+    pub applied: Vec<(u64, AppliedEvent)>,
     /// Leadership changes, in order.
     pub roles: Vec<RoleChange>,
     /// The new locks that answered requests were granted (not re-grants),
@@ -1204,7 +1205,7 @@ impl<D: Durable> Replica<D> {
         self.raw.mut_store().install_snapshot(snapshot);
         self.stats.snapshots_installed += 1;
         self.restore_leases();
-        self.effects.applied.push(AppliedEvent::Restored);
+        self.effects.applied.push((index, AppliedEvent::Restored));
         Ok(())
     }
 
@@ -1362,7 +1363,7 @@ impl<D: Durable> Replica<D> {
             }
             AppliedEvent::Restored => {}
         }
-        self.effects.applied.push(event);
+        self.effects.applied.push((self.applying_index, event));
         result
     }
 

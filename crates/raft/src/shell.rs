@@ -429,7 +429,7 @@ impl<D: Durable> Driver<D> {
                     undelivered.extend(grants);
                 }
             }
-            Action::Applied(_) | Action::Role(_) | Action::Started(_) => {}
+            Action::Applied { .. } | Action::Role(_) | Action::Started(_) => {}
         })?;
         if sent {
             peers_out.flush();

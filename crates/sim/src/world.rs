@@ -419,7 +419,7 @@ impl World {
             match action {
                 Action::Send(message) => messages.push(message),
                 Action::Reply { to, reply, grants } => replies.push((to, reply, grants)),
-                Action::Applied(event) => applied.push(event),
+                Action::Applied { index, event } => applied.push((index, event)),
                 Action::Role(role) => {
                     if let RoleChange::LeaderReady { .. } = role {
                         self.checker.expiry.leader_ready(self.now_ms);

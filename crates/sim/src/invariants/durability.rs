@@ -1,11 +1,12 @@
-//! Nothing acknowledged is lost. Once the cluster has healed and converged,
+//! Nothing acknowledged is lost, judged grant by grant: a grant is its key,
+//! its token and the log position that made it. Once the cluster has healed and converged,
 //! every grant a client was told about is either still held under its token
 //! or was removed by a Release or Expire that some node applied; every
 //! acknowledged release stays released; every acknowledged renewal and
 //! grant was applied; and the table's token counter is past every token a
 //! client ever saw.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use fencelock_fsm::LockTable;
 use fencelock_raft::AppliedEvent;
@@ -13,7 +14,9 @@ use fencelock_types::{FencingToken, Key};
 
 #[derive(Debug, Default)]
 pub struct Check {
-    granted: BTreeSet<(Key, FencingToken)>,
+    /// Every grant applied: (key, token) → the entry indexes it was
+    /// applied from (one, unless a token was issued twice).
+    granted: BTreeMap<(Key, FencingToken), BTreeSet<u64>>,
     renewed: BTreeSet<(Key, FencingToken)>,
     removed: BTreeSet<(Key, FencingToken)>,
     acked_grants: BTreeSet<(Key, FencingToken)>,
@@ -22,11 +25,12 @@ pub struct Check {
 }
 
 impl Check {
-    pub fn applied(&mut self, event: &AppliedEvent) {
+    pub fn applied(&mut self, index: u64, event: &AppliedEvent) {
         match event {
-            AppliedEvent::Granted { key, token, .. } => {
-                self.granted.insert((key.clone(), *token));
+            AppliedEvent::Granted { key, token, existing: false, .. } => {
+                self.granted.entry((key.clone(), *token)).or_default().insert(index);
             }
+            AppliedEvent::Granted { .. } => {}
             AppliedEvent::Renewed { key, token, .. } => {
                 self.renewed.insert((key.clone(), *token));
             }
@@ -59,8 +63,15 @@ impl Check {
             table.holder(key.as_bytes()).is_some_and(|lock| lock.token == *token)
         };
         for grant in &self.acked_grants {
-            if !self.granted.contains(grant) {
-                return Err(format!("acknowledged grant {grant:?} was never applied"));
+            match self.granted.get(grant).map(BTreeSet::len) {
+                None | Some(0) => return Err(format!("acknowledged grant {grant:?} was never applied")),
+                Some(1) => {}
+                Some(_) => {
+                    return Err(format!(
+                        "acknowledged grant {grant:?} was applied from several log positions: {:?}",
+                        self.granted.get(grant)
+                    ))
+                }
             }
             if !holds(grant) && !self.removed.contains(grant) {
                 return Err(format!("acknowledged grant {grant:?} vanished without a release or expiry"));

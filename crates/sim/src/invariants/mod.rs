@@ -37,6 +37,8 @@ pub struct Applied<'a> {
     /// The node's own clock when it applied the change.
     pub local_ms: u64,
     pub is_leader: bool,
+    /// The index of the log entry that made the change.
+    pub index: u64,
     /// The node is applying again, after a restart, entries it had applied
     /// before: the clock it applies them with is not the one they were
     /// decided by.
@@ -117,30 +119,30 @@ impl Checker {
         local_ms: u64,
         now_ms: u64,
         is_leader: bool,
-        events: &[AppliedEvent],
+        events: &[(u64, AppliedEvent)],
         applied_index: u64,
         table: &LockTable,
     ) -> Result<(), String> {
         // After a snapshot install the table jumped; the rest of the turn is
         // checked against the table the turn ends with.
-        let restored_at = events.iter().position(|event| matches!(event, AppliedEvent::Restored));
+        let restored_at = events.iter().position(|(_, event)| matches!(event, AppliedEvent::Restored));
         let checked = &events[..restored_at.unwrap_or(events.len())];
         let replaying = applied_index <= self.replay_until[node];
         self.applied_max[node] = self.applied_max[node].max(applied_index);
-        for event in checked {
-            let applied = Applied { node, local_ms, is_leader, replaying, event };
+        for (index, event) in checked {
+            let applied = Applied { node, local_ms, is_leader, index: *index, replaying, event };
             self.mutual_exclusion.applied(&applied)?;
             self.tokens.applied(&applied)?;
             self.renewal.applied(&applied)?;
             self.judged_changes += 1;
         }
-        for event in events {
+        for (_, event) in events {
             self.holders.applied(event, now_ms)?;
             self.reads.applied(event, now_ms);
             self.expiry.applied(event, now_ms);
         }
-        for event in events {
-            self.durability.applied(event);
+        for (index, event) in events {
+            self.durability.applied(*index, event);
         }
         if restored_at.is_some() {
             self.reset(node, table);

@@ -13,8 +13,9 @@ use super::Applied;
 pub struct Check {
     /// The last new token each node applied.
     last: Vec<Option<FencingToken>>,
-    /// Every token any node granted, and the key it was for.
-    issued: BTreeMap<FencingToken, Key>,
+    /// Every token any node granted, the key it was for and the log
+    /// position that granted it.
+    issued: BTreeMap<FencingToken, (Key, u64)>,
 }
 
 impl Check {
@@ -34,11 +35,16 @@ impl Check {
         }
         *last = Some(*token);
         match self.issued.get(token) {
-            Some(earlier) if earlier != key => {
+            Some((earlier, _)) if earlier != key => {
                 Err(format!("token {token} issued for {earlier} and again for {key}"))
             }
-            _ => {
-                self.issued.insert(*token, key.clone());
+            Some((_, at)) if *at != applied.index => Err(format!(
+                "token {token} issued for {key} at index {at} and again at index {}",
+                applied.index
+            )),
+            Some(_) => Ok(()),
+            None => {
+                self.issued.insert(*token, (key.clone(), applied.index));
                 Ok(())
             }
         }
