@@ -43,11 +43,11 @@ impl Check {
     ) -> Result<(), String> {
         self.judged += 1;
         let history = self.history.get(key).map(Vec::as_slice).unwrap_or(&[]);
-        // The holder when the read was sent, then every one set before it
-        // was answered.
-        let at_send = history.iter().rev().find(|(at, _)| *at <= sent_ms).and_then(|(_, holder)| *holder);
+        // The holder before the read was sent, then every one set while it was
+        // in flight (a change in the send's millisecond may be on either side).
+        let at_send = history.iter().rev().find(|(at, _)| *at < sent_ms).and_then(|(_, holder)| *holder);
         let possible = std::iter::once(at_send).chain(
-            history.iter().filter(|(at, _)| *at > sent_ms && *at <= answered_ms).map(|(_, holder)| *holder),
+            history.iter().filter(|(at, _)| *at >= sent_ms && *at <= answered_ms).map(|(_, holder)| *holder),
         );
         let possible: Vec<Option<FencingToken>> = possible.collect();
         if possible.contains(&holder) {
