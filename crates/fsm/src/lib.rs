@@ -156,9 +156,10 @@ impl LockTable {
             if lock.owner != owner {
                 return ApplyResult::GrantRejected { holder_token: lock.token };
             }
-            // A retry by the holder: same token, lease restarted.
-            lock.lease_ms = lease_ms;
-            return ApplyResult::Granted { token: lock.token, lease_ms, existing: true };
+            // A retry by the holder: same token, lease restarted, never
+            // shortened (a stale retry must not cut a newer grant's lease).
+            lock.lease_ms = lock.lease_ms.max(lease_ms);
+            return ApplyResult::Granted { token: lock.token, lease_ms: lock.lease_ms, existing: true };
         }
         let token = match self.last_token {
             None => FencingToken::FIRST,

@@ -58,6 +58,10 @@ fn grant_by_the_holder_is_idempotent_and_restarts_the_lease() {
     let retry = table.apply(Command::Grant { key: key("a"), lease_ms: lease(5000), owner: owner("o1") });
     assert_eq!(retry, ApplyResult::Granted { token: first, lease_ms: lease(5000), existing: true });
     assert_eq!(table.holder(b"a").unwrap().lease_ms, lease(5000));
+    // A stale retry with a shorter lease keeps the longer one.
+    let stale = table.apply(Command::Grant { key: key("a"), lease_ms: lease(700), owner: owner("o1") });
+    assert_eq!(stale, ApplyResult::Granted { token: first, lease_ms: lease(5000), existing: true });
+    assert_eq!(table.holder(b"a").unwrap().lease_ms, lease(5000));
     // No token was burnt by the retry.
     assert_eq!(table.last_token(), Some(first));
 }
@@ -360,8 +364,8 @@ impl Model {
         match command.clone() {
             Command::Grant { key, lease_ms, owner } => match self.position(&key) {
                 Some(i) if self.locks[i].2 == owner => {
-                    self.locks[i].3 = lease_ms;
-                    ApplyResult::Granted { token: self.locks[i].1, lease_ms, existing: true }
+                    self.locks[i].3 = self.locks[i].3.max(lease_ms);
+                    ApplyResult::Granted { token: self.locks[i].1, lease_ms: self.locks[i].3, existing: true }
                 }
                 Some(i) => ApplyResult::GrantRejected { holder_token: self.locks[i].1 },
                 None => {

@@ -58,7 +58,8 @@ impl LeaseTracker {
     }
 
     /// A Grant applied at `now_ms` (a retried Grant by the holder too: its
-    /// lease restarts).
+    /// lease restarts, for the longer of its old and new lease: the state
+    /// machine's answer says which, so a stale retry never shortens it).
     pub fn granted(&mut self, key: Key, token: FencingToken, lease_ms: LeaseMs, now_ms: u64) {
         self.track(key, token, lease_ms, now_ms);
     }

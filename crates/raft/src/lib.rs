@@ -74,6 +74,7 @@
 //! ```
 
 mod node;
+mod queue;
 mod registry;
 pub mod rejoin;
 mod replica;

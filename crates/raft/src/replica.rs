@@ -13,6 +13,7 @@ use raft::prelude::{ConfChange, ConfChangeV2, ConfState, Entry, EntryType, Messa
 use raft::{RawNode, SnapshotStatus, StateRole};
 use slog::{debug, info, warn, Logger};
 
+use crate::queue::{Pending, Requests};
 use crate::rejoin::{self, Floor, Membership, PinVote, RaftPosition};
 use crate::storage::{Durable, LogCache, WriteBatch};
 use crate::types::{
@@ -100,27 +101,6 @@ pub struct NodeStatus {
     pub rejoining: bool,
 }
 
-/// A request the leader accepted and has not answered yet.
-#[derive(Debug)]
-struct Pending {
-    /// Taken when the request is proposed.
-    commands: Vec<Command>,
-    /// The distinct keys it touches, in order.
-    keys: Vec<Key>,
-    /// The term it was proposed in, once proposed.
-    proposed_term: Option<u64>,
-    /// Whether it sits in `ready_to_propose`.
-    queued: bool,
-    /// Proposed by the leader itself (an Expire, a ghost Release): no reply.
-    internal: bool,
-    /// For a ghost Release: the index of the grant it undoes; it goes only
-    /// if the lock is still that grant when its turn comes.
-    ghost_of: Option<u64>,
-    /// For a waiting acquire: until when, on this node's clock, it may wait
-    /// for the key.
-    wait_until_ms: Option<u64>,
-}
-
 /// Request ids with this bit set are the leader's own (Expire, ghost
 /// Release); the shell numbers client requests below it.
 const INTERNAL_REQUEST_BIT: u64 = 1 << 63;
@@ -145,19 +125,8 @@ pub struct Replica<D: Durable> {
     /// The leader has applied an entry of its own term.
     leader_ready: bool,
 
-    /// Requests accepted while leader, waiting or in flight.
-    pending: BTreeMap<RequestId, Pending>,
-    /// Per key, the requests that touch it, in acceptance order. The head is
-    /// the one in flight (or next to go).
-    key_queues: BTreeMap<Key, VecDeque<RequestId>>,
-    /// Requests at the head of all their keys' queues, not yet proposed.
-    ready_to_propose: VecDeque<RequestId>,
-
-    /// Acquires waiting for a held key, FIFO per key. A waiter is in
-    /// `pending` but in no key queue until it is proposed.
-    waiters: BTreeMap<Key, VecDeque<RequestId>>,
-    /// Keys with an Expire of the leader's own pending, and its request.
-    expiring: BTreeMap<Key, RequestId>,
+    /// Requests accepted while leader, waiting or in flight, in order.
+    requests: Requests,
     next_internal_id: u64,
 
     /// Lease deadlines on this node's clock, fed by applied changes.
@@ -287,11 +256,7 @@ impl<D: Durable> Replica<D> {
             logger,
             reported,
             leader_ready: false,
-            pending: BTreeMap::new(),
-            key_queues: BTreeMap::new(),
-            ready_to_propose: VecDeque::new(),
-            waiters: BTreeMap::new(),
-            expiring: BTreeMap::new(),
+            requests: Requests::default(),
             next_internal_id: 0,
             leases: LeaseTracker::new(),
             now_ms: 0,
@@ -351,18 +316,11 @@ impl<D: Durable> Replica<D> {
             self.reads_before_ready.retain(|read| *read != id);
             return true;
         }
-        let Some(pending) = self.pending.get(&id) else { return false };
-        if pending.proposed_term.is_some() {
+        if self.requests.get(id).is_none_or(|pending| pending.proposed_term.is_some()) {
             return false;
         }
-        let keys = pending.keys.clone();
-        self.pending.remove(&id);
-        self.ready_to_propose.retain(|queued| *queued != id);
-        for queue in self.waiters.values_mut() {
-            queue.retain(|waiter| *waiter != id);
-        }
-        self.waiters.retain(|_, queue| !queue.is_empty());
-        self.leave_key_queues(id, &keys);
+        let table = &self.table;
+        self.requests.remove(id, &|key| table.holder(key.as_bytes()).is_none());
         true
     }
 
@@ -406,16 +364,7 @@ impl<D: Durable> Replica<D> {
             self.reply(id, Ok(Response::Applied(Vec::new())));
             return;
         }
-        let mut keys: Vec<Key> = commands.iter().filter_map(Command::key).cloned().collect();
-        keys.sort();
-        keys.dedup();
-        for key in &keys {
-            self.key_queues.entry(key.clone()).or_default().push_back(id);
-        }
-        let pending =
-            Pending { commands, keys, proposed_term: None, queued: false, internal, ghost_of, wait_until_ms };
-        self.pending.insert(id, pending);
-        self.queue_if_ready(id);
+        self.requests.insert(id, Pending::new(commands, internal, ghost_of, wait_until_ms));
     }
 
     /// Refuses leases outside the configured bounds.
@@ -632,7 +581,7 @@ impl<D: Durable> Replica<D> {
 
     pub fn has_ready(&self) -> bool {
         self.raw.has_ready()
-            || self.leader_ready && (!self.ready_to_propose.is_empty() || !self.reads_before_ready.is_empty())
+            || self.leader_ready && (self.requests.has_ready() || !self.reads_before_ready.is_empty())
     }
 
     pub fn is_leader_ready(&self) -> bool {
@@ -705,7 +654,7 @@ impl<D: Durable> Replica<D> {
             snapshot_index: self.raw.store().snapshot_index(),
             locks: self.table.len(),
             last_token: self.table.last_token(),
-            pending_requests: self.pending.len() + self.reads.len(),
+            pending_requests: self.requests.len() + self.reads.len(),
             rejoining: self.abstaining.is_some(),
         }
     }
@@ -721,7 +670,7 @@ impl<D: Durable> Replica<D> {
         if self.raw.raft.state != StateRole::Leader {
             return Err(RequestError::NotLeader { leader_hint: self.leader_hint() });
         }
-        if self.pending.len() + self.reads.len() >= self.config.pending_requests_max {
+        if self.requests.len() + self.reads.len() >= self.config.pending_requests_max {
             return Err(RequestError::Overloaded);
         }
         Ok(())
@@ -733,88 +682,16 @@ impl<D: Durable> Replica<D> {
         }
     }
 
-    /// Queues `id` for proposal once it heads the queue of every key it touches.
-    fn queue_if_ready(&mut self, id: RequestId) {
-        let Some(pending) = self.pending.get(&id) else {
-            return;
-        };
-        if pending.queued || pending.proposed_term.is_some() {
-            return;
-        }
-        let heads_all =
-            pending.keys.iter().all(|key| self.key_queues.get(key).and_then(VecDeque::front) == Some(&id));
-        if heads_all {
-            if let Some(pending) = self.pending.get_mut(&id) {
-                pending.queued = true;
-            }
-            self.ready_to_propose.push_back(id);
-        }
-    }
-
     /// Forgets an answered request and lets the next request on its keys go.
     fn finish(&mut self, id: RequestId, reply: Reply) {
         self.reply(id, reply);
-        let Some(pending) = self.pending.remove(&id) else { return };
-        if pending.internal {
-            self.expiring.retain(|_, expire| *expire != id);
-        }
-        self.leave_key_queues(id, &pending.keys);
-    }
-
-    /// Takes `id` out of the queues of `keys` and lets each next head go. A
-    /// key left with no request in flight, free, and with waiters hands
-    /// itself to the first waiter.
-    fn leave_key_queues(&mut self, id: RequestId, keys: &[Key]) {
-        let mut next = Vec::new();
-        for key in keys {
-            let Some(queue) = self.key_queues.get_mut(key) else { continue };
-            queue.retain(|queued| *queued != id);
-            match queue.front() {
-                Some(head) => next.push(*head),
-                None => {
-                    self.key_queues.remove(key);
-                    if self.table.holder(key.as_bytes()).is_none() {
-                        if let Some(waiter) = self.pop_waiter(key) {
-                            self.key_queues.entry(key.clone()).or_default().push_back(waiter);
-                            next.push(waiter);
-                        }
-                    }
-                }
-            }
-        }
-        for head in next {
-            self.queue_if_ready(head);
-        }
-    }
-
-    fn pop_waiter(&mut self, key: &Key) -> Option<RequestId> {
-        let queue = self.waiters.get_mut(key)?;
-        let waiter = queue.pop_front();
-        if queue.is_empty() {
-            self.waiters.remove(key);
-        }
-        waiter
+        let table = &self.table;
+        self.requests.remove(id, &|key| table.holder(key.as_bytes()).is_none());
     }
 
     /// Answers waiters whose time is up; the queue behind them moves up.
     fn time_out_waiters(&mut self) {
-        let now_ms = self.now_ms;
-        let mut timed_out = Vec::new();
-        for (key, queue) in &mut self.waiters {
-            queue.retain(|id| {
-                let expired = self
-                    .pending
-                    .get(id)
-                    .and_then(|pending| pending.wait_until_ms)
-                    .is_none_or(|until_ms| until_ms <= now_ms);
-                if expired {
-                    timed_out.push((key.clone(), *id));
-                }
-                !expired
-            });
-        }
-        self.waiters.retain(|_, queue| !queue.is_empty());
-        for (key, id) in timed_out {
+        for (key, id) in self.requests.timed_out(self.now_ms) {
             let holder_token = self.table.holder(key.as_bytes()).map(|lock| lock.token);
             self.finish(id, Err(RequestError::WaitTimedOut { key, holder_token }));
         }
@@ -834,16 +711,15 @@ impl<D: Durable> Replica<D> {
         let due: Vec<(Key, FencingToken)> = self
             .leases
             .due(self.now_ms)
-            .filter(|(key, _)| !self.expiring.contains_key(*key))
+            .filter(|(key, _)| !self.requests.is_expiring(key))
             .map(|(key, token)| (key.clone(), token))
             .collect();
         for (key, token) in due {
-            if self.pending.len() + self.reads.len() >= self.config.pending_requests_max {
+            if self.requests.len() + self.reads.len() >= self.config.pending_requests_max {
                 break;
             }
             let id = self.internal_id();
             debug!(self.logger, "lease due"; "key" => %key, "token" => token.get(), "now_ms" => self.now_ms);
-            self.expiring.insert(key.clone(), id);
             self.submit(id, vec![Command::Expire { key, token }], None, true);
         }
     }
@@ -873,9 +749,7 @@ impl<D: Durable> Replica<D> {
             return;
         }
         let mut batch = Batch::default();
-        while let Some(id) = self.ready_to_propose.pop_front() {
-            let pending = self.pending.get_mut(&id).expect("a request ready to propose is pending");
-            pending.queued = false;
+        while let Some(id) = self.requests.pop_ready() {
             // Nothing else is in flight on these keys, so the applied table
             // (and this node's leases) is what this request will meet.
             if let Some(stale) = self.stale_expire(id) {
@@ -888,12 +762,11 @@ impl<D: Durable> Replica<D> {
                 self.finish(id, Ok(Response::Applied(Vec::new())));
                 continue;
             }
-            let pending = self.pending.get(&id).expect("a request ready to propose is pending");
+            let pending = self.requests.get(id).expect("a request ready to propose is pending");
             if let Some((key, holder_token)) = self.grant_conflict(&pending.commands) {
                 if pending.wait_until_ms.is_some() {
-                    let keys = pending.keys.clone();
-                    self.leave_key_queues(id, &keys);
-                    self.waiters.entry(key).or_default().push_back(id);
+                    let table = &self.table;
+                    self.requests.wait_for(id, key, &|key| table.holder(key.as_bytes()).is_none());
                 } else {
                     self.finish(id, Err(RequestError::Held { key, holder_token }));
                 }
@@ -903,12 +776,7 @@ impl<D: Durable> Replica<D> {
             // Hand each lock this request frees to its first waiter in the
             // same entry: a hot-key handoff costs one commit.
             for key in removed {
-                if let Some(waiter) = self.pop_waiter(&key) {
-                    if let Some(queue) = self.key_queues.get_mut(&key) {
-                        let at =
-                            queue.iter().position(|queued| *queued == id).map_or(queue.len(), |at| at + 1);
-                        queue.insert(at, waiter);
-                    }
+                if let Some(waiter) = self.requests.hand_over(&key, id) {
                     self.add_to_batch(&mut batch, waiter);
                 }
             }
@@ -924,11 +792,7 @@ impl<D: Durable> Replica<D> {
     /// Moves request `id`'s commands into `batch`; returns the keys whose
     /// lock those commands will remove.
     fn add_to_batch(&mut self, batch: &mut Batch, id: RequestId) -> Vec<Key> {
-        let term = self.raw.raft.term;
-        let pending = self.pending.get_mut(&id).expect("a request going into a batch is pending");
-        pending.queued = false;
-        pending.proposed_term = Some(term);
-        let commands = std::mem::take(&mut pending.commands);
+        let commands = self.requests.propose(id, self.raw.raft.term);
         let removed = commands
             .iter()
             .filter_map(|command| match command {
@@ -955,7 +819,7 @@ impl<D: Durable> Replica<D> {
     /// The key of an Expire of the leader's own that is no longer due (the
     /// lock was renewed, released or re-granted since it was decided).
     fn stale_expire(&self, id: RequestId) -> Option<Key> {
-        let pending = self.pending.get(&id).filter(|pending| pending.internal)?;
+        let pending = self.requests.get(id).filter(|pending| pending.internal)?;
         match pending.commands.as_slice() {
             [Command::Expire { key, token }] if !self.leases.is_due(key, *token, self.now_ms) => {
                 Some(key.clone())
@@ -968,7 +832,7 @@ impl<D: Durable> Replica<D> {
     /// received: released, expired, re-granted to its owner (whose retry was
     /// told it holds the lock) or renewed since.
     fn stale_ghost(&self, id: RequestId) -> Option<Key> {
-        let pending = self.pending.get(&id).filter(|pending| pending.internal)?;
+        let pending = self.requests.get(id).filter(|pending| pending.internal)?;
         let index = pending.ghost_of?;
         match pending.commands.as_slice() {
             [Command::Release { key, token: Some(token) }] => {
@@ -1031,7 +895,7 @@ impl<D: Durable> Replica<D> {
 
     fn fail_all_requests(&mut self) {
         let leader_hint = self.leader_hint();
-        for (id, pending) in std::mem::take(&mut self.pending) {
+        for (id, pending) in self.requests.clear() {
             let err = match pending.proposed_term {
                 Some(_) => RequestError::LeadershipLost { leader_hint },
                 None => RequestError::NotLeader { leader_hint },
@@ -1041,10 +905,6 @@ impl<D: Durable> Replica<D> {
         for id in std::mem::take(&mut self.reads).into_keys() {
             self.reply(id, Err(RequestError::NotLeader { leader_hint }));
         }
-        self.key_queues.clear();
-        self.ready_to_propose.clear();
-        self.waiters.clear();
-        self.expiring.clear();
         self.reads_at_index.clear();
         self.reads_before_ready.clear();
         self.last_expiry_scan_ms = None;
@@ -1292,7 +1152,7 @@ impl<D: Durable> Replica<D> {
         for tag in tags.requests.iter() {
             let end = offset.saturating_add(tag.commands as usize);
             let id = RequestId(tag.request_id);
-            let ours = self.pending.get(&id).is_some_and(|pending| pending.proposed_term == Some(entry.term));
+            let ours = self.requests.get(id).is_some_and(|pending| pending.proposed_term == Some(entry.term));
             if ours {
                 let reply = match results.get(offset..end) {
                     Some(slice) => {
@@ -1348,7 +1208,7 @@ impl<D: Durable> Replica<D> {
             }
             AppliedEvent::Renewed { key, token, lease_ms } => {
                 self.stats.renewals_applied += 1;
-                self.leases.granted(key.clone(), *token, *lease_ms, now_ms);
+                self.leases.renewed(key.clone(), *token, *lease_ms, now_ms);
                 self.grant_index.insert(key.clone(), self.applying_index);
             }
             AppliedEvent::Released { key, token } => {

@@ -500,6 +500,15 @@ impl World {
     /// connection, the answer is lost; half the time the node's listener
     /// notices the closed socket as it writes and hands the grants back.
     fn answer(&mut self, node: usize, ask: Ask, reply: Reply, grants: Vec<GrantRef>) -> Result<(), String> {
+        if self.trace_clients {
+            self.note(&format!(
+                "{} answers client {} {} on {}: {reply:?}",
+                node + 1,
+                ask.client + 1,
+                ask.seq,
+                ask.conn
+            ));
+        }
         if self.client_conns.contains(&ask.conn) {
             let delay = self.network.delay(&mut self.rng);
             self.schedule(delay, Event::Reply { ask, reply });

@@ -1,0 +1,347 @@
+//! The leader's requests in order: per key, at most one in flight, in the
+//! order they were accepted; acquires that wait for a held key, FIFO per
+//! key; the leader's own Expires by key.
+//!
+//! It owns the order, not the decisions: whether a key is free is asked of
+//! the caller (the replica's applied table), and what a request's commands
+//! do is the replica's business. Testable without raft.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use fencelock_types::{Command, Key};
+
+use crate::types::RequestId;
+
+/// A request the leader accepted and has not answered yet.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    /// Taken when the request is proposed.
+    pub commands: Vec<Command>,
+    /// The distinct keys it touches, in order.
+    pub keys: Vec<Key>,
+    /// The term it was proposed in, once proposed.
+    pub proposed_term: Option<u64>,
+    /// Proposed by the leader itself (an Expire, a ghost Release): no reply.
+    pub internal: bool,
+    /// For a ghost Release: the index of the grant it undoes.
+    pub ghost_of: Option<u64>,
+    /// For a waiting acquire: until when, on this node's clock, it may wait.
+    pub wait_until_ms: Option<u64>,
+    /// Whether it sits among the requests ready to propose.
+    queued: bool,
+}
+
+impl Pending {
+    pub fn new(
+        commands: Vec<Command>,
+        internal: bool,
+        ghost_of: Option<u64>,
+        wait_until_ms: Option<u64>,
+    ) -> Pending {
+        let mut keys: Vec<Key> = commands.iter().filter_map(Command::key).cloned().collect();
+        keys.sort();
+        keys.dedup();
+        Pending { commands, keys, proposed_term: None, internal, ghost_of, wait_until_ms, queued: false }
+    }
+}
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub(crate) struct Requests {
+    pending: BTreeMap<RequestId, Pending>,
+    /// Per key, the requests that touch it, in acceptance order. The head is
+    /// the one in flight (or next to go).
+    key_queues: BTreeMap<Key, VecDeque<RequestId>>,
+    /// Requests at the head of all their keys' queues, not yet proposed.
+    ready: VecDeque<RequestId>,
+    /// Acquires waiting for a held key, FIFO per key: pending, in no key
+    /// queue until they are handed the key.
+    waiters: BTreeMap<Key, VecDeque<RequestId>>,
+    /// Keys with an Expire of the leader's own pending, and its request.
+    expiring: BTreeMap<Key, RequestId>,
+}
+
+impl Requests {
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn get(&self, id: RequestId) -> Option<&Pending> {
+        self.pending.get(&id)
+    }
+
+    /// Whether an Expire of the leader's own is pending on `key`.
+    pub fn is_expiring(&self, key: &Key) -> bool {
+        self.expiring.contains_key(key)
+    }
+
+    /// Accepts `id` behind everything already queued on its keys.
+    pub fn insert(&mut self, id: RequestId, pending: Pending) {
+        for key in &pending.keys {
+            self.key_queues.entry(key.clone()).or_default().push_back(id);
+        }
+        if let [Command::Expire { key, .. }] = pending.commands.as_slice() {
+            if pending.internal {
+                self.expiring.insert(key.clone(), id);
+            }
+        }
+        self.pending.insert(id, pending);
+        self.queue_if_ready(id);
+    }
+
+    /// The next request ready to propose: it heads every key it touches.
+    pub fn pop_ready(&mut self) -> Option<RequestId> {
+        let id = self.ready.pop_front()?;
+        let pending = self.pending.get_mut(&id).expect("a request ready to propose is pending");
+        pending.queued = false;
+        Some(id)
+    }
+
+    pub fn has_ready(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
+    /// `id` is proposed in `term`: its commands go, it stays in flight.
+    pub fn propose(&mut self, id: RequestId, term: u64) -> Vec<Command> {
+        let pending = self.pending.get_mut(&id).expect("a request going into a batch is pending");
+        pending.queued = false;
+        pending.proposed_term = Some(term);
+        std::mem::take(&mut pending.commands)
+    }
+
+    /// Forgets `id` (answered) and lets the next request on each of its keys
+    /// go; a key left free (`is_free`) with nothing in flight goes to its
+    /// first waiter.
+    pub fn remove(&mut self, id: RequestId, is_free: &dyn Fn(&Key) -> bool) -> Option<Pending> {
+        let pending = self.pending.remove(&id)?;
+        if pending.internal {
+            self.expiring.retain(|_, expire| *expire != id);
+        }
+        if pending.queued {
+            self.ready.retain(|ready| *ready != id);
+        }
+        for key in &pending.keys {
+            if let Some(queue) = self.waiters.get_mut(key) {
+                queue.retain(|waiter| *waiter != id);
+                if queue.is_empty() {
+                    self.waiters.remove(key);
+                }
+            }
+        }
+        self.leave_key_queues(id, &pending.keys, is_free);
+        Some(pending)
+    }
+
+    /// `id`, an acquire that met `key` held by another owner, waits for it:
+    /// out of the key queues (the next request goes), last among the key's
+    /// waiters.
+    pub fn wait_for(&mut self, id: RequestId, key: Key, is_free: &dyn Fn(&Key) -> bool) {
+        let keys = self.pending.get(&id).map(|pending| pending.keys.clone()).unwrap_or_default();
+        self.leave_key_queues(id, &keys, is_free);
+        self.waiters.entry(key).or_default().push_back(id);
+    }
+
+    /// Hands `key`, which request `freeing` (in flight) will free, to its
+    /// first waiter, queued right behind `freeing`: the waiter's Grant can
+    /// go in the same entry.
+    pub fn hand_over(&mut self, key: &Key, freeing: RequestId) -> Option<RequestId> {
+        let waiter = self.pop_waiter(key)?;
+        if let Some(queue) = self.key_queues.get_mut(key) {
+            let at = queue.iter().position(|queued| *queued == freeing).map_or(queue.len(), |at| at + 1);
+            queue.insert(at, waiter);
+        }
+        Some(waiter)
+    }
+
+    /// The waiters whose time ran out at `now_ms`, taken out of the waiters
+    /// (still pending: the caller answers and removes them).
+    pub fn timed_out(&mut self, now_ms: u64) -> Vec<(Key, RequestId)> {
+        let mut timed_out = Vec::new();
+        for (key, queue) in &mut self.waiters {
+            queue.retain(|id| {
+                let expired = self
+                    .pending
+                    .get(id)
+                    .and_then(|pending| pending.wait_until_ms)
+                    .is_none_or(|until_ms| until_ms <= now_ms);
+                if expired {
+                    timed_out.push((key.clone(), *id));
+                }
+                !expired
+            });
+        }
+        self.waiters.retain(|_, queue| !queue.is_empty());
+        timed_out
+    }
+
+    /// Every pending request, taken; the queues are emptied.
+    pub fn clear(&mut self) -> BTreeMap<RequestId, Pending> {
+        self.key_queues.clear();
+        self.ready.clear();
+        self.waiters.clear();
+        self.expiring.clear();
+        std::mem::take(&mut self.pending)
+    }
+
+    fn queue_if_ready(&mut self, id: RequestId) {
+        let Some(pending) = self.pending.get(&id) else { return };
+        if pending.queued || pending.proposed_term.is_some() {
+            return;
+        }
+        let heads_all =
+            pending.keys.iter().all(|key| self.key_queues.get(key).and_then(VecDeque::front) == Some(&id));
+        if heads_all {
+            if let Some(pending) = self.pending.get_mut(&id) {
+                pending.queued = true;
+            }
+            self.ready.push_back(id);
+        }
+    }
+
+    fn leave_key_queues(&mut self, id: RequestId, keys: &[Key], is_free: &dyn Fn(&Key) -> bool) {
+        let mut next = Vec::new();
+        for key in keys {
+            let Some(queue) = self.key_queues.get_mut(key) else { continue };
+            queue.retain(|queued| *queued != id);
+            match queue.front() {
+                Some(head) => next.push(*head),
+                None => {
+                    self.key_queues.remove(key);
+                    if is_free(key) {
+                        if let Some(waiter) = self.pop_waiter(key) {
+                            self.key_queues.entry(key.clone()).or_default().push_back(waiter);
+                            next.push(waiter);
+                        }
+                    }
+                }
+            }
+        }
+        for head in next {
+            self.queue_if_ready(head);
+        }
+    }
+
+    fn pop_waiter(&mut self, key: &Key) -> Option<RequestId> {
+        let queue = self.waiters.get_mut(key)?;
+        let waiter = queue.pop_front();
+        if queue.is_empty() {
+            self.waiters.remove(key);
+        }
+        waiter
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use fencelock_types::{FencingToken, LeaseMs, Owner};
+
+    use super::*;
+
+    fn key(name: &str) -> Key {
+        Key::new(name.as_bytes().to_vec()).unwrap()
+    }
+
+    fn grant(name: &str) -> Command {
+        Command::Grant {
+            key: key(name),
+            lease_ms: LeaseMs::new(1_000).unwrap(),
+            owner: Owner::new(b"o".to_vec()).unwrap(),
+        }
+    }
+
+    fn release(name: &str) -> Command {
+        Command::Release { key: key(name), token: FencingToken::new(1) }
+    }
+
+    fn free(_: &Key) -> bool {
+        true
+    }
+
+    fn held(_: &Key) -> bool {
+        false
+    }
+
+    #[test]
+    fn one_request_per_key_in_flight_in_acceptance_order() {
+        let mut requests = Requests::default();
+        for n in 1..=3 {
+            requests.insert(RequestId(n), Pending::new(vec![grant("a")], false, None, None));
+        }
+        requests.insert(RequestId(4), Pending::new(vec![grant("b")], false, None, None));
+        assert_eq!(requests.pop_ready(), Some(RequestId(1)));
+        assert_eq!(requests.pop_ready(), Some(RequestId(4)));
+        assert_eq!(requests.pop_ready(), None, "a second request on a went ahead");
+        requests.propose(RequestId(1), 1);
+        requests.remove(RequestId(1), &free);
+        assert_eq!(requests.pop_ready(), Some(RequestId(2)));
+        assert_eq!(requests.pop_ready(), None);
+    }
+
+    #[test]
+    fn a_request_on_two_keys_waits_to_head_both() {
+        let mut requests = Requests::default();
+        requests.insert(RequestId(1), Pending::new(vec![grant("a")], false, None, None));
+        requests.insert(RequestId(2), Pending::new(vec![release("a"), release("b")], false, None, None));
+        requests.insert(RequestId(3), Pending::new(vec![grant("b")], false, None, None));
+        assert_eq!(requests.pop_ready(), Some(RequestId(1)));
+        assert_eq!(requests.pop_ready(), None, "2 went ahead of 1 on a, or 3 ahead of 2 on b");
+        requests.remove(RequestId(1), &free);
+        assert_eq!(requests.pop_ready(), Some(RequestId(2)));
+        requests.remove(RequestId(2), &free);
+        assert_eq!(requests.pop_ready(), Some(RequestId(3)));
+    }
+
+    #[test]
+    fn waiters_get_a_freed_key_in_order_and_time_out() {
+        let mut requests = Requests::default();
+        for n in 1..=3 {
+            requests.insert(RequestId(n), Pending::new(vec![grant("a")], false, None, Some(100 * n)));
+            assert_eq!(requests.pop_ready(), Some(RequestId(n)));
+            // Held by someone else: it waits, and the next may go.
+            requests.wait_for(RequestId(n), key("a"), &held);
+        }
+        assert_eq!(requests.timed_out(150).iter().map(|(_, id)| *id).collect::<Vec<_>>(), vec![RequestId(1)]);
+        requests.remove(RequestId(1), &held);
+        // The holder releases: the key goes to the first waiter left.
+        requests.insert(RequestId(9), Pending::new(vec![release("a")], false, None, None));
+        assert_eq!(requests.pop_ready(), Some(RequestId(9)));
+        assert_eq!(requests.hand_over(&key("a"), RequestId(9)), Some(RequestId(2)));
+        requests.propose(RequestId(9), 1);
+        requests.propose(RequestId(2), 1);
+        requests.remove(RequestId(9), &held);
+        requests.remove(RequestId(2), &held);
+        assert_eq!(requests.pop_ready(), None, "3 got a key that is held");
+        assert_eq!(requests.len(), 1);
+        // Freed with nothing in flight: the last waiter is queued.
+        requests.insert(RequestId(10), Pending::new(vec![release("a")], false, None, None));
+        assert_eq!(requests.pop_ready(), Some(RequestId(10)));
+        requests.remove(RequestId(10), &free);
+        assert_eq!(requests.pop_ready(), Some(RequestId(3)));
+    }
+
+    #[test]
+    fn a_removed_request_leaves_no_trace_and_lets_the_next_go() {
+        let mut requests = Requests::default();
+        requests.insert(RequestId(1), Pending::new(vec![grant("a")], false, None, None));
+        requests.insert(RequestId(2), Pending::new(vec![grant("a")], false, None, None));
+        // Cancelled before it was proposed, while ready.
+        assert!(requests.remove(RequestId(1), &free).is_some());
+        assert_eq!(requests.pop_ready(), Some(RequestId(2)));
+        assert_eq!(requests.pop_ready(), None);
+        requests.remove(RequestId(2), &free);
+        assert_eq!(requests.len(), 0);
+        assert!(requests.key_queues.is_empty() && requests.ready.is_empty() && requests.waiters.is_empty());
+    }
+
+    #[test]
+    fn the_leaders_own_expires_are_known_by_key_until_answered() {
+        let mut requests = Requests::default();
+        let expire = Command::Expire { key: key("a"), token: FencingToken::new(1).unwrap() };
+        requests.insert(RequestId(7), Pending::new(vec![expire], true, None, None));
+        assert!(requests.is_expiring(&key("a")));
+        requests.remove(RequestId(7), &free);
+        assert!(!requests.is_expiring(&key("a")));
+    }
+}
