@@ -454,3 +454,32 @@ fn status_asks_one_node_and_force_release_sets_force() {
     assert!(release.force);
     assert!(client.renew(&[(b"k".to_vec(), 7)], Duration::from_secs(1)).unwrap()[0].2);
 }
+
+#[test]
+fn a_lease_counts_from_when_the_acquire_was_sent_not_from_its_answer() {
+    // The answer comes 600 ms late and no renewal is ever answered: the
+    // guard must count its 1,000 ms lease from the send, and be lost by
+    // then, not 600 ms later (docs/protocol.md, retry rule 3).
+    let server = FakeServer::start(|request| match &request.kind {
+        Some(Request_oneof_kind::acquire(acquire)) => {
+            thread::sleep(Duration::from_millis(600));
+            Some(vec![acquire_answer(request.id, AcquireOutcome::GRANTED, 7, acquire.lease_ms, 0)])
+        }
+        Some(Request_oneof_kind::renew(_)) => {
+            // Neither answered nor refused while the test looks.
+            thread::sleep(Duration::from_secs(5));
+            None
+        }
+        _ => Some(vec![error(request.id, ErrorCode::INVALID_ARGUMENT, "not scripted", "")]),
+    });
+    let client = client(&[&server.addr]);
+    let sent = Instant::now();
+    let guard = client.acquire("k", Duration::from_millis(1_000), Duration::ZERO).unwrap();
+    assert!(sent.elapsed() >= Duration::from_millis(600), "the answer was not late");
+    let look_at = sent + Duration::from_millis(1_150);
+    thread::sleep(look_at.saturating_duration_since(Instant::now()));
+    assert!(
+        guard.is_lost(),
+        "1,150 ms after the acquire was sent, its 1,000 ms lease still counts as held: it was counted from the answer"
+    );
+}

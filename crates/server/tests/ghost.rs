@@ -5,7 +5,8 @@
 //! the Grant that could not be delivered on the first connection is the very
 //! grant the second answer handed out again, and releasing it as a ghost
 //! (docs/protocol.md, retry rule 4) takes the lock from a client that holds
-//! its token.
+//! its token. And the other half of that rule: a client that hangs up with
+//! no retry leaves no lock behind.
 
 // Test code: unwrapping is how a test fails.
 #![allow(clippy::unwrap_used)]
@@ -136,4 +137,61 @@ fn check_still_held(client: &Client, key: &str, token: u64) -> Result<(), String
         Ok(grant) => Err(format!("granted token {token}, then granted to another owner: {grant:?}")),
         Err(error) => panic!("another owner's acquire of {key}: {error}"),
     }
+}
+
+/// How long a hung-up client's grant may stay before the test calls it a
+/// lingering ghost: far below the 30 s lease, far above a commit.
+const GHOST_GONE_WITHIN: Duration = Duration::from_secs(10);
+const HANG_UP_TRIALS: usize = 10;
+
+#[test]
+fn a_client_that_hangs_up_before_its_answer_leaves_no_lock_behind() {
+    // No retry this time: the grant nobody was told of must be released at
+    // once (docs/protocol.md, retry rule 4), not held for its 30 s lease.
+    let cluster = Cluster::start(1);
+    let client = cluster.client();
+    // Serving (and leading) before the raw connections.
+    cluster.leader(&client);
+    let addr = cluster.client_addr(1).to_owned();
+    let mut lingered = Vec::new();
+    for trial in 0..HANG_UP_TRIALS {
+        let key = format!("hung-up-{trial}");
+        let acquire = Request {
+            id: 1,
+            kind: Some(Request_oneof_kind::acquire(AcquireRequest {
+                key: key.as_bytes().to_vec(),
+                lease_ms: LEASE.as_millis() as u64,
+                owner: OWNER.to_vec(),
+                wait_ms: 0,
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        let mut stream = TcpStream::connect(&addr).unwrap();
+        write_frame(&mut stream, &acquire).unwrap();
+        stream.shutdown(Shutdown::Both).unwrap();
+        drop(stream);
+        // Time for the acquire to be decided either way (cancelled with its
+        // connection, or granted); then the key must be free, or freed soon.
+        std::thread::sleep(SETTLE);
+        let deadline = std::time::Instant::now() + GHOST_GONE_WITHIN;
+        loop {
+            match client.get(&key, true).unwrap() {
+                None => break,
+                Some(_) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                Some(holder) => {
+                    lingered.push(format!("{key} still held under token {}", holder.token));
+                    break;
+                }
+            }
+        }
+    }
+    assert!(
+        lingered.is_empty(),
+        "{} of {HANG_UP_TRIALS} grants of a client that hung up lingered:\n{}",
+        lingered.len(),
+        lingered.join("\n")
+    );
 }
