@@ -335,13 +335,16 @@ impl Durable for MemStore {
 
 /// The production [`Durable`] store: raft-engine in a directory, every write
 /// synced unless it may defer its sync.
-pub struct EngineStore {
-    engine: raft_engine::Engine,
+///
+/// Generic over raft-engine's file system only so that a test can count its
+/// fsyncs; everything else uses the default.
+pub struct EngineStore<F: raft_engine::env::FileSystem = raft_engine::env::DefaultFileSystem> {
+    engine: raft_engine::Engine<F>,
     /// Local snapshots written since the last purge of obsolete log files.
     compactions_since_purge: u32,
 }
 
-impl std::fmt::Debug for EngineStore {
+impl<F: raft_engine::env::FileSystem> std::fmt::Debug for EngineStore<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EngineStore").field("dir", &self.engine.path()).finish()
     }
@@ -385,7 +388,24 @@ impl EngineStore {
     }
 }
 
-impl EngineStore {
+#[cfg(test)]
+impl<F: raft_engine::env::FileSystem> EngineStore<F> {
+    /// Opens the store on `file_system` (a test's, which counts fsyncs).
+    pub(crate) fn open_with_file_system(
+        dir: &Path,
+        file_system: Arc<F>,
+    ) -> Result<EngineStore<F>, StorageError> {
+        let config = raft_engine::Config {
+            dir: dir.to_string_lossy().into_owned(),
+            recovery_mode: raft_engine::RecoveryMode::TolerateTailCorruption,
+            ..Default::default()
+        };
+        let engine = raft_engine::Engine::open_with_file_system(config, file_system)?;
+        Ok(EngineStore { engine, compactions_since_purge: 0 })
+    }
+}
+
+impl<F: raft_engine::env::FileSystem> EngineStore<F> {
     /// Whether the store was never written ([`Recovered::is_blank`]),
     /// without reading the log.
     pub fn is_blank(&self) -> Result<bool, StorageError> {
@@ -399,7 +419,7 @@ impl EngineStore {
     }
 }
 
-impl Durable for EngineStore {
+impl<F: raft_engine::env::FileSystem> Durable for EngineStore<F> {
     fn is_blank(&mut self) -> Result<bool, StorageError> {
         EngineStore::is_blank(self)
     }

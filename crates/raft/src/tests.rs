@@ -956,3 +956,90 @@ fn a_leader_sends_nothing_early_until_a_new_peer_is_recorded() {
     assert!(net.node(2).status().last_index > last);
     assert!(matches!(net.take_reply(RequestId(1)), Some(Ok(Response::Applied(_)))));
 }
+
+/// raft-engine's default file system, counting the fsyncs of its files.
+struct CountingFileSystem {
+    inner: raft_engine::env::DefaultFileSystem,
+    syncs: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// A file handle that counts its syncs.
+struct CountingHandle {
+    inner: Arc<<raft_engine::env::DefaultFileSystem as raft_engine::env::FileSystem>::Handle>,
+    syncs: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl raft_engine::env::Handle for CountingHandle {
+    fn truncate(&self, offset: usize) -> std::io::Result<()> {
+        self.inner.truncate(offset)
+    }
+
+    fn file_size(&self) -> std::io::Result<usize> {
+        self.inner.file_size()
+    }
+
+    fn sync(&self) -> std::io::Result<()> {
+        self.inner.sync()?;
+        self.syncs.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+impl raft_engine::env::FileSystem for CountingFileSystem {
+    type Handle = CountingHandle;
+    type Reader = <raft_engine::env::DefaultFileSystem as raft_engine::env::FileSystem>::Reader;
+    type Writer = <raft_engine::env::DefaultFileSystem as raft_engine::env::FileSystem>::Writer;
+
+    fn create<P: AsRef<std::path::Path>>(&self, path: P) -> std::io::Result<CountingHandle> {
+        let inner = Arc::new(self.inner.create(path)?);
+        Ok(CountingHandle { inner, syncs: Arc::clone(&self.syncs) })
+    }
+
+    fn open<P: AsRef<std::path::Path>>(
+        &self,
+        path: P,
+        perm: raft_engine::env::Permission,
+    ) -> std::io::Result<CountingHandle> {
+        let inner = Arc::new(self.inner.open(path, perm)?);
+        Ok(CountingHandle { inner, syncs: Arc::clone(&self.syncs) })
+    }
+
+    fn delete<P: AsRef<std::path::Path>>(&self, path: P) -> std::io::Result<()> {
+        self.inner.delete(path)
+    }
+
+    fn rename<P: AsRef<std::path::Path>>(&self, src_path: P, dst_path: P) -> std::io::Result<()> {
+        self.inner.rename(src_path, dst_path)
+    }
+
+    fn new_reader(&self, handle: Arc<CountingHandle>) -> std::io::Result<Self::Reader> {
+        self.inner.new_reader(Arc::clone(&handle.inner))
+    }
+
+    fn new_writer(&self, handle: Arc<CountingHandle>) -> std::io::Result<Self::Writer> {
+        self.inner.new_writer(Arc::clone(&handle.inner))
+    }
+}
+
+#[test]
+fn every_synced_write_of_the_engine_store_reaches_an_fsync_before_it_returns() {
+    // The store's counters cannot tell a skipped fsync; the file system can.
+    let dir = tempfile::tempdir().unwrap();
+    let file_system = Arc::new(CountingFileSystem {
+        inner: raft_engine::env::DefaultFileSystem,
+        syncs: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+    });
+    let syncs = Arc::clone(&file_system.syncs);
+    let mut store = EngineStore::open_with_file_system(dir.path(), file_system).unwrap();
+    for index in 1..=20 {
+        let before = syncs.load(Ordering::SeqCst);
+        let entries = [entry(index, 1)];
+        store.write(WriteBatch { entries: &entries, ..Default::default() }).unwrap();
+        assert!(syncs.load(Ordering::SeqCst) > before, "write {index} returned without an fsync");
+    }
+    // A write that may defer its sync is not synced on its own.
+    let before = syncs.load(Ordering::SeqCst);
+    let entries = [entry(21, 1)];
+    store.write(WriteBatch { entries: &entries, may_defer_sync: true, ..Default::default() }).unwrap();
+    assert_eq!(syncs.load(Ordering::SeqCst), before, "a deferrable write was synced");
+}
