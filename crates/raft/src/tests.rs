@@ -1043,3 +1043,44 @@ fn every_synced_write_of_the_engine_store_reaches_an_fsync_before_it_returns() {
     store.write(WriteBatch { entries: &entries, may_defer_sync: true, ..Default::default() }).unwrap();
     assert_eq!(syncs.load(Ordering::SeqCst), before, "a deferrable write was synced");
 }
+
+#[test]
+fn a_deposed_leader_cut_off_from_the_others_never_answers_a_read_from_its_stale_table() {
+    // Node 1 leads and grants "a"; then it is cut off, the others elect a
+    // leader of their own and release "a". Node 1 still believes it leads.
+    // A linearizable read it takes must not answer from its table (which
+    // still says "a" is held): through ReadIndex it waits for a quorum that
+    // never answers.
+    let mut net = Net::with_config(3, |config| {
+        config.election_ticks = 10;
+        config.election_ticks_max = Some(1_000);
+    });
+    net.elect(1);
+    net.node(1).propose(RequestId(1), vec![grant("a", "o1")]);
+    net.settle();
+    let token = applied_token(net.take_reply(RequestId(1)));
+    net.down.insert(1);
+    // Nodes 2 and 3 stop hearing from node 1. Node 2 times out first and
+    // node 3, past the leader's lease but not yet timed out, votes for it.
+    net.node(2).pin_election_timeout(50);
+    net.node(3).pin_election_timeout(999);
+    for _ in 0..60 {
+        net.node(2).tick();
+        net.node(3).tick();
+    }
+    net.until_quiet();
+    let leader = 2;
+    assert!(net.node(leader).is_leader_ready(), "{:?}", net.node(leader).status());
+    net.node(leader).propose(RequestId(2), vec![Command::Release { key: key("a"), token: Some(token) }]);
+    net.settle();
+    assert!(net.node(leader).table().holder(b"a").is_none());
+    assert_eq!(net.node(1).status().role, crate::Role::Leader, "node 1 no longer believes it leads");
+    net.node(1).read(RequestId(3), crate::Query::Holder(key("a")));
+    net.settle();
+    match net.take_reply(RequestId(3)) {
+        None | Some(Err(_)) => {}
+        Some(Ok(answer)) => {
+            panic!("a deposed leader answered a linearizable read from its own table: {answer:?}")
+        }
+    }
+}
