@@ -5,6 +5,7 @@
 //! from any folder, on a developer's machine and in CI.
 
 mod bench;
+mod canaries;
 mod cluster;
 mod suite;
 mod tidy;
@@ -47,6 +48,9 @@ enum Task {
     Cluster(cluster::Options),
     /// Real clusters under faults, checked: [NAME|all] [--duration D] [--seed N] [--nodes 3|5]
     Suite(suite::Options),
+    /// Deliberate bugs applied to a scratch copy of HEAD, each of which its test must catch
+    /// (not part of ci)
+    Canaries,
 }
 
 /// `cargo xtask sim`: every argument goes to the `fencelock-sim` binary.
@@ -79,6 +83,7 @@ fn main() -> Result<()> {
         Some(Task::Sim(options)) => sim(&root, &options.args),
         Some(Task::Cluster(options)) => cluster::run(&root, options),
         Some(Task::Suite(options)) => suite::run(&root, options),
+        Some(Task::Canaries) => canaries::run(&root),
     }
 }
 

@@ -96,3 +96,159 @@ impl Check {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fencelock_types::{Command, LeaseMs, Owner};
+
+    fn key() -> Key {
+        Key::new(b"k".to_vec()).unwrap()
+    }
+
+    fn token(n: u64) -> FencingToken {
+        FencingToken::new(n).unwrap()
+    }
+
+    fn granted(n: u64, existing: bool) -> AppliedEvent {
+        AppliedEvent::Granted {
+            key: key(),
+            token: token(n),
+            lease_ms: LeaseMs::new(1_000).unwrap(),
+            existing,
+        }
+    }
+
+    fn released(n: u64) -> AppliedEvent {
+        AppliedEvent::Released { key: key(), token: token(n) }
+    }
+
+    fn grant(owner: &[u8]) -> Command {
+        Command::Grant {
+            key: key(),
+            lease_ms: LeaseMs::new(1_000).unwrap(),
+            owner: Owner::new(owner.to_vec()).unwrap(),
+        }
+    }
+
+    fn release(n: u64) -> Command {
+        Command::Release { key: key(), token: Some(token(n)) }
+    }
+
+    fn table(commands: Vec<Command>) -> LockTable {
+        let mut table = LockTable::new();
+        for command in commands {
+            table.apply(command);
+        }
+        table
+    }
+
+    #[test]
+    fn an_acknowledged_grant_applied_from_two_log_positions_is_caught() {
+        let mut check = Check::default();
+        check.applied(3, &granted(1, false));
+        check.applied(7, &granted(1, false));
+        check.acked_grant(&key(), token(1));
+        let err = check.finish(&table(vec![grant(b"a")])).unwrap_err();
+        assert!(err.contains("was applied from several log positions"), "{err}");
+        assert!(err.contains("{3, 7}"), "{err}");
+    }
+
+    #[test]
+    fn one_grant_applied_on_several_nodes_replayed_and_retried_passes() {
+        let mut check = Check::default();
+        // Nodes 1, 2 and 3 apply it at index 3, and node 1 again after a
+        // restart: one log position.
+        for _ in 0..4 {
+            check.applied(3, &granted(1, false));
+        }
+        // The holder's retry, answered with the same token from index 9.
+        check.applied(9, &granted(1, true));
+        check.acked_grant(&key(), token(1));
+        check.acked_grant(&key(), token(1));
+        assert_eq!(check.acknowledgements(), 1);
+        check.finish(&table(vec![grant(b"a"), grant(b"a")])).unwrap();
+    }
+
+    #[test]
+    fn an_acknowledged_release_that_did_not_stick_is_caught() {
+        // Applied, yet the final table still holds the token.
+        let mut check = Check::default();
+        check.applied(1, &granted(1, false));
+        check.applied(2, &released(1));
+        check.acked_release(&key(), token(1));
+        let err = check.finish(&table(vec![grant(b"a")])).unwrap_err();
+        assert!(err.contains("acknowledged release (Key(\"k\"), FencingToken(1)) did not stick"), "{err}");
+        // Never applied by any node.
+        let mut check = Check::default();
+        check.applied(1, &granted(1, false));
+        check.acked_release(&key(), token(1));
+        let err = check.finish(&LockTable::new()).unwrap_err();
+        assert!(err.contains("did not stick"), "{err}");
+    }
+
+    #[test]
+    fn an_acknowledged_release_followed_by_a_new_grant_passes() {
+        let mut check = Check::default();
+        check.applied(1, &granted(1, false));
+        check.applied(2, &released(1));
+        check.applied(3, &granted(2, false));
+        // A lagging node applies the old release again.
+        check.applied(2, &released(1));
+        check.acked_grant(&key(), token(1));
+        check.acked_release(&key(), token(1));
+        check.acked_grant(&key(), token(2));
+        check.finish(&table(vec![grant(b"a"), release(1), grant(b"b")])).unwrap();
+    }
+
+    #[test]
+    fn an_acknowledged_grant_never_applied_or_vanished_is_caught_and_an_expired_one_is_not() {
+        let mut check = Check::default();
+        check.acked_grant(&key(), token(1));
+        let err = check.finish(&table(vec![grant(b"a")])).unwrap_err();
+        assert!(err.contains("acknowledged grant (Key(\"k\"), FencingToken(1)) was never applied"), "{err}");
+
+        let mut check = Check::default();
+        check.applied(1, &granted(1, false));
+        check.acked_grant(&key(), token(1));
+        let gone = table(vec![grant(b"a"), release(1)]);
+        let err = check.finish(&gone).unwrap_err();
+        assert!(err.contains("vanished without a release or expiry"), "{err}");
+
+        check.applied(2, &AppliedEvent::Expired { key: key(), token: token(1), proposer: None });
+        check.finish(&gone).unwrap();
+    }
+
+    #[test]
+    fn a_token_counter_below_an_acknowledged_token_is_caught() {
+        let mut check = Check::default();
+        check.applied(1, &granted(1, false));
+        check.applied(2, &released(1));
+        check.applied(3, &granted(2, false));
+        check.applied(4, &released(2));
+        check.acked_grant(&key(), token(2));
+        // Both locks gone, but the counter went back to 1.
+        let err = check.finish(&table(vec![grant(b"a"), release(1)])).unwrap_err();
+        assert!(err.contains("table's last token Some(FencingToken(1)) is below acknowledged"), "{err}");
+        check.finish(&table(vec![grant(b"a"), release(1), grant(b"b"), release(2)])).unwrap();
+    }
+
+    #[test]
+    fn an_acknowledged_renewal_never_applied_is_caught() {
+        let mut check = Check::default();
+        check.applied(1, &granted(1, false));
+        check.acked_grant(&key(), token(1));
+        check.acked_renewal(&key(), token(1));
+        let held = table(vec![grant(b"a")]);
+        let err = check.finish(&held).unwrap_err();
+        assert!(
+            err.contains("acknowledged renewal (Key(\"k\"), FencingToken(1)) was never applied"),
+            "{err}"
+        );
+        check.applied(
+            2,
+            &AppliedEvent::Renewed { key: key(), token: token(1), lease_ms: LeaseMs::new(2_000).unwrap() },
+        );
+        check.finish(&held).unwrap();
+    }
+}

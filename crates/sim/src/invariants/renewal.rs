@@ -70,3 +70,145 @@ impl Check {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fencelock_raft::NodeId;
+    use fencelock_types::{Command, LeaseMs, Owner};
+
+    fn key() -> Key {
+        Key::new(b"k".to_vec()).unwrap()
+    }
+
+    fn token(n: u64) -> FencingToken {
+        FencingToken::new(n).unwrap()
+    }
+
+    fn granted(n: u64, lease_ms: u64, existing: bool) -> AppliedEvent {
+        AppliedEvent::Granted {
+            key: key(),
+            token: token(n),
+            lease_ms: LeaseMs::new(lease_ms).unwrap(),
+            existing,
+        }
+    }
+
+    fn renewed(n: u64, lease_ms: u64) -> AppliedEvent {
+        AppliedEvent::Renewed { key: key(), token: token(n), lease_ms: LeaseMs::new(lease_ms).unwrap() }
+    }
+
+    /// An Expire proposed by node `proposer` (0-based).
+    fn expired(n: u64, proposer: usize) -> AppliedEvent {
+        AppliedEvent::Expired { key: key(), token: token(n), proposer: Some(NodeId(proposer as u64 + 1)) }
+    }
+
+    /// `event` as the leader, node 1, applied it at `local_ms`.
+    fn leader(local_ms: u64, event: &AppliedEvent) -> Applied<'_> {
+        Applied { node: 0, local_ms, is_leader: true, index: 1, replaying: false, event }
+    }
+
+    #[test]
+    fn an_expire_before_the_lease_ran_out_on_its_proposer_is_caught() {
+        let mut check = Check::new(3);
+        check.applied(&leader(1_000, &granted(1, 5_000, false))).unwrap();
+        let err = check.applied(&leader(5_999, &expired(1, 0))).unwrap_err();
+        assert!(err.contains("node 1 expired k (token 1) at 5999 ms on its clock, before 6000 ms"), "{err}");
+    }
+
+    #[test]
+    fn an_expire_that_overtook_a_renewal_is_caught() {
+        let mut check = Check::new(3);
+        check.applied(&leader(1_000, &granted(1, 5_000, false))).unwrap();
+        check.applied(&leader(4_000, &renewed(1, 5_000))).unwrap();
+        let err = check.applied(&leader(6_500, &expired(1, 0))).unwrap_err();
+        assert!(err.contains("at 6500 ms on its clock, before 9000 ms"), "{err}");
+        // A re-grant to the holder restarts the lease the same way.
+        let mut check = Check::new(3);
+        check.applied(&leader(1_000, &granted(1, 5_000, false))).unwrap();
+        check.applied(&leader(3_000, &granted(1, 5_000, true))).unwrap();
+        let err = check.applied(&leader(7_000, &expired(1, 0))).unwrap_err();
+        assert!(err.contains("before 8000 ms"), "{err}");
+    }
+
+    #[test]
+    fn an_expire_after_a_renewal_that_extended_the_lease_passes() {
+        let mut check = Check::new(3);
+        check.applied(&leader(1_000, &granted(1, 5_000, false))).unwrap();
+        check.applied(&leader(4_000, &renewed(1, 5_000))).unwrap();
+        check.applied(&leader(9_000, &expired(1, 0))).unwrap();
+        // Released, granted again: only the new grant's lease counts.
+        check.applied(&leader(9_100, &granted(2, 5_000, false))).unwrap();
+        check.applied(&leader(9_200, &AppliedEvent::Released { key: key(), token: token(2) })).unwrap();
+        check.applied(&leader(9_300, &granted(3, 1_000, false))).unwrap();
+        check.applied(&leader(10_300, &expired(3, 0))).unwrap();
+    }
+
+    #[test]
+    fn an_early_expire_not_decided_here_or_after_a_replay_is_not_judged() {
+        let mut check = Check::new(3);
+        let grant = granted(1, 5_000, false);
+        let expire = expired(1, 0);
+        for node in 0..3 {
+            let at = |local_ms, event| Applied {
+                node,
+                local_ms,
+                is_leader: node == 0,
+                index: 1,
+                replaying: false,
+                event,
+            };
+            check.applied(&at(1_000, &grant)).unwrap();
+            // Node 1 proposed it; nodes 2 and 3 apply it by clocks that lag.
+            if node != 0 {
+                check.applied(&at(2_000, &expire)).unwrap();
+            }
+        }
+        // The proposer applies it after losing the lead.
+        check
+            .applied(&Applied {
+                node: 0,
+                local_ms: 2_000,
+                is_leader: false,
+                index: 1,
+                replaying: false,
+                event: &expire,
+            })
+            .unwrap();
+        // An Expire named by no proposer, or by another node.
+        for expire in [AppliedEvent::Expired { key: key(), token: token(1), proposer: None }, expired(1, 2)] {
+            check.applied(&leader(1_000, &grant)).unwrap();
+            check.applied(&leader(2_000, &expire)).unwrap();
+        }
+        // The grant was replayed after a restart: its clock is not the one
+        // it was decided by.
+        check
+            .applied(&Applied {
+                node: 0,
+                local_ms: 1_000,
+                is_leader: true,
+                index: 1,
+                replaying: true,
+                event: &grant,
+            })
+            .unwrap();
+        check.applied(&leader(2_000, &expire)).unwrap();
+    }
+
+    #[test]
+    fn a_restored_snapshot_gives_each_lock_a_full_lease_from_then() {
+        let mut table = LockTable::new();
+        table.apply(Command::Grant {
+            key: key(),
+            lease_ms: LeaseMs::new(5_000).unwrap(),
+            owner: Owner::new(b"a".to_vec()).unwrap(),
+        });
+        let mut check = Check::new(3);
+        check.applied(&leader(1_000, &granted(1, 5_000, false))).unwrap();
+        check.restored(0, &table, 10_000);
+        let err = check.applied(&leader(12_000, &expired(1, 0))).unwrap_err();
+        assert!(err.contains("before 15000 ms"), "{err}");
+        check.restored(0, &table, 10_000);
+        check.applied(&leader(15_000, &expired(1, 0))).unwrap();
+    }
+}
