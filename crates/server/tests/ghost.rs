@@ -85,17 +85,7 @@ fn trial_until_granted(cluster: &Cluster, client: &Client, trial: usize) -> Resu
 /// first without reading its answer. The second answer's token, or the
 /// error it carried.
 fn retried_acquire(addr: &str, key: &str) -> Result<u64, String> {
-    let acquire = Request {
-        id: 1,
-        kind: Some(Request_oneof_kind::acquire(AcquireRequest {
-            key: key.as_bytes().to_vec(),
-            lease_ms: LEASE.as_millis() as u64,
-            owner: OWNER.to_vec(),
-            wait_ms: 0,
-            ..Default::default()
-        })),
-        ..Default::default()
-    };
+    let acquire = acquire_request(key);
     let mut first = TcpStream::connect(addr).unwrap();
     let mut second = TcpStream::connect(addr).unwrap();
     second.set_read_timeout(Some(common::DEADLINE)).unwrap();
@@ -156,17 +146,7 @@ fn a_client_that_hangs_up_before_its_answer_leaves_no_lock_behind() {
     let mut lingered = Vec::new();
     for trial in 0..HANG_UP_TRIALS {
         let key = format!("hung-up-{trial}");
-        let acquire = Request {
-            id: 1,
-            kind: Some(Request_oneof_kind::acquire(AcquireRequest {
-                key: key.as_bytes().to_vec(),
-                lease_ms: LEASE.as_millis() as u64,
-                owner: OWNER.to_vec(),
-                wait_ms: 0,
-                ..Default::default()
-            })),
-            ..Default::default()
-        };
+        let acquire = acquire_request(&key);
         let mut stream = TcpStream::connect(&addr).unwrap();
         write_frame(&mut stream, &acquire).unwrap();
         stream.shutdown(Shutdown::Both).unwrap();
@@ -194,4 +174,19 @@ fn a_client_that_hangs_up_before_its_answer_leaves_no_lock_behind() {
         lingered.len(),
         lingered.join("\n")
     );
+}
+
+/// The owner's acquire of `key` (30 s lease, no wait), as request 1.
+fn acquire_request(key: &str) -> Request {
+    Request {
+        id: 1,
+        kind: Some(Request_oneof_kind::acquire(AcquireRequest {
+            key: key.as_bytes().to_vec(),
+            lease_ms: LEASE.as_millis() as u64,
+            owner: OWNER.to_vec(),
+            wait_ms: 0,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
 }
