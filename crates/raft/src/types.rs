@@ -36,7 +36,9 @@ pub struct Config {
     /// Requests (proposals and reads) waiting or in flight at once; more are
     /// refused with [`RequestError::Overloaded`].
     pub pending_requests_max: usize,
-    /// The most commands one log entry carries.
+    /// The leader closes a log entry's batch once it holds this many
+    /// commands (one request's commands are never split, so an entry may
+    /// carry more).
     pub entry_commands_max: usize,
     /// raft-rs's limits on replication messages.
     pub max_inflight_msgs: usize,

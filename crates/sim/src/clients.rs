@@ -15,6 +15,10 @@ use crate::world::{Event, World};
 const REQUEST_TIMEOUT_MS: u64 = 3_000;
 /// After the heal, how long before clients must be served again.
 const HEAL_SETTLE_MS: u64 = 1_000;
+/// The keys clients contend on: k0, k1, ...
+const KEYS: u64 = 3;
+/// The most locks a simulated list asks for (more than clients can hold).
+const LIST_LIMIT: usize = 100;
 
 /// Who an answer is for: a client's request, on the connection it was
 /// sent on.
@@ -44,6 +48,15 @@ pub(crate) enum Op {
     /// A linearizable read of one key's holder.
     Get {
         key: Key,
+    },
+    /// A linearizable check that `token` holds `key`.
+    Check {
+        key: Key,
+        token: FencingToken,
+    },
+    /// A linearizable list of the locks under a prefix.
+    List {
+        prefix: Vec<u8>,
     },
 }
 
@@ -149,11 +162,19 @@ impl World {
         let key = if after_heal && !self.clients[client].served_after_heal {
             self.clients[client].final_key.clone()
         } else {
-            let name = format!("k{}", self.rng.range(0, 3));
+            let name = format!("k{}", self.rng.range(0, KEYS));
             Key::new(name.into_bytes()).expect("a valid key")
         };
-        if !after_heal && self.rng.chance(150_000) {
-            return Op::Get { key };
+        if !after_heal && self.rng.chance(200_000) {
+            return match self.rng.range(0, 3) {
+                0 => Op::Get { key },
+                1 => {
+                    let highest = self.checker.tokens.highest_issued().map_or(1, FencingToken::get);
+                    let token = FencingToken::new(self.rng.range(1, highest + 1)).expect("a token from 1");
+                    Op::Check { key, token }
+                }
+                _ => Op::List { prefix: b"k".to_vec() },
+            };
         }
         let lease_ms = LeaseMs::new(self.rng.pick(&[600, 1_500, 4_000])).expect("a valid lease");
         let wait_ms = self.rng.pick(&[0, 0, 300, 2_000]);
@@ -234,6 +255,8 @@ impl World {
                 ClientRequest::Propose(vec![Command::Release { key, token: Some(token) }])
             }
             Op::Get { key } => ClientRequest::Read(Query::Holder(key)),
+            Op::Check { key, token } => ClientRequest::Read(Query::Check { key, token }),
+            Op::List { prefix } => ClientRequest::Read(Query::List { prefix, limit: LIST_LIMIT }),
         };
         if self.trace_clients {
             self.note(&format!("client {} sends {seq} {op:?} to {} on {conn}", client + 1, node + 1));
@@ -354,6 +377,23 @@ impl World {
                 self.checker.reads.answered(&key, token, sent_ms, self.now_ms)?;
                 self.wake_client(client, pause);
             }
+            (Op::Check { key, token }, Ok(Response::Check(holds))) => {
+                self.checker.reads.checked(&key, token, holds, sent_ms, self.now_ms)?;
+                self.wake_client(client, pause);
+            }
+            (Op::List { prefix }, Ok(Response::List(locks))) => {
+                // Judged key by key: each listed key's holder, and no holder
+                // for the keys the list leaves out.
+                if locks.iter().any(|(key, _)| !key.as_bytes().starts_with(&prefix)) {
+                    return Err(format!("client {}: a list of {prefix:?} answered {locks:?}", client + 1));
+                }
+                for n in 0..KEYS {
+                    let key = Key::new(format!("k{n}").into_bytes()).expect("a valid key");
+                    let token = locks.iter().find(|(listed, _)| *listed == key).map(|(_, lock)| lock.token);
+                    self.checker.reads.answered(&key, token, sent_ms, self.now_ms)?;
+                }
+                self.wake_client(client, pause);
+            }
             (op, Err(RequestError::NotLeader { leader_hint })) => {
                 self.clients[client].target = match leader_hint {
                     Some(leader) => (leader.0 - 1) as usize,
@@ -381,7 +421,7 @@ impl World {
     /// Sends `op` again after `pause_ms`, keeping a held lock held meanwhile.
     fn retry(&mut self, client: usize, op: Op, pause_ms: u64) {
         self.clients[client].state = match op {
-            Op::Acquire { .. } | Op::Get { .. } => ClientState::Idle,
+            Op::Acquire { .. } | Op::Get { .. } | Op::Check { .. } | Op::List { .. } => ClientState::Idle,
             // The renewal's answer was lost: release soon rather than hold on.
             Op::Renew { key, token, lease_ms } => {
                 ClientState::Holding { key, token, lease_ms, release_at_ms: self.now_ms }

@@ -42,14 +42,7 @@ impl Check {
         answered_ms: u64,
     ) -> Result<(), String> {
         self.judged += 1;
-        let history = self.history.get(key).map(Vec::as_slice).unwrap_or(&[]);
-        // The holder before the read was sent, then every one set while it was
-        // in flight (a change in the send's millisecond may be on either side).
-        let at_send = history.iter().rev().find(|(at, _)| *at < sent_ms).and_then(|(_, holder)| *holder);
-        let possible = std::iter::once(at_send).chain(
-            history.iter().filter(|(at, _)| *at >= sent_ms && *at <= answered_ms).map(|(_, holder)| *holder),
-        );
-        let possible: Vec<Option<FencingToken>> = possible.collect();
+        let possible = self.possible(key, sent_ms, answered_ms);
         if possible.contains(&holder) {
             Ok(())
         } else {
@@ -57,6 +50,44 @@ impl Check {
                 "a get of {key} sent at {sent_ms} ms answered {holder:?} at {answered_ms} ms; the key held only {possible:?} meanwhile"
             ))
         }
+    }
+
+    /// A linearizable check that `token` holds `key`, sent at `sent_ms`,
+    /// answered `holds` at `answered_ms`.
+    pub fn checked(
+        &mut self,
+        key: &Key,
+        token: FencingToken,
+        holds: bool,
+        sent_ms: u64,
+        answered_ms: u64,
+    ) -> Result<(), String> {
+        self.judged += 1;
+        let possible = self.possible(key, sent_ms, answered_ms);
+        if possible.iter().any(|holder| (*holder == Some(token)) == holds) {
+            Ok(())
+        } else {
+            Err(format!(
+                "a check of {key} under {token} sent at {sent_ms} ms answered {holds} at {answered_ms} ms; \
+                 the key held only {possible:?} meanwhile"
+            ))
+        }
+    }
+
+    /// The holders `key` had from just before `sent_ms` to `answered_ms`:
+    /// the one before the read was sent, then every one set while it was in
+    /// flight (a change in the send's millisecond may be on either side).
+    fn possible(&self, key: &Key, sent_ms: u64, answered_ms: u64) -> Vec<Option<FencingToken>> {
+        let history = self.history.get(key).map(Vec::as_slice).unwrap_or(&[]);
+        let at_send = history.iter().rev().find(|(at, _)| *at < sent_ms).and_then(|(_, holder)| *holder);
+        std::iter::once(at_send)
+            .chain(
+                history
+                    .iter()
+                    .filter(|(at, _)| *at >= sent_ms && *at <= answered_ms)
+                    .map(|(_, holder)| *holder),
+            )
+            .collect()
     }
 
     pub fn judged(&self) -> u64 {
@@ -106,9 +137,13 @@ mod tests {
             check.answered(&key(), holder, 15, 35).unwrap();
         }
         assert!(check.answered(&key(), Some(token(2)), 15, 25).is_err(), "a read saw the future");
+        // A check is judged against the same history.
+        check.checked(&key(), token(2), true, 31, 35).unwrap();
+        check.checked(&key(), token(1), false, 31, 35).unwrap();
+        assert!(check.checked(&key(), token(1), true, 31, 35).is_err(), "a check saw the past");
         // A change applied again by a lagging node is not a new one.
         check.applied(&grant(1), 40);
         assert!(check.answered(&key(), Some(token(1)), 45, 50).is_err());
-        assert_eq!(check.judged(), 5);
+        assert_eq!(check.judged(), 8);
     }
 }
