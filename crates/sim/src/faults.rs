@@ -123,6 +123,7 @@ impl World {
         }
         self.nodes[node].disk.crash();
         self.nodes[node].wake_at = None;
+        self.checker.expiry.leader_lost(node);
         self.note(&format!("crash {}", node + 1));
         for conn in std::mem::take(&mut self.nodes[node].conns) {
             self.connection_reset(conn);

@@ -422,7 +422,9 @@ impl World {
                 Action::Applied { index, event } => applied.push((index, event)),
                 Action::Role(role) => {
                     if let RoleChange::LeaderReady { .. } = role {
-                        self.checker.expiry.leader_ready(self.now_ms);
+                        self.checker.expiry.leader_ready(node, self.now_ms);
+                    } else {
+                        self.checker.expiry.leader_lost(node);
                     }
                     self.note(&format!("node {} {role:?}", node + 1))
                 }

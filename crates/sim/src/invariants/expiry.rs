@@ -25,8 +25,8 @@ pub struct Check {
     /// Locks some node removed: a lagging or restarted node that applies
     /// their grant again later does not bring them back.
     removed: BTreeSet<(Key, FencingToken)>,
-    /// When a leader last became ready.
-    leader_ready_ms: Option<u64>,
+    /// The nodes that lead and are ready now, and since when.
+    ready_leaders: BTreeMap<usize, u64>,
     judged: u64,
 }
 
@@ -56,15 +56,22 @@ impl Check {
         }
     }
 
-    /// A node became the ready leader at `now_ms`.
-    pub fn leader_ready(&mut self, now_ms: u64) {
-        self.leader_ready_ms = Some(now_ms);
+    /// Node `node` became the ready leader at `now_ms`.
+    pub fn leader_ready(&mut self, node: usize, now_ms: u64) {
+        self.ready_leaders.insert(node, now_ms);
+    }
+
+    /// Node `node` stopped leading (a role change, a crash).
+    pub fn leader_lost(&mut self, node: usize) {
+        self.ready_leaders.remove(&node);
     }
 
     /// At `now_ms`, after the heal at `healed_ms`: every live lock must have
     /// been refreshed recently enough.
     pub fn check(&mut self, now_ms: u64, healed_ms: u64) -> Result<(), String> {
-        let Some(leader_ms) = self.leader_ready_ms else { return Ok(()) };
+        // The latest of the ready leaders' starts: a leader that was lost
+        // since does not count, and without one nothing expires.
+        let Some(leader_ms) = self.ready_leaders.values().max().copied() else { return Ok(()) };
         for ((key, token), (refreshed_ms, lease_ms)) in &self.live {
             let since_ms = (*refreshed_ms).max(healed_ms).max(leader_ms);
             let stretched_ms = lease_ms * 1_000_000 / (1_000_000 - self.drift_ppm_max.min(900_000));
@@ -110,7 +117,7 @@ mod tests {
     fn a_lock_nobody_renews_that_outlives_its_bound_is_caught() {
         let mut check = Check::new(0);
         check.applied(&grant(1, 1_000), 100);
-        check.leader_ready(50);
+        check.leader_ready(0, 50);
         assert!(check.check(2_100, 0).is_ok(), "within lease plus slack");
         let err = check.check(2_101, 0).unwrap_err();
         assert!(err.contains("still held"), "{err}");
@@ -119,7 +126,7 @@ mod tests {
     #[test]
     fn renewals_releases_and_drift_push_the_bound() {
         let mut check = Check::new(500_000);
-        check.leader_ready(0);
+        check.leader_ready(0, 0);
         check.applied(&grant(1, 1_000), 0);
         // A slow clock may take twice the lease.
         assert!(check.check(2_900, 0).is_ok());
@@ -139,12 +146,24 @@ mod tests {
         let mut check = Check::new(0);
         check.applied(&grant(1, 1_000), 0);
         assert!(check.check(50_000, 0).is_ok(), "judged without a leader");
-        check.leader_ready(10_000);
+        check.leader_ready(0, 10_000);
         assert!(check.check(11_999, 0).is_ok());
         assert!(check.check(12_001, 0).is_err());
         let mut check = Check::new(0);
         check.applied(&grant(1, 1_000), 0);
-        check.leader_ready(0);
+        check.leader_ready(0, 0);
         assert!(check.check(20_000, 19_000).is_ok(), "the heal starts the bound");
+    }
+
+    #[test]
+    fn a_leader_that_was_lost_does_not_count() {
+        let mut check = Check::new(0);
+        check.applied(&grant(1, 1_000), 0);
+        check.leader_ready(2, 10);
+        check.leader_lost(2);
+        assert!(check.check(50_000, 0).is_ok(), "judged while no leader is ready");
+        check.leader_ready(1, 40_000);
+        assert!(check.check(41_999, 0).is_ok());
+        assert!(check.check(42_001, 0).is_err());
     }
 }
