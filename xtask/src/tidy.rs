@@ -34,7 +34,7 @@ const ARROWS: &[(&str, &[&str])] = &[
     ("fencelock-bench", &["fencelock-types", "fencelock-net", "fencelock-client"]),
     ("fencelock-sim", &["fencelock-types", "fencelock-fsm", "fencelock-raft"]),
     ("fencelock-launch", &["fencelock-types", "fencelock-net"]),
-    ("fencelock-suite", &["fencelock-types", "fencelock-net", "fencelock-client"]),
+    ("fencelock-suite", &["fencelock-types", "fencelock-net", "fencelock-client", "fencelock-launch"]),
     ("xtask", &[]),
 ];
 
