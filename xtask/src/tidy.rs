@@ -35,7 +35,10 @@ const ARROWS: &[(&str, &[&str])] = &[
     ("fencelock-sim", &["fencelock-types", "fencelock-fsm", "fencelock-raft"]),
     ("fencelock-launch", &["fencelock-types", "fencelock-net"]),
     ("fencelock-suite", &["fencelock-types", "fencelock-net", "fencelock-client", "fencelock-launch"]),
-    ("xtask", &[]),
+    // xtask builds and runs the crates; it links only the launcher, a small
+    // crate (types, net's framing), so that `cargo xtask bench` and
+    // `cargo xtask cluster` start fencelockd as the tests and suites do.
+    ("xtask", &["fencelock-launch"]),
 ];
 
 /// The pure cores and the whole set of crates (direct and indirect, normal
