@@ -19,14 +19,12 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use fencelock_launch::{Cluster, ClusterSpec};
 use serde_json::{json, Value};
 
 use crate::cargo;
@@ -315,10 +313,12 @@ fn run_workload(
     workload: &Workload,
     options: &Plan,
 ) -> Result<Value> {
-    let mut cluster = Cluster::start(server, dir)?;
-    let endpoints = cluster.endpoints();
+    let mut spec = ClusterSpec::new(server, dir, 3);
+    spec.flags = vec!["--log-format".to_owned(), "json".to_owned()];
+    let mut cluster = Cluster::start(spec)?;
+    let endpoints = cluster.endpoints().join(",");
     let ready = generator_json(generator, &["ready", "--endpoints", &endpoints])
-        .with_context(|| format!("the cluster did not get ready; {}", cluster.log_tails()))?;
+        .with_context(|| format!("the cluster did not get ready; {}", log_tails(&cluster)))?;
     let leader_id = ready["leader_id"].as_u64().context("`ready` named no leader")?;
 
     let clients = workload.clients.to_string();
@@ -339,8 +339,8 @@ fn run_workload(
     ];
     args.extend_from_slice(workload.flags);
 
-    let cpu_before = cluster.cpu_ticks();
-    let switches_before = cluster.context_switches();
+    let cpu_before = cpu_ticks(&cluster);
+    let switches_before = context_switches(&cluster);
     let busy_before = machine_busy_ticks();
     let started = Instant::now();
     let child = spawn_generator(generator, &args)?;
@@ -351,27 +351,27 @@ fn run_workload(
     };
     let output = child.wait_with_output().context("the load generator did not finish")?;
     let elapsed = started.elapsed();
-    let cpu_after = cluster.cpu_ticks();
-    let switches_after = cluster.context_switches();
+    let cpu_after = cpu_ticks(&cluster);
+    let switches_after = context_switches(&cluster);
     let busy_after = machine_busy_ticks();
     let perf = perf.map(Profiler::finish).transpose()?;
     if !output.status.success() {
-        bail!("the load generator failed with {}; {}", output.status, cluster.log_tails());
+        bail!("the load generator failed with {}; {}", output.status, log_tails(&cluster));
     }
     let generated: Value =
         serde_json::from_slice(&output.stdout).context("the load generator printed no JSON")?;
     // Process ids, to find each server in a `--perf` profile.
-    let pids: Vec<Option<u32>> = cluster.nodes.iter().map(|node| cluster.pid(node.id)).collect();
-    let stats = cluster.stop()?;
+    let pids: Vec<Option<u32>> = cluster.ids().into_iter().map(|id| cluster.pid(id)).collect();
+    let stats = stop(&mut cluster);
 
     let ticks_per_s = clock_ticks_per_second();
     let servers: Vec<Value> = cluster
-        .nodes
-        .iter()
+        .ids()
+        .into_iter()
         .zip(cpu_before.iter().zip(&cpu_after))
         .zip(stats.iter().zip(&pids))
         .zip(switches_before.iter().zip(&switches_after))
-        .map(|(((node, (before, after)), (stats, pid)), switches)| {
+        .map(|(((id, (before, after)), (stats, pid)), switches)| {
             let cpu_s = match (before, after) {
                 (Some(before), Some(after)) => Some((after.saturating_sub(*before)) as f64 / ticks_per_s),
                 _ => None,
@@ -383,9 +383,9 @@ fn run_workload(
                 _ => None,
             };
             json!({
-                "id": node.id,
+                "id": id,
                 "pid": pid,
-                "leader": node.id == leader_id,
+                "leader": id == leader_id,
                 "cpu_s": cpu_s,
                 "cores_used": cpu_s.map(|cpu| round2(cpu / elapsed.as_secs_f64())),
                 "entries_applied": stats.entries_applied,
@@ -445,18 +445,6 @@ fn spawn_generator(generator: &Path, args: &[&str]) -> Result<Child> {
         .with_context(|| format!("cannot run {}", generator.display()))
 }
 
-/// A running 3-node cluster. Dropping it kills whatever still runs.
-struct Cluster {
-    nodes: Vec<Node>,
-}
-
-struct Node {
-    id: u64,
-    client_addr: String,
-    log: PathBuf,
-    child: Option<Child>,
-}
-
 /// What a server logged when it stopped cleanly.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct NodeStats {
@@ -464,133 +452,46 @@ struct NodeStats {
     syncs: Option<u64>,
 }
 
-impl Cluster {
-    fn start(server: &Path, dir: &Path) -> Result<Cluster> {
-        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        // All six ports are held until every one is chosen, so none repeats;
-        // they are free again when the servers bind them a moment later.
-        let listeners =
-            (0..6).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<std::io::Result<Vec<_>>>()?;
-        let addrs = listeners.iter().map(TcpListener::local_addr).collect::<std::io::Result<Vec<_>>>()?;
-        drop(listeners);
-        let peers = (0..3).map(|i| format!("{}={}", i + 1, addrs[i])).collect::<Vec<_>>().join(",");
-        let mut cluster = Cluster { nodes: Vec::new() };
-        for i in 0..3 {
-            let id = i as u64 + 1;
-            let client_addr = addrs[3 + i].to_string();
-            let log = dir.join(format!("node-{id}.log"));
-            let log_file =
-                fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
-            let child = Command::new(server)
-                .args(["--id", &id.to_string(), "--peers", &peers, "--client-addr", &client_addr])
-                .arg("--data-dir")
-                .arg(dir.join(format!("node-{id}")))
-                .args(["--log-format", "json"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log_file)
-                .spawn()
-                .with_context(|| format!("cannot start {}", server.display()))?;
-            // Pushed at once, so that a failure starting the next node still
-            // kills this one (in Drop).
-            cluster.nodes.push(Node { id, client_addr, log, child: Some(child) });
-        }
-        Ok(cluster)
-    }
-
-    fn endpoints(&self) -> String {
-        self.nodes.iter().map(|node| node.client_addr.as_str()).collect::<Vec<_>>().join(",")
-    }
-
-    fn pid(&self, id: u64) -> Option<u32> {
-        self.nodes.iter().find(|node| node.id == id)?.child.as_ref().map(Child::id)
-    }
-
-    /// Each server's context switches so far, summed over its threads.
-    fn context_switches(&self) -> Vec<Option<u64>> {
-        self.nodes
-            .iter()
-            .map(|node| {
-                let pid = node.child.as_ref()?.id();
-                let mut total = 0;
-                for task in fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
-                    let text = fs::read_to_string(task.path().join("status")).unwrap_or_default();
-                    total += context_switches_of_status(&text);
-                }
-                Some(total)
-            })
-            .collect()
-    }
-
-    /// Each server's CPU time so far, in clock ticks.
-    fn cpu_ticks(&self) -> Vec<Option<u64>> {
-        self.nodes
-            .iter()
-            .map(|node| {
-                let pid = node.child.as_ref()?.id();
-                let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-                cpu_ticks_of_stat(&text)
-            })
-            .collect()
-    }
-
-    /// Stops every server with SIGTERM (SIGKILL after [`STOP_GRACE`]) and
-    /// reads the counters each logged.
-    fn stop(&mut self) -> Result<Vec<NodeStats>> {
-        for node in &self.nodes {
-            if let Some(child) = &node.child {
-                let pid = i32::try_from(child.id()).context("process id out of range")?;
-                // Already gone is fine: its log tells.
-                let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+/// Each server's context switches so far, summed over its threads.
+fn context_switches(cluster: &Cluster) -> Vec<Option<u64>> {
+    cluster
+        .ids()
+        .into_iter()
+        .map(|id| {
+            let pid = cluster.pid(id)?;
+            let mut total = 0;
+            for task in fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+                let text = fs::read_to_string(task.path().join("status")).unwrap_or_default();
+                total += context_switches_of_status(&text);
             }
-        }
-        let deadline = Instant::now() + STOP_GRACE;
-        for node in &mut self.nodes {
-            let Some(mut child) = node.child.take() else { continue };
-            loop {
-                match child.try_wait() {
-                    Ok(Some(_)) => break,
-                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-                    _ => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        break;
-                    }
-                }
-            }
-        }
-        self.nodes.iter().map(|node| Ok(node_stats(&read_log(&node.log)))).collect()
-    }
-
-    /// The last lines of every node's log, for an error message.
-    fn log_tails(&self) -> String {
-        let mut text = String::from("server logs:");
-        for node in &self.nodes {
-            let log = read_log(&node.log);
-            let lines: Vec<&str> = log.lines().collect();
-            text.push_str(&format!("\n--- node {} ({})", node.id, node.log.display()));
-            for line in &lines[lines.len().saturating_sub(8)..] {
-                text.push_str("\n  ");
-                text.push_str(line);
-            }
-        }
-        text
-    }
+            Some(total)
+        })
+        .collect()
 }
 
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for node in &mut self.nodes {
-            if let Some(mut child) = node.child.take() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
-    }
+/// Each server's CPU time so far, in clock ticks.
+fn cpu_ticks(cluster: &Cluster) -> Vec<Option<u64>> {
+    cluster
+        .ids()
+        .into_iter()
+        .map(|id| {
+            let pid = cluster.pid(id)?;
+            let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            cpu_ticks_of_stat(&text)
+        })
+        .collect()
 }
 
-fn read_log(path: &Path) -> String {
-    fs::read_to_string(path).unwrap_or_default()
+/// Stops every server with SIGTERM (SIGKILL after [`STOP_GRACE`]) and reads
+/// the counters each logged.
+fn stop(cluster: &mut Cluster) -> Vec<NodeStats> {
+    cluster.stop(STOP_GRACE);
+    cluster.ids().into_iter().map(|id| node_stats(&cluster.layout().log(id))).collect()
+}
+
+/// The last lines of every node's log, for an error message.
+fn log_tails(cluster: &Cluster) -> String {
+    cluster.layout().log_tails(8)
 }
 
 /// The counters of the server's clean-stop line, in its JSON log.
@@ -696,9 +597,9 @@ impl Profiler {
         let events =
             SYSCALLS.iter().map(|call| format!("syscalls:sys_enter_{call}")).collect::<Vec<_>>().join(",");
         let mut stats = Vec::new();
-        for node in &cluster.nodes {
-            let Some(pid) = cluster.pid(node.id) else { continue };
-            let out = out_dir.join(format!("perf-{name}-node-{}.stat", node.id));
+        for id in cluster.ids() {
+            let Some(pid) = cluster.pid(id) else { continue };
+            let out = out_dir.join(format!("perf-{name}-node-{id}.stat"));
             let child = Command::new("perf")
                 .args([
                     "stat",
@@ -717,7 +618,7 @@ impl Profiler {
                 .stderr(Stdio::null())
                 .spawn()
                 .context("cannot run `perf stat`")?;
-            stats.push((node.id, node.id == leader_id, out, child));
+            stats.push((id, id == leader_id, out, child));
         }
         Ok(Profiler { record, stats, data })
     }

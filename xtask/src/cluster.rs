@@ -2,25 +2,23 @@
 //! `status [--dir D]`: a local cluster of real `fencelockd` processes to try
 //! things on.
 //!
-//! `start` builds `fencelockd` and the `fencelock` CLI, starts the nodes on
-//! free 127.0.0.1 ports with their data and logs in D (`target/cluster` by
-//! default), waits for a leader and prints the endpoints. The processes
-//! outlive the command, in their own process group so that a Ctrl-C in the
-//! terminal does not reach them; `D/cluster.json` records them for `stop`
-//! and `status`. `stop` sends SIGTERM (a clean stop) and SIGKILL to any
-//! node still up after 10 s, and signals only processes that are still the
-//! `fencelockd` it started on that data directory.
+//! `start` builds `fencelockd` and the `fencelock` CLI, starts the nodes
+//! (through `fencelock-launch`) on free 127.0.0.1 ports with their data and
+//! logs in D (`target/cluster` by default), waits for a leader and prints
+//! the endpoints. The processes outlive the command, detached in their own
+//! process group so that a Ctrl-C in the terminal does not reach them;
+//! `D/cluster.json` records them for `stop` and `status`. `stop` sends
+//! SIGTERM (a clean stop) and SIGKILL to any node still up after 10 s, and
+//! signals only processes that are still the `fencelockd` it started on
+//! that data directory.
 
 use std::fs;
-use std::net::TcpListener;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use fencelock_launch::{stop_detached, Cluster, ClusterSpec, DetachedNode, LaunchError};
 use serde_json::{json, Value};
 
 use crate::cargo;
@@ -74,20 +72,18 @@ impl NodeRecord {
         })
     }
 
+    /// The node as the launcher knows a process another run started.
+    fn detached(&self) -> DetachedNode {
+        // A pid recorded by `start` is a process id; a negative one is no
+        // process of ours.
+        let pid = u32::try_from(self.pid).unwrap_or(0);
+        DetachedNode { id: self.id, pid, data_dir: self.data_dir.clone() }
+    }
+
     /// True while the process is up and is still the `fencelockd` started on
     /// this node's data directory (a pid can be reused once it exits).
     fn is_ours(&self) -> bool {
-        let Ok(cmdline) = fs::read(format!("/proc/{}/cmdline", self.pid)) else { return false };
-        let args: Vec<String> =
-            cmdline.split(|byte| *byte == 0).map(|arg| String::from_utf8_lossy(arg).into_owned()).collect();
-        let data_dir = self.data_dir.display().to_string();
-        let exited = fs::read_to_string(format!("/proc/{}/stat", self.pid))
-            .ok()
-            .and_then(|stat| stat.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
-            .unwrap_or(true);
-        !exited
-            && args.first().is_some_and(|program| program.ends_with("fencelockd"))
-            && args.contains(&data_dir)
+        self.detached().is_running()
     }
 }
 
@@ -182,33 +178,23 @@ fn start(root: &Path, dir: &Path, size: u64) -> Result<()> {
     }
     fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
 
-    // Every port is held until all are chosen, so none repeats.
-    let count = usize::try_from(size * 2)?;
-    let listeners =
-        (0..count).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<std::io::Result<Vec<_>>>()?;
-    let addrs = listeners.iter().map(TcpListener::local_addr).collect::<std::io::Result<Vec<_>>>()?;
-    drop(listeners);
-    let size_usize = usize::try_from(size)?;
-    let peers = (0..size_usize).map(|i| format!("{}={}", i + 1, addrs[i])).collect::<Vec<_>>().join(",");
+    let mut spec = ClusterSpec::new(server, dir, size);
+    spec.detached = true;
+    let mut cluster = Cluster::configure(spec)?;
     let mut nodes = Vec::new();
-    for i in 0..size_usize {
-        let id = i as u64 + 1;
-        let client_addr = addrs[size_usize + i].to_string();
-        let data_dir = dir.join(format!("node-{id}"));
-        let log = dir.join(format!("node-{id}.log"));
-        let log_file = fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
-        let child = Command::new(&server)
-            .args(["--id", &id.to_string(), "--peers", &peers, "--client-addr", &client_addr])
-            .arg("--data-dir")
-            .arg(&data_dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log_file)
-            .process_group(0)
-            .spawn()
-            .with_context(|| format!("cannot start {}", server.display()))?;
-        let pid = i32::try_from(child.id()).context("process id out of range")?;
-        nodes.push(NodeRecord { id, pid, client_addr, peer_addr: addrs[i].to_string(), data_dir, log });
+    for id in cluster.ids() {
+        cluster.launch(id)?;
+        let node = cluster.layout().node(id)?;
+        let pid =
+            cluster.pid(id).and_then(|pid| i32::try_from(pid).ok()).context("process id out of range")?;
+        nodes.push(NodeRecord {
+            id,
+            pid,
+            client_addr: node.client_addr.to_string(),
+            peer_addr: node.peer_addr.to_string(),
+            data_dir: node.data_dir.clone(),
+            log: node.log.clone(),
+        });
         // Recorded at once, so that `stop` finds every node even if the next
         // one fails to start.
         write_state(dir, &nodes)?;
@@ -216,18 +202,16 @@ fn start(root: &Path, dir: &Path, size: u64) -> Result<()> {
 
     let endpoints = nodes.iter().map(|node| node.client_addr.as_str()).collect::<Vec<_>>().join(",");
     let cli = crate::suite::target_dir(root).join("debug").join("fencelock");
-    let deadline = Instant::now() + LEADER_WITHIN;
-    let leader = loop {
-        if let Some(dead) = nodes.iter().find(|node| !node.is_ours()) {
-            bail!("node {} exited; its log ({}):\n{}", dead.id, dead.log.display(), tail(&dead.log, 10));
+    let leader = match cluster.wait_for_leader(LEADER_WITHIN) {
+        Ok(leader) => leader,
+        Err(LaunchError::Exited { id, .. }) => {
+            let log = &cluster.layout().node(id)?.log;
+            bail!("node {id} exited; its log ({}):\n{}", log.display(), cluster.layout().log_tail(id, 10));
         }
-        if let Some(leader) = leader_of(&cli, &endpoints) {
-            break leader;
-        }
-        if Instant::now() >= deadline {
+        Err(LaunchError::NoLeader { .. }) => {
             bail!("no leader within {LEADER_WITHIN:?}; logs in {}", dir.display());
         }
-        std::thread::sleep(Duration::from_millis(100));
+        Err(err) => return Err(err.into()),
     };
     println!(
         "fencelock cluster of {size} nodes running, node {leader} leads (data and logs in {})",
@@ -246,43 +230,19 @@ fn start(root: &Path, dir: &Path, size: u64) -> Result<()> {
     Ok(())
 }
 
-/// The leader's id, as the first node that answers names it.
-fn leader_of(cli: &Path, endpoints: &str) -> Option<u64> {
-    let output = Command::new(cli)
-        .args(["--endpoints", endpoints, "--json", "--timeout", "1s", "status"])
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
-    let value: Value = serde_json::from_slice(&output.stdout).ok()?;
-    value["nodes"]
-        .as_array()?
-        .iter()
-        .find(|node| node["role"].as_str() == Some("leader"))
-        .and_then(|node| node["node_id"].as_u64())
-}
-
 fn stop(dir: &Path) -> Result<()> {
     let Some(nodes) = read_state(dir)? else {
         println!("no cluster recorded in {}", dir.display());
         return Ok(());
     };
-    let running: Vec<&NodeRecord> = nodes.iter().filter(|node| node.is_ours()).collect();
-    for node in &running {
-        // Already gone is fine.
-        let _ = kill(Pid::from_raw(node.pid), Signal::SIGTERM);
-    }
-    let deadline = Instant::now() + STOP_WITHIN;
-    while running.iter().any(|node| node.is_ours()) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    for node in running.iter().filter(|node| node.is_ours()) {
-        eprintln!("node {} did not stop within {STOP_WITHIN:?}: SIGKILL", node.id);
-        let _ = kill(Pid::from_raw(node.pid), Signal::SIGKILL);
+    let detached: Vec<DetachedNode> = nodes.iter().map(NodeRecord::detached).collect();
+    let stopped = stop_detached(&detached, STOP_WITHIN);
+    for id in &stopped.killed {
+        eprintln!("node {id} did not stop within {STOP_WITHIN:?}: SIGKILL");
     }
     let path = dir.join(STATE_FILE);
     fs::remove_file(&path).with_context(|| format!("cannot remove {}", path.display()))?;
-    println!("stopped {} node(s); data and logs stay in {}", running.len(), dir.display());
+    println!("stopped {} node(s); data and logs stay in {}", stopped.running.len(), dir.display());
     Ok(())
 }
 
@@ -312,12 +272,6 @@ fn status(root: &Path, dir: &Path) -> Result<()> {
         bail!("the cluster in {} is not serving", dir.display());
     }
     Ok(())
-}
-
-fn tail(path: &Path, lines: usize) -> String {
-    let text = fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 #[cfg(test)]

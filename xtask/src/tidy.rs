@@ -33,8 +33,12 @@ const ARROWS: &[(&str, &[&str])] = &[
     ),
     ("fencelock-bench", &["fencelock-types", "fencelock-net", "fencelock-client"]),
     ("fencelock-sim", &["fencelock-types", "fencelock-fsm", "fencelock-raft"]),
-    ("fencelock-suite", &["fencelock-types", "fencelock-net", "fencelock-client"]),
-    ("xtask", &[]),
+    ("fencelock-launch", &["fencelock-types", "fencelock-net"]),
+    ("fencelock-suite", &["fencelock-types", "fencelock-net", "fencelock-client", "fencelock-launch"]),
+    // xtask builds and runs the crates; it links only the launcher, a small
+    // crate (types, net's framing), so that `cargo xtask bench` and
+    // `cargo xtask cluster` start fencelockd as the tests and suites do.
+    ("xtask", &["fencelock-launch"]),
 ];
 
 /// The pure cores and the whole set of crates (direct and indirect, normal

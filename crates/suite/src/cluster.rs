@@ -1,25 +1,22 @@
 //! A cluster of real `fencelockd` processes on 127.0.0.1, each behind a
 //! [`PeerProxy`], with the faults the nemeses need: kill -9 and restart,
-//! SIGSTOP and SIGCONT, and cut links.
+//! SIGSTOP and SIGCONT, a wiped data directory, and cut links.
 //!
-//! Each node gets a real peer port, a client port, a data directory and a
-//! JSON log in the run's directory. A node's `--peers` names its own real
-//! peer port (where it listens) and the other nodes' proxies, so every byte
-//! between nodes passes through the suite. Dropping the cluster kills
-//! whatever still runs (paused processes included: SIGKILL works on a
-//! stopped process).
+//! `fencelock-launch` owns the ports, the processes and their files: each
+//! node gets a peer port, a client port, a data directory and a JSON log in
+//! the run's directory. A node's `--peers` names its own real peer port
+//! (where it listens) and the other nodes' proxies (their advertised peer
+//! addresses), so every byte between nodes passes through the suite.
+//! Dropping the cluster kills whatever still runs (paused processes
+//! included: SIGKILL works on a stopped process).
 
-use std::fs;
-use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use fencelock_client::{Client, ClientConfig, NodeStatus};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use fencelock_launch::ClusterSpec;
 
 use crate::proxy::{PeerProxy, Rules};
 
@@ -35,6 +32,9 @@ pub const LEASE_MIN_MS: u64 = 1_000;
 /// answers, and the suite must not wait on it for long.
 pub const STATUS_TIMEOUT: Duration = Duration::from_millis(300);
 
+/// How long [`Cluster::stop`] lets the nodes stop cleanly before SIGKILL.
+const STOP_WITHIN: Duration = Duration::from_secs(10);
+
 /// How a cluster is started.
 #[derive(Clone, Debug)]
 pub struct ClusterConfig {
@@ -46,179 +46,90 @@ pub struct ClusterConfig {
     pub node_env: Vec<Vec<(String, String)>>,
 }
 
-/// One node: its ports, files and process.
-#[derive(Debug)]
-pub struct Node {
-    pub id: u64,
-    pub client_addr: String,
-    pub peer_addr: SocketAddr,
-    proxy: PeerProxy,
-    data_dir: PathBuf,
-    log: PathBuf,
-    child: Option<Child>,
-    paused: bool,
-    env: Vec<(String, String)>,
-}
-
 /// The running cluster.
 #[derive(Debug)]
 pub struct Cluster {
-    pub nodes: Vec<Node>,
+    /// First, so that dropping the cluster kills the nodes before their
+    /// proxies stop.
+    launch: fencelock_launch::Cluster,
+    /// By node index (id - 1).
+    proxies: Vec<PeerProxy>,
     pub rules: Arc<Rules>,
-    server: PathBuf,
     /// A client used only for `status`, with a short timeout.
     status_client: Client,
 }
 
 impl Cluster {
     pub fn start(config: &ClusterConfig) -> Result<Cluster> {
-        fs::create_dir_all(&config.dir).with_context(|| format!("cannot create {}", config.dir.display()))?;
+        let mut spec = ClusterSpec::new(&config.server, &config.dir, config.nodes);
+        spec.flags = [
+            ("--tick-ms", TICK_MS.to_string()),
+            ("--election-ms", ELECTION_MS.to_string()),
+            ("--heartbeat-ms", HEARTBEAT_MS.to_string()),
+            ("--lease-min-ms", LEASE_MIN_MS.to_string()),
+            ("--log-format", "json".to_owned()),
+        ]
+        .into_iter()
+        .flat_map(|(flag, value)| [flag.to_owned(), value])
+        .collect();
+        let mut launch = fencelock_launch::Cluster::configure(spec)?;
         let rules = Arc::new(Rules::default());
-        // Every port is held until all are chosen, so none repeats; the
-        // servers bind them a moment later.
-        let count = usize::try_from(config.nodes * 2)?;
-        let listeners =
-            (0..count).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<std::io::Result<Vec<_>>>()?;
-        let addrs = listeners.iter().map(TcpListener::local_addr).collect::<std::io::Result<Vec<_>>>()?;
-        drop(listeners);
-        let mut nodes = Vec::new();
-        for id in 1..=config.nodes {
-            let index = usize::try_from(id - 1)?;
-            let peer_addr = addrs[2 * index];
-            let proxy = PeerProxy::start(id, peer_addr, Arc::clone(&rules))?;
-            nodes.push(Node {
-                id,
-                client_addr: addrs[2 * index + 1].to_string(),
-                peer_addr,
-                proxy,
-                data_dir: config.dir.join(format!("node-{id}")),
-                log: config.dir.join(format!("node-{id}.log")),
-                child: None,
-                paused: false,
-                env: config.node_env.get(index).cloned().unwrap_or_default(),
-            });
+        let mut proxies = Vec::new();
+        for (index, id) in launch.ids().into_iter().enumerate() {
+            let node = launch.layout_mut().node_mut(id)?;
+            let proxy = PeerProxy::start(id, node.peer_addr, Arc::clone(&rules))?;
+            node.advertised_peer_addr = Some(proxy.listen_addr());
+            node.env = config.node_env.get(index).cloned().unwrap_or_default();
+            proxies.push(proxy);
         }
-        let mut status_config = ClientConfig::new(nodes.iter().map(|node| node.client_addr.clone()));
+        let mut status_config = ClientConfig::new(launch.endpoints());
         status_config.request_timeout = STATUS_TIMEOUT;
         status_config.retry_for = Duration::ZERO;
         status_config.owner = Some(b"suite-status".to_vec());
         let status_client = Client::connect(status_config)?;
-        let mut cluster = Cluster { nodes, rules, server: config.server.clone(), status_client };
-        for id in 1..=config.nodes {
-            cluster.launch(id)?;
+        for id in launch.ids() {
+            launch.launch(id)?;
         }
-        Ok(cluster)
+        Ok(Cluster { launch, proxies, rules, status_client })
     }
 
     pub fn ids(&self) -> Vec<u64> {
-        self.nodes.iter().map(|node| node.id).collect()
+        self.launch.ids()
     }
 
     pub fn endpoints(&self) -> Vec<String> {
-        self.nodes.iter().map(|node| node.client_addr.clone()).collect()
-    }
-
-    fn node(&self, id: u64) -> Result<&Node> {
-        self.nodes.iter().find(|node| node.id == id).with_context(|| format!("no node {id}"))
-    }
-
-    fn node_mut(&mut self, id: u64) -> Result<&mut Node> {
-        self.nodes.iter_mut().find(|node| node.id == id).with_context(|| format!("no node {id}"))
-    }
-
-    /// The `--peers` of node `id`: its own real peer port, where it
-    /// listens, and every other node's proxy, so that each byte it sends
-    /// to a peer passes a proxy. Only the ids must agree between nodes; the
-    /// addresses are each node's own business.
-    fn peers_of(&self, id: u64) -> String {
-        self.nodes
-            .iter()
-            .map(|node| {
-                let addr = if node.id == id { node.peer_addr } else { node.proxy.listen_addr() };
-                format!("{}={addr}", node.id)
-            })
-            .collect::<Vec<_>>()
-            .join(",")
+        self.launch.endpoints()
     }
 
     /// Starts node `id`'s process (again), on its data directory.
     pub fn launch(&mut self, id: u64) -> Result<()> {
-        let server = self.server.clone();
-        let peers = self.peers_of(id);
-        let node = self.node_mut(id)?;
-        if node.child.is_some() {
-            bail!("node {id} is already running");
-        }
-        let log = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&node.log)
-            .with_context(|| format!("cannot open {}", node.log.display()))?;
-        let child = Command::new(&server)
-            .args(["--id", &id.to_string(), "--peers", &peers, "--client-addr", &node.client_addr])
-            .arg("--data-dir")
-            .arg(&node.data_dir)
-            .args(["--tick-ms", &TICK_MS.to_string()])
-            .args(["--election-ms", &ELECTION_MS.to_string()])
-            .args(["--heartbeat-ms", &HEARTBEAT_MS.to_string()])
-            .args(["--lease-min-ms", &LEASE_MIN_MS.to_string()])
-            .args(["--log-format", "json"])
-            .envs(node.env.iter().map(|(key, value)| (key.as_str(), value.as_str())))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("cannot start {}", server.display()))?;
-        node.child = Some(child);
-        node.paused = false;
-        Ok(())
+        Ok(self.launch.launch(id)?)
     }
 
     /// The extra environment node `id` starts with from its next launch on
     /// (empty: none).
     pub fn set_env(&mut self, id: u64, env: Vec<(String, String)>) -> Result<()> {
-        self.node_mut(id)?.env = env;
+        self.launch.layout_mut().node_mut(id)?.env = env;
         Ok(())
     }
 
     pub fn is_running(&self, id: u64) -> bool {
-        self.node(id).is_ok_and(|node| node.child.is_some())
+        self.launch.is_running(id)
     }
 
     /// kill -9, and reaps the process.
     pub fn kill9(&mut self, id: u64) -> Result<()> {
-        let node = self.node_mut(id)?;
-        let Some(mut child) = node.child.take() else {
-            return Ok(());
-        };
-        child.kill().with_context(|| format!("cannot kill node {id}"))?;
-        child.wait().with_context(|| format!("cannot reap node {id}"))?;
-        node.paused = false;
-        Ok(())
-    }
-
-    fn signal(&self, id: u64, signal: Signal) -> Result<()> {
-        let node = self.node(id)?;
-        let child = node.child.as_ref().with_context(|| format!("node {id} is not running"))?;
-        let pid = i32::try_from(child.id()).context("process id out of range")?;
-        kill(Pid::from_raw(pid), signal).with_context(|| format!("cannot send {signal} to node {id}"))
+        Ok(self.launch.kill9(id)?)
     }
 
     /// SIGSTOP: the process freezes, its sockets stay open.
     pub fn pause(&mut self, id: u64) -> Result<()> {
-        self.signal(id, Signal::SIGSTOP)?;
-        self.node_mut(id)?.paused = true;
-        Ok(())
+        Ok(self.launch.pause(id)?)
     }
 
     /// SIGCONT.
     pub fn resume(&mut self, id: u64) -> Result<()> {
-        if !self.node(id)?.paused {
-            return Ok(());
-        }
-        self.signal(id, Signal::SIGCONT)?;
-        self.node_mut(id)?.paused = false;
-        Ok(())
+        Ok(self.launch.resume(id)?)
     }
 
     /// Undoes every fault: links restored, paused nodes resumed, stopped
@@ -238,11 +149,13 @@ impl Cluster {
     /// Each running node's status, one short attempt each; `None` for a
     /// node that did not answer.
     pub fn statuses(&self) -> Vec<(u64, Option<NodeStatus>)> {
-        self.nodes
+        self.launch
+            .layout()
+            .nodes()
             .iter()
             .map(|node| {
-                let status = if node.child.is_some() && !node.paused {
-                    self.status_client.status(&node.client_addr).ok()
+                let status = if self.launch.is_running(node.id) && !self.launch.is_paused(node.id) {
+                    self.status_client.status(&node.client_addr.to_string()).ok()
                 } else {
                     None
                 };
@@ -260,15 +173,7 @@ impl Cluster {
     /// Deletes node `id`'s data directory (the node must be stopped): a
     /// lost disk.
     pub fn wipe(&mut self, id: u64) -> Result<()> {
-        let node = self.node(id)?;
-        if node.child.is_some() {
-            bail!("node {id} is running");
-        }
-        match fs::remove_dir_all(&node.data_dir) {
-            Ok(()) => Ok(()),
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(err) => Err(err).with_context(|| format!("cannot delete {}", node.data_dir.display())),
-        }
+        Ok(self.launch.wipe(id)?)
     }
 
     /// Waits up to `within` for node `id` to answer a status that says it
@@ -306,87 +211,44 @@ impl Cluster {
 
     /// Stops every node with SIGTERM (SIGKILL after 10 s) and the proxies.
     pub fn stop(&mut self) {
-        for node in &mut self.nodes {
-            if let Some(child) = &node.child {
-                if let Ok(pid) = i32::try_from(child.id()) {
-                    if node.paused {
-                        let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
-                    }
-                    let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
-                }
-            }
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        for node in &mut self.nodes {
-            let Some(mut child) = node.child.take() else { continue };
-            loop {
-                match child.try_wait() {
-                    Ok(Some(_)) => break,
-                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-                    _ => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        break;
-                    }
-                }
-            }
-            node.paused = false;
-        }
-        for node in &mut self.nodes {
-            node.proxy.stop();
+        self.launch.stop(STOP_WITHIN);
+        for proxy in &mut self.proxies {
+            proxy.stop();
         }
     }
 
     /// Removes the nodes' data directories (their logs stay).
     pub fn remove_data(&self) {
-        for node in &self.nodes {
-            let _ = fs::remove_dir_all(&node.data_dir);
+        for id in self.ids() {
+            let _ = self.launch.layout().wipe(id);
         }
     }
 
     /// The last `lines` lines of each node's log, for an error message.
     pub fn log_tails(&self, lines: usize) -> String {
-        let mut text = String::from("server logs:");
-        for node in &self.nodes {
-            text.push_str(&format!("\n--- node {} ({})", node.id, node.log.display()));
-            let log = fs::read_to_string(&node.log).unwrap_or_default();
-            let all: Vec<&str> = log.lines().collect();
-            for line in &all[all.len().saturating_sub(lines)..] {
-                text.push_str("\n  ");
-                text.push_str(line);
-            }
-        }
-        text
+        self.launch.layout().log_tails(lines)
     }
 
     /// Each node's addresses, for the report.
     pub fn describe(&self) -> Vec<serde_json::Value> {
-        self.nodes
+        self.launch
+            .layout()
+            .nodes()
             .iter()
-            .map(|node| {
+            .zip(&self.proxies)
+            .map(|(node, proxy)| {
                 serde_json::json!({
                     "id": node.id,
-                    "client_addr": node.client_addr,
+                    "client_addr": node.client_addr.to_string(),
                     "peer_addr": node.peer_addr.to_string(),
-                    "proxy_addr": node.proxy.listen_addr().to_string(),
+                    "proxy_addr": proxy.listen_addr().to_string(),
                 })
             })
             .collect()
     }
 
     pub fn log_paths(&self) -> Vec<&Path> {
-        self.nodes.iter().map(|node| node.log.as_path()).collect()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for node in &mut self.nodes {
-            if let Some(mut child) = node.child.take() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
+        self.launch.layout().nodes().iter().map(|node| node.log.as_path()).collect()
     }
 }
 

@@ -139,14 +139,15 @@ pub fn watch(
     }
 
     let node_clients: Vec<(u64, Option<Client>)> = cluster
-        .nodes
-        .iter()
-        .map(|node| {
-            let mut config = ClientConfig::new([node.client_addr.clone()]);
+        .ids()
+        .into_iter()
+        .zip(cluster.endpoints())
+        .map(|(id, client_addr)| {
+            let mut config = ClientConfig::new([client_addr]);
             config.request_timeout = Duration::from_millis(500);
             config.retry_for = Duration::ZERO;
             config.owner = Some(PROBE_OWNER.as_bytes().to_vec());
-            (node.id, Client::connect(config).ok())
+            (id, Client::connect(config).ok())
         })
         .collect();
     while Instant::now() < deadline {
