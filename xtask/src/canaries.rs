@@ -37,7 +37,7 @@ const CANARIES: &[Canary] = &[
             ("        let _ = self.driver.send(DriverRequest::ConnectionClosed(ConnId(connection)));", "        let _ = connection;"),
             ("            sink.send(response)\n        })", "            sink.send(response);\n            true\n        })"),
         ],
-        test: &["test", "-p", "fencelock-server", "--test", "ghost", "a_client_that_hangs_up_before_its_answer_leaves_no_lock_behind"],
+        test: &["test", "-p", "fencelock-server", "--test", "ghost", "an_acquire_closed_unanswered_and_never_retried_leaves_its_key_free_on_one_node"],
     },
     Canary {
         name: "read-without-read-index",
