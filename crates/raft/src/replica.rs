@@ -37,11 +37,11 @@ pub struct Effects {
     pub grants: Vec<(RequestId, GrantRef)>,
 }
 
-/// One grant of a lock, as a request's answer told it: the key, the token
-/// and the index of the log entry that granted it (or re-granted or renewed
-/// it). A ghost release names it, and is dropped unproposed unless the lock
-/// is still exactly that grant: a re-grant to the same owner (a retry on
-/// another connection) or a renewal since makes it a different one.
+/// One new grant of a lock, as a request's answer told it: the key, the
+/// token and the index of the log entry that granted it. A ghost release
+/// names it, and is dropped unproposed unless the lock is still exactly that
+/// grant: a re-grant to the same owner (a retry on another connection) or a
+/// renewal since makes it a different one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GrantRef {
     pub key: Key,
@@ -149,8 +149,6 @@ pub struct Replica<D: Durable> {
     /// Per held key, the index of the entry that last granted, re-granted or
     /// renewed its lock (absent for locks restored from a snapshot).
     grant_index: BTreeMap<Key, u64>,
-    /// The index of the entry being applied.
-    applying_index: u64,
     /// Votes and acknowledgements waiting until the store's count of
     /// durable writes reaches the first number (an asynchronous store).
     held: VecDeque<(u64, Vec<Message>)>,
@@ -271,7 +269,6 @@ impl<D: Durable> Replica<D> {
             membership_dirty: false,
             membership_written_at,
             grant_index: BTreeMap::new(),
-            applying_index: snapshot_index,
             held: VecDeque::new(),
             effects: Effects::default(),
             stats: Stats::default(),
@@ -1073,10 +1070,7 @@ impl<D: Durable> Replica<D> {
         for entry in entries {
             match entry.get_entry_type() {
                 EntryType::EntryNormal if entry.data.is_empty() => {}
-                EntryType::EntryNormal => {
-                    self.applying_index = entry.index;
-                    self.apply_commands(&entry)
-                }
+                EntryType::EntryNormal => self.apply_commands(&entry),
                 EntryType::EntryConfChange => self.apply_conf_change::<ConfChange>(&entry)?,
                 EntryType::EntryConfChangeV2 => self.apply_conf_change::<ConfChangeV2>(&entry)?,
             }
@@ -1132,7 +1126,7 @@ impl<D: Durable> Replica<D> {
                             Command::Grant { key, .. } => Some(key.clone()),
                             _ => None,
                         });
-                        self.apply_command(command, proposer)
+                        self.apply_command(command, proposer, entry.index)
                     }
                     Err(reason) => {
                         grant_keys.push(None);
@@ -1178,7 +1172,8 @@ impl<D: Durable> Replica<D> {
         }
     }
 
-    fn apply_command(&mut self, command: Command, proposer: Option<NodeId>) -> ApplyResult {
+    /// Applies one command of the entry at `index`.
+    fn apply_command(&mut self, command: Command, proposer: Option<NodeId>, index: u64) -> ApplyResult {
         let key = command.key().cloned();
         let expire_token = match &command {
             Command::Expire { token, .. } => Some(*token),
@@ -1204,12 +1199,12 @@ impl<D: Durable> Replica<D> {
             AppliedEvent::Granted { key, token, lease_ms, .. } => {
                 self.stats.grants_applied += 1;
                 self.leases.granted(key.clone(), *token, *lease_ms, now_ms);
-                self.grant_index.insert(key.clone(), self.applying_index);
+                self.grant_index.insert(key.clone(), index);
             }
             AppliedEvent::Renewed { key, token, lease_ms } => {
                 self.stats.renewals_applied += 1;
                 self.leases.renewed(key.clone(), *token, *lease_ms, now_ms);
-                self.grant_index.insert(key.clone(), self.applying_index);
+                self.grant_index.insert(key.clone(), index);
             }
             AppliedEvent::Released { key, token } => {
                 self.stats.releases_applied += 1;
@@ -1223,7 +1218,7 @@ impl<D: Durable> Replica<D> {
             }
             AppliedEvent::Restored => {}
         }
-        self.effects.applied.push((self.applying_index, event));
+        self.effects.applied.push((index, event));
         result
     }
 

@@ -340,8 +340,6 @@ fn run<D: Durable>(
 pub struct Driver<D: Durable> {
     node: Node<D, Responder>,
     clock: Box<dyn Clock>,
-    /// Grants whose answer found its asker gone, for the node.
-    undelivered: Vec<GrantRef>,
     logger: Logger,
 }
 
@@ -354,7 +352,7 @@ impl<D: Durable> std::fmt::Debug for Driver<D> {
 impl<D: Durable> Driver<D> {
     pub fn new(node: Node<D, Responder>, clock: impl Clock + 'static, logger: &Logger) -> Driver<D> {
         let logger = logger.new(slog::o!("node_id" => node.id().0));
-        Driver { node, clock: Box::new(clock), undelivered: Vec::new(), logger }
+        Driver { node, clock: Box::new(clock), logger }
     }
 
     fn handle(&mut self, event: Event<Responder>) {
@@ -408,12 +406,10 @@ impl<D: Durable> Driver<D> {
     /// the turn's write leaves then), answers to their responders. Grants
     /// whose asker is gone go back to the node, to be released.
     pub fn turn(&mut self, peers_out: &dyn PeerSink) -> Result<(), FatalError> {
-        if !self.undelivered.is_empty() {
-            let grants = std::mem::take(&mut self.undelivered);
-            self.handle(Event::Undelivered(grants));
-        }
         let now_ms = self.clock.now_ms();
-        let undelivered = &mut self.undelivered;
+        // Grants whose answer found its asker gone, for the node after the
+        // turn (never from inside it).
+        let mut undelivered: Vec<GrantRef> = Vec::new();
         let mut sent = false;
         self.node.turn(now_ms, &mut |action| match action {
             Action::Send(message) => {
@@ -434,9 +430,8 @@ impl<D: Durable> Driver<D> {
         if sent {
             peers_out.flush();
         }
-        if !self.undelivered.is_empty() {
-            let grants = std::mem::take(&mut self.undelivered);
-            self.handle(Event::Undelivered(grants));
+        if !undelivered.is_empty() {
+            self.handle(Event::Undelivered(undelivered));
         }
         Ok(())
     }
