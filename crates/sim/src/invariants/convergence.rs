@@ -45,28 +45,9 @@ impl Check {
 
 #[cfg(test)]
 mod tests {
+    use super::super::fixtures::*;
     use super::*;
-    use fencelock_types::{Command, FencingToken, Key, LeaseMs, Owner};
-
-    fn key() -> Key {
-        Key::new(b"k".to_vec()).unwrap()
-    }
-
-    fn grant(owner: &[u8]) -> Command {
-        Command::Grant {
-            key: key(),
-            lease_ms: LeaseMs::new(1_000).unwrap(),
-            owner: Owner::new(owner.to_vec()).unwrap(),
-        }
-    }
-
-    fn table(commands: Vec<Command>) -> LockTable {
-        let mut table = LockTable::new();
-        for command in commands {
-            table.apply(command);
-        }
-        table
-    }
+    use fencelock_types::{Command, FencingToken};
 
     #[test]
     fn two_nodes_with_different_tables_at_one_index_are_caught() {

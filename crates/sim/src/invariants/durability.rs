@@ -99,48 +99,12 @@ impl Check {
 
 #[cfg(test)]
 mod tests {
+    use super::super::fixtures::*;
     use super::*;
-    use fencelock_types::{Command, LeaseMs, Owner};
-
-    fn key() -> Key {
-        Key::new(b"k".to_vec()).unwrap()
-    }
-
-    fn token(n: u64) -> FencingToken {
-        FencingToken::new(n).unwrap()
-    }
-
-    fn granted(n: u64, existing: bool) -> AppliedEvent {
-        AppliedEvent::Granted {
-            key: key(),
-            token: token(n),
-            lease_ms: LeaseMs::new(1_000).unwrap(),
-            existing,
-        }
-    }
-
-    fn released(n: u64) -> AppliedEvent {
-        AppliedEvent::Released { key: key(), token: token(n) }
-    }
-
-    fn grant(owner: &[u8]) -> Command {
-        Command::Grant {
-            key: key(),
-            lease_ms: LeaseMs::new(1_000).unwrap(),
-            owner: Owner::new(owner.to_vec()).unwrap(),
-        }
-    }
+    use fencelock_types::{Command, LeaseMs};
 
     fn release(n: u64) -> Command {
         Command::Release { key: key(), token: Some(token(n)) }
-    }
-
-    fn table(commands: Vec<Command>) -> LockTable {
-        let mut table = LockTable::new();
-        for command in commands {
-            table.apply(command);
-        }
-        table
     }
 
     #[test]

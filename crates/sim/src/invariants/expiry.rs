@@ -97,12 +97,9 @@ impl Check {
 
 #[cfg(test)]
 mod tests {
+    use super::super::fixtures::*;
     use super::*;
     use fencelock_types::LeaseMs;
-
-    fn key() -> Key {
-        Key::new(b"k".to_vec()).unwrap()
-    }
 
     fn grant(token: u64, lease_ms: u64) -> AppliedEvent {
         AppliedEvent::Granted {

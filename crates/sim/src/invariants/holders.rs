@@ -133,16 +133,9 @@ impl Check {
 
 #[cfg(test)]
 mod tests {
+    use super::super::fixtures::*;
     use super::*;
     use fencelock_types::LeaseMs;
-
-    fn key() -> Key {
-        Key::new(b"k".to_vec()).unwrap()
-    }
-
-    fn token(n: u64) -> FencingToken {
-        FencingToken::new(n).unwrap()
-    }
 
     #[test]
     fn a_ghost_release_under_a_promised_holder_is_caught() {

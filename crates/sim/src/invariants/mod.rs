@@ -20,6 +20,8 @@
 pub mod convergence;
 pub mod durability;
 pub mod expiry;
+#[cfg(test)]
+mod fixtures;
 pub mod holders;
 pub mod liveness;
 pub mod mutual_exclusion;

@@ -65,33 +65,9 @@ impl Check {
 
 #[cfg(test)]
 mod tests {
+    use super::super::fixtures::*;
     use super::*;
     use fencelock_types::{Command, LeaseMs, Owner};
-
-    fn key() -> Key {
-        Key::new(b"k".to_vec()).unwrap()
-    }
-
-    fn token(n: u64) -> FencingToken {
-        FencingToken::new(n).unwrap()
-    }
-
-    fn granted(n: u64, existing: bool) -> AppliedEvent {
-        AppliedEvent::Granted {
-            key: key(),
-            token: token(n),
-            lease_ms: LeaseMs::new(1_000).unwrap(),
-            existing,
-        }
-    }
-
-    fn released(n: u64) -> AppliedEvent {
-        AppliedEvent::Released { key: key(), token: token(n) }
-    }
-
-    fn expired(n: u64) -> AppliedEvent {
-        AppliedEvent::Expired { key: key(), token: token(n), proposer: None }
-    }
 
     /// `event` as node `node` applied it.
     fn on(node: usize, event: &AppliedEvent) -> Applied<'_> {

@@ -97,16 +97,9 @@ impl Check {
 
 #[cfg(test)]
 mod tests {
+    use super::super::fixtures::*;
     use super::*;
     use fencelock_types::LeaseMs;
-
-    fn key() -> Key {
-        Key::new(b"k".to_vec()).unwrap()
-    }
-
-    fn token(n: u64) -> FencingToken {
-        FencingToken::new(n).unwrap()
-    }
 
     fn grant(n: u64) -> AppliedEvent {
         AppliedEvent::Granted {

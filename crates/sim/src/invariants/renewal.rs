@@ -73,17 +73,10 @@ impl Check {
 
 #[cfg(test)]
 mod tests {
+    use super::super::fixtures::*;
     use super::*;
     use fencelock_raft::NodeId;
     use fencelock_types::{Command, LeaseMs, Owner};
-
-    fn key() -> Key {
-        Key::new(b"k".to_vec()).unwrap()
-    }
-
-    fn token(n: u64) -> FencingToken {
-        FencingToken::new(n).unwrap()
-    }
 
     fn granted(n: u64, lease_ms: u64, existing: bool) -> AppliedEvent {
         AppliedEvent::Granted {
