@@ -71,7 +71,7 @@ const CANARIES: &[Canary] = &[
         models: "the raft-engine store skips fsync while its counters still look healthy",
         file: "crates/raft/src/storage.rs",
         edits: &[(
-            "self.engine.write(&mut log_batch, !batch.may_defer_sync)?;",
+            "self.engine.write(&mut log_batch, sync)?;",
             "self.engine.write(&mut log_batch, false)?;",
         )],
         test: &["test", "-p", "fencelock-raft", "--lib", "every_synced_write_of_the_engine_store_reaches_an_fsync_before_it_returns"],

@@ -3,12 +3,13 @@
 //!
 //! Events go in with the node's monotonic time ([`Node::handle`]): a client
 //! request on a connection, a connection closed, an answer that could not be
-//! delivered, a peer's hello, a peer's raft message, the store's report
-//! that its first N writes are durable. [`Node::turn`] then runs the raft
-//! ticks that are due and one `Ready`, and hands out [`Action`]s: messages
-//! to peers, answers to clients, and what applied (for checkers). Messages
-//! that must wait for a write (votes, append acknowledgements) are held
-//! inside the node and leave when the store reports that write durable.
+//! delivered, a peer's hello, a peer's raft message, the shell's report
+//! that the node's first N writes are durable. [`Node::turn`] then runs the
+//! raft ticks that are due and one `Ready`, and hands out [`Action`]s:
+//! messages to peers, answers to clients, what applied (for checkers), and
+//! writes for the shell to make, numbered in order. Messages that must wait
+//! for a write (votes, append acknowledgements) are held inside the node
+//! and leave when the shell reports that write durable.
 //! [`Node::next_wake_ms`] says when it wants its next turn.
 //!
 //! What it owns: the [`Replica`] (raft-rs, the lock table, the leases, the
@@ -17,8 +18,52 @@
 //! and its grants released as ghosts), the start-up decision of a node whose
 //! store is blank, from its peers' hellos ([`rejoin::decide`]), the raft tick
 //! schedule, and, in a simulation, the seeded election timeouts. What it
-//! does not own: sockets, threads, clocks, and the store's I/O thread; the
-//! store itself is handed in (a [`Durable`]).
+//! does not own: sockets, threads, clocks and disks. It opens on what its
+//! store held ([`Recovered`]) and never touches the store again: writes
+//! leave as [`Action::Write`].
+//!
+//! ```
+//! use fencelock_raft::{Action, ClientRequest, Config, ConnId, Event, Node, NodeConfig, NodeId, Recovered};
+//! use fencelock_types::{Key, LeaseMs, Owner};
+//!
+//! let logger = slog::Logger::root(slog::Discard, slog::o!());
+//! let config = NodeConfig { driver: Config::new(NodeId(1), vec![NodeId(1)]), tick_ms: Some(10), election_seed: None };
+//! // A blank store; a real one gives what it recovered.
+//! let mut node: Node<&str> = Node::open(config, Recovered::default(), &logger)?;
+//! let acquire = ClientRequest::Acquire {
+//!     key: Key::new(b"jobs/nightly".to_vec())?,
+//!     lease_ms: LeaseMs::new(10_000)?,
+//!     owner: Owner::new(b"worker-1".to_vec())?,
+//!     wait_ms: 0,
+//! };
+//! let mut answer = None;
+//! let mut asked = false;
+//! // The node's own time, in milliseconds: a one-node cluster elects itself
+//! // once its election timeout has passed.
+//! for now_ms in (0..5_000).step_by(10) {
+//!     if !asked && node.status().is_some_and(|status| status.leader_ready) {
+//!         node.handle(now_ms, Event::Request { conn: ConnId(1), reply_to: "client 1", request: acquire.clone() });
+//!         asked = true;
+//!     }
+//!     let mut durable = None;
+//!     node.turn(now_ms, &mut |action| match action {
+//!         // A shell writes and syncs here (or queues, and reports later).
+//!         Action::Write(write) => durable = Some(write.n),
+//!         Action::Reply { to, reply, .. } => answer = Some((to, reply)),
+//!         _ => {}
+//!     })?;
+//!     if let Some(n) = durable {
+//!         node.handle(now_ms, Event::Persisted(n));
+//!     }
+//!     if answer.is_some() {
+//!         break;
+//!     }
+//! }
+//! let (to, reply) = answer.expect("answered");
+//! assert_eq!(to, "client 1");
+//! assert!(reply.is_ok());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -29,7 +74,7 @@ use slog::{info, warn, Logger};
 use crate::registry::{Answered, ConnId, Registry};
 use crate::rejoin::{self, PeerReport, Start};
 use crate::replica::{Effects, GrantRef, NodeStatus, Replica, Stats};
-use crate::storage::Durable;
+use crate::storage::{Recovered, Write};
 use crate::types::{AppliedEvent, Config, FatalError, NodeId, Query, Reply, RequestError, RoleChange};
 
 /// A node's settings.
@@ -81,7 +126,8 @@ pub enum Event<T> {
         report: PeerReport,
     },
     PeerMessage(Message),
-    /// The store's first `n` writes since open are durable.
+    /// The node's first `n` writes since open ([`Action::Write`]) are
+    /// durable.
     Persisted(u64),
     /// Hand leadership to another node, if this one leads.
     TransferLeader(NodeId),
@@ -110,6 +156,10 @@ pub enum Action<T> {
     Role(RoleChange),
     /// A node whose store was blank decided how it starts.
     Started(Start),
+    /// Write this to the store, after every write before it, and report it
+    /// with [`Event::Persisted`] once durable. Sends handed out before it
+    /// may leave before it is made.
+    Write(Write),
 }
 
 /// How often a starting node logs whom it still waits for.
@@ -117,20 +167,18 @@ const STARTING_REPORT_EVERY_MS: u64 = 5_000;
 /// How soon a starting node looks at its hellos again.
 const STARTING_POLL_MS: u64 = 20;
 
-enum Phase<D: Durable> {
+enum Phase {
     /// The store was blank: waiting for the peers' hellos ([`rejoin`]).
-    /// `None` only while it opens.
     Starting {
-        store: Option<D>,
         next_report_ms: u64,
     },
-    Running(Box<Replica<D>>),
+    Running(Box<Replica>),
 }
 
 /// The node. See the module docs.
-pub struct Node<D: Durable, T> {
+pub struct Node<T> {
     config: NodeConfig,
-    phase: Phase<D>,
+    phase: Phase,
     registry: Registry<T>,
     /// Each peer's last hello.
     heard: BTreeMap<u64, PeerReport>,
@@ -141,26 +189,27 @@ pub struct Node<D: Durable, T> {
     logger: Logger,
 }
 
-impl<D: Durable, T> std::fmt::Debug for Node<D, T> {
+impl<T> std::fmt::Debug for Node<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Node").field("status", &self.status()).finish_non_exhaustive()
     }
 }
 
-impl<D: Durable, T> Node<D, T> {
-    /// Opens the node on `store`. A blank store in a cluster of more than
-    /// one node waits for its peers' hellos before it takes any part.
-    pub fn open(config: NodeConfig, mut store: D, logger: &Logger) -> Result<Node<D, T>, FatalError> {
+impl<T> Node<T> {
+    /// Opens the node on what its store held. A blank store in a cluster of
+    /// more than one node waits for its peers' hellos before it takes any
+    /// part.
+    pub fn open(config: NodeConfig, recovered: Recovered, logger: &Logger) -> Result<Node<T>, FatalError> {
         config.driver.validate()?;
         if config.tick_ms == Some(0) {
             return Err(crate::types::ConfigError("tick_ms must be positive".into()).into());
         }
         let logger = logger.new(slog::o!("node_id" => config.driver.id.0));
-        let blank = store.is_blank()?;
+        let blank = recovered.is_blank();
         let mut node = Node {
             rng: config.election_seed.map(SplitMix64),
             config,
-            phase: Phase::Starting { store: None, next_report_ms: 0 },
+            phase: Phase::Starting { next_report_ms: STARTING_REPORT_EVERY_MS },
             registry: Registry::default(),
             heard: BTreeMap::new(),
             pending: Vec::new(),
@@ -169,15 +218,14 @@ impl<D: Durable, T> Node<D, T> {
         };
         if blank && node.config.driver.voters.len() > 1 {
             info!(node.logger, "empty store: asking the peers whether this node was a member before");
-            node.phase = Phase::Starting { store: Some(store), next_report_ms: STARTING_REPORT_EVERY_MS };
         } else {
-            node.start(store, None)?;
+            node.start(recovered, None)?;
         }
         Ok(node)
     }
 
-    fn start(&mut self, store: D, rejoin: Option<rejoin::Floor>) -> Result<(), FatalError> {
-        let replica = Replica::open_rejoining(self.config.driver.clone(), store, rejoin, &self.logger)?;
+    fn start(&mut self, recovered: Recovered, rejoin: Option<rejoin::Floor>) -> Result<(), FatalError> {
+        let replica = Replica::open_rejoining(self.config.driver.clone(), recovered, rejoin, &self.logger)?;
         self.phase = Phase::Running(Box::new(replica));
         self.next_tick_ms = None;
         self.draw_election_timeout();
@@ -270,13 +318,12 @@ impl<D: Durable, T> Node<D, T> {
             match self.decide_start(now_ms) {
                 Start::Wait => return Ok(()),
                 start => {
-                    let Phase::Starting { store, .. } = &mut self.phase else { unreachable!("starting") };
-                    let store = store.take().expect("a starting node holds its store until it opens");
                     let floor = match start {
                         Start::Rejoin(floor) => Some(floor),
                         _ => None,
                     };
-                    self.start(store, floor)?;
+                    // Only a blank store waits for hellos.
+                    self.start(Recovered::default(), floor)?;
                     out(Action::Started(start));
                 }
             }
@@ -296,14 +343,10 @@ impl<D: Durable, T> Node<D, T> {
             }
         }
         replica.set_now(now_ms);
-        let registry = &mut self.registry;
         let mut ghosts = Vec::new();
-        let mut roles_changed = false;
-        replica.run_ready_with(&mut |effects| {
-            roles_changed |= dispatch(registry, effects, &mut *out, &mut ghosts);
-        })?;
+        replica.run_ready()?;
         let effects = replica.take_effects();
-        roles_changed |= dispatch(registry, effects, out, &mut ghosts);
+        let roles_changed = dispatch(&mut self.registry, effects, out, &mut ghosts);
         for grant in ghosts {
             replica.release_ghost(grant);
         }
@@ -397,7 +440,7 @@ impl<D: Durable, T> Node<D, T> {
     }
 
     /// The replica, once the node has started.
-    pub fn replica(&self) -> Option<&Replica<D>> {
+    pub fn replica(&self) -> Option<&Replica> {
         match &self.phase {
             Phase::Running(replica) => Some(replica),
             Phase::Starting { .. } => None,
@@ -413,7 +456,7 @@ impl<D: Durable, T> Node<D, T> {
         self.replica().map(Replica::stats).unwrap_or_default()
     }
 
-    /// Writes handed to the store and not yet reported durable.
+    /// Writes handed out and not yet reported durable.
     pub fn writes_in_flight(&self) -> u64 {
         self.replica().map_or(0, Replica::writes_in_flight)
     }
@@ -472,6 +515,11 @@ fn dispatch<T>(
     let roles_changed = !effects.roles.is_empty();
     for role in effects.roles {
         out(Action::Role(role));
+    }
+    // Last: a shell that makes a write on its own thread (a follower's)
+    // has sent and answered everything else first.
+    for write in effects.writes {
+        out(Action::Write(write));
     }
     roles_changed
 }

@@ -7,14 +7,46 @@ use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner};
 
 use crate::node::{Action, ClientRequest, Event, Node, NodeConfig};
 use crate::registry::ConnId;
-use crate::storage::MemStore;
+use crate::storage::{Durable, MemStore};
 use crate::tests::QueuedStore;
 use crate::{Config, NodeId, Query, Reply, Response};
+
+/// One turn, its writes made to `store` (a [`QueuedStore`] keeps them
+/// until flushed). Returns the other actions and the last write's number.
+fn turn_with(node: &mut Node<u32>, now_ms: u64, store: &mut impl Durable) -> (Vec<Action<u32>>, Option<u64>) {
+    let mut actions = Vec::new();
+    let mut last = None;
+    node.turn(now_ms, &mut |action| match action {
+        Action::Write(write) => {
+            store.write(&write.batch).unwrap();
+            last = Some(write.n);
+        }
+        action => actions.push(action),
+    })
+    .unwrap();
+    (actions, last)
+}
+
+/// Turns on a synchronous store: each write durable at once and reported,
+/// until the node has nothing more to do now. Returns the other actions.
+fn turns_synced(node: &mut Node<u32>, now_ms: u64, store: &mut MemStore) -> Vec<Action<u32>> {
+    let mut actions = Vec::new();
+    for _ in 0..20 {
+        let (more, last) = turn_with(node, now_ms, store);
+        actions.extend(more);
+        if let Some(n) = last {
+            node.handle(now_ms, Event::Persisted(n));
+        } else if node.next_wake_ms(now_ms) > now_ms {
+            break;
+        }
+    }
+    actions
+}
 
 /// One node on an asynchronous store (its writes durable only when the
 /// test says), its time, and the answers it gave, by asker.
 struct One {
-    node: Node<QueuedStore, u32>,
+    node: Node<u32>,
     store: QueuedStore,
     now_ms: u64,
     answers: Vec<(u32, Reply)>,
@@ -28,8 +60,8 @@ impl One {
             tick_ms: Some(10),
             election_seed: Some(7),
         };
-        let store = QueuedStore::default();
-        let node = Node::open(config, store.clone(), &logger).unwrap();
+        let mut store = QueuedStore::default();
+        let node = Node::open(config, store.recover().unwrap(), &logger).unwrap();
         let mut one = One { node, store, now_ms: 0, answers: Vec::new() };
         while !one.node.replica().is_some_and(|replica| replica.is_leader_ready()) {
             one.advance(10);
@@ -56,14 +88,12 @@ impl One {
 
     /// One turn; its writes stay queued.
     fn turn(&mut self) {
-        let answers = &mut self.answers;
-        self.node
-            .turn(self.now_ms, &mut |action| {
-                if let Action::Reply { to, reply, .. } = action {
-                    answers.push((to, reply));
-                }
-            })
-            .unwrap();
+        let (actions, _) = turn_with(&mut self.node, self.now_ms, &mut self.store);
+        for action in actions {
+            if let Action::Reply { to, reply, .. } = action {
+                self.answers.push((to, reply));
+            }
+        }
     }
 
     fn advance(&mut self, ms: u64) {
@@ -176,32 +206,31 @@ fn a_grant_in_flight_when_its_connection_closes_is_released_when_it_applies() {
         tick_ms: Some(10),
         election_seed: Some(3),
     };
-    let store = crate::tests::QueuedStore::default();
-    let mut node: Node<crate::tests::QueuedStore, u32> = Node::open(config, store.clone(), &logger).unwrap();
+    let mut store = QueuedStore::default();
+    let mut node: Node<u32> = Node::open(config, store.recover().unwrap(), &logger).unwrap();
     let mut now_ms = 0;
     let mut answers: Vec<u32> = Vec::new();
-    let run = |node: &mut Node<crate::tests::QueuedStore, u32>, now_ms: u64, answers: &mut Vec<u32>| {
-        node.turn(now_ms, &mut |action| {
+    let run = |node: &mut Node<u32>, now_ms: u64, answers: &mut Vec<u32>, store: &mut QueuedStore| {
+        for action in turn_with(node, now_ms, store).0 {
             if let Action::Reply { to, .. } = action {
                 answers.push(to);
             }
-        })
-        .unwrap();
+        }
     };
     while !node.replica().is_some_and(|replica| replica.is_leader_ready()) {
         now_ms += 10;
-        run(&mut node, now_ms, &mut answers);
+        run(&mut node, now_ms, &mut answers, &mut store);
         node.handle(now_ms, Event::Persisted(store.flush()));
-        run(&mut node, now_ms, &mut answers);
+        run(&mut node, now_ms, &mut answers, &mut store);
         assert!(now_ms < 10_000, "never elected");
     }
     node.handle(now_ms, Event::Request { conn: ConnId(5), reply_to: 5, request: acquire("k", "X") });
-    run(&mut node, now_ms, &mut answers);
+    run(&mut node, now_ms, &mut answers, &mut store);
     assert!(node.writes_in_flight() > 0, "the grant is not waiting for its write");
     node.handle(now_ms, Event::ConnectionClosed(ConnId(5)));
     for _ in 0..10 {
         node.handle(now_ms, Event::Persisted(store.flush()));
-        run(&mut node, now_ms, &mut answers);
+        run(&mut node, now_ms, &mut answers, &mut store);
     }
     assert!(answers.is_empty(), "an answer went to a closed connection");
     let replica = node.replica().unwrap();
@@ -259,7 +288,7 @@ fn a_starting_node_refuses_clients_and_waits_for_its_peers() {
         tick_ms: Some(10),
         election_seed: None,
     };
-    let mut node: Node<MemStore, u32> = Node::open(config, MemStore::new(), &logger).unwrap();
+    let mut node: Node<u32> = Node::open(config, Default::default(), &logger).unwrap();
     assert!(node.is_starting());
     node.handle(
         0,
@@ -304,19 +333,20 @@ fn a_blank_node_known_to_a_majority_rejoins_without_a_vote() {
         tick_ms: Some(10),
         election_seed: None,
     };
-    let store = MemStore::new();
-    let mut node: Node<MemStore, u32> = Node::open(config, store.clone(), &logger).unwrap();
+    let mut store = MemStore::new();
+    let mut node: Node<u32> = Node::open(config, store.recover().unwrap(), &logger).unwrap();
     let knows = crate::rejoin::PeerReport { knows_you: true, term: 4, last_index: 17 };
     node.handle(0, Event::PeerHello { from: NodeId(2), report: knows });
-    node.turn(0, &mut |_| {}).unwrap();
+    turns_synced(&mut node, 0, &mut store);
     assert!(node.is_starting(), "one peer of two is no majority of the others");
     node.handle(1, Event::PeerHello { from: NodeId(3), report: Default::default() });
-    node.turn(1, &mut |_| {}).unwrap();
+    let (_, first_write) = turn_with(&mut node, 1, &mut store);
     let status = node.status().unwrap();
     assert!(status.rejoining);
-    // The floor is on disk: a restart does not start blank again.
-    let mut reopened = store.clone();
-    assert!(!crate::Durable::is_blank(&mut reopened).unwrap());
+    // The floor is the first write: a restart does not start blank again.
+    assert_eq!(first_write.map(|_| ()), Some(()), "the floor was not written");
+    assert!(!store.recover().unwrap().is_blank());
+    assert_eq!(store.recover().unwrap().membership.rejoin.map(|floor| floor.term), Some(4));
 }
 
 #[test]
@@ -330,12 +360,12 @@ fn a_read_right_after_an_election_is_answered_once_the_leader_commits() {
         tick_ms: Some(10),
         election_seed: Some(5),
     };
-    let store = QueuedStore::default();
-    let mut node: Node<QueuedStore, u32> = Node::open(config, store.clone(), &logger).unwrap();
+    let mut store = QueuedStore::default();
+    let mut node: Node<u32> = Node::open(config, store.recover().unwrap(), &logger).unwrap();
     let mut now_ms = 0;
     while node.status().unwrap().role != crate::Role::Leader {
         now_ms += 10;
-        node.turn(now_ms, &mut |_| {}).unwrap();
+        turn_with(&mut node, now_ms, &mut store);
         if node.status().unwrap().role != crate::Role::Leader {
             node.handle(now_ms, Event::Persisted(store.flush()));
         }
@@ -346,12 +376,11 @@ fn a_read_right_after_an_election_is_answered_once_the_leader_commits() {
     node.handle(now_ms, Event::Request { conn: ConnId(1), reply_to: 1, request: read });
     let mut answers = Vec::new();
     for _ in 0..10 {
-        node.turn(now_ms, &mut |action| {
+        for action in turn_with(&mut node, now_ms, &mut store).0 {
             if let Action::Reply { to, reply, .. } = action {
                 answers.push((to, reply));
             }
-        })
-        .unwrap();
+        }
         node.handle(now_ms, Event::Persisted(store.flush()));
     }
     assert!(
@@ -369,37 +398,32 @@ fn leases_restored_from_a_snapshot_at_restart_run_out_and_their_locks_expire() {
     let mut driver = Config::new(NodeId(1), vec![NodeId(1)]);
     driver.snapshot_interval_entries = 3;
     let config = NodeConfig { driver, tick_ms: Some(10), election_seed: Some(11) };
-    let store = MemStore::new();
-    let run = |node: &mut Node<MemStore, u32>, now_ms: u64| {
-        for _ in 0..20 {
-            node.turn(now_ms, &mut |_| {}).unwrap();
-            if node.next_wake_ms(now_ms) > now_ms {
-                break;
-            }
-        }
+    let mut store = MemStore::new();
+    let run = |node: &mut Node<u32>, now_ms: u64, store: &mut MemStore| {
+        turns_synced(node, now_ms, store);
     };
-    let mut node: Node<MemStore, u32> = Node::open(config.clone(), store.clone(), &logger).unwrap();
+    let mut node: Node<u32> = Node::open(config.clone(), store.recover().unwrap(), &logger).unwrap();
     let mut now_ms = 0;
     while !node.replica().unwrap().is_leader_ready() {
         now_ms += 10;
-        run(&mut node, now_ms);
+        run(&mut node, now_ms, &mut store);
     }
     for (n, name) in ["k", "a", "b", "c"].iter().enumerate() {
         node.handle(
             now_ms,
             Event::Request { conn: ConnId(1), reply_to: n as u32, request: acquire(name, "X") },
         );
-        run(&mut node, now_ms);
+        run(&mut node, now_ms, &mut store);
     }
     assert!(node.replica().unwrap().status().snapshot_index > 0, "no snapshot was taken");
     drop(node);
 
-    let mut node: Node<MemStore, u32> = Node::open(config, store, &logger).unwrap();
+    let mut node: Node<u32> = Node::open(config, store.recover().unwrap(), &logger).unwrap();
     assert!(node.replica().unwrap().table().holder(b"k").is_some(), "the snapshot lost the lock");
     // Far past the 30 s lease on the restarted node's clock.
     for _ in 0..200 {
         now_ms += 500;
-        run(&mut node, now_ms);
+        run(&mut node, now_ms, &mut store);
     }
     assert!(
         node.replica().unwrap().table().holder(b"k").is_none(),

@@ -15,7 +15,7 @@ use slog::{debug, info, warn, Logger};
 
 use crate::queue::{Pending, Requests};
 use crate::rejoin::{self, Floor, Membership, PinVote, RaftPosition};
-use crate::storage::{Durable, LogCache, WriteBatch};
+use crate::storage::{LogCache, Recovered, Write, WriteBatch};
 use crate::types::{
     AppliedEvent, Config, FatalError, NodeId, Query, Reply, RequestError, RequestId, Response, RoleChange,
 };
@@ -35,6 +35,21 @@ pub struct Effects {
     /// The new locks that answered requests were granted (not re-grants),
     /// with where: what a ghost release of a grant nobody received names.
     pub grants: Vec<(RequestId, GrantRef)>,
+    /// Writes to make, in order; report them with [`Replica::on_persisted`].
+    /// What depends on one being durable (votes, append acknowledgements,
+    /// the answers of entries it holds) stays in the replica until then.
+    pub writes: Vec<Write>,
+}
+
+impl Effects {
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+            && self.replies.is_empty()
+            && self.applied.is_empty()
+            && self.roles.is_empty()
+            && self.grants.is_empty()
+            && self.writes.is_empty()
+    }
 }
 
 /// One new grant of a lock, as a request's answer told it: the key, the
@@ -56,9 +71,9 @@ pub struct Stats {
     pub requests_proposed: u64,
     pub commands_proposed: u64,
     pub entries_proposed: u64,
-    /// Writes to the durable store, and its syncs: the writes synced by a
-    /// synchronous store, the fsyncs (each covering a group of writes) of
-    /// an asynchronous one.
+    /// Writes asked for, and syncs: the writes that asked for one, or, as a
+    /// shell that knows counts them, the fsyncs its disk did (each covering
+    /// a group of writes).
     pub writes: u64,
     pub syncs: u64,
     pub readies: u64,
@@ -106,16 +121,16 @@ pub struct NodeStatus {
 const INTERNAL_REQUEST_BIT: u64 = 1 << 63;
 
 /// The driver core. See the crate docs for the invariants it keeps.
-pub struct Replica<D: Durable> {
+pub struct Replica {
     id: NodeId,
     config: Config,
     raw: RawNode<LogCache>,
-    disk: Disk<D>,
+    disk: Disk,
     /// The index the table reflects: raft's applied index, or ahead of it
     /// while a snapshot installed from an asynchronous store is persisting.
     table_index: u64,
-    /// Readies handed to raft with `advance_append_async` (an asynchronous
-    /// store) whose write is not yet durable, oldest first.
+    /// Readies handed to raft with `advance_append_async` whose write is
+    /// not yet durable, oldest first.
     unpersisted: VecDeque<Unpersisted>,
     table: LockTable,
     logger: Logger,
@@ -149,8 +164,8 @@ pub struct Replica<D: Durable> {
     /// Per held key, the index of the entry that last granted, re-granted or
     /// renewed its lock (absent for locks restored from a snapshot).
     grant_index: BTreeMap<Key, u64>,
-    /// Votes and acknowledgements waiting until the store's count of
-    /// durable writes reaches the first number (an asynchronous store).
+    /// Votes and acknowledgements waiting until the count of durable writes
+    /// reaches the first number.
     held: VecDeque<(u64, Vec<Message>)>,
 
     /// Peers that were sent a snapshot in this turn.
@@ -160,8 +175,8 @@ pub struct Replica<D: Durable> {
     /// A peer was heard from for the first time: the membership record
     /// goes into the next write, and nothing leaves before that write.
     membership_dirty: bool,
-    /// The store's count of writes once the last membership record is
-    /// written: until that many are durable, nothing leaves early.
+    /// The number of the write of the last membership record: until it is
+    /// durable, nothing leaves early.
     membership_written_at: u64,
     /// Set while a node that lost its data rejoins: it neither votes nor
     /// campaigns until it has caught up past the floor.
@@ -170,17 +185,18 @@ pub struct Replica<D: Durable> {
     stats: Stats,
 }
 
-impl<D: Durable> std::fmt::Debug for Replica<D> {
+impl std::fmt::Debug for Replica {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Replica").field("status", &self.status()).finish_non_exhaustive()
     }
 }
 
-impl<D: Durable> Replica<D> {
-    /// Opens a replica on `durable`: recovers its log, hard state and
-    /// snapshot, or bootstraps an empty store with `config.voters`.
-    pub fn open(config: Config, durable: D, logger: &Logger) -> Result<Replica<D>, FatalError> {
-        Replica::open_rejoining(config, durable, None, logger)
+impl Replica {
+    /// Opens a replica on what its store held (`recovered`): its log, hard
+    /// state and snapshot; or bootstraps an empty store with
+    /// `config.voters` (the first write says so).
+    pub fn open(config: Config, recovered: Recovered, logger: &Logger) -> Result<Replica, FatalError> {
+        Replica::open_rejoining(config, recovered, None, logger)
     }
 
     /// Like [`Replica::open`]; with `rejoin`, the store was found blank and
@@ -189,24 +205,26 @@ impl<D: Durable> Replica<D> {
     /// write is durable.
     pub fn open_rejoining(
         config: Config,
-        mut durable: D,
+        mut recovered: Recovered,
         rejoin: Option<Floor>,
         logger: &Logger,
-    ) -> Result<Replica<D>, FatalError> {
+    ) -> Result<Replica, FatalError> {
         config.validate()?;
         let logger = logger.new(slog::o!("node_id" => config.id.0));
-        let mut recovered = durable.recover()?;
         let mut membership = std::mem::take(&mut recovered.membership);
-        let mut disk = Disk { store: durable, submitted: 0, durable: 0, syncs: 0 };
+        let mut disk = Disk::default();
+        let mut first_writes = Vec::new();
         let mut membership_written_at = 0;
         if let Some(floor) = rejoin {
             membership.rejoin = Some(floor);
-            disk.write(WriteBatch { membership: Some(&membership), ..Default::default() })?;
+            let batch = WriteBatch { membership: Some(membership.clone()), ..Default::default() };
+            first_writes.push(disk.write(batch, false));
             membership_written_at = disk.submitted;
         }
         if recovered.conf_state.is_none() {
             let conf_state = ConfState::from((config.voters.iter().map(|v| v.0).collect::<Vec<_>>(), vec![]));
-            disk.write(WriteBatch { conf_state: Some(&conf_state), ..Default::default() })?;
+            let batch = WriteBatch { conf_state: Some(conf_state.clone()), ..Default::default() };
+            first_writes.push(disk.write(batch, false));
             recovered.conf_state = Some(conf_state);
         }
         let table = if recovered.snapshot.get_metadata().index == 0 {
@@ -270,7 +288,7 @@ impl<D: Durable> Replica<D> {
             membership_written_at,
             grant_index: BTreeMap::new(),
             held: VecDeque::new(),
-            effects: Effects::default(),
+            effects: Effects { writes: first_writes, ..Effects::default() },
             stats: Stats::default(),
         };
         replica.check_rejoined();
@@ -530,8 +548,9 @@ impl<D: Durable> Replica<D> {
             "floor_last_index" => floor.last_index);
     }
 
-    /// Starts an election now (a one-node cluster, or a test).
-    pub fn campaign(&mut self) -> Result<(), FatalError> {
+    /// Starts an election now, for a test that cannot wait for a timeout.
+    #[cfg(test)]
+    pub(crate) fn campaign(&mut self) -> Result<(), FatalError> {
         Ok(self.raw.campaign()?)
     }
 
@@ -542,26 +561,16 @@ impl<D: Durable> Replica<D> {
 
     /// Does one turn: proposes what is ready as one batch of entries, then
     /// handles one raft `Ready`. Call it after feeding inputs; then drain
-    /// [`Replica::take_effects`]. An error is fatal: drop the replica.
+    /// [`Replica::take_effects`]: its messages may leave before its writes
+    /// are made (what may not is held until [`Replica::on_persisted`]).
+    /// An error is fatal: drop the replica.
     pub fn run_ready(&mut self) -> Result<(), FatalError> {
-        self.turn(None)
-    }
-
-    /// Like [`Replica::run_ready`], but hands the effects that may leave
-    /// before the turn's write (a leader's messages, replies to entries
-    /// committed earlier) to `early` just before the write, so that the
-    /// shell can send them while the disk syncs.
-    pub fn run_ready_with(&mut self, early: &mut dyn FnMut(Effects)) -> Result<(), FatalError> {
-        self.turn(Some(early))
-    }
-
-    fn turn(&mut self, early: Option<&mut dyn FnMut(Effects)>) -> Result<(), FatalError> {
         self.notice_role_change();
         self.time_out_waiters();
         self.ask_parked_reads();
         self.propose_expiries();
         self.propose_ready_requests();
-        self.handle_ready(early)?;
+        self.handle_ready()?;
         self.notice_role_change();
         for to in std::mem::take(&mut self.snapshots_sent) {
             // The transport does not report delivery. Saying "finished"
@@ -576,8 +585,12 @@ impl<D: Durable> Replica<D> {
         std::mem::take(&mut self.effects)
     }
 
+    /// Whether a turn now would do something: raft has a `Ready`, requests
+    /// or reads wait for a ready leader that is, or effects (messages let go
+    /// by `on_persisted`) wait to be handed out.
     pub fn has_ready(&self) -> bool {
         self.raw.has_ready()
+            || !self.effects.is_empty()
             || self.leader_ready && (self.requests.has_ready() || !self.reads_before_ready.is_empty())
     }
 
@@ -591,20 +604,19 @@ impl<D: Durable> Replica<D> {
     }
 
     pub fn stats(&self) -> Stats {
-        let syncs = self.disk.store.syncs_done().unwrap_or(self.disk.syncs);
-        Stats { writes: self.disk.submitted, syncs, ..self.stats }
+        Stats { writes: self.disk.submitted, syncs: self.disk.syncs, ..self.stats }
     }
 
-    /// An asynchronous store reports that its first `writes` writes since
-    /// open are durable (and has sent the votes and acknowledgements that
-    /// waited for them): raft counts the entries persisted, and a leader may
-    /// now commit and apply them. Call [`Replica::run_ready`] after.
+    /// The first `writes` writes since open are durable: the votes and
+    /// acknowledgements that waited for them go out with the next effects,
+    /// raft counts the entries persisted, and a leader may now commit and
+    /// apply them. Call [`Replica::run_ready`] after.
     pub fn on_persisted(&mut self, writes: u64) {
         self.disk.durable = self.disk.durable.max(writes.min(self.disk.submitted));
         self.release_persisted();
     }
 
-    /// Writes handed to the store and not yet reported durable.
+    /// Writes asked for and not yet reported durable.
     pub fn writes_in_flight(&self) -> u64 {
         self.disk.submitted - self.disk.durable
     }
@@ -907,11 +919,19 @@ impl<D: Durable> Replica<D> {
         self.last_expiry_scan_ms = None;
     }
 
-    fn handle_ready(&mut self, early: Option<&mut dyn FnMut(Effects)>) -> Result<(), FatalError> {
+    /// Asks for a write; a follower's is urgent (it is on the path of
+    /// every commit), a leader's runs in parallel with its followers'.
+    fn write(&mut self, batch: WriteBatch) {
+        let urgent = self.raw.raft.state != StateRole::Leader;
+        let write = self.disk.write(batch, urgent);
+        self.effects.writes.push(write);
+    }
+
+    fn handle_ready(&mut self) -> Result<(), FatalError> {
         if !self.raw.has_ready() {
             if std::mem::take(&mut self.membership_dirty) {
                 // A first message that changed nothing raft keeps.
-                self.disk.write(WriteBatch { membership: Some(&self.membership), ..Default::default() })?;
+                self.write(WriteBatch { membership: Some(self.membership.clone()), ..Default::default() });
                 self.membership_written_at = self.disk.submitted;
             }
             return Ok(());
@@ -920,9 +940,9 @@ impl<D: Durable> Replica<D> {
         let mut ready = self.raw.ready();
 
         // A leader may send before its own write: followers persist in
-        // parallel (see `early` below). Not while the record that a peer was
-        // heard from for the first time is not durable: what that peer took
-        // part in must not outlive the record that it did (`crate::rejoin`).
+        // parallel. Not while the record that a peer was heard from for the
+        // first time is not durable: what that peer took part in must not
+        // outlive the record that it did (`crate::rejoin`).
         let membership_write = std::mem::take(&mut self.membership_dirty);
         let send_early = !membership_write && self.disk.durable >= self.membership_written_at;
         if send_early {
@@ -942,93 +962,64 @@ impl<D: Durable> Replica<D> {
             }
         }
 
+        // Entries committed before this Ready, and so persisted: their
+        // results may leave before this Ready's write.
         let committed = ready.take_committed_entries();
         let last_committed = committed.last().map(|entry| entry.index);
         self.apply_entries(committed)?;
 
+        let entries = ready.take_entries();
         let cache = self.raw.mut_store();
-        cache.append(ready.entries());
+        cache.append(&entries);
         if let Some(hard_state) = ready.hs() {
             cache.set_hard_state(hard_state.clone());
         }
         let write_hard_state = installed || ready.hs().is_some();
-
-        // Everything so far may leave before the write: a leader's appends
-        // and heartbeats (followers persist in parallel), and the results of
-        // entries that were committed, and so persisted, before this Ready.
-        if let Some(early) = early {
-            early(std::mem::take(&mut self.effects));
-        }
-
         let cache = self.raw.store();
         let batch = WriteBatch {
-            snapshot: installed.then(|| cache.last_snapshot()),
+            snapshot: installed.then(|| cache.last_snapshot().clone()),
             install: installed,
-            entries: ready.entries(),
-            hard_state: write_hard_state.then(|| cache.hard_state()),
-            conf_state: installed.then(|| cache.conf_state()),
-            membership: membership_write.then_some(&self.membership),
+            entries,
+            hard_state: write_hard_state.then(|| cache.hard_state().clone()),
+            conf_state: installed.then(|| cache.conf_state().clone()),
+            membership: membership_write.then(|| self.membership.clone()),
             may_defer_sync: !ready.must_sync() && !membership_write,
         };
-        if !(batch.entries.is_empty()
-            && batch.snapshot.is_none()
-            && batch.hard_state.is_none()
-            && batch.membership.is_none())
-        {
-            // A follower's write is on the path of every commit; a leader's
-            // runs in parallel with its followers'.
-            self.disk.store.prefer_inline(self.raw.raft.state != StateRole::Leader);
-            self.disk.write(batch)?;
+        if !batch.is_empty() {
+            self.write(batch);
         }
         if membership_write {
             self.membership_written_at = self.disk.submitted;
         }
 
-        if self.disk.store.is_async() {
-            // The write is queued, not done: votes and append
-            // acknowledgements wait for it, and raft learns of it with
-            // `on_persisted`. Meanwhile this node goes on stepping, proposing
-            // and applying what was persisted before.
-            let mut messages = ready.take_persisted_messages();
-            if !send_early {
-                let leader_messages = ready.take_messages();
-                self.note_snapshots_sent(&leader_messages);
-                messages.extend(leader_messages);
-            }
-            if self.disk.durable == self.disk.submitted {
-                // Nothing is waiting to be durable (this ready wrote nothing).
-                self.send(messages);
-            } else if !messages.is_empty() {
-                // They leave once every write so far is durable
-                // (`release_persisted`).
-                self.held.push_back((self.disk.submitted, messages));
-            }
-            // Raft counts a snapshot applied only once it is persisted; the
-            // entries applied above were persisted before this ready.
-            let snapshot_index = installed.then(|| ready.snapshot().get_metadata().index);
-            let number = ready.number();
-            self.unpersisted.push_back(Unpersisted { write: self.disk.submitted, number, snapshot_index });
-            self.raw.advance_append_async(ready);
-            if let Some(index) = last_committed {
-                self.raw.advance_apply_to(index);
-            }
-            self.release_persisted();
-        } else {
-            // Only now, with entries and hard state synced, may votes and
-            // append acknowledgements leave.
-            if !send_early {
-                self.send(ready.take_messages());
-            }
-            self.send(ready.take_persisted_messages());
-
-            let mut light = self.raw.advance(ready);
-            if let Some(commit) = light.commit_index() {
-                self.raw.mut_store().set_commit(commit);
-            }
-            self.send(light.take_messages());
-            self.apply_entries(light.take_committed_entries())?;
-            self.raw.advance_apply();
+        // Votes and append acknowledgements wait for every write so far to
+        // be durable, and raft learns of it with `on_persisted`. Meanwhile
+        // this node goes on stepping, proposing and applying what was
+        // persisted before.
+        let mut messages = ready.take_persisted_messages();
+        if !send_early {
+            let leader_messages = ready.take_messages();
+            self.note_snapshots_sent(&leader_messages);
+            messages.extend(leader_messages);
         }
+        if self.disk.durable == self.disk.submitted {
+            // Nothing is waiting to be durable (this ready wrote nothing).
+            self.send(messages);
+        } else if !messages.is_empty() {
+            // They leave once every write so far is durable
+            // (`release_persisted`).
+            self.held.push_back((self.disk.submitted, messages));
+        }
+        // Raft counts a snapshot applied only once it is persisted; the
+        // entries applied above were persisted before this ready.
+        let snapshot_index = installed.then(|| ready.snapshot().get_metadata().index);
+        let number = ready.number();
+        self.unpersisted.push_back(Unpersisted { write: self.disk.submitted, number, snapshot_index });
+        self.raw.advance_append_async(ready);
+        if let Some(index) = last_committed {
+            self.raw.advance_apply_to(index);
+        }
+        self.release_persisted();
         self.answer_reads();
         self.maybe_snapshot()?;
         self.check_rejoined();
@@ -1102,7 +1093,7 @@ impl<D: Durable> Replica<D> {
         }
         match self.raw.apply_conf_change(&change) {
             Ok(conf_state) => {
-                self.disk.write(WriteBatch { conf_state: Some(&conf_state), ..Default::default() })?;
+                self.write(WriteBatch { conf_state: Some(conf_state.clone()), ..Default::default() });
                 self.raw.mut_store().set_conf_state(conf_state);
             }
             Err(err) => warn!(self.logger, "conf change refused"; "error" => %err),
@@ -1273,12 +1264,12 @@ impl<D: Durable> Replica<D> {
         // would find its hard state out of range.
         let mut hard_state = cache.hard_state().clone();
         hard_state.commit = hard_state.commit.max(applied);
-        self.disk.write(WriteBatch {
-            snapshot: Some(&snapshot),
+        self.write(WriteBatch {
+            snapshot: Some(snapshot.clone()),
             install: false,
-            hard_state: Some(&hard_state),
+            hard_state: Some(hard_state),
             ..Default::default()
-        })?;
+        });
         self.stats.snapshots_taken += 1;
         debug!(self.logger, "snapshot taken"; "index" => applied, "term" => term, "locks" => self.table.len());
         self.raw.mut_store().compact(snapshot);
@@ -1286,39 +1277,31 @@ impl<D: Durable> Replica<D> {
     }
 }
 
-/// The durable store, and the count of writes made and found durable.
-struct Disk<D> {
-    store: D,
-    /// Writes handed to the store since open.
+/// The count of writes asked for and reported durable.
+#[derive(Debug, Default)]
+struct Disk {
+    /// Writes asked for since open; the last one's number.
     submitted: u64,
-    /// Of those, how many are durable: all of them for a synchronous store.
+    /// Of those, how many are durable (reported with `on_persisted`).
     durable: u64,
     /// Of those, how many asked for a sync.
     syncs: u64,
 }
 
-impl<D: Durable> Disk<D> {
-    fn write(&mut self, batch: WriteBatch<'_>) -> Result<(), FatalError> {
-        let synced = !batch.may_defer_sync;
-        self.store.write(batch)?;
+impl Disk {
+    fn write(&mut self, batch: WriteBatch, urgent: bool) -> Write {
         self.submitted += 1;
-        if !self.store.is_async() {
-            self.durable = self.submitted;
-        } else if let Some(durable) = self.store.durable_now() {
-            // Written inline, or the I/O thread got there already.
-            self.durable = self.durable.max(durable.min(self.submitted));
-        }
-        if synced {
+        if !batch.may_defer_sync {
             self.syncs += 1;
         }
-        Ok(())
+        Write { n: self.submitted, batch, urgent }
     }
 }
 
-/// A ready whose write an asynchronous store has not yet made durable.
+/// A ready whose write is not yet durable.
 #[derive(Debug)]
 struct Unpersisted {
-    /// The write it waits for: the store's count of writes when it was made.
+    /// The number of the write it waits for.
     write: u64,
     /// raft-rs's number of the ready.
     number: u64,

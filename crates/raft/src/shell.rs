@@ -1,13 +1,11 @@
 //! A [`Node`] in a real process: [`Driver`] is the node with a real clock,
-//! answers delivered through [`Responder`]s and messages handed to a
-//! [`PeerSink`], and no thread and no logic of its own: every decision is
-//! the node's. fencelockd runs one inside its network event loop; [`spawn`]
+//! answers delivered through [`Responder`]s, messages handed to a
+//! [`PeerSink`] and writes made by a [`Disk`], and no thread and no logic
+//! of its own: every decision is the node's. fencelockd runs one inside its network event loop; [`spawn`]
 //! runs one on its own thread, a `crossbeam_channel::select!` loop over
 //! bounded channels that drains what is waiting into each turn (the
 //! in-process test cluster and the throughput benchmark).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -20,7 +18,7 @@ use crate::node::{Action, ClientRequest, Event, Node};
 use crate::registry::ConnId;
 use crate::rejoin::PeerReport;
 use crate::replica::{GrantRef, NodeStatus, Stats};
-use crate::storage::{Durable, Persisted, StorageError};
+use crate::storage::{AsyncEngineStore, Durable, Persisted, StorageError, Write};
 use crate::types::{FatalError, NodeId, Query, Reply, RequestError};
 
 /// Delivers one reply to whoever asked: a channel, a client connection.
@@ -98,30 +96,56 @@ impl Clock for MonotonicClock {
     }
 }
 
-/// A clock that moves only when told to: tests give each node one, to
-/// freeze it, skew it or run it fast.
-#[derive(Clone, Debug, Default)]
-pub struct ManualClock {
-    now_ms: Arc<AtomicU64>,
-}
+/// Where a [`Driver`] makes the node's writes ([`Action::Write`]), in the
+/// order they come.
+pub trait Disk: Send {
+    /// Makes or queues write `write.n`, after every write before it.
+    /// `Ok(true)`: it is durable already. `Ok(false)`: queued; the disk
+    /// reports it later (an [`AsyncEngineStore`]'s channel of
+    /// [`Persisted`]).
+    fn write(&mut self, write: Write) -> Result<bool, StorageError>;
 
-impl ManualClock {
-    pub fn new(now_ms: u64) -> ManualClock {
-        ManualClock { now_ms: Arc::new(AtomicU64::new(now_ms)) }
-    }
-
-    pub fn set(&self, now_ms: u64) {
-        self.now_ms.store(now_ms, Ordering::SeqCst);
-    }
-
-    pub fn advance(&self, ms: u64) {
-        self.now_ms.fetch_add(ms, Ordering::SeqCst);
+    /// The fsyncs done, for a disk that groups writes under one.
+    fn syncs(&self) -> Option<u64> {
+        None
     }
 }
 
-impl Clock for ManualClock {
-    fn now_ms(&self) -> u64 {
-        self.now_ms.load(Ordering::SeqCst)
+/// What fencelockd runs: urgent writes inline while the I/O thread is
+/// idle, the rest queued to it.
+impl Disk for AsyncEngineStore {
+    fn write(&mut self, write: Write) -> Result<bool, StorageError> {
+        self.submit(write)
+    }
+
+    fn syncs(&self) -> Option<u64> {
+        Some(AsyncEngineStore::syncs(self))
+    }
+}
+
+/// A [`Durable`] store written on the driver's thread: each write is
+/// durable when made (tests, and a node that wants no I/O thread).
+#[derive(Debug)]
+pub struct SyncDisk<D> {
+    store: D,
+    written: u64,
+}
+
+impl<D: Durable> SyncDisk<D> {
+    pub fn new(store: D) -> SyncDisk<D> {
+        SyncDisk { store, written: 0 }
+    }
+}
+
+impl<D: Durable + Send> Disk for SyncDisk<D> {
+    fn write(&mut self, write: Write) -> Result<bool, StorageError> {
+        let expected = self.written + 1;
+        if write.n != expected {
+            return Err(StorageError::OutOfOrder { expected, got: write.n });
+        }
+        self.store.write(&write.batch)?;
+        self.written = write.n;
+        Ok(true)
     }
 }
 
@@ -231,6 +255,11 @@ impl PeerSink for Sender<Message> {
     }
 }
 
+/// How many turns one [`Driver::turn`] takes at most when writes are made
+/// at once: the second lets go of what waited for the first's write; more
+/// are rare, and the loop comes back anyway while the node has work.
+const MAX_TURNS_PER_CALL: usize = 4;
+
 /// Settings of the thread loop.
 #[derive(Clone, Debug)]
 pub struct ShellConfig {
@@ -257,20 +286,21 @@ pub struct Channels {
     pub persisted: Receiver<Persisted>,
 }
 
-/// Starts `node` on a thread named `fencelock-raft-<id>`, reading its time
-/// from `clock`. The thread ends when told to stop or when every request
-/// sender is gone (`Ok`, with the final counters), or on a fatal error
-/// (`Err`), after answering every outstanding request with
-/// [`RequestError::Stopped`].
-pub fn spawn<D: Durable + Send + 'static>(
-    node: Node<D, Responder>,
+/// Starts `node` on a thread named `fencelock-raft-<id>`, writing to
+/// `disk` and reading its time from `clock`. The thread ends when told to
+/// stop or when every request sender is gone (`Ok`, with the final
+/// counters), or on a fatal error (`Err`), after answering every
+/// outstanding request with [`RequestError::Stopped`].
+pub fn spawn(
+    node: Node<Responder>,
+    disk: impl Disk + 'static,
     clock: impl Clock + 'static,
     config: ShellConfig,
     channels: Channels,
     logger: &Logger,
 ) -> std::io::Result<JoinHandle<Result<Stats, FatalError>>> {
     let name = format!("fencelock-raft-{}", node.id().0);
-    let mut driver = Driver::new(node, clock, logger);
+    let mut driver = Driver::new(node, disk, clock, logger);
     std::thread::Builder::new().name(name).spawn(move || {
         let result = run(&mut driver, &config, channels);
         driver.finish(&result);
@@ -279,11 +309,7 @@ pub fn spawn<D: Durable + Send + 'static>(
 }
 
 /// The loop of [`spawn`]'s thread.
-fn run<D: Durable>(
-    driver: &mut Driver<D>,
-    config: &ShellConfig,
-    channels: Channels,
-) -> Result<Stats, FatalError> {
+fn run(driver: &mut Driver, config: &ShellConfig, channels: Channels) -> Result<Stats, FatalError> {
     let ticker = if driver.ticks_itself() { never() } else { tick(config.tick_interval) };
     let requests = channels.requests;
     let mut peers_in = channels.peers_in;
@@ -332,27 +358,33 @@ fn run<D: Durable>(
     }
 }
 
-/// A [`Node`] with a real clock, [`Responder`]s and a [`PeerSink`]: the
-/// shell's side of the node, without a thread. [`spawn`] runs one on its
+/// A [`Node`] with a real clock, [`Responder`]s, a [`PeerSink`] and a
+/// [`Disk`]: the shell's side of the node, without a thread. [`spawn`] runs one on its
 /// own thread; fencelockd's event loop, which also serves the sockets, runs
 /// one on its own, feeding it inputs and calling [`Driver::turn`] after each
 /// round of them.
-pub struct Driver<D: Durable> {
-    node: Node<D, Responder>,
+pub struct Driver {
+    node: Node<Responder>,
+    disk: Box<dyn Disk>,
     clock: Box<dyn Clock>,
     logger: Logger,
 }
 
-impl<D: Durable> std::fmt::Debug for Driver<D> {
+impl std::fmt::Debug for Driver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Driver").field("node", &self.node).finish_non_exhaustive()
     }
 }
 
-impl<D: Durable> Driver<D> {
-    pub fn new(node: Node<D, Responder>, clock: impl Clock + 'static, logger: &Logger) -> Driver<D> {
+impl Driver {
+    pub fn new(
+        node: Node<Responder>,
+        disk: impl Disk + 'static,
+        clock: impl Clock + 'static,
+        logger: &Logger,
+    ) -> Driver {
         let logger = logger.new(slog::o!("node_id" => node.id().0));
-        Driver { node, clock: Box::new(clock), logger }
+        Driver { node, disk: Box::new(disk), clock: Box::new(clock), logger }
     }
 
     fn handle(&mut self, event: Event<Responder>) {
@@ -370,7 +402,7 @@ impl<D: Durable> Driver<D> {
         self.handle(Event::PeerHello { from, report });
     }
 
-    /// Progress of an asynchronous store.
+    /// Progress of the disk's I/O thread.
     pub fn on_persisted(&mut self, writes: u64) {
         self.handle(Event::Persisted(writes));
     }
@@ -386,12 +418,14 @@ impl<D: Durable> Driver<D> {
         self.node.ticks_itself()
     }
 
+    /// The node's counters, with the disk's count of fsyncs if it keeps one.
     pub fn stats(&self) -> Stats {
-        self.node.stats()
+        let stats = self.node.stats();
+        Stats { syncs: self.disk.syncs().unwrap_or(stats.syncs), ..stats }
     }
 
     /// The node, to read its state.
-    pub fn node(&self) -> &Node<D, Responder> {
+    pub fn node(&self) -> &Node<Responder> {
         &self.node
     }
 
@@ -402,27 +436,55 @@ impl<D: Durable> Driver<D> {
     }
 
     /// Runs one turn of the node and carries out what it asks: messages to
-    /// `peers_out` (flushed after each batch, so that what may leave before
-    /// the turn's write leaves then), answers to their responders. Grants
-    /// whose asker is gone go back to the node, to be released.
+    /// `peers_out` (flushed after each batch, and before any write), answers
+    /// to their responders, writes to the disk. Grants whose asker is gone
+    /// go back to the node, to be released. A write the disk made at once
+    /// is reported to the node, which then takes another turn (to let go
+    /// of the acknowledgements that waited for it).
     pub fn turn(&mut self, peers_out: &dyn PeerSink) -> Result<(), FatalError> {
+        for _ in 0..MAX_TURNS_PER_CALL {
+            let Some(durable) = self.turn_once(peers_out)? else { break };
+            self.handle(Event::Persisted(durable));
+        }
+        Ok(())
+    }
+
+    /// One turn; returns the last write made durable at once, if any.
+    fn turn_once(&mut self, peers_out: &dyn PeerSink) -> Result<Option<u64>, FatalError> {
         let now_ms = self.clock.now_ms();
         // Grants whose answer found its asker gone, for the node after the
         // turn (never from inside it).
         let mut undelivered: Vec<GrantRef> = Vec::new();
         let mut sent = false;
+        let mut durable = None;
+        let mut failed = None;
+        let disk = &mut self.disk;
         self.node.turn(now_ms, &mut |action| match action {
             Action::Send(message) => {
                 peers_out.send(message);
                 sent = true;
             }
             Action::Reply { to, reply, grants } => {
-                if sent {
+                if std::mem::take(&mut sent) {
                     peers_out.flush();
-                    sent = false;
                 }
                 if !to.respond(reply) {
                     undelivered.extend(grants);
+                }
+            }
+            Action::Write(write) => {
+                if std::mem::take(&mut sent) {
+                    // Followers persist in parallel with this write.
+                    peers_out.flush();
+                }
+                if failed.is_some() {
+                    return;
+                }
+                let n = write.n;
+                match disk.write(write) {
+                    Ok(true) => durable = Some(n),
+                    Ok(false) => {}
+                    Err(err) => failed = Some(err),
                 }
             }
             Action::Applied { .. } | Action::Role(_) | Action::Started(_) => {}
@@ -430,10 +492,13 @@ impl<D: Durable> Driver<D> {
         if sent {
             peers_out.flush();
         }
+        if let Some(err) = failed {
+            return Err(err.into());
+        }
         if !undelivered.is_empty() {
             self.handle(Event::Undelivered(undelivered));
         }
-        Ok(())
+        Ok(durable)
     }
 
     /// Answers every outstanding request with [`RequestError::Stopped`]

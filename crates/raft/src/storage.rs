@@ -1,12 +1,13 @@
-//! Raft log storage: an in-memory [`LogCache`] that raft-rs reads, behind it a
-//! [`Durable`] store that every write goes through, durable before the
-//! driver acts on it.
+//! Raft log storage: an in-memory [`LogCache`] that raft-rs reads, and the
+//! stores that keep what the node asks to write ([`Write`]).
 //!
-//! The split keeps raft-rs's reads off the disk and gives the simulator one
-//! seam to model a disk: implement [`Durable`]. Production uses
-//! [`AsyncEngineStore`] (raft-engine behind an I/O thread that syncs groups
-//! of writes); tests also use [`EngineStore`] (raft-engine, synced on the
-//! caller's thread) and [`MemStore`].
+//! The node does no I/O: raft-rs reads the cache, and each turn's write
+//! leaves the node as an action that a shell makes and reports durable.
+//! Production makes them through [`AsyncEngineStore`] (raft-engine behind an
+//! I/O thread that syncs groups of writes); tests write them to a
+//! [`Durable`] store on their own thread: [`EngineStore`] (raft-engine,
+//! synced before `write` returns) or [`MemStore`]; the simulator keeps a
+//! model of a disk. What was written comes back at open as [`Recovered`].
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -17,35 +18,51 @@ use raft::{GetEntriesContext, RaftState, StorageError as RaftStorageError};
 
 use crate::rejoin::Membership;
 
-/// One synced write: what a `Ready` asks to persist, or a local snapshot.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct WriteBatch<'a> {
+/// One write: what a `Ready` asks to persist, or a local snapshot, or a
+/// membership or conf-state record. It owns its parts, to wait in a queue
+/// or cross to an I/O thread.
+#[derive(Clone, Debug, Default)]
+pub struct WriteBatch {
     /// A snapshot to store. With `install`, it replaces the whole log (a
     /// snapshot received from the leader); without, it only drops the entries
     /// it covers (a snapshot taken locally, for compaction).
-    pub snapshot: Option<&'a Snapshot>,
+    pub snapshot: Option<Snapshot>,
     pub install: bool,
     /// Entries to append; an entry at an index already stored replaces it and
     /// everything after it.
-    pub entries: &'a [Entry],
-    pub hard_state: Option<&'a HardState>,
-    pub conf_state: Option<&'a ConfState>,
+    pub entries: Vec<Entry>,
+    pub hard_state: Option<HardState>,
+    pub conf_state: Option<ConfState>,
     /// What the node keeps about its membership (see [`crate::rejoin`]).
-    pub membership: Option<&'a Membership>,
+    pub membership: Option<Membership>,
     /// The write may skip its fsync and become durable with the next synced
     /// one: raft-rs said it need not be synced (only the commit index moved,
     /// which a restart can learn again). False, the default, syncs.
     pub may_defer_sync: bool,
 }
 
-impl WriteBatch<'_> {
-    fn is_empty(&self) -> bool {
+impl WriteBatch {
+    pub fn is_empty(&self) -> bool {
         self.snapshot.is_none()
             && self.entries.is_empty()
             && self.hard_state.is_none()
             && self.conf_state.is_none()
             && self.membership.is_none()
     }
+}
+
+/// A write the node asks its shell to make ([`crate::Action::Write`]).
+#[derive(Clone, Debug)]
+pub struct Write {
+    /// Its number: the node's writes are numbered 1, 2, 3... from open and
+    /// must be made in that order. The shell reports progress as "the
+    /// first `n` are durable" ([`crate::Event::Persisted`]).
+    pub n: u64,
+    pub batch: WriteBatch,
+    /// The write is on the path of every commit (a follower's, whose
+    /// acknowledgement waits for it): a shell whose disk is idle should
+    /// make it at once, on its own thread, rather than queue it.
+    pub urgent: bool,
 }
 
 /// What a store holds after a restart.
@@ -73,51 +90,17 @@ impl Recovered {
     }
 }
 
-/// Durable storage of the raft log, hard state, conf state and snapshot.
+/// Durable storage of the raft log, hard state, conf state and snapshot,
+/// written on the caller's thread. The node never calls it: it asks for
+/// writes ([`Write`]) and a shell makes them, here or through an
+/// [`AsyncEngineStore`].
 pub trait Durable {
     /// Reads back what was written before a restart.
     fn recover(&mut self) -> Result<Recovered, StorageError>;
 
-    /// Whether the store was never written (see [`Recovered::is_blank`]),
-    /// without consuming what [`Durable::recover`] returns.
-    fn is_blank(&mut self) -> Result<bool, StorageError> {
-        Ok(self.recover()?.is_blank())
-    }
-
     /// Writes `batch` atomically and, unless it says it may defer that,
-    /// syncs it (and every write before it) before returning. An
-    /// asynchronous store only queues it (see [`Durable::is_async`]).
-    fn write(&mut self, batch: WriteBatch<'_>) -> Result<(), StorageError>;
-
-    /// Whether `write` only queues its batch, to be made durable later and
-    /// in order. The owner then reports the count of durable writes with
-    /// [`Replica::on_persisted`](crate::Replica::on_persisted); until then
-    /// nothing that depends on them leaves the node.
-    fn is_async(&self) -> bool {
-        false
-    }
-
-    /// For an asynchronous store: the syncs it has done, which group many
-    /// writes. `None`: count the writes that asked for a sync.
-    fn syncs_done(&self) -> Option<u64> {
-        None
-    }
-
-    /// For an asynchronous store: whether to make the next writes on the
-    /// caller's thread, synced before `write` returns, when nothing queued
-    /// earlier is still being written. A follower asks for this: its
-    /// acknowledgement then leaves without waiting on another thread,
-    /// while a leader keeps queueing, to go on serving while the disk
-    /// syncs. A store that cannot ignores it.
-    fn prefer_inline(&mut self, inline: bool) {
-        let _ = inline;
-    }
-
-    /// For an asynchronous store: the count of writes durable by now,
-    /// those made inline included; `None` to rely on the reports alone.
-    fn durable_now(&self) -> Option<u64> {
-        None
-    }
+    /// syncs it (and every write before it) before returning.
+    fn write(&mut self, batch: &WriteBatch) -> Result<(), StorageError>;
 }
 
 /// A storage failure. The driver treats every one as fatal for the node.
@@ -131,6 +114,8 @@ pub enum StorageError {
     Poisoned,
     #[error("storage I/O thread: {0}")]
     Thread(String),
+    #[error("write {got} handed to the store out of order (expected {expected})")]
+    OutOfOrder { expected: u64, got: u64 },
 }
 
 /// The in-memory raft log that raft-rs reads through [`raft::Storage`].
@@ -304,9 +289,9 @@ impl Durable for MemStore {
         Ok(disk.clone())
     }
 
-    fn write(&mut self, batch: WriteBatch<'_>) -> Result<(), StorageError> {
+    fn write(&mut self, batch: &WriteBatch) -> Result<(), StorageError> {
         let mut disk = self.disk.lock().map_err(|_: PoisonError<_>| StorageError::Poisoned)?;
-        if let Some(snapshot) = batch.snapshot {
+        if let Some(snapshot) = &batch.snapshot {
             let index = snapshot.get_metadata().index;
             if batch.install {
                 disk.entries.clear();
@@ -318,15 +303,15 @@ impl Durable for MemStore {
         }
         if let Some(first) = batch.entries.first() {
             disk.entries.retain(|entry| entry.index < first.index);
-            disk.entries.extend_from_slice(batch.entries);
+            disk.entries.extend_from_slice(&batch.entries);
         }
-        if let Some(hard_state) = batch.hard_state {
+        if let Some(hard_state) = &batch.hard_state {
             disk.hard_state = hard_state.clone();
         }
-        if let Some(conf_state) = batch.conf_state {
+        if let Some(conf_state) = &batch.conf_state {
             disk.conf_state = Some(conf_state.clone());
         }
-        if let Some(membership) = batch.membership {
+        if let Some(membership) = &batch.membership {
             disk.membership = membership.clone();
         }
         Ok(())
@@ -420,10 +405,6 @@ impl<F: raft_engine::env::FileSystem> EngineStore<F> {
 }
 
 impl<F: raft_engine::env::FileSystem> Durable for EngineStore<F> {
-    fn is_blank(&mut self) -> Result<bool, StorageError> {
-        EngineStore::is_blank(self)
-    }
-
     fn recover(&mut self) -> Result<Recovered, StorageError> {
         let hard_state: HardState = self.engine.get_message(GROUP, HARD_STATE_KEY)?.unwrap_or_default();
         let conf_state: Option<ConfState> = self.engine.get_message(GROUP, CONF_STATE_KEY)?;
@@ -450,13 +431,21 @@ impl<F: raft_engine::env::FileSystem> Durable for EngineStore<F> {
         Ok(Recovered { hard_state, conf_state, snapshot, entries, membership })
     }
 
-    fn write(&mut self, batch: WriteBatch<'_>) -> Result<(), StorageError> {
+    fn write(&mut self, batch: &WriteBatch) -> Result<(), StorageError> {
+        self.write_synced(batch, !batch.may_defer_sync)
+    }
+}
+
+impl<F: raft_engine::env::FileSystem> EngineStore<F> {
+    /// Writes `batch`, synced or not as `sync` says (a group of writes is
+    /// synced once, at its last).
+    fn write_synced(&mut self, batch: &WriteBatch, sync: bool) -> Result<(), StorageError> {
         if batch.is_empty() {
             return Ok(());
         }
         let mut log_batch = raft_engine::LogBatch::default();
         let mut compacted = false;
-        if let Some(snapshot) = batch.snapshot {
+        if let Some(snapshot) = &batch.snapshot {
             let index = snapshot.get_metadata().index;
             if batch.install {
                 // Drop the whole old log, including any suffix past the
@@ -482,18 +471,18 @@ impl<F: raft_engine::env::FileSystem> Durable for EngineStore<F> {
             )?;
         }
         if !batch.entries.is_empty() {
-            log_batch.add_entries::<EntryExt>(GROUP, batch.entries)?;
+            log_batch.add_entries::<EntryExt>(GROUP, &batch.entries)?;
         }
-        if let Some(hard_state) = batch.hard_state {
+        if let Some(hard_state) = &batch.hard_state {
             log_batch.put_message(GROUP, HARD_STATE_KEY.to_vec(), hard_state)?;
         }
-        if let Some(conf_state) = batch.conf_state {
+        if let Some(conf_state) = &batch.conf_state {
             log_batch.put_message(GROUP, CONF_STATE_KEY.to_vec(), conf_state)?;
         }
-        if let Some(membership) = batch.membership {
+        if let Some(membership) = &batch.membership {
             log_batch.put(MEMBERSHIP_GROUP, MEMBERSHIP_KEY.to_vec(), membership.encode())?;
         }
-        self.engine.write(&mut log_batch, !batch.may_defer_sync)?;
+        self.engine.write(&mut log_batch, sync)?;
         if compacted {
             self.compactions_since_purge += 1;
             if self.compactions_since_purge >= PURGE_EVERY_COMPACTIONS {
@@ -505,55 +494,18 @@ impl<F: raft_engine::env::FileSystem> Durable for EngineStore<F> {
     }
 }
 
-/// A [`WriteBatch`] that owns its parts, to cross threads or wait.
-#[derive(Clone, Debug, Default)]
-pub struct OwnedWriteBatch {
-    pub snapshot: Option<Snapshot>,
-    pub install: bool,
-    pub entries: Vec<Entry>,
-    pub hard_state: Option<HardState>,
-    pub conf_state: Option<ConfState>,
-    pub membership: Option<Membership>,
-    pub may_defer_sync: bool,
-}
-
-impl OwnedWriteBatch {
-    pub fn from_batch(batch: &WriteBatch<'_>) -> OwnedWriteBatch {
-        OwnedWriteBatch {
-            snapshot: batch.snapshot.cloned(),
-            install: batch.install,
-            entries: batch.entries.to_vec(),
-            hard_state: batch.hard_state.cloned(),
-            conf_state: batch.conf_state.cloned(),
-            membership: batch.membership.cloned(),
-            may_defer_sync: batch.may_defer_sync,
-        }
-    }
-
-    pub fn as_batch(&self) -> WriteBatch<'_> {
-        WriteBatch {
-            snapshot: self.snapshot.as_ref(),
-            install: self.install,
-            entries: &self.entries,
-            hard_state: self.hard_state.as_ref(),
-            conf_state: self.conf_state.as_ref(),
-            membership: self.membership.as_ref(),
-            may_defer_sync: self.may_defer_sync,
-        }
-    }
-}
-
 /// What the I/O thread of an [`AsyncEngineStore`] reports: the count of
 /// writes since open that are durable, or the failure that ended it.
 pub type Persisted = Result<u64, StorageError>;
 
-/// [`EngineStore`] behind an I/O thread: `write` queues the batch and
+/// [`EngineStore`] behind an I/O thread, the shell's side of the node's
+/// writes in production. [`AsyncEngineStore::submit`] queues a write and
 /// returns at once; the thread writes what is queued in order, syncing
 /// once for all of it (group commit), and reports the count of durable
-/// writes on the channel [`AsyncEngineStore::spawn`] returns. The driver
-/// thread thus goes on stepping and proposing while the disk syncs.
+/// writes on the channel [`AsyncEngineStore::spawn`] returns. The node
+/// thus goes on stepping and proposing while the disk syncs.
 ///
-/// Asked to ([`Durable::prefer_inline`]), it writes and syncs on the
+/// An urgent write ([`Write::urgent`], a follower's) is made on the
 /// caller's thread instead whenever the I/O thread has nothing queued, so
 /// that order holds: every write is made after all writes before it.
 #[derive(Debug)]
@@ -566,9 +518,8 @@ pub struct AsyncEngineStore {
     store: Arc<std::sync::Mutex<EngineStore>>,
     /// Shared with the I/O thread.
     counts: Arc<Counts>,
-    inline: bool,
-    /// Read once, before the thread started.
-    recovered: Option<Recovered>,
+    /// Writes submitted since open: the next must be numbered one more.
+    submitted: u64,
 }
 
 /// What an [`AsyncEngineStore`] and its I/O thread both count.
@@ -597,12 +548,13 @@ impl Drop for AsyncEngineStore {
 impl AsyncEngineStore {
     /// Recovers `store`, then hands it to a thread named `name`, which
     /// calls `progress` after each report it sends (to wake the owner's
-    /// loop: one call per synced group).
+    /// loop: one call per synced group). Returns what was recovered, for
+    /// the node, and the channel of reports.
     pub fn spawn(
         mut store: EngineStore,
         name: String,
         progress: Box<dyn Fn() + Send>,
-    ) -> Result<(AsyncEngineStore, crossbeam_channel::Receiver<Persisted>), StorageError> {
+    ) -> Result<(AsyncEngineStore, Recovered, crossbeam_channel::Receiver<Persisted>), StorageError> {
         let recovered = store.recover()?;
         let (jobs, queued) = crossbeam_channel::unbounded::<Job>();
         let (report, persisted) = crossbeam_channel::unbounded();
@@ -613,37 +565,51 @@ impl AsyncEngineStore {
             .name(name)
             .spawn(move || write_queued(&thread_store, &queued, &report, progress.as_ref(), &thread_counts))
             .map_err(|err| StorageError::Thread(format!("cannot start: {err}")))?;
-        let store = AsyncEngineStore {
-            jobs: Some(jobs),
-            thread: Some(thread),
-            store,
-            counts,
-            inline: false,
-            recovered: Some(recovered),
-        };
-        Ok((store, persisted))
+        let store = AsyncEngineStore { jobs: Some(jobs), thread: Some(thread), store, counts, submitted: 0 };
+        Ok((store, recovered, persisted))
     }
 
-    fn queue(&self, job: Job) -> Result<(), StorageError> {
+    /// Takes write `write.n`: `Ok(true)` when it is durable already (made
+    /// inline), `Ok(false)` when queued, to be reported on the channel.
+    pub fn submit(&mut self, write: Write) -> Result<bool, StorageError> {
+        let expected = self.submitted + 1;
+        if write.n != expected {
+            return Err(StorageError::OutOfOrder { expected, got: write.n });
+        }
+        self.submitted = write.n;
+        if write.urgent && self.write_inline(&write.batch)? {
+            return Ok(true);
+        }
         self.counts.outstanding.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let sent = self.jobs.as_ref().is_some_and(|jobs| jobs.send(job).is_ok());
+        let sent =
+            self.jobs.as_ref().is_some_and(|jobs| jobs.send(Job::Write(Box::new(write.batch))).is_ok());
         if sent {
-            Ok(())
+            Ok(false)
         } else {
             Err(StorageError::Thread("stopped after a failed write".into()))
         }
     }
 
-    /// Writes `batch` on this thread, if inline writes are wanted and the
-    /// I/O thread has nothing to do: `Ok(false)` when it did not.
-    fn write_inline(&mut self, batch: &WriteBatch<'_>) -> Result<bool, StorageError> {
+    /// The writes durable so far, those made inline included.
+    pub fn durable(&self) -> u64 {
+        self.counts.durable.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The syncs done so far (each covers a group of writes).
+    pub fn syncs(&self) -> u64 {
+        self.counts.syncs.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Writes `batch` on this thread if the I/O thread has nothing to do:
+    /// `Ok(false)` when it did not.
+    fn write_inline(&mut self, batch: &WriteBatch) -> Result<bool, StorageError> {
         use std::sync::atomic::Ordering::SeqCst;
-        if !self.inline || self.counts.outstanding.load(SeqCst) != 0 {
+        if self.counts.outstanding.load(SeqCst) != 0 {
             return Ok(false);
         }
         let mut store =
             self.store.lock().map_err(|_| StorageError::Thread("the I/O thread panicked".into()))?;
-        store.write(*batch)?;
+        store.write(batch)?;
         if !batch.may_defer_sync {
             self.counts.syncs.fetch_add(1, SeqCst);
         }
@@ -652,15 +618,15 @@ impl AsyncEngineStore {
     }
 }
 
-/// What the driver hands the I/O thread, in order.
+/// What the shell hands the I/O thread, in order.
 #[derive(Debug)]
 enum Job {
-    Write(Box<OwnedWriteBatch>),
+    Write(Box<WriteBatch>),
 }
 
 /// The I/O thread: everything queued goes out in one group, synced once;
-/// then its writes are reported durable (the replica holds the messages
-/// that wait for them until it hears so).
+/// then its writes are reported durable (the node holds the messages that
+/// wait for them until it hears so).
 fn write_queued(
     store: &std::sync::Mutex<EngineStore>,
     queued: &crossbeam_channel::Receiver<Job>,
@@ -670,7 +636,7 @@ fn write_queued(
 ) {
     use std::sync::atomic::Ordering::SeqCst;
     let mut group = Vec::new();
-    // Ends when the replica (the only sender) is dropped.
+    // Ends when the owner (the only sender) is dropped.
     while let Ok(first) = queued.recv() {
         group.clear();
         group.push(first);
@@ -683,11 +649,9 @@ fn write_queued(
         let sync_at = group.iter().rposition(|Job::Write(batch)| !batch.may_defer_sync);
         let mut written = 0;
         for (at, Job::Write(batch)) in group.iter().enumerate() {
-            let mut batch = batch.as_batch();
             // One sync, at the last write that needs one, makes every
             // write before it durable too.
-            batch.may_defer_sync = Some(at) != sync_at;
-            if let Err(err) = store.write(batch) {
+            if let Err(err) = store.write_synced(batch, Some(at) == sync_at) {
                 let _ = report.send(Err(err));
                 return;
             }
@@ -704,42 +668,6 @@ fn write_queued(
         progress();
         // The last act on a group: from here an inline write may follow.
         counts.outstanding.fetch_sub(jobs, SeqCst);
-    }
-}
-
-impl Durable for AsyncEngineStore {
-    fn is_blank(&mut self) -> Result<bool, StorageError> {
-        Ok(self.recovered.as_ref().is_some_and(Recovered::is_blank))
-    }
-
-    fn recover(&mut self) -> Result<Recovered, StorageError> {
-        self.recovered.take().ok_or(StorageError::Corrupt {
-            what: "store",
-            detail: "recovered twice; reopen the store instead".into(),
-        })
-    }
-
-    fn write(&mut self, batch: WriteBatch<'_>) -> Result<(), StorageError> {
-        if self.write_inline(&batch)? {
-            return Ok(());
-        }
-        self.queue(Job::Write(Box::new(OwnedWriteBatch::from_batch(&batch))))
-    }
-
-    fn syncs_done(&self) -> Option<u64> {
-        Some(self.counts.syncs.load(std::sync::atomic::Ordering::SeqCst))
-    }
-
-    fn is_async(&self) -> bool {
-        true
-    }
-
-    fn prefer_inline(&mut self, inline: bool) {
-        self.inline = inline;
-    }
-
-    fn durable_now(&self) -> Option<u64> {
-        Some(self.counts.durable.load(std::sync::atomic::Ordering::SeqCst))
     }
 }
 

@@ -43,7 +43,7 @@ impl Durable for FailingStore {
         self.inner.recover()
     }
 
-    fn write(&mut self, batch: WriteBatch<'_>) -> Result<(), StorageError> {
+    fn write(&mut self, batch: &WriteBatch) -> Result<(), StorageError> {
         if self.failing.load(Ordering::SeqCst) {
             return Err(StorageError::Corrupt { what: "disk", detail: "injected failure".into() });
         }
@@ -51,9 +51,27 @@ impl Durable for FailingStore {
     }
 }
 
+/// A store a test's replica writes to on the test's thread: synchronous
+/// ones report each write durable at once, a [`QueuedStore`] only when the
+/// test flushes it.
+trait TestStore: Durable {
+    fn synchronous(&self) -> bool {
+        true
+    }
+}
+
+impl TestStore for MemStore {}
+impl TestStore for FailingStore {}
+impl TestStore for QueuedStore {
+    fn synchronous(&self) -> bool {
+        false
+    }
+}
+
 /// Replicas joined by hand-passed messages.
-struct Net<D: Durable> {
-    replicas: Vec<Replica<D>>,
+struct Net<D: TestStore> {
+    replicas: Vec<Replica>,
+    stores: Vec<D>,
     /// Message types not delivered to a node: (to, type).
     blocked: BTreeSet<(u64, i32)>,
     /// Nodes that neither send nor receive, as if stopped.
@@ -71,46 +89,65 @@ impl Net<MemStore> {
     }
 }
 
-impl<D: Durable> Net<D> {
+/// A test replica's config: followers never time out on their own, so
+/// elections happen only when a test calls `campaign`.
+fn test_config(id: u64, size: u64) -> Config {
+    let voters: Vec<NodeId> = (1..=size).map(NodeId).collect();
+    let mut config = Config::new(NodeId(id), voters);
+    config.election_ticks = 1_000;
+    config.election_ticks_max = Some(1_001);
+    config
+}
+
+impl<D: TestStore + Clone> Net<D> {
     fn with_stores(stores: Vec<D>) -> Net<D> {
         Net::build(stores, |_| {})
     }
 
     fn build(stores: Vec<D>, tune: fn(&mut Config)) -> Net<D> {
         let size = stores.len() as u64;
-        let voters: Vec<NodeId> = (1..=size).map(NodeId).collect();
         let replicas = stores
-            .into_iter()
+            .iter()
             .enumerate()
             .map(|(i, store)| {
-                let mut config = Config::new(NodeId(i as u64 + 1), voters.clone());
-                // Followers never time out on their own: elections happen only
-                // when a test calls `campaign`.
-                config.election_ticks = 1_000;
-                config.election_ticks_max = Some(1_001);
+                let mut config = test_config(i as u64 + 1, size);
                 tune(&mut config);
-                Replica::open(config, store, &logger()).unwrap()
+                Replica::open(config, store.clone().recover().unwrap(), &logger()).unwrap()
             })
             .collect();
-        Net { replicas, blocked: BTreeSet::new(), down: BTreeSet::new(), replies: Vec::new() }
+        Net { replicas, stores, blocked: BTreeSet::new(), down: BTreeSet::new(), replies: Vec::new() }
     }
+}
 
-    fn node(&mut self, id: u64) -> &mut Replica<D> {
+impl<D: TestStore> Net<D> {
+    fn node(&mut self, id: u64) -> &mut Replica {
         &mut self.replicas[(id - 1) as usize]
     }
 
-    /// Runs one turn on every node and delivers the messages; false when
-    /// nothing happened.
+    /// Runs one turn on every node, makes their writes (a synchronous
+    /// store's are reported durable at once, and the node takes another
+    /// turn to let go of what waited for them), and delivers the messages;
+    /// false when nothing happened.
     fn turn(&mut self) -> Result<bool, FatalError> {
         let mut messages = Vec::new();
         let mut busy = false;
-        for replica in &mut self.replicas {
-            replica.run_ready()?;
-            let effects = replica.take_effects();
-            let id = replica.status().id.0;
-            busy |= !effects.messages.is_empty() || !effects.replies.is_empty();
-            messages.extend(effects.messages);
-            self.replies.extend(effects.replies.into_iter().map(|(request, reply)| (id, request, reply)));
+        for (replica, store) in self.replicas.iter_mut().zip(&mut self.stores) {
+            loop {
+                replica.run_ready()?;
+                let effects = replica.take_effects();
+                let id = replica.status().id.0;
+                busy |= !effects.messages.is_empty() || !effects.replies.is_empty();
+                messages.extend(effects.messages);
+                self.replies.extend(effects.replies.into_iter().map(|(request, reply)| (id, request, reply)));
+                let Some(last) = effects.writes.last().map(|write| write.n) else { break };
+                for write in &effects.writes {
+                    store.write(&write.batch)?;
+                }
+                if !store.synchronous() {
+                    break;
+                }
+                replica.on_persisted(last);
+            }
         }
         for message in messages {
             if self.down.contains(&message.to) || self.down.contains(&message.from) {
@@ -280,10 +317,11 @@ fn a_storage_failure_is_fatal_and_acknowledges_nothing_unpersisted() {
     net.elect(1);
     failing.store(true, Ordering::SeqCst);
     net.node(1).propose(RequestId(1), vec![grant("a", "o1")]);
-    let result = net.node(1).run_ready();
+    // The shell's write fails (the node asked for it and holds the answer).
+    let result = net.turn();
     assert!(matches!(result, Err(FatalError::Storage(_))), "{result:?}");
-    let effects = net.node(1).take_effects();
-    assert!(effects.replies.iter().all(|(id, _)| *id != RequestId(1)), "{:?}", effects.replies);
+    assert!(net.take_reply(RequestId(1)).is_none(), "answered a grant whose write failed");
+    assert!(net.node(1).writes_in_flight() > 0);
 }
 
 #[test]
@@ -352,18 +390,16 @@ fn check_store_semantics(mut open: impl FnMut() -> Box<dyn Durable>) {
         known: [2, 3].into_iter().collect(),
         rejoin: Some(crate::rejoin::Floor { term: 4, last_index: 8 }),
     };
-    store.write(WriteBatch { membership: Some(&membership), ..Default::default() }).unwrap();
+    store.write(&WriteBatch { membership: Some(membership.clone()), ..Default::default() }).unwrap();
     drop(store);
     // A store with only a rejoin floor is not blank: the node decided.
     let mut store = open();
     assert!(!store.recover().unwrap().is_blank());
     let entries: Vec<Entry> = (1..=10).map(|i| entry(i, 1)).collect();
-    store
-        .write(WriteBatch { entries: &entries, hard_state: Some(&hard_state(1, 3)), ..Default::default() })
-        .unwrap();
+    store.write(&WriteBatch { entries, hard_state: Some(hard_state(1, 3)), ..Default::default() }).unwrap();
     // A new leader's entries replace the suffix from 6 on.
     let replacing: Vec<Entry> = (6..=7).map(|i| entry(i, 2)).collect();
-    store.write(WriteBatch { entries: &replacing, ..Default::default() }).unwrap();
+    store.write(&WriteBatch { entries: replacing, ..Default::default() }).unwrap();
     drop(store);
 
     let mut store = open();
@@ -379,10 +415,10 @@ fn check_store_semantics(mut open: impl FnMut() -> Box<dyn Durable>) {
     snapshot.mut_metadata().mut_conf_state().voters = vec![1, 2, 3];
     snapshot.set_data(fencelock_fsm::LockTable::new().snapshot().into());
     store
-        .write(WriteBatch {
-            snapshot: Some(&snapshot),
+        .write(&WriteBatch {
+            snapshot: Some(snapshot.clone()),
             install: true,
-            hard_state: Some(&hard_state(3, 5)),
+            hard_state: Some(hard_state(3, 5)),
             ..Default::default()
         })
         .unwrap();
@@ -398,10 +434,10 @@ fn check_store_semantics(mut open: impl FnMut() -> Box<dyn Durable>) {
 
     // Appending after the snapshot, then compacting with a local snapshot.
     let after: Vec<Entry> = (6..=12).map(|i| entry(i, 3)).collect();
-    store.write(WriteBatch { entries: &after, ..Default::default() }).unwrap();
+    store.write(&WriteBatch { entries: after, ..Default::default() }).unwrap();
     let mut local = snapshot.clone();
     local.mut_metadata().index = 9;
-    store.write(WriteBatch { snapshot: Some(&local), install: false, ..Default::default() }).unwrap();
+    store.write(&WriteBatch { snapshot: Some(local), install: false, ..Default::default() }).unwrap();
     drop(store);
     let recovered = open().recover().unwrap();
     let indexes: Vec<u64> = recovered.entries.iter().map(|e| e.index).collect();
@@ -426,18 +462,17 @@ fn the_engine_store_tells_blank_without_reading_the_log() {
         rejoin: Some(crate::rejoin::Floor { term: 1, last_index: 1 }),
         ..Default::default()
     };
-    let entries = [entry(1, 1)];
     let conf_state = raft::prelude::ConfState::from((vec![1], vec![]));
     let batches = [
-        WriteBatch { membership: Some(&membership), ..Default::default() },
-        WriteBatch { entries: &entries, ..Default::default() },
-        WriteBatch { hard_state: Some(&hard_state(1, 0)), ..Default::default() },
-        WriteBatch { conf_state: Some(&conf_state), ..Default::default() },
+        WriteBatch { membership: Some(membership), ..Default::default() },
+        WriteBatch { entries: vec![entry(1, 1)], ..Default::default() },
+        WriteBatch { hard_state: Some(hard_state(1, 0)), ..Default::default() },
+        WriteBatch { conf_state: Some(conf_state), ..Default::default() },
     ];
     for (i, batch) in batches.into_iter().enumerate() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = EngineStore::open(dir.path()).unwrap();
-        store.write(batch).unwrap();
+        store.write(&batch).unwrap();
         drop(store);
         let mut store = EngineStore::open(dir.path()).unwrap();
         assert!(!store.is_blank().unwrap(), "batch {i}");
@@ -450,26 +485,64 @@ fn nowhere() -> Box<dyn Fn() + Send> {
     Box::new(|| {})
 }
 
+/// An [`AsyncEngineStore`] as a [`Durable`]: each write is submitted in
+/// order; `urgent` asks for inline writes.
+struct Submitting {
+    store: AsyncEngineStore,
+    recovered: Option<Recovered>,
+    submitted: u64,
+    urgent: bool,
+}
+
+impl Submitting {
+    fn spawn(dir: &std::path::Path) -> (Submitting, crossbeam_channel::Receiver<crate::Persisted>) {
+        let (store, recovered, progress) =
+            AsyncEngineStore::spawn(EngineStore::open(dir).unwrap(), "io".into(), nowhere()).unwrap();
+        (Submitting { store, recovered: Some(recovered), submitted: 0, urgent: false }, progress)
+    }
+
+    /// Submits `batch`; whether it was made inline.
+    fn submit(&mut self, batch: WriteBatch) -> bool {
+        self.submitted += 1;
+        let write = crate::Write { n: self.submitted, batch, urgent: self.urgent };
+        self.store.submit(write).unwrap()
+    }
+}
+
+impl Durable for Submitting {
+    fn recover(&mut self) -> Result<Recovered, StorageError> {
+        Ok(self.recovered.take().expect("recovered once"))
+    }
+
+    fn write(&mut self, batch: &WriteBatch) -> Result<(), StorageError> {
+        self.submit(batch.clone());
+        Ok(())
+    }
+}
+
+#[test]
+fn the_asynchronous_engine_store_refuses_a_write_out_of_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut store, _progress) = Submitting::spawn(dir.path());
+    let skipped = crate::Write { n: 2, batch: WriteBatch::default(), urgent: false };
+    let result = store.store.submit(skipped);
+    assert!(matches!(result, Err(StorageError::OutOfOrder { expected: 1, got: 2 })), "{result:?}");
+}
+
 #[test]
 fn the_asynchronous_engine_store_keeps_raft_log_semantics_across_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     // Dropping the store lets its I/O thread write what is queued first.
-    check_store_semantics(move || {
-        let (store, _progress) =
-            AsyncEngineStore::spawn(EngineStore::open(&path).unwrap(), "io".into(), nowhere()).unwrap();
-        Box::new(store)
-    });
+    check_store_semantics(move || Box::new(Submitting::spawn(&path).0));
 }
 
 #[test]
 fn the_asynchronous_engine_store_reports_each_write_durable_in_order() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut store, progress) =
-        AsyncEngineStore::spawn(EngineStore::open(dir.path()).unwrap(), "io".into(), nowhere()).unwrap();
+    let (mut store, progress) = Submitting::spawn(dir.path());
     for index in 1..=50 {
-        let entries = [entry(index, 1)];
-        store.write(WriteBatch { entries: &entries, ..Default::default() }).unwrap();
+        assert!(!store.submit(WriteBatch { entries: vec![entry(index, 1)], ..Default::default() }));
     }
     let mut last = 0;
     while last < 50 {
@@ -478,7 +551,7 @@ fn the_asynchronous_engine_store_reports_each_write_durable_in_order() {
         last = durable;
     }
     assert_eq!(last, 50);
-    let syncs = store.syncs_done().unwrap();
+    let syncs = store.store.syncs();
     assert!((1..=50).contains(&syncs), "{syncs} syncs for 50 writes");
     drop(store);
     let recovered = EngineStore::open(dir.path()).unwrap().recover().unwrap();
@@ -488,28 +561,28 @@ fn the_asynchronous_engine_store_reports_each_write_durable_in_order() {
 #[test]
 fn inline_writes_are_durable_at_once_and_never_overtake_queued_ones() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut store, progress) =
-        AsyncEngineStore::spawn(EngineStore::open(dir.path()).unwrap(), "io".into(), nowhere()).unwrap();
-    // Alone, an inline write is durable when `write` returns.
-    store.prefer_inline(true);
-    store.write(WriteBatch { entries: &[entry(1, 1)], ..Default::default() }).unwrap();
-    assert_eq!(store.durable_now(), Some(1));
+    let (mut store, progress) = Submitting::spawn(dir.path());
+    // Alone, an urgent write is made inline, durable when `submit` returns.
+    store.urgent = true;
+    assert!(store.submit(WriteBatch { entries: vec![entry(1, 1)], ..Default::default() }));
+    assert_eq!(store.store.durable(), 1);
     // Mixed with queued writes, in bursts: an inline write waits its turn
     // (it is queued while the I/O thread has work), so the log stays in
     // order, and the durable count only grows and never passes the writes.
     let mut written = 1;
     let mut last_durable = 1;
     for index in 2..=400u64 {
-        store.prefer_inline(index % 3 == 0);
-        store.write(WriteBatch { entries: &[entry(index, 1)], ..Default::default() }).unwrap();
+        store.urgent = index % 3 == 0;
+        let inline = store.submit(WriteBatch { entries: vec![entry(index, 1)], ..Default::default() });
         written += 1;
-        let durable = store.durable_now().unwrap();
+        let durable = store.store.durable();
+        assert!(!inline || durable == written, "made inline, yet only {durable} of {written} durable");
         assert!(durable >= last_durable && durable <= written, "durable {durable} after {written} writes");
         last_durable = durable;
     }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while store.durable_now() != Some(written) {
-        assert!(std::time::Instant::now() < deadline, "never all durable: {:?}", store.durable_now());
+    while store.store.durable() != written {
+        assert!(std::time::Instant::now() < deadline, "never all durable: {}", store.store.durable());
         let _ = progress.recv_timeout(std::time::Duration::from_millis(10));
     }
     drop(store);
@@ -687,7 +760,7 @@ fn messages_from_strangers_or_for_others_are_dropped() {
 #[derive(Clone, Default)]
 pub(crate) struct QueuedStore {
     inner: MemStore,
-    queue: Arc<std::sync::Mutex<Vec<crate::OwnedWriteBatch>>>,
+    queue: Arc<std::sync::Mutex<Vec<WriteBatch>>>,
     written: Arc<std::sync::atomic::AtomicU64>,
 }
 
@@ -696,7 +769,7 @@ impl QueuedStore {
     /// writes.
     pub(crate) fn flush(&self) -> u64 {
         for batch in std::mem::take(&mut *self.queue.lock().unwrap()) {
-            self.inner.clone().write(batch.as_batch()).unwrap();
+            self.inner.clone().write(&batch).unwrap();
         }
         self.written.load(Ordering::SeqCst)
     }
@@ -707,14 +780,10 @@ impl Durable for QueuedStore {
         self.inner.recover()
     }
 
-    fn write(&mut self, batch: WriteBatch<'_>) -> Result<(), StorageError> {
-        self.queue.lock().unwrap().push(crate::OwnedWriteBatch::from_batch(&batch));
+    fn write(&mut self, batch: &WriteBatch) -> Result<(), StorageError> {
+        self.queue.lock().unwrap().push(batch.clone());
         self.written.fetch_add(1, Ordering::SeqCst);
         Ok(())
-    }
-
-    fn is_async(&self) -> bool {
-        true
     }
 }
 
@@ -768,7 +837,7 @@ fn with_an_asynchronous_store_nothing_counts_before_its_write_is_durable() {
 }
 
 /// What node `id` would say of `about` in a hello.
-fn report_of<D: Durable>(net: &mut Net<D>, id: u64, about: u64) -> crate::rejoin::PeerReport {
+fn report_of<D: TestStore>(net: &mut Net<D>, id: u64, about: u64) -> crate::rejoin::PeerReport {
     let node = net.node(id);
     let (term, last_index) = node.log_position();
     crate::rejoin::PeerReport { knows_you: node.known_peers().contains(&about), term, last_index }
@@ -780,13 +849,11 @@ fn reopen_blank(net: &mut Net<MemStore>, id: u64, floor: Option<crate::rejoin::F
     let mut store = MemStore::new();
     if floor.is_some() {
         let membership = crate::rejoin::Membership { rejoin: floor, ..Default::default() };
-        store.write(WriteBatch { membership: Some(&membership), ..Default::default() }).unwrap();
+        store.write(&WriteBatch { membership: Some(membership), ..Default::default() }).unwrap();
     }
-    let voters: Vec<NodeId> = (1..=net.replicas.len() as u64).map(NodeId).collect();
-    let mut config = Config::new(NodeId(id), voters);
-    config.election_ticks = 1_000;
-    config.election_ticks_max = Some(1_001);
-    net.replicas[(id - 1) as usize] = Replica::open(config, store.clone(), &logger()).unwrap();
+    let config = test_config(id, net.replicas.len() as u64);
+    net.replicas[(id - 1) as usize] = Replica::open(config, store.recover().unwrap(), &logger()).unwrap();
+    net.stores[(id - 1) as usize] = store.clone();
     store
 }
 
@@ -872,7 +939,8 @@ fn a_node_that_lost_its_data_rejoins_without_a_vote_until_caught_up() {
     // The floor is kept: reopened, node 3 sees at once that it caught up.
     drop(net.replicas.remove(2));
     let voters: Vec<NodeId> = (1..=3).map(NodeId).collect();
-    let reopened = Replica::open(Config::new(NodeId(3), voters), store, &logger()).unwrap();
+    let reopened =
+        Replica::open(Config::new(NodeId(3), voters), store.clone().recover().unwrap(), &logger()).unwrap();
     assert!(!reopened.status().rejoining);
 }
 
@@ -1034,13 +1102,15 @@ fn every_synced_write_of_the_engine_store_reaches_an_fsync_before_it_returns() {
     for index in 1..=20 {
         let before = syncs.load(Ordering::SeqCst);
         let entries = [entry(index, 1)];
-        store.write(WriteBatch { entries: &entries, ..Default::default() }).unwrap();
+        store.write(&WriteBatch { entries: entries.to_vec(), ..Default::default() }).unwrap();
         assert!(syncs.load(Ordering::SeqCst) > before, "write {index} returned without an fsync");
     }
     // A write that may defer its sync is not synced on its own.
     let before = syncs.load(Ordering::SeqCst);
     let entries = [entry(21, 1)];
-    store.write(WriteBatch { entries: &entries, may_defer_sync: true, ..Default::default() }).unwrap();
+    store
+        .write(&WriteBatch { entries: entries.to_vec(), may_defer_sync: true, ..Default::default() })
+        .unwrap();
     assert_eq!(syncs.load(Ordering::SeqCst), before, "a deferrable write was synced");
 }
 

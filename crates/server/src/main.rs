@@ -30,9 +30,7 @@ use fencelock_net::{
 };
 use fencelock_raft::rejoin::PeerReport;
 use fencelock_raft::shell::{Driver, MonotonicClock, PeerSink, Request};
-use fencelock_raft::{
-    AsyncEngineStore, Durable, EngineStore, FatalError, Node, NodeConfig, NodeId, Persisted, Stats,
-};
+use fencelock_raft::{AsyncEngineStore, EngineStore, FatalError, Node, NodeConfig, NodeId, Persisted, Stats};
 use raft::prelude::Message;
 use slog::{crit, info, o, Drain, Logger};
 
@@ -87,8 +85,8 @@ fn build_logger(config: &ServerConfig) -> (Logger, slog_async::AsyncGuard) {
 /// peers' messages and hellos, the clients' requests and the store's
 /// progress, its messages and answers written by the same thread. Wiring
 /// only: every decision is the node's.
-struct NodeCore<D: Durable> {
-    driver: Driver<D>,
+struct NodeCore {
+    driver: Driver,
     /// What this node's hellos say, and what its peers' said.
     greetings: Greetings,
     requests: Receiver<Request>,
@@ -100,7 +98,7 @@ struct NodeCore<D: Durable> {
     outcome: Arc<Mutex<Option<Result<Stats, FatalError>>>>,
 }
 
-impl<D: Durable + Send> Core<Message> for NodeCore<D> {
+impl Core<Message> for NodeCore {
     fn turn(&mut self, inbound: &mut Vec<Message>, io: &mut NodeIo<'_, Message>) -> Turn {
         let result = if self.stop.load(Ordering::SeqCst) {
             Err(Ok(self.driver.stats()))
@@ -120,7 +118,7 @@ impl<D: Durable + Send> Core<Message> for NodeCore<D> {
     }
 }
 
-impl<D: Durable> NodeCore<D> {
+impl NodeCore {
     /// Feeds the node everything waiting and runs one turn; returns how
     /// long the loop may sleep.
     fn run_turn(
@@ -205,7 +203,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
             waker.wake();
         }
     };
-    let (store, persisted) =
+    let (store, recovered, persisted) =
         AsyncEngineStore::spawn(store, "fencelock-raft-io".into(), Box::new(progress))
             .with_context(|| format!("cannot read the raft log in {}", raft_dir.display()))?;
     let node_config = NodeConfig {
@@ -213,13 +211,13 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         tick_ms: Some(config.tick.as_millis() as u64),
         election_seed: None,
     };
-    let node = Node::open(node_config, store, logger)
+    let node = Node::open(node_config, recovered, logger)
         .with_context(|| format!("cannot open the replica in {}", raft_dir.display()))?;
     let greetings = Greetings::new();
     let stop = Arc::new(AtomicBool::new(false));
     let outcome = Arc::new(Mutex::new(None));
     let core = NodeCore {
-        driver: Driver::new(node, MonotonicClock::new(), logger),
+        driver: Driver::new(node, store, MonotonicClock::new(), logger),
         greetings: greetings.clone(),
         requests: requests_rx,
         persisted,

@@ -1,22 +1,24 @@
-//! The simulated disk behind each node's driver: what was synced survives a
-//! crash, what was written without a sync is lost with it, and a crash can
-//! strike in the middle of a turn, between two writes.
+//! The simulated disk behind each node: what was synced survives a crash,
+//! what was written without a sync is lost with it, and a crash can strike
+//! in the middle of a turn, between two writes.
 //!
-//! A synchronous disk (the driver writes and syncs on its own thread)
-//! defers the sync only of writes raft-rs says need none (the commit index
-//! moved); everything else is synced before the driver acts on it. An
-//! asynchronous disk (`AsyncEngineStore` in production) only queues each
-//! write: the world syncs the queue later, after a simulated fsync, and
-//! tells the driver with `Replica::on_persisted`; a crash before then loses
-//! the whole queue. Asked for inline writes (a follower's), an asynchronous
-//! disk with nothing queued syncs the write at once, as `AsyncEngineStore`
-//! then does on the driver's thread. A crash mid-turn makes the turn's
-//! remaining writes fail: the turn is fatal, and what it would have sent
-//! after its write never leaves the node.
+//! The world makes each write the node asks for ([`Action::Write`]) here. A
+//! synchronous disk (a shell that writes on the node's thread) syncs every
+//! write at once except those raft-rs says need no sync (the commit index
+//! moved), which become durable with the next synced one; the world reports
+//! each write done at once. An asynchronous disk (`AsyncEngineStore` in
+//! production) only queues each write: the world syncs the queue later,
+//! after a simulated fsync, and then reports it; a crash before then loses
+//! the whole queue. An urgent write (a follower's) on an asynchronous disk
+//! with nothing queued is synced at once, as `AsyncEngineStore` then does
+//! on the shell's thread. A crash mid-turn makes the turn's remaining writes
+//! fail: nothing the turn would have sent leaves the node.
+//!
+//! [`Action::Write`]: fencelock_raft::Action::Write
 
 use std::sync::{Arc, Mutex};
 
-use fencelock_raft::{Durable, MemStore, OwnedWriteBatch, Recovered, StorageError, WriteBatch};
+use fencelock_raft::{Durable, MemStore, Recovered, StorageError, Write, WriteBatch};
 
 #[derive(Clone, Debug, Default)]
 pub struct SimDisk {
@@ -24,10 +26,6 @@ pub struct SimDisk {
     state: Arc<Mutex<DiskState>>,
     /// Writes are queued until [`SimDisk::sync_queued`].
     asynchronous: bool,
-    /// Asked for inline writes: an asynchronous disk with nothing queued
-    /// syncs the write at once, as `AsyncEngineStore` does on the
-    /// caller's thread.
-    inline: bool,
 }
 
 #[derive(Debug, Default)]
@@ -35,11 +33,14 @@ struct DiskState {
     /// Writes still allowed before the disk "dies"; `None`: no crash armed.
     writes_left: Option<u32>,
     /// Written but not yet synced: lost by a crash.
-    unsynced: Vec<OwnedWriteBatch>,
+    unsynced: Vec<WriteBatch>,
     /// Writes taken since the node (re)started.
     written: u64,
     /// Of those, how many are synced.
     durable: u64,
+    /// Of those, how many the world has reported done to the node: all of
+    /// them on a synchronous disk, the synced ones on an asynchronous one.
+    done: u64,
 }
 
 impl SimDisk {
@@ -52,7 +53,8 @@ impl SimDisk {
     pub fn sync_queued(&mut self) -> Result<u64, StorageError> {
         let mut state = self.state.lock().map_err(|_| StorageError::Poisoned)?;
         sync(&mut self.synced, &mut state)?;
-        Ok(state.written)
+        state.done = state.written;
+        Ok(state.done)
     }
 
     /// Arms a crash: the disk takes `writes` more writes, then fails.
@@ -77,16 +79,23 @@ impl SimDisk {
             state.writes_left = None;
             state.written = 0;
             state.durable = 0;
+            state.done = 0;
         }
     }
-}
 
-impl Durable for SimDisk {
-    fn recover(&mut self) -> Result<Recovered, StorageError> {
-        self.synced.recover()
+    pub fn is_async(&self) -> bool {
+        self.asynchronous
     }
 
-    fn write(&mut self, batch: WriteBatch<'_>) -> Result<(), StorageError> {
+    /// What the disk held at the last sync, for a node that (re)starts.
+    pub fn recover(&self) -> Result<Recovered, StorageError> {
+        self.synced.clone().recover()
+    }
+
+    /// Makes (or queues) the node's write `write.n`, or fails it if the disk
+    /// has died. Returns how many writes since the node started are done:
+    /// the world reports that count to the node when it grows.
+    pub fn write(&mut self, write: Write) -> Result<u64, StorageError> {
         let mut state = self.state.lock().map_err(|_| StorageError::Poisoned)?;
         match state.writes_left.as_mut() {
             Some(0) => {
@@ -95,36 +104,33 @@ impl Durable for SimDisk {
             Some(n) => *n -= 1,
             None => {}
         }
-        let mut owned = OwnedWriteBatch::from_batch(&batch);
-        owned.may_defer_sync = false;
-        state.unsynced.push(owned);
-        state.written += 1;
-        let inline = self.asynchronous && self.inline && state.unsynced.len() == 1;
-        if !inline && (batch.may_defer_sync || self.asynchronous) {
-            return Ok(());
+        let expected = state.written + 1;
+        if write.n != expected {
+            return Err(StorageError::OutOfOrder { expected, got: write.n });
         }
-        // A sync makes everything written before it durable too.
-        sync(&mut self.synced, &mut state)
-    }
-
-    fn is_async(&self) -> bool {
-        self.asynchronous
-    }
-
-    fn prefer_inline(&mut self, inline: bool) {
-        self.inline = inline;
-    }
-
-    fn durable_now(&self) -> Option<u64> {
-        let state = self.state.lock().ok()?;
-        self.asynchronous.then_some(state.durable)
+        let deferred = write.batch.may_defer_sync;
+        state.unsynced.push(write.batch);
+        state.written = write.n;
+        if self.asynchronous {
+            if write.urgent && state.unsynced.len() == 1 {
+                sync(&mut self.synced, &mut state)?;
+            }
+            state.done = state.durable;
+        } else {
+            if !deferred {
+                // A sync makes everything written before it durable too.
+                sync(&mut self.synced, &mut state)?;
+            }
+            state.done = state.written;
+        }
+        Ok(state.done)
     }
 }
 
 /// Makes every write so far durable.
 fn sync(synced: &mut MemStore, state: &mut DiskState) -> Result<(), StorageError> {
-    for owned in std::mem::take(&mut state.unsynced) {
-        synced.write(owned.as_batch())?;
+    for batch in std::mem::take(&mut state.unsynced) {
+        synced.write(&batch)?;
     }
     state.durable = state.written;
     Ok(())

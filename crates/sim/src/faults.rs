@@ -4,8 +4,6 @@
 
 use std::collections::BTreeSet;
 
-use fencelock_raft::Durable as _;
-
 use crate::disk::SimDisk;
 use crate::rng::Rng;
 use crate::world::{Event, World};

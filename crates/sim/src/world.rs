@@ -16,7 +16,6 @@ use raft::prelude::Message;
 
 use crate::clients::{Ask, Client};
 use crate::clock::NodeClock;
-use fencelock_raft::Durable as _;
 
 use crate::disk::SimDisk;
 use crate::faults::Swarm;
@@ -82,7 +81,7 @@ pub(crate) enum Event {
 }
 
 pub(crate) struct SimNode {
-    pub node: Option<Node<SimDisk, Ask>>,
+    pub node: Option<Node<Ask>>,
     pub disk: SimDisk,
     pub config: Config,
     pub clock: NodeClock,
@@ -351,7 +350,11 @@ impl World {
             tick_ms: Some(TICK_MS),
             election_seed: Some(self.rng.next_u64()),
         };
-        let opened = Node::open(config, self.nodes[node].disk.clone(), &logger)
+        let recovered = self.nodes[node]
+            .disk
+            .recover()
+            .map_err(|err| format!("the disk of {} does not read back: {err}", node + 1))?;
+        let opened = Node::open(config, recovered, &logger)
             .map_err(|err| format!("node {} does not reopen: {err}", node + 1))?;
         let disk = if self.nodes[node].disk.is_async() { "asynchronous" } else { "synchronous" };
         if let Some(replica) = opened.replica() {
@@ -407,16 +410,32 @@ impl World {
         let local_ms = self.nodes[node].clock.local_ms(self.now_ms);
         let Some(running) = self.nodes[node].node.as_mut() else { return Ok(()) };
         let mut actions = Vec::new();
-        if running.turn(local_ms, &mut |action| actions.push(action)).is_err() {
-            // The disk died mid-turn: nothing of this turn leaves the node.
-            self.crash(node);
-            return Ok(());
+        running.turn(local_ms, &mut |action| actions.push(action)).map_err(|err| {
+            format!("node {} failed in its turn (nothing but its disk may fail it): {err}", node + 1)
+        })?;
+        // The writes first: if the disk dies mid-turn, nothing of this turn
+        // leaves the node (a shell that stops at a failed write may have
+        // sent the turn's early messages; holding them back is stricter).
+        let mut done = None;
+        let mut rest = Vec::with_capacity(actions.len());
+        for action in actions {
+            match action {
+                Action::Write(write) => match self.nodes[node].disk.write(write) {
+                    Ok(count) => done = Some(count),
+                    Err(_) => {
+                        self.crash(node);
+                        return Ok(());
+                    }
+                },
+                action => rest.push(action),
+            }
         }
         let mut applied = Vec::new();
         let mut messages = Vec::new();
         let mut replies = Vec::new();
-        for action in actions {
+        for action in rest {
             match action {
+                Action::Write(_) => unreachable!("writes were made above"),
                 Action::Send(message) => messages.push(message),
                 Action::Reply { to, reply, grants } => replies.push((to, reply, grants)),
                 Action::Applied { index, event } => applied.push((index, event)),
@@ -457,6 +476,13 @@ impl World {
         }
         self.schedule_wake(node);
         self.schedule_persist(node);
+        // Writes the disk made at once: the node hears so, and takes
+        // another turn to let go of what waited for them.
+        if let (Some(done), Some(running)) = (done, self.nodes[node].node.as_ref()) {
+            if done > running.stats().writes - running.writes_in_flight() {
+                return self.feed(node, NodeEvent::Persisted(done));
+            }
+        }
         Ok(())
     }
 

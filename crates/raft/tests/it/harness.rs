@@ -8,12 +8,13 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, never, Receiver, Sender};
-use fencelock_raft::shell::{self, Channels, ManualClock, Request, Responder, ShellConfig};
+use fencelock_raft::shell::{self, Channels, Clock, Request, Responder, ShellConfig, SyncDisk};
 use fencelock_raft::{
     AsyncEngineStore, Config, Durable as _, EngineStore, FatalError, Node as FencelockNode, NodeConfig,
     NodeId, NodeStatus, Query, Reply, RequestError, Response, Role, Stats, WriteBatch,
@@ -21,6 +22,33 @@ use fencelock_raft::{
 use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner};
 use raft::prelude::{ConfState, Message};
 use tempfile::TempDir;
+
+/// A clock that moves only when told to: each node has one, so that a test
+/// can freeze it, skew it or run it fast.
+#[derive(Clone, Debug, Default)]
+pub struct ManualClock {
+    now_ms: Arc<AtomicU64>,
+}
+
+impl ManualClock {
+    pub fn new(now_ms: u64) -> ManualClock {
+        ManualClock { now_ms: Arc::new(AtomicU64::new(now_ms)) }
+    }
+
+    pub fn set(&self, now_ms: u64) {
+        self.now_ms.store(now_ms, Ordering::SeqCst);
+    }
+
+    pub fn advance(&self, ms: u64) {
+        self.now_ms.fetch_add(ms, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> u64 {
+        self.now_ms.load(Ordering::SeqCst)
+    }
+}
 
 /// How long a test waits for anything before failing.
 pub const DEADLINE: Duration = Duration::from_secs(20);
@@ -91,20 +119,23 @@ impl Cluster {
             let voters: Vec<u64> = config.voters.iter().map(|voter| voter.0).collect();
             let conf_state = ConfState::from((voters, vec![]));
             store
-                .write(WriteBatch { conf_state: Some(&conf_state), ..Default::default() })
+                .write(&WriteBatch { conf_state: Some(conf_state), ..Default::default() })
                 .expect("bootstrap");
         }
         let config = NodeConfig { driver: config, tick_ms: None, election_seed: None };
         // Node 2 writes on its driver thread, the others through an I/O
         // thread: every cluster runs both kinds of store, either leading.
         let (peers_out_tx, peers_out_rx) = bounded::<Message>(4096);
-        let (node, persisted) = if id == 2 {
-            (Node::Sync(FencelockNode::open(config, store, &self.logger).expect("open node")), never())
+        let (recovered, disk, persisted) = if id == 2 {
+            let recovered = store.recover().expect("read raft-engine");
+            (recovered, Disk::Sync(Box::new(SyncDisk::new(store))), never())
         } else {
-            let (store, persisted) = AsyncEngineStore::spawn(store, format!("test-io-{id}"), Box::new(|| {}))
-                .expect("start the I/O thread");
-            (Node::Async(FencelockNode::open(config, store, &self.logger).expect("open node")), persisted)
+            let (store, recovered, persisted) =
+                AsyncEngineStore::spawn(store, format!("test-io-{id}"), Box::new(|| {}))
+                    .expect("start the I/O thread");
+            (recovered, Disk::Async(store), persisted)
         };
+        let node = FencelockNode::open(config, recovered, &self.logger).expect("open node");
 
         let (requests_tx, requests_rx) = bounded(1024);
         let (peers_in_tx, peers_in_rx) = bounded(4096);
@@ -118,9 +149,9 @@ impl Cluster {
             persisted,
         };
         let clock = self.clocks[idx(id)].clone();
-        let thread = match node {
-            Node::Sync(node) => shell::spawn(node, clock, shell_config, channels, &self.logger),
-            Node::Async(node) => shell::spawn(node, clock, shell_config, channels, &self.logger),
+        let thread = match disk {
+            Disk::Sync(disk) => shell::spawn(node, *disk, clock, shell_config, channels, &self.logger),
+            Disk::Async(disk) => shell::spawn(node, disk, clock, shell_config, channels, &self.logger),
         }
         .expect("spawn driver");
         self.inboxes.write().unwrap()[idx(id)] = Some(peers_in_tx);
@@ -129,10 +160,10 @@ impl Cluster {
     }
 }
 
-/// A node on either kind of store.
-enum Node {
-    Sync(FencelockNode<EngineStore, Responder>),
-    Async(FencelockNode<AsyncEngineStore, Responder>),
+/// Either kind of disk.
+enum Disk {
+    Sync(Box<SyncDisk<EngineStore>>),
+    Async(AsyncEngineStore),
 }
 
 impl Cluster {
