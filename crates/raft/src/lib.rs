@@ -46,6 +46,7 @@
 //!
 //! See [`Node`] for an example.
 
+pub mod gate;
 mod node;
 mod queue;
 mod registry;

@@ -13,6 +13,7 @@ use raft::prelude::{ConfChange, ConfChangeV2, ConfState, Entry, EntryType, Messa
 use raft::{RawNode, SnapshotStatus, StateRole};
 use slog::{debug, info, warn, Logger};
 
+use crate::gate::{self, RefusalLog, Refusals};
 use crate::queue::{Pending, Requests};
 use crate::rejoin::{self, Floor, Membership, PinVote, RaftPosition};
 use crate::storage::{LogCache, Recovered, Write, WriteBatch};
@@ -86,6 +87,8 @@ pub struct Stats {
     pub renewals_applied: u64,
     pub releases_applied: u64,
     pub expiries_applied: u64,
+    /// Raft messages from the network that the gate dropped, by reason.
+    pub refused: Refusals,
 }
 
 /// Raft's role, as reported by [`Replica::status`].
@@ -183,6 +186,7 @@ pub struct Replica {
     abstaining: Option<Floor>,
     effects: Effects,
     stats: Stats,
+    refusal_log: RefusalLog,
 }
 
 impl std::fmt::Debug for Replica {
@@ -290,6 +294,7 @@ impl Replica {
             held: VecDeque::new(),
             effects: Effects { writes: first_writes, ..Effects::default() },
             stats: Stats::default(),
+            refusal_log: RefusalLog::default(),
         };
         replica.check_rejoined();
         Ok(replica)
@@ -428,13 +433,41 @@ impl Replica {
     /// from one of its peers, and snapshots whose table does not restore,
     /// are dropped.
     pub fn step(&mut self, message: Message) {
-        if message.to != self.id.0 {
-            warn!(self.logger, "dropping message for another node"; "to" => message.to, "from" => message.from);
+        let raft = &self.raw.raft;
+        let local = gate::Local {
+            id: self.id,
+            voters: &self.config.voters,
+            term: raft.term,
+            leader: raft.leader_id,
+            last_index: raft.raft_log.last_index(),
+            persisted: raft.raft_log.persisted,
+            commit: raft.raft_log.committed,
+            last_token: self.table.last_token(),
+        };
+        if let Err(reason) = gate::check(&message, &local) {
+            self.stats.refused.count(reason);
+            if let Some(unlogged) = self.refusal_log.should_log(reason, self.now_ms) {
+                warn!(self.logger, "dropping a raft message that fails the gate";
+                    "reason" => reason.name(), "type" => ?message.get_msg_type(), "from" => message.from,
+                    "to" => message.to, "term" => message.term, "index" => message.index,
+                    "dropped_unlogged_since_last" => unlogged);
+            }
             return;
         }
-        if message.from == self.id.0 || !self.config.voters.contains(&NodeId(message.from)) {
-            warn!(self.logger, "dropping message from a node that is not a peer"; "from" => message.from);
-            return;
+        let mut message = message;
+        if matches!(
+            message.get_msg_type(),
+            MessageType::MsgRequestVote
+                | MessageType::MsgRequestVoteResponse
+                | MessageType::MsgRequestPreVote
+                | MessageType::MsgRequestPreVoteResponse
+        ) {
+            // raft-rs commits up to a vote's commit index if the terms
+            // match: a shortcut for elections, and a way for a forged vote
+            // to commit what was never replicated. Without it the leader's
+            // appends commit the same entries a moment later.
+            message.commit = 0;
+            message.commit_term = 0;
         }
         if self.membership.known.insert(message.from) {
             self.membership_dirty = true;
@@ -460,7 +493,8 @@ impl Replica {
                 reject.to = message.from;
                 reject.term = message.term;
                 reject.reject = true;
-                reject.index = u64::MAX;
+                // Past any index the leader counts, yet one its gate takes.
+                reject.index = gate::INDEX_MAX;
                 reject.reject_hint = last_index;
                 self.send(vec![reject]);
             }
@@ -478,13 +512,6 @@ impl Replica {
         {
             debug!(self.logger, "rejoining: not voting yet"; "from" => message.from, "term" => message.term);
             return;
-        }
-        if message.get_msg_type() == MessageType::MsgSnapshot {
-            if let Err(err) = LockTable::restore(message.get_snapshot().get_data()) {
-                warn!(self.logger, "dropping snapshot that does not restore";
-                    "from" => message.from, "error" => %err);
-                return;
-            }
         }
         if let Err(err) = self.raw.step(message) {
             debug!(self.logger, "raft refused a message"; "error" => %err);
@@ -554,9 +581,13 @@ impl Replica {
         Ok(self.raw.campaign()?)
     }
 
-    /// Asks this node, if it leads, to hand leadership to `transferee`.
+    /// Asks this node, if it leads, to hand leadership to `transferee`. A
+    /// follower does nothing (raft-rs would forward it to the leader, whose
+    /// gate drops transfers from the network).
     pub fn transfer_leader(&mut self, transferee: NodeId) {
-        self.raw.transfer_leader(transferee.0);
+        if self.raw.raft.state == StateRole::Leader {
+            self.raw.transfer_leader(transferee.0);
+        }
     }
 
     /// Does one turn: proposes what is ready as one batch of entries, then
@@ -1043,6 +1074,12 @@ impl Replica {
         // Checked when the message arrived; a failure here is a bug or a
         // corrupt store, and fatal.
         let table = LockTable::restore(snapshot.get_data())?;
+        assert!(
+            table.last_token() >= self.table.last_token(),
+            "a snapshot would move fencing tokens backwards: {:?} after {:?}",
+            table.last_token(),
+            self.table.last_token()
+        );
         let index = snapshot.get_metadata().index;
         info!(self.logger, "installing snapshot"; "index" => index, "locks" => table.len());
         self.table = table;

@@ -15,9 +15,10 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use crossbeam_channel::{bounded, Sender};
 use fencelock_net::LoopWaker;
+use fencelock_raft::gate::Refusal;
 use fencelock_raft::shell::Request;
 use fencelock_raft::{NodeStatus, Role, Stats};
-use prometheus::{Encoder, IntCounter, IntGauge, Registry, TextEncoder};
+use prometheus::{Encoder, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 use slog::{debug, warn, Logger};
 
 /// The longest request head read.
@@ -118,6 +119,7 @@ struct Metrics {
     last_token: IntGauge,
     pending_requests: IntGauge,
     counters: Vec<(IntCounter, ReadStat)>,
+    refused: IntCounterVec,
 }
 
 /// Reads one counter of the node's.
@@ -159,7 +161,20 @@ impl Metrics {
             registry.register(Box::new(counter.clone()))?;
             counters.push((counter, read));
         }
+        let refused = IntCounterVec::new(
+            Opts::new(
+                "fencelock_raft_messages_refused_total",
+                "Raft messages from peers that the gate dropped before raft saw them, by reason.",
+            ),
+            &["reason"],
+        )?;
+        registry.register(Box::new(refused.clone()))?;
+        for reason in Refusal::ALL {
+            // Every reason shows, at 0 until it happens.
+            refused.with_label_values(&[reason.name()]);
+        }
         Ok(Metrics {
+            refused,
             up: gauge(
                 "fencelock_up",
                 "1 when the node's replica answered this scrape, 0 while it starts or stops.",
@@ -231,6 +246,10 @@ impl Metrics {
             // same start as this process.
             counter.inc_by(read(stats).saturating_sub(counter.get()));
         }
+        for reason in Refusal::ALL {
+            let counter = self.refused.with_label_values(&[reason.name()]);
+            counter.inc_by(stats.refused.get(reason).saturating_sub(counter.get()));
+        }
     }
 }
 
@@ -298,6 +317,7 @@ mod tests {
             rejoining: false,
         };
         let mut stats = Stats { grants_applied: 12, syncs: 30, ..Stats::default() };
+        stats.refused.count(Refusal::BadTerm);
         metrics.set(&status, &stats);
         stats.grants_applied = 15;
         metrics.set(&status, &stats);
@@ -311,6 +331,8 @@ mod tests {
             "fencelock_term{node_id=\"3\"} 7",
             "fencelock_last_token{node_id=\"3\"} 12",
             "fencelock_up{node_id=\"3\"} 1",
+            "fencelock_raft_messages_refused_total{reason=\"bad_term\",node_id=\"3\"} 1",
+            "fencelock_raft_messages_refused_total{reason=\"forbidden_type\",node_id=\"3\"} 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
         }

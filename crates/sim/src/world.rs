@@ -23,6 +23,7 @@ use crate::invariants::{convergence, Checker};
 use crate::network::Network;
 use crate::rng::Rng;
 use crate::{Report, SimConfig, Violation};
+use fencelock_raft::gate::Refusal;
 
 /// The length of a raft tick on each node's own clock.
 pub(crate) const TICK_MS: u64 = 10;
@@ -454,6 +455,22 @@ impl World {
             }
         }
         if let Some(replica) = self.nodes[node].node.as_ref().and_then(Node::replica) {
+            // Only real peers talk here: the gate must let all they send
+            // through, save stale acknowledgements and snapshots that the
+            // network delivered late, and vote answers that came before a
+            // write (raft-rs would ignore the first two, assert on the last).
+            let refused = replica.stats().refused;
+            for reason in Refusal::ALL {
+                let stale =
+                    matches!(reason, Refusal::AckPastLastIndex | Refusal::BadSnapshot | Refusal::NotNow);
+                if !stale && refused.get(reason) > 0 {
+                    return Err(format!(
+                        "node {}'s gate refused a real peer's message: {}",
+                        node + 1,
+                        reason.name()
+                    ));
+                }
+            }
             let status = replica.status();
             self.checker.turn(
                 node,

@@ -1,0 +1,284 @@
+//! The gate in front of raft-rs: every raft message from the network is
+//! checked here before `RawNode::step` sees it, against what this node
+//! knows (its id, the voters, its term, its log). raft-rs 0.7 trusts its
+//! peers: a forged or buggy message can reach its `fatal!` paths, make it
+//! persist a term that overflows at the next election, count an
+//! acknowledgement for an entry no follower holds, or install a snapshot
+//! that erases locks and moves fencing tokens backwards. docs/security.md
+//! lists raft-rs's fatal paths and the check here that closes each.
+//!
+//! What it owns: the rules, as one pure function ([`check`]) and the
+//! reasons a message is refused ([`Refusal`]). What it does not: counting
+//! and logging refusals (the replica does), authenticating the peer (the
+//! transport does).
+
+use fencelock_fsm::LockTable;
+use fencelock_types::FencingToken;
+use raft::prelude::{EntryType, Message, MessageType};
+
+use crate::types::NodeId;
+
+/// The largest term a peer may send: far beyond any real cluster's (a
+/// million elections a second would take nine years to reach it), and far
+/// enough below `u64::MAX` that raft-rs's `term + 1` never overflows.
+pub const TERM_MAX: u64 = 1 << 48;
+
+/// The largest log index a peer may name: raft-rs adds counts of entries
+/// to indexes, which must not overflow.
+pub const INDEX_MAX: u64 = 1 << 62;
+
+/// The most entries one append may carry; raft-rs's own batches are bounded
+/// by `max_size_per_msg_bytes` and `max_inflight_msgs` far below this.
+pub const ENTRIES_MAX: usize = 1 << 20;
+
+/// Why a message was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Addressed to another node.
+    NotForThisNode,
+    /// From this node itself, or from a node that is not a voter.
+    NotAPeer,
+    /// A type peers never send: local ones (`MsgHup`, `MsgBeat`...), and
+    /// proposals, read requests and leadership transfers, which fencelock
+    /// never forwards (a follower answers its clients `NOT_LEADER`).
+    ForbiddenType,
+    /// A term of 0 (raft-rs would take it for a local message) or past
+    /// [`TERM_MAX`], in the message, its log term or an entry.
+    BadTerm,
+    /// An index past [`INDEX_MAX`], or an append whose entries do not
+    /// follow its index one by one with terms in order, or too many.
+    BadEntries,
+    /// A log entry fencelock never proposes (a membership change).
+    ForbiddenEntry,
+    /// An acknowledgement of an index past this node's last one (or a
+    /// rejection hinting past it, or asking for a snapshot).
+    AckPastLastIndex,
+    /// A message this node cannot take in its state: a vote answer while
+    /// its own log is not yet durable (raft-rs would assert), a
+    /// `MsgTimeoutNow` not from its leader in its term.
+    NotNow,
+    /// A snapshot that does not restore, whose voters are not this
+    /// cluster's, that is not ahead of this node's commit, or whose
+    /// fencing tokens are behind this node's.
+    BadSnapshot,
+}
+
+impl Refusal {
+    /// Every reason, in a fixed order (for counters).
+    pub const ALL: [Refusal; 9] = [
+        Refusal::NotForThisNode,
+        Refusal::NotAPeer,
+        Refusal::ForbiddenType,
+        Refusal::BadTerm,
+        Refusal::BadEntries,
+        Refusal::ForbiddenEntry,
+        Refusal::AckPastLastIndex,
+        Refusal::NotNow,
+        Refusal::BadSnapshot,
+    ];
+
+    /// A short name, for the metric's label and the log.
+    pub fn name(self) -> &'static str {
+        match self {
+            Refusal::NotForThisNode => "not_for_this_node",
+            Refusal::NotAPeer => "not_a_peer",
+            Refusal::ForbiddenType => "forbidden_type",
+            Refusal::BadTerm => "bad_term",
+            Refusal::BadEntries => "bad_entries",
+            Refusal::ForbiddenEntry => "forbidden_entry",
+            Refusal::AckPastLastIndex => "ack_past_last_index",
+            Refusal::NotNow => "not_now",
+            Refusal::BadSnapshot => "bad_snapshot",
+        }
+    }
+
+    fn at(self) -> usize {
+        Refusal::ALL.iter().position(|reason| *reason == self).unwrap_or(0)
+    }
+}
+
+/// Refused messages, counted by reason.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Refusals([u64; Refusal::ALL.len()]);
+
+impl Refusals {
+    pub fn count(&mut self, reason: Refusal) {
+        self.0[reason.at()] += 1;
+    }
+
+    pub fn get(&self, reason: Refusal) -> u64 {
+        self.0[reason.at()]
+    }
+
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+}
+
+/// How often each reason is logged at most, on the node's clock.
+pub const LOG_EVERY_MS: u64 = 10_000;
+
+/// One log line per reason per [`LOG_EVERY_MS`]: a peer that floods the
+/// node with bad messages does not flood its log.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RefusalLog {
+    last_ms: [Option<u64>; Refusal::ALL.len()],
+    /// Refusals not logged since the last line, by reason.
+    quiet: [u64; Refusal::ALL.len()],
+}
+
+impl RefusalLog {
+    /// Whether to log this refusal now: `Some(n)` with the count of those
+    /// of its reason left unlogged since its last line.
+    pub fn should_log(&mut self, reason: Refusal, now_ms: u64) -> Option<u64> {
+        let at = reason.at();
+        if self.last_ms[at].is_some_and(|last| now_ms < last.saturating_add(LOG_EVERY_MS)) {
+            self.quiet[at] += 1;
+            return None;
+        }
+        self.last_ms[at] = Some(now_ms);
+        Some(std::mem::take(&mut self.quiet[at]))
+    }
+}
+
+/// What the gate checks a message against.
+#[derive(Debug)]
+pub struct Local<'a> {
+    pub id: NodeId,
+    pub voters: &'a [NodeId],
+    pub term: u64,
+    /// The leader it knows of in its term, 0 for none.
+    pub leader: u64,
+    pub last_index: u64,
+    /// The last index durable in its own log.
+    pub persisted: u64,
+    pub commit: u64,
+    /// The last fencing token of this node's table.
+    pub last_token: Option<FencingToken>,
+}
+
+/// Checks one message from the network: `Err` with the reason to drop it.
+pub fn check(message: &Message, local: &Local<'_>) -> Result<(), Refusal> {
+    if message.to != local.id.0 {
+        return Err(Refusal::NotForThisNode);
+    }
+    if message.from == local.id.0 || !local.voters.contains(&NodeId(message.from)) {
+        return Err(Refusal::NotAPeer);
+    }
+    let kind = message.get_msg_type();
+    if !matches!(
+        kind,
+        MessageType::MsgAppend
+            | MessageType::MsgAppendResponse
+            | MessageType::MsgRequestVote
+            | MessageType::MsgRequestVoteResponse
+            | MessageType::MsgRequestPreVote
+            | MessageType::MsgRequestPreVoteResponse
+            | MessageType::MsgSnapshot
+            | MessageType::MsgHeartbeat
+            | MessageType::MsgHeartbeatResponse
+            | MessageType::MsgTimeoutNow
+    ) {
+        return Err(Refusal::ForbiddenType);
+    }
+    // raft-rs sets the term of every message a peer sends; a term of 0
+    // is how it tells a local message.
+    if message.term == 0
+        || message.term > TERM_MAX
+        || message.log_term > TERM_MAX
+        || message.commit_term > TERM_MAX
+    {
+        return Err(Refusal::BadTerm);
+    }
+    if message.index > INDEX_MAX || message.commit > INDEX_MAX || message.reject_hint > INDEX_MAX {
+        return Err(Refusal::BadEntries);
+    }
+    // Every entry past 0 has a term (raft-rs takes a log term of 0 past
+    // its own log for a match), and none has one past the sender's.
+    let names_a_log_position =
+        matches!(kind, MessageType::MsgAppend | MessageType::MsgRequestVote | MessageType::MsgRequestPreVote);
+    if names_a_log_position
+        && ((message.index > 0 && message.log_term == 0) || message.log_term > message.term)
+    {
+        return Err(Refusal::BadTerm);
+    }
+    let entries = message.get_entries();
+    if !entries.is_empty() && kind != MessageType::MsgAppend {
+        return Err(Refusal::BadEntries);
+    }
+    if entries.len() > ENTRIES_MAX {
+        return Err(Refusal::BadEntries);
+    }
+    let mut previous_term = message.log_term;
+    for (at, entry) in entries.iter().enumerate() {
+        // Entries follow the index the append names, one by one, with
+        // terms that never go down and never pass the leader's.
+        if Some(entry.index) != message.index.checked_add(at as u64 + 1) {
+            return Err(Refusal::BadEntries);
+        }
+        if entry.term == 0 || entry.term < previous_term || entry.term > message.term {
+            return Err(Refusal::BadTerm);
+        }
+        previous_term = entry.term;
+        if entry.get_entry_type() != EntryType::EntryNormal {
+            return Err(Refusal::ForbiddenEntry);
+        }
+    }
+    match kind {
+        MessageType::MsgAppendResponse => {
+            // A rejection may name any index (it only says "not that one");
+            // what it hints at, and what an acceptance acknowledges, this
+            // node must have written.
+            let acknowledged = !message.reject && message.index > local.last_index;
+            if acknowledged || message.reject_hint > local.last_index || message.request_snapshot != 0 {
+                return Err(Refusal::AckPastLastIndex);
+            }
+        }
+        MessageType::MsgRequestVoteResponse | MessageType::MsgRequestPreVoteResponse
+            if local.persisted < local.last_index =>
+        {
+            return Err(Refusal::NotNow);
+        }
+        MessageType::MsgTimeoutNow if message.term != local.term || message.from != local.leader => {
+            return Err(Refusal::NotNow);
+        }
+        MessageType::MsgSnapshot => check_snapshot(message, local)?,
+        _ => {}
+    }
+    Ok(())
+}
+
+fn check_snapshot(message: &Message, local: &Local<'_>) -> Result<(), Refusal> {
+    let snapshot = message.get_snapshot();
+    let metadata = snapshot.get_metadata();
+    if metadata.index <= local.commit || metadata.index > INDEX_MAX {
+        return Err(Refusal::BadSnapshot);
+    }
+    if metadata.term == 0 || metadata.term > message.term {
+        return Err(Refusal::BadTerm);
+    }
+    // raft-rs restores the snapshot's configuration and dies on one it
+    // cannot; fencelock's voters never change.
+    let conf_state = metadata.get_conf_state();
+    let mut voters = conf_state.voters.clone();
+    voters.sort_unstable();
+    let mut ours: Vec<u64> = local.voters.iter().map(|voter| voter.0).collect();
+    ours.sort_unstable();
+    if voters != ours
+        || !conf_state.learners.is_empty()
+        || !conf_state.voters_outgoing.is_empty()
+        || !conf_state.learners_next.is_empty()
+        || conf_state.auto_leave
+    {
+        return Err(Refusal::BadSnapshot);
+    }
+    let table = LockTable::restore(snapshot.get_data()).map_err(|_| Refusal::BadSnapshot)?;
+    if table.last_token() < local.last_token {
+        return Err(Refusal::BadSnapshot);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "gate_tests.rs"]
+mod tests;
