@@ -83,6 +83,16 @@ const CANARIES: &[Canary] = &[
         edits: &[("        let index = pending.ghost_of?;\n", "        let index = pending.ghost_of?;\n        if index > 0 {\n            return None;\n        }\n")],
         test: &["test", "-p", "fencelock-raft", "--lib", "node::tests::a_retry_on_a_second_connection_keeps_the_lock_when_the_first_closes_before_its_answer"],
     },
+    Canary {
+        name: "raft-gate-open",
+        models: "raft messages from the network reach raft-rs unchecked (the gate of issue 14 lets all through)",
+        file: "crates/raft/src/gate.rs",
+        edits: &[(
+            "pub fn check(message: &Message, local: &Local<'_>) -> Result<(), Refusal> {\n",
+            "pub fn check(message: &Message, local: &Local<'_>) -> Result<(), Refusal> {\n    if message.to != u64::MAX {\n        return Ok(());\n    }\n",
+        )],
+        test: &["test", "-p", "fencelock-raft", "--lib", "tests::forged_raft_messages_are_dropped_and_the_cluster_serves_on"],
+    },
 ];
 
 pub fn run(root: &Path) -> Result<()> {
