@@ -76,6 +76,11 @@ pub struct Flags {
     /// Serve Prometheus metrics at http://ADDR/metrics (off unless set).
     #[arg(long)]
     pub metrics_addr: Option<SocketAddr>,
+    /// Serve plain TCP on addresses other than loopback (this node's peer,
+    /// client or metrics address). Anyone who can reach them can then act as
+    /// a peer or a client: see docs/security.md.
+    #[arg(long)]
+    pub insecure: bool,
     /// Check the configuration, print it, and exit.
     #[arg(long)]
     pub config_check: bool,
@@ -109,6 +114,7 @@ struct FileConfig {
     max_in_flight: Option<usize>,
     max_frame_bytes: Option<usize>,
     metrics_addr: Option<SocketAddr>,
+    insecure: Option<bool>,
 }
 
 /// The checked configuration the server runs with.
@@ -127,6 +133,9 @@ pub struct ServerConfig {
     pub max_frame_bytes: usize,
     /// Where `/metrics` is served; `None`: nowhere.
     pub metrics_addr: Option<SocketAddr>,
+    /// The addresses this node serves plain TCP on that are not loopback
+    /// (allowed by `insecure`; the server warns of each at start).
+    pub exposed: Vec<(&'static str, SocketAddr)>,
 }
 
 impl ServerConfig {
@@ -191,7 +200,25 @@ impl ServerConfig {
                 bail!("metrics_addr {addr} is also this node's client or peer address");
             }
         }
+        let own_peer_addr = peers[&id];
+        let exposed: Vec<(&'static str, SocketAddr)> = [
+            ("peer address", Some(own_peer_addr)),
+            ("client_addr", Some(client_addr)),
+            ("metrics_addr", metrics_addr),
+        ]
+        .into_iter()
+        .filter_map(|(name, addr)| addr.filter(|addr| !addr.ip().is_loopback()).map(|addr| (name, addr)))
+        .collect();
+        let insecure = flags.insecure || file.insecure.unwrap_or(false);
+        if let (Some((name, addr)), false) = (exposed.first(), insecure) {
+            bail!(
+                "this node's {name} {addr} is not a loopback address: fencelockd serves plain TCP without \
+                 authentication, so anyone who reaches it could act as a peer or a client. Bind to 127.0.0.1, \
+                 or pass --insecure (insecure = true in the file) on a network you trust; see docs/security.md"
+            );
+        }
         Ok(ServerConfig {
+            exposed,
             id,
             peers,
             client_addr,
@@ -288,10 +315,28 @@ mod tests {
             (vec!["--election-ms", "75"], "multiple"),
             (vec!["--log-level", "loud"], "log level"),
             (vec!["--metrics-addr", "127.0.0.1:7101"], "metrics_addr"),
+            (vec!["--client-addr", "0.0.0.0:7101"], "not a loopback address"),
+            (vec!["--peers", "1=10.1.2.3:7001"], "peer address 10.1.2.3:7001 is not a loopback"),
+            (vec!["--metrics-addr", "[::]:9100"], "--insecure"),
         ] {
             let err = ServerConfig::load(&flags(&args)).unwrap_err();
             assert!(format!("{err:#}").contains(needle), "{args:?}: {err:#}");
         }
+    }
+
+    #[test]
+    fn plain_tcp_beyond_loopback_needs_insecure_and_other_nodes_addresses_do_not_count() {
+        let config = ServerConfig::load(&flags(&["--client-addr", "0.0.0.0:7101", "--insecure"])).unwrap();
+        assert_eq!(config.exposed, vec![("client_addr", "0.0.0.0:7101".parse().unwrap())]);
+        // Other nodes' peer addresses are where this one connects, not binds.
+        let config = ServerConfig::load(&flags(&["--peers", "1=127.0.0.1:7001,2=10.1.2.3:7002"])).unwrap();
+        assert!(config.exposed.is_empty());
+        let config = ServerConfig::load(&flags(&["--client-addr", "127.0.0.2:7101"])).unwrap();
+        assert!(config.exposed.is_empty());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fencelock.toml");
+        std::fs::write(&path, "client_addr = \"0.0.0.0:7101\"\ninsecure = true\n").unwrap();
+        assert!(ServerConfig::load(&flags(&["--config", path.to_str().unwrap()])).is_ok());
     }
 
     #[test]

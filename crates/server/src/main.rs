@@ -32,7 +32,7 @@ use fencelock_raft::rejoin::PeerReport;
 use fencelock_raft::shell::{Driver, MonotonicClock, PeerSink, Request};
 use fencelock_raft::{AsyncEngineStore, EngineStore, FatalError, Node, NodeConfig, NodeId, Persisted, Stats};
 use raft::prelude::Message;
-use slog::{crit, info, o, Drain, Logger};
+use slog::{crit, info, o, warn, Drain, Logger};
 
 use crate::config::{Flags, LogFormat, ServerConfig};
 use crate::handler::{ClientHandler, Directory, Identity};
@@ -278,6 +278,11 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         metrics::spawn(listener, config.id, requests_tx.clone(), waker.clone(), logger.clone())?;
     }
     info!(logger, "fencelockd serving"; "node_id" => config.id, "clients" => %config.client_addr, "peers" => %own_peer_addr);
+    for (name, addr) in &config.exposed {
+        warn!(logger, "serving plain TCP beyond loopback (--insecure): anyone who reaches this address can act \
+                       as a peer or a client";
+            "address" => %addr, "which" => *name);
+    }
 
     let (signal_tx, signal_rx) = bounded(4);
     let mut signals =

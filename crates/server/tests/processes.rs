@@ -374,6 +374,12 @@ fn a_bad_configuration_is_refused_with_exit_code_1_and_config_check_passes_a_goo
     assert_eq!(garbage.status.code(), Some(1), "{garbage:?}");
     let good = run(&["--id", "2", "--peers", "1=127.0.0.1:7001,2=127.0.0.1:7002", "--config-check"]);
     assert!(good.status.success(), "{good:?}");
+    // Plain TCP beyond loopback needs --insecure.
+    let exposed = run(&["--client-addr", "0.0.0.0:7101", "--config-check"]);
+    assert_eq!(exposed.status.code(), Some(1), "{exposed:?}");
+    assert!(String::from_utf8_lossy(&exposed.stderr).contains("--insecure"), "{exposed:?}");
+    let insecure = run(&["--client-addr", "0.0.0.0:7101", "--insecure", "--config-check"]);
+    assert!(insecure.status.success(), "{insecure:?}");
 }
 
 #[test]
