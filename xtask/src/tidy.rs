@@ -26,7 +26,9 @@ const ARROWS: &[(&str, &[&str])] = &[
     ("fencelock-raft", &["fencelock-types", "fencelock-fsm", "fencelock-lease"]),
     ("fencelock-net", &["fencelock-types"]),
     ("fencelock-client", &["fencelock-types", "fencelock-net"]),
-    ("fencelock-cli", &["fencelock-types", "fencelock-client"]),
+    ("fencelock-cli", &["fencelock-types", "fencelock-client", "fencelock-tls"]),
+    // Certificates: files, rcgen and x509-parser, no fencelock crate.
+    ("fencelock-tls", &[]),
     (
         "fencelock-server",
         &["fencelock-types", "fencelock-fsm", "fencelock-lease", "fencelock-raft", "fencelock-net"],

@@ -73,6 +73,50 @@ pub enum Command {
     List(ListArgs),
     /// Ask every endpoint for its view of the cluster.
     Status,
+    /// Make the certificates of a cluster: its CA, each node's, each
+    /// user's. They go into --certs-dir, where fencelockd and fencelock
+    /// look for them.
+    #[command(subcommand)]
+    Cert(CertCommand),
+}
+
+// The subcommands' names are the contract (`fencelock cert create-ca`...).
+#[allow(clippy::enum_variant_names)]
+#[derive(Debug, Subcommand)]
+pub enum CertCommand {
+    /// Make the cluster's CA: ca.crt, and ca.key (mode 0600; keep it off
+    /// the nodes once their certificates are made).
+    CreateCa(CertDir),
+    /// Make node N's certificate, node-N.crt and node-N.key, for the host
+    /// names and IP addresses it serves under.
+    CreateNode {
+        #[command(flatten)]
+        dir: CertDir,
+        /// The node's id, as in fencelockd --id.
+        #[arg(long)]
+        id: u64,
+        /// DNS names and IP addresses clients and peers reach the node by.
+        #[arg(required = true, value_name = "HOST")]
+        hosts: Vec<String>,
+    },
+    /// Make user NAME's client certificate, client-NAME.crt and
+    /// client-NAME.key.
+    CreateClient {
+        #[command(flatten)]
+        dir: CertDir,
+        /// The user name: letters, digits, `.`, `_` and `-`.
+        name: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct CertDir {
+    /// The certificates directory.
+    #[arg(long, env = "FENCELOCK_CERTS_DIR")]
+    pub certs_dir: std::path::PathBuf,
+    /// Replace files that exist.
+    #[arg(long)]
+    pub overwrite: bool,
 }
 
 #[derive(Debug, Args)]

@@ -9,6 +9,7 @@
 //! fencelock acquire jobs/x --ttl 1m                        # prints the token
 //! fencelock release jobs/x --token 42
 //! fencelock status --endpoints h1:7101,h2:7101,h3:7101
+//! fencelock cert create-ca --certs-dir certs                 # then create-node, create-client
 //! ```
 //!
 //! Exit codes: 0 done; 1 error (cluster unreachable, bad arguments, refused
@@ -18,6 +19,7 @@
 //! command's code (128+N if the command died of signal N).
 
 mod args;
+mod cert;
 mod commands;
 mod lock;
 mod output;
@@ -62,5 +64,6 @@ fn run(cli: &Cli) -> Result<Exit> {
         Command::Check(args) => commands::check(cli, args),
         Command::List(args) => commands::list(cli, args),
         Command::Status => commands::status(cli),
+        Command::Cert(command) => cert::run(cli, command),
     }
 }
