@@ -4,13 +4,15 @@
 //! share, and read back with errors that name the file.
 //!
 //! What it owns: the layout ([`Layout`]), making certificates
-//! ([`create_ca`], [`create_node`], [`create_client`]) and telling who a
-//! certificate names ([`identity_of`]). What it does not own (yet): the TLS
-//! sessions themselves; the network layer will build them from these files.
+//! ([`create_ca`], [`create_node`], [`create_client`]), telling who a
+//! certificate names ([`identity_of`]), and the rustls configurations built
+//! from them ([`node_tls`], [`client_tls`]). What it does not own: sockets
+//! and sessions; the network layer runs them.
 //!
 //! A node's certificate has CN `node`, the URI SAN `fencelock://node/<id>`,
-//! a DNS or IP SAN for each host it serves under, and both the server and
-//! client extended key usages (it accepts connections and opens them). A
+//! the DNS SAN `node-<id>.fencelock` (what its peers ask for), a DNS or IP
+//! SAN for each host it serves under, and both the server and client
+//! extended key usages (it accepts connections and opens them). A
 //! client's has CN `<user>`, the URI SAN `fencelock://user/<user>` and the
 //! client usage only. The CA lives 10 years, the others 5 (never past the
 //! CA); each starts a day in the past, to forgive clocks that lag. Keys are
@@ -27,6 +29,10 @@ use rcgen::{
     KeyPair, KeyUsagePurpose, PublicKeyData, SanType,
 };
 use time::{Duration, OffsetDateTime};
+
+mod config;
+
+pub use config::{client_tls, node_tls, peer_identity, peer_server_name, NodeTls};
 
 /// How long a CA lives.
 pub const CA_LIFETIME: Duration = Duration::days(10 * 365);
@@ -48,6 +54,8 @@ pub enum CertError {
     Exists { path: PathBuf },
     #[error("{path} is missing: run `fencelock cert create-ca --certs-dir {dir}` first")]
     NoCa { path: PathBuf, dir: String },
+    #[error("{path} is missing")]
+    Missing { path: PathBuf },
     #[error("{path} is not a usable {what}: {detail}")]
     Bad { path: PathBuf, what: &'static str, detail: String },
     #[error("{0}")]
@@ -61,6 +69,15 @@ pub enum CertError {
 pub enum Identity {
     Node(u64),
     User(String),
+}
+
+impl std::fmt::Display for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Identity::Node(id) => write!(f, "node {id}"),
+            Identity::User(user) => write!(f, "user {user}"),
+        }
+    }
 }
 
 /// The files of a certificates directory.
@@ -135,7 +152,10 @@ pub fn create_node(
             "name at least one host (a DNS name or an IP address) the node serves under".into(),
         ));
     }
-    let mut sans = vec![SanType::URI(ia5(&format!("{NODE_URI}{id}"))?)];
+    let mut sans = vec![
+        SanType::URI(ia5(&format!("{NODE_URI}{id}"))?),
+        SanType::DnsName(ia5(&format!("node-{id}.fencelock"))?),
+    ];
     for host in hosts {
         sans.push(match host.parse::<IpAddr>() {
             Ok(ip) => SanType::IpAddress(ip),

@@ -126,3 +126,191 @@ fn a_missing_or_mismatched_ca_and_bad_names_are_clear_errors() {
     assert!(err.to_string().contains("ca.crt is not a usable CA certificate"), "{err}");
     assert!(!layout.client_cert("carol").exists());
 }
+
+/// Runs a handshake between two in-memory connections; `Err` with the
+/// first side's error.
+fn handshake(
+    client: &mut rustls::ClientConnection,
+    server: &mut rustls::ServerConnection,
+) -> Result<(), String> {
+    for _ in 0..20 {
+        let mut bytes = Vec::new();
+        while client.wants_write() {
+            client.write_tls(&mut bytes).unwrap();
+        }
+        if !bytes.is_empty() {
+            server.read_tls(&mut bytes.as_slice()).unwrap();
+            server.process_new_packets().map_err(|err| format!("server: {err}"))?;
+        }
+        let mut bytes = Vec::new();
+        while server.wants_write() {
+            server.write_tls(&mut bytes).unwrap();
+        }
+        if !bytes.is_empty() {
+            client.read_tls(&mut bytes.as_slice()).unwrap();
+            client.process_new_packets().map_err(|err| format!("client: {err}"))?;
+        }
+        if !client.is_handshaking() && !server.is_handshaking() {
+            // TLS 1.3: a refused client certificate reaches the client
+            // only after its side is done; the server has it by now.
+            return Ok(());
+        }
+    }
+    Err("the handshake never finished".into())
+}
+
+fn connect(
+    config: &std::sync::Arc<rustls::ClientConfig>,
+    name: rustls::pki_types::ServerName<'static>,
+    server: &std::sync::Arc<rustls::ServerConfig>,
+) -> (Result<(), String>, rustls::ClientConnection, rustls::ServerConnection) {
+    let mut client = rustls::ClientConnection::new(config.clone(), name).unwrap();
+    let mut server = rustls::ServerConnection::new(server.clone()).unwrap();
+    let result = handshake(&mut client, &mut server);
+    (result, client, server)
+}
+
+fn ip(text: &str) -> rustls::pki_types::ServerName<'static> {
+    rustls::pki_types::ServerName::try_from(text.to_owned()).unwrap()
+}
+
+/// A CA, nodes 1 to 3 (on 127.0.0.1) and users alice and bob.
+fn cluster(dir: &Path) -> Layout {
+    let layout = Layout::new(dir);
+    create_ca(&layout, false).unwrap();
+    for id in 1..=3 {
+        create_node(&layout, id, &["127.0.0.1".into(), "localhost".into()], false).unwrap();
+    }
+    create_client(&layout, "alice", false).unwrap();
+    create_client(&layout, "bob", false).unwrap();
+    layout
+}
+
+#[test]
+fn peers_know_each_other_by_node_id_and_clients_by_user() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = cluster(dir.path());
+    let (one, two) = (node_tls(&layout, 1).unwrap(), node_tls(&layout, 2).unwrap());
+
+    let (result, client, server) = connect(&one.peer_client, peer_server_name(2), &two.peer_server);
+    assert_eq!(result, Ok(()));
+    assert_eq!(peer_identity(&server), Some(Identity::Node(1)));
+    assert_eq!(peer_identity(&client), Some(Identity::Node(2)));
+
+    // Node 1 dials node 3's address but reaches node 2: refused.
+    let (result, ..) = connect(&one.peer_client, peer_server_name(3), &two.peer_server);
+    assert!(result.unwrap_err().contains("client"), "the dialler must refuse the wrong node");
+
+    let alice = client_tls(&layout, "alice").unwrap();
+    for name in ["127.0.0.1", "localhost"] {
+        let (result, _, server) = connect(&alice, ip(name), &two.client_server);
+        assert_eq!(result, Ok(()), "{name}");
+        assert_eq!(peer_identity(&server), Some(Identity::User("alice".into())));
+    }
+    // An address the node's certificate does not list.
+    let (result, ..) = connect(&alice, ip("127.0.0.2"), &two.client_server);
+    assert!(result.is_err());
+}
+
+#[test]
+fn a_user_on_the_peer_port_a_node_on_the_client_port_and_strangers_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = cluster(dir.path());
+    let (one, two) = (node_tls(&layout, 1).unwrap(), node_tls(&layout, 2).unwrap());
+    let alice = client_tls(&layout, "alice").unwrap();
+
+    let (result, ..) = connect(&alice, peer_server_name(2), &two.peer_server);
+    assert!(result.unwrap_err().starts_with("server"), "a user certificate passed the peer port");
+    let (result, ..) = connect(&one.peer_client, ip("127.0.0.1"), &two.client_server);
+    assert!(result.unwrap_err().starts_with("server"), "a node certificate passed the client port");
+
+    // Another cluster's CA, both ways.
+    let other = tempfile::tempdir().unwrap();
+    let other = cluster(other.path());
+    let mallory = client_tls(&other, "alice").unwrap();
+    let (result, ..) = connect(&mallory, ip("127.0.0.1"), &two.client_server);
+    assert!(result.is_err(), "a client of another CA was let in");
+    let impostor = node_tls(&other, 2).unwrap();
+    let (result, ..) = connect(&alice, ip("127.0.0.1"), &impostor.client_server);
+    assert!(result.unwrap_err().starts_with("client"), "the client trusted another CA's node");
+
+    // No client certificate at all.
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(der(&layout.ca_cert()).into()).unwrap();
+    let anonymous = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let (result, ..) = connect(&std::sync::Arc::new(anonymous), ip("127.0.0.1"), &two.client_server);
+    assert!(result.unwrap_err().starts_with("server"), "a client without a certificate was let in");
+}
+
+#[test]
+fn bad_files_are_refused_at_load_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = cluster(dir.path());
+    let message = |result: Result<NodeTls, CertError>| result.unwrap_err().to_string();
+
+    // A certificate for another node.
+    fs::copy(layout.node_cert(2), layout.node_cert(1)).unwrap();
+    fs::copy(layout.node_key(2), layout.node_key(1)).unwrap();
+    let err = message(node_tls(&layout, 1));
+    assert!(err.contains("node-1.crt") && err.contains("names node 2, not node 1"), "{err}");
+
+    // A key that is not the certificate's.
+    create_node(&layout, 1, &["127.0.0.1".into()], true).unwrap();
+    fs::copy(layout.node_key(3), layout.node_key(1)).unwrap();
+    let err = message(node_tls(&layout, 1));
+    assert!(err.contains("node-1.key") && err.contains("is not the key of"), "{err}");
+
+    // A key others can read.
+    create_node(&layout, 1, &["127.0.0.1".into()], true).unwrap();
+    fs::set_permissions(layout.node_key(1), fs::Permissions::from_mode(0o644)).unwrap();
+    let err = message(node_tls(&layout, 1));
+    assert!(err.contains("node-1.key") && err.contains("chmod 600"), "{err}");
+
+    // An unreadable key (a directory in its place: root reads any file).
+    fs::remove_file(layout.node_key(1)).unwrap();
+    fs::create_dir(layout.node_key(1)).unwrap();
+    fs::set_permissions(layout.node_key(1), fs::Permissions::from_mode(0o700)).unwrap();
+    let err = message(node_tls(&layout, 1));
+    assert!(err.contains("node-1.key"), "{err}");
+    fs::remove_dir(layout.node_key(1)).unwrap();
+
+    // Garbage for a certificate.
+    create_node(&layout, 1, &["127.0.0.1".into()], true).unwrap();
+    fs::write(layout.node_cert(1), "not a certificate").unwrap();
+    let err = message(node_tls(&layout, 1));
+    assert!(err.contains("node-1.crt is not a usable node certificate"), "{err}");
+
+    // A missing CA.
+    create_node(&layout, 1, &["127.0.0.1".into()], true).unwrap();
+    fs::remove_file(layout.ca_cert()).unwrap();
+    let err = message(node_tls(&layout, 1));
+    assert!(err.contains("ca.crt is missing"), "{err}");
+    let err = client_tls(&layout, "alice").unwrap_err().to_string();
+    assert!(err.contains("ca.crt is missing"), "{err}");
+    let err = client_tls(&Layout::new(dir.path()), "nobody").unwrap_err().to_string();
+    assert!(err.contains("missing"), "{err}");
+}
+
+#[test]
+fn an_expired_certificate_is_refused_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = cluster(dir.path());
+    // Re-sign alice's certificate with a validity that ended yesterday.
+    let (issuer, _) = super::load_issuer(&layout).unwrap();
+    let key = KeyPair::from_pem(&fs::read_to_string(layout.client_key("alice")).unwrap()).unwrap();
+    let mut params = CertificateParams::default();
+    params.distinguished_name = super::name("alice");
+    params.subject_alt_names = vec![SanType::URI("fencelock://user/alice".try_into().unwrap())];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    params.not_before = OffsetDateTime::now_utc() - Duration::days(10);
+    params.not_after = OffsetDateTime::now_utc() - Duration::days(1);
+    let expired = params.signed_by(&key, &issuer).unwrap();
+    fs::write(layout.client_cert("alice"), expired.pem()).unwrap();
+    let err = client_tls(&layout, "alice").unwrap_err().to_string();
+    assert!(err.contains("client-alice.crt") && err.contains("expired at"), "{err}");
+}

@@ -1,0 +1,293 @@
+//! rustls configurations built from a certificates directory: what a node
+//! needs on its two ports and toward its peers, and what a client needs.
+//! TLS 1.3 only, with ring's primitives.
+//!
+//! - The peer port takes only node certificates of the cluster's CA; the
+//!   node's network layer then holds the connection to the node id the
+//!   certificate names.
+//! - Toward a peer, a node presents its own certificate and accepts only
+//!   the certificate of the node it dialled: it asks for the name
+//!   `node-<id>.fencelock`, which only that node's certificate carries.
+//! - The client port takes only user certificates of the cluster's CA.
+//! - A client checks the node's certificate against the address it dialled
+//!   (an IP or DNS name the node's certificate lists) and presents its
+//!   user's certificate.
+//!
+//! Every file is checked when loaded: present, readable, parsable, not
+//! expired, a key that matches its certificate and that no one else can
+//! read, and a certificate that names the node or user it is loaded for.
+//! Each error names the file.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{
+    ClientConfig, DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme,
+};
+use time::OffsetDateTime;
+
+use crate::{identity_of, CertError, Identity, Layout};
+
+/// What a node runs TLS with.
+#[derive(Clone, Debug)]
+pub struct NodeTls {
+    pub id: u64,
+    /// Accepts peers: node certificates of the cluster's CA only.
+    pub peer_server: Arc<ServerConfig>,
+    /// Dials peers, as node `id`; see [`peer_server_name`].
+    pub peer_client: Arc<ClientConfig>,
+    /// Accepts clients: user certificates of the cluster's CA only.
+    pub client_server: Arc<ServerConfig>,
+    /// When this node's certificate expires.
+    pub not_after: OffsetDateTime,
+}
+
+/// The name a node asks for when it dials peer `id`.
+pub fn peer_server_name(id: u64) -> ServerName<'static> {
+    // Digits, letters, a dash and a dot: always a DNS name.
+    ServerName::try_from(format!("node-{id}.fencelock")).expect("node-N.fencelock is a DNS name")
+}
+
+/// Who is at the other end of a finished handshake, by its certificate.
+pub fn peer_identity(connection: &rustls::CommonState) -> Option<Identity> {
+    let end_entity = connection.peer_certificates()?.first()?;
+    identity_of(end_entity).ok()
+}
+
+/// Loads what node `id` needs from `layout`: `ca.crt`, `node-<id>.crt` and
+/// `node-<id>.key`.
+pub fn node_tls(layout: &Layout, id: u64) -> Result<NodeTls, CertError> {
+    let roots = load_roots(layout)?;
+    let (chain, key, not_after) =
+        load_identity(&layout.node_cert(id), &layout.node_key(id), &Identity::Node(id), "node certificate")?;
+    let provider = provider();
+    let bad_config =
+        |detail: String| CertError::Bad { path: layout.node_cert(id), what: "node certificate", detail };
+
+    let nodes_only = RequireIdentity::new(&roots, &provider, Kind::Node).map_err(bad_config)?;
+    let peer_server = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|err| bad_config(err.to_string()))?
+        .with_client_cert_verifier(Arc::new(nodes_only))
+        .with_single_cert(chain.clone(), key.clone_key())
+        .map_err(|err| bad_config(err.to_string()))?;
+
+    let servers = WebPkiServerVerifier::builder_with_provider(Arc::clone(&roots), Arc::clone(&provider))
+        .build()
+        .map_err(|err| bad_config(err.to_string()))?;
+    let peer_client = ClientConfig::builder_with_provider(Arc::clone(&provider))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|err| bad_config(err.to_string()))?
+        .with_webpki_verifier(servers)
+        .with_client_auth_cert(chain.clone(), key.clone_key())
+        .map_err(|err| bad_config(err.to_string()))?;
+
+    let users_only = RequireIdentity::new(&roots, &provider, Kind::User).map_err(bad_config)?;
+    let client_server = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|err| bad_config(err.to_string()))?
+        .with_client_cert_verifier(Arc::new(users_only))
+        .with_single_cert(chain, key)
+        .map_err(|err| bad_config(err.to_string()))?;
+
+    Ok(NodeTls {
+        id,
+        peer_server: Arc::new(peer_server),
+        peer_client: Arc::new(peer_client),
+        client_server: Arc::new(client_server),
+        not_after,
+    })
+}
+
+/// Loads what user `user` needs to reach the cluster from `layout`:
+/// `ca.crt`, `client-<user>.crt` and `client-<user>.key`.
+pub fn client_tls(layout: &Layout, user: &str) -> Result<Arc<ClientConfig>, CertError> {
+    crate::check_user(user)?;
+    let roots = load_roots(layout)?;
+    let cert_path = layout.client_cert(user);
+    let (chain, key, _) = load_identity(
+        &cert_path,
+        &layout.client_key(user),
+        &Identity::User(user.to_owned()),
+        "client certificate",
+    )?;
+    let bad_config =
+        |detail: String| CertError::Bad { path: cert_path.clone(), what: "client certificate", detail };
+    let provider = provider();
+    let servers = WebPkiServerVerifier::builder_with_provider(roots, Arc::clone(&provider))
+        .build()
+        .map_err(|err| bad_config(err.to_string()))?;
+    let config = ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|err| bad_config(err.to_string()))?
+        .with_webpki_verifier(servers)
+        .with_client_auth_cert(chain, key)
+        .map_err(|err| bad_config(err.to_string()))?;
+    Ok(Arc::new(config))
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn load_roots(layout: &Layout) -> Result<Arc<RootCertStore>, CertError> {
+    let path = layout.ca_cert();
+    if !path.exists() {
+        return Err(CertError::Missing { path });
+    }
+    let (der, _) = load_certificate(&path, "CA certificate")?;
+    let mut roots = RootCertStore::empty();
+    roots.add(der).map_err(|err| CertError::Bad { path, what: "CA certificate", detail: err.to_string() })?;
+    Ok(Arc::new(roots))
+}
+
+/// A certificate and its key, checked to name `who`.
+fn load_identity(
+    cert_path: &Path,
+    key_path: &Path,
+    who: &Identity,
+    what: &'static str,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>, OffsetDateTime), CertError> {
+    for path in [cert_path, key_path] {
+        if !path.exists() {
+            return Err(CertError::Missing { path: path.to_owned() });
+        }
+    }
+    let (der, not_after) = load_certificate(cert_path, what)?;
+    let bad = |path: &Path, what: &'static str, detail: String| CertError::Bad {
+        path: path.to_owned(),
+        what,
+        detail,
+    };
+    match identity_of(&der) {
+        Ok(named) if named == *who => {}
+        Ok(named) => return Err(bad(cert_path, what, format!("it names {named}, not {who}"))),
+        Err(detail) => return Err(bad(cert_path, what, detail)),
+    }
+    let metadata =
+        fs::metadata(key_path).map_err(|source| CertError::Io { path: key_path.to_owned(), source })?;
+    if metadata.permissions().mode() & 0o077 != 0 {
+        return Err(bad(
+            key_path,
+            "key",
+            format!("others can read it (mode {:o}): chmod 600 it", metadata.permissions().mode() & 0o777),
+        ));
+    }
+    let pem = fs::read(key_path).map_err(|source| CertError::Io { path: key_path.to_owned(), source })?;
+    let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|err| bad(key_path, "key", err.to_string()))?;
+    let signing = provider()
+        .key_provider
+        .load_private_key(key.clone_key())
+        .map_err(|err| bad(key_path, "key", err.to_string()))?;
+    let matches = signing.public_key().is_some_and(|public| {
+        x509_parser::parse_x509_certificate(&der)
+            .is_ok_and(|(_, parsed)| parsed.public_key().raw == public.as_ref())
+    });
+    if !matches {
+        return Err(bad(key_path, "key", format!("it is not the key of {}", cert_path.display())));
+    }
+    Ok((vec![der], key, not_after))
+}
+
+/// One PEM certificate, checked to be valid now; with when it expires.
+fn load_certificate(
+    path: &Path,
+    what: &'static str,
+) -> Result<(CertificateDer<'static>, OffsetDateTime), CertError> {
+    let pem = fs::read(path).map_err(|source| CertError::Io { path: path.to_owned(), source })?;
+    let bad = |detail: String| CertError::Bad { path: path.to_owned(), what, detail };
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).map_err(|err| bad(format!("not PEM: {err}")))?;
+    let parsed = pem.parse_x509().map_err(|err| bad(format!("not a certificate: {err}")))?;
+    let validity = parsed.validity();
+    let now = OffsetDateTime::now_utc();
+    let (not_before, not_after) = (validity.not_before.to_datetime(), validity.not_after.to_datetime());
+    if not_after <= now {
+        return Err(bad(format!("it expired at {not_after}")));
+    }
+    if not_before > now {
+        return Err(bad(format!("it is not valid before {not_before}")));
+    }
+    Ok((CertificateDer::from(pem.contents.clone()), not_after))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Node,
+    User,
+}
+
+/// The cluster CA's client-certificate check, and one more: the
+/// certificate names a node (the peer port) or a user (the client port).
+#[derive(Debug)]
+struct RequireIdentity {
+    inner: Arc<dyn ClientCertVerifier>,
+    kind: Kind,
+}
+
+impl RequireIdentity {
+    fn new(
+        roots: &Arc<RootCertStore>,
+        provider: &Arc<CryptoProvider>,
+        kind: Kind,
+    ) -> Result<RequireIdentity, String> {
+        let inner = WebPkiClientVerifier::builder_with_provider(Arc::clone(roots), Arc::clone(provider))
+            .build()
+            .map_err(|err| err.to_string())?;
+        Ok(RequireIdentity { inner, kind })
+    }
+}
+
+impl ClientCertVerifier for RequireIdentity {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self.inner.verify_client_cert(end_entity, intermediates, now)?;
+        let fits = match identity_of(end_entity) {
+            Ok(Identity::Node(_)) => self.kind == Kind::Node,
+            Ok(Identity::User(_)) => self.kind == Kind::User,
+            Err(_) => false,
+        };
+        if fits {
+            Ok(verified)
+        } else {
+            Err(rustls::Error::InvalidCertificate(rustls::CertificateError::ApplicationVerificationFailure))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
