@@ -14,7 +14,7 @@
 //! client costs bounded memory.
 
 use std::collections::HashMap;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -29,6 +29,7 @@ use slog::{debug, info, warn, Logger};
 
 use crate::frame::{decode_frame, encode_frame, FrameError};
 use crate::node::{Core, NodeIo, Peers, Turn};
+use crate::wire::{Got, Wire};
 
 /// Settings of the client listener.
 #[derive(Clone, Debug)]
@@ -38,6 +39,9 @@ pub struct ClientConfig {
     /// Requests in flight on one connection; more are refused.
     pub in_flight_max: usize,
     pub frame_bytes_max: usize,
+    /// TLS on this port: every client must present a certificate this
+    /// configuration accepts. `None`: plain TCP.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// Serves requests. Called on the listener's event-loop thread, which
@@ -89,6 +93,12 @@ impl ResponseSink {
     /// the listener runs.
     pub fn connection(&self) -> u64 {
         self.connection.token.0 as u64
+    }
+
+    /// The user the connection's certificate names (TLS only; `None` on
+    /// plain TCP).
+    pub fn user(&self) -> Option<&str> {
+        self.connection.user.get().map(String::as_str)
     }
 
     /// Queues the response (its id is set here) for the event loop to
@@ -150,6 +160,8 @@ struct ConnectionShared {
     /// for writing.
     in_flight: AtomicUsize,
     shared: Arc<LoopShared>,
+    /// The user its certificate names, once its TLS handshake is done.
+    user: std::sync::OnceLock<String>,
 }
 
 /// A running client listener.
@@ -228,7 +240,7 @@ pub(crate) struct EventLoop<M> {
 
 /// The event loop's side of one connection.
 struct Connection {
-    stream: TcpStream,
+    wire: Wire,
     shared: Arc<ConnectionShared>,
     /// Bytes read and not yet decoded: at most one partial frame.
     input: Vec<u8>,
@@ -429,10 +441,12 @@ impl<M: protobuf::Message> EventLoop<M> {
         if self.connections.len() >= self.config.connections_max {
             warn!(self.logger, "refusing client: too many connections";
                 "remote" => %remote, "max" => self.config.connections_max);
-            let mut buffer = Vec::new();
-            encode_frame(&error_response(0, ErrorCode::UNAVAILABLE, "too many connections"), &mut buffer);
-            // A new socket's send buffer is empty: this small write fits.
-            let _ = stream.write(&buffer);
+            if self.config.tls.is_none() {
+                let mut buffer = Vec::new();
+                encode_frame(&error_response(0, ErrorCode::UNAVAILABLE, "too many connections"), &mut buffer);
+                // A new socket's send buffer is empty: this small write fits.
+                let _ = stream.write(&buffer);
+            }
             return;
         }
         let token = Token(self.next_token);
@@ -442,6 +456,16 @@ impl<M: protobuf::Message> EventLoop<M> {
             warn!(self.logger, "cannot watch a client connection"; "remote" => %remote, "error" => %err);
             return;
         }
+        let wire = match &self.config.tls {
+            None => Wire::plain(stream),
+            Some(tls) => match Wire::tls_server(stream, tls) {
+                Ok(wire) => wire,
+                Err(err) => {
+                    warn!(self.logger, "cannot start TLS on a client connection"; "remote" => %remote, "error" => %err);
+                    return;
+                }
+            },
+        };
         let logger = self.logger.new(slog::o!("remote" => remote.to_string()));
         debug!(logger, "client connected");
         let shared = Arc::new(ConnectionShared {
@@ -449,9 +473,10 @@ impl<M: protobuf::Message> EventLoop<M> {
             alive: AtomicBool::new(true),
             in_flight: AtomicUsize::new(0),
             shared: Arc::clone(&self.shared),
+            user: std::sync::OnceLock::new(),
         });
         let connection = Connection {
-            stream,
+            wire,
             shared,
             input: Vec::new(),
             output: Vec::new(),
@@ -499,14 +524,29 @@ impl<M: protobuf::Message> EventLoop<M> {
                 }
                 continue;
             }
-            let n = match connection.stream.read(&mut self.scratch) {
-                Ok(0) => return Err(Close::Quietly("client closed the connection".into())),
-                Ok(n) => n,
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            let handshaking = connection.wire.is_handshaking();
+            let n = match connection.wire.read(&mut self.scratch, &mut connection.input) {
+                Ok(Got::Closed) => return Err(Close::Quietly("client closed the connection".into())),
+                Ok(Got::Bytes(n)) => n,
+                Ok(Got::Nothing) => return Ok(()),
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                // A client that fails the handshake (no certificate, another
+                // CA's, plain TCP on a TLS port) is refused, not a fault.
+                Err(err) if err.kind() == io::ErrorKind::InvalidData => {
+                    return Err(Close::Violation(err.to_string()))
+                }
                 Err(err) => return Err(Close::Quietly(format!("read failed: {err}"))),
             };
-            connection.input.extend_from_slice(&self.scratch[..n]);
+            if handshaking && !connection.wire.is_handshaking() {
+                // The port's verifier takes user certificates only.
+                let leaf = connection.wire.peer_certificates().and_then(|chain| chain.first());
+                if let Some(Ok(fencelock_tls::Identity::User(user))) =
+                    leaf.map(|leaf| fencelock_tls::identity_of(leaf))
+                {
+                    debug!(connection.logger, "client authenticated"; "user" => &user);
+                    let _ = connection.shared.user.set(user);
+                }
+            }
             if !self.decode(token, &mut budget)? {
                 self.read_again.push(token);
                 return Ok(());
@@ -680,15 +720,17 @@ impl<M: protobuf::Message> EventLoop<M> {
         }
         // Best effort: what is already encoded may still fit the socket.
         let _ = write_out(&mut connection);
-        let _ = self.poll.registry().deregister(&mut connection.stream);
-        let _ = connection.stream.shutdown(std::net::Shutdown::Both);
+        let _ = self.poll.registry().deregister(connection.wire.stream());
+        connection.wire.shutdown();
     }
 }
 
 /// Writes the connection's unsent output until done or the socket is full.
 fn write_out(connection: &mut Connection) -> io::Result<()> {
+    // TLS records from an earlier write, or the handshake, go first.
+    connection.wire.flush()?;
     while connection.written < connection.output.len() {
-        match connection.stream.write(&connection.output[connection.written..]) {
+        match connection.wire.write(&connection.output[connection.written..]) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => connection.written += n,
             Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,

@@ -36,6 +36,7 @@
 //!     connections_max: 1024,
 //!     in_flight_max: 1024,
 //!     frame_bytes_max: 1 << 20,
+//!     tls: None,
 //! };
 //! let listener = ClientListener::start(config, Arc::new(Unavailable), &logger)?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -44,6 +45,7 @@
 mod client;
 pub mod frame;
 mod node;
+mod wire;
 
 pub use client::{error_response, ClientConfig, ClientListener, Handler, ResponseSink};
 pub use frame::{decode_frame, encode_frame, read_frame, write_frame, FrameError};
@@ -51,3 +53,5 @@ pub use node::{ClientAddrs, Core, Greetings, Heard, LoopWaker, NodeIo, NodeLoop,
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tls_tests;

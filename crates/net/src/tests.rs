@@ -36,6 +36,7 @@ fn listener(handler: Arc<dyn Handler>, connections_max: usize, in_flight_max: us
         connections_max,
         in_flight_max,
         frame_bytes_max: 1024,
+        tls: None,
     };
     ClientListener::start(config, handler, &logger()).unwrap()
 }
@@ -308,6 +309,7 @@ fn node_with(
         connections_max: 8,
         in_flight_max: 8,
         frame_bytes_max: 1024,
+        tls: None,
     };
     let peers = PeerConfig {
         node_id: id,

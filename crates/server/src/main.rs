@@ -256,6 +256,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         connections_max: config.max_connections,
         in_flight_max: config.max_in_flight,
         frame_bytes_max: config.max_frame_bytes,
+        tls: None,
     };
     let make_core = |waker: LoopWaker| -> Box<dyn Core<Message>> {
         let _ = waker_slot.set(waker);

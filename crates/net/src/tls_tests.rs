@@ -1,0 +1,127 @@
+//! The client listener with TLS, over real sockets on 127.0.0.1: users
+//! with a certificate of the cluster's CA are served and known by name;
+//! plain TCP, strangers and nodes are refused, and the listener serves on.
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fencelock_tls::{client_tls, create_ca, create_client, create_node, node_tls, Layout};
+use fencelock_types::client_pb::{ErrorCode, Request, Response, StatusRequest};
+
+use crate::{error_response, read_frame, write_frame, ClientConfig, ClientListener, Handler, ResponseSink};
+
+/// Answers every request with an error whose message names the user.
+struct Whoami;
+
+impl Handler for Whoami {
+    fn handle(&self, request: Request, sink: ResponseSink) {
+        let user = sink.user().unwrap_or("nobody").to_owned();
+        sink.send(error_response(request.id, ErrorCode::UNAVAILABLE, user));
+    }
+}
+
+fn certs(dir: &std::path::Path) -> Layout {
+    let layout = Layout::new(dir);
+    create_ca(&layout, false).unwrap();
+    create_node(&layout, 1, &["127.0.0.1".into()], false).unwrap();
+    create_client(&layout, "alice", false).unwrap();
+    layout
+}
+
+fn start(layout: &Layout) -> ClientListener {
+    let config = ClientConfig {
+        listen_addr: "127.0.0.1:0".parse().unwrap(),
+        connections_max: 8,
+        in_flight_max: 8,
+        frame_bytes_max: 1 << 20,
+        tls: Some(node_tls(layout, 1).unwrap().client_server),
+    };
+    ClientListener::start(config, Arc::new(Whoami), &slog::Logger::root(slog::Discard, slog::o!())).unwrap()
+}
+
+fn status(id: u64) -> Request {
+    Request {
+        id,
+        kind: Some(fencelock_types::client_pb::Request_oneof_kind::status(StatusRequest::default())),
+        ..Default::default()
+    }
+}
+
+type Tls = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
+
+fn tls_connect(addr: SocketAddr, config: &Arc<rustls::ClientConfig>) -> Tls {
+    let socket = TcpStream::connect(addr).unwrap();
+    socket.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    rustls::StreamOwned::new(rustls::ClientConnection::new(Arc::clone(config), name).unwrap(), socket)
+}
+
+/// One request and its answer: the user the server saw.
+fn whoami(stream: &mut Tls) -> Result<String, String> {
+    write_frame(stream, &status(7)).map_err(|err| err.to_string())?;
+    let answer: Response = read_frame(stream, 1 << 20).map_err(|err| err.to_string())?;
+    assert_eq!(answer.id, 7);
+    Ok(answer.get_error().message.clone())
+}
+
+#[test]
+fn a_user_with_a_certificate_of_the_cluster_is_served_and_known_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = certs(dir.path());
+    let listener = start(&layout);
+    let alice = client_tls(&layout, "alice").unwrap();
+    let mut stream = tls_connect(listener.local_addr(), &alice);
+    for _ in 0..3 {
+        assert_eq!(whoami(&mut stream), Ok("alice".to_owned()));
+    }
+    // Pipelined requests, answered in one go.
+    for id in 0..50 {
+        write_frame(&mut stream, &status(id)).unwrap();
+    }
+    for id in 0..50 {
+        let answer: Response = read_frame(&mut stream, 1 << 20).unwrap();
+        assert_eq!(answer.id, id);
+    }
+}
+
+#[test]
+fn plain_tcp_strangers_and_nodes_are_refused_and_the_listener_serves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = certs(dir.path());
+    let listener = start(&layout);
+    let addr = listener.local_addr();
+
+    // Plain TCP on the TLS port: the connection closes (after an alert).
+    let mut plain = TcpStream::connect(addr).unwrap();
+    plain.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write_frame(&mut plain, &status(1)).unwrap();
+    let mut rest = Vec::new();
+    let _ = plain.read_to_end(&mut rest);
+    assert!(rest.len() < 16, "plain TCP got an answer: {rest:?}");
+
+    // A client of another cluster's CA.
+    let other = tempfile::tempdir().unwrap();
+    let other = certs(other.path());
+    let mallory = client_tls(&other, "alice").unwrap();
+    assert!(whoami(&mut tls_connect(addr, &mallory)).is_err(), "another CA's user was served");
+
+    // A node's certificate is no user's.
+    let node = node_tls(&layout, 1).unwrap().peer_client;
+    let mut node_as_client = {
+        let socket = TcpStream::connect(addr).unwrap();
+        socket.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        // The listener's certificate names 127.0.0.1, not node-1.fencelock:
+        // ask for what it carries, so that only the client check decides.
+        let name = fencelock_tls::peer_server_name(1);
+        rustls::StreamOwned::new(rustls::ClientConnection::new(node, name).unwrap(), socket)
+    };
+    assert!(whoami(&mut node_as_client).is_err(), "a node certificate was served on the client port");
+
+    // Still serving.
+    let alice = client_tls(&layout, "alice").unwrap();
+    assert_eq!(whoami(&mut tls_connect(addr, &alice)), Ok("alice".to_owned()));
+}
