@@ -31,7 +31,14 @@ const ARROWS: &[(&str, &[&str])] = &[
     ("fencelock-tls", &[]),
     (
         "fencelock-server",
-        &["fencelock-types", "fencelock-fsm", "fencelock-lease", "fencelock-raft", "fencelock-net"],
+        &[
+            "fencelock-types",
+            "fencelock-fsm",
+            "fencelock-lease",
+            "fencelock-raft",
+            "fencelock-net",
+            "fencelock-tls",
+        ],
     ),
     ("fencelock-bench", &["fencelock-types", "fencelock-net", "fencelock-client"]),
     ("fencelock-sim", &["fencelock-types", "fencelock-fsm", "fencelock-raft"]),

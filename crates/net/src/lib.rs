@@ -49,7 +49,9 @@ mod wire;
 
 pub use client::{error_response, ClientConfig, ClientListener, Handler, ResponseSink};
 pub use frame::{decode_frame, encode_frame, read_frame, write_frame, FrameError};
-pub use node::{ClientAddrs, Core, Greetings, Heard, LoopWaker, NodeIo, NodeLoop, PeerConfig, Route, Turn};
+pub use node::{
+    ClientAddrs, Core, Greetings, Heard, LoopWaker, NodeIo, NodeLoop, PeerConfig, PeerTls, Route, Turn,
+};
 
 #[cfg(test)]
 mod tests;

@@ -19,7 +19,7 @@
 //! malformed is closed; the rest carry on.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError, RwLock};
@@ -35,6 +35,7 @@ use slog::{debug, info, warn, Logger};
 
 use crate::client::{EventLoop, LoopShared};
 use crate::frame::{decode_frame, encode_frame};
+use crate::wire::{Got, Wire};
 use crate::{ClientConfig, Handler};
 
 /// The largest hello accepted from a peer.
@@ -67,6 +68,18 @@ pub struct PeerConfig {
     pub reconnect_backoff_max: Duration,
     /// What the hellos say, both ways (see [`Greetings`]).
     pub greetings: Greetings,
+    /// TLS between peers; `None`: plain TCP.
+    pub tls: Option<PeerTls>,
+}
+
+/// The TLS configurations of a node's peer side (from
+/// `fencelock_tls::NodeTls`).
+#[derive(Clone, Debug)]
+pub struct PeerTls {
+    /// Accepts peers: node certificates of the cluster's CA only.
+    pub accept: Arc<rustls::ServerConfig>,
+    /// Dials peers, asking each for its own node name.
+    pub dial: Arc<rustls::ClientConfig>,
 }
 
 /// Who sends a peer message and who it is for, read from the message.
@@ -338,12 +351,12 @@ struct Outgoing {
 
 enum Link {
     Down { retry_at: Instant },
-    Connecting { stream: TcpStream, token: Token, since: Instant },
-    Up { stream: TcpStream, token: Token },
+    Connecting { wire: Wire, token: Token, since: Instant },
+    Up { wire: Wire, token: Token },
 }
 
 struct Incoming {
-    stream: TcpStream,
+    wire: Wire,
     /// Bytes read and not yet decoded: at most one partial frame.
     input: Vec<u8>,
     /// The peer, once its hello came.
@@ -423,10 +436,10 @@ impl<M: Message> Peers<M> {
 
     fn write_out(&mut self, registry: &Registry, peer: u64) {
         let Some(outgoing) = self.outgoing.get_mut(&peer) else { return };
-        let Link::Up { stream, .. } = &mut outgoing.link else { return };
-        let mut failed = None;
-        while outgoing.written < outgoing.output.len() {
-            match stream.write(&outgoing.output[outgoing.written..]) {
+        let Link::Up { wire, .. } = &mut outgoing.link else { return };
+        let mut failed = wire.flush().err();
+        while failed.is_none() && outgoing.written < outgoing.output.len() {
+            match wire.write(&outgoing.output[outgoing.written..]) {
                 Ok(0) => {
                     failed = Some(io::Error::from(io::ErrorKind::WriteZero));
                     break;
@@ -459,8 +472,9 @@ impl<M: Message> Peers<M> {
         let Some(outgoing) = self.outgoing.get_mut(&peer) else { return };
         let retry_at = Instant::now() + outgoing.backoff;
         let link = std::mem::replace(&mut outgoing.link, Link::Down { retry_at });
-        if let Link::Connecting { mut stream, token, .. } | Link::Up { mut stream, token } = link {
-            let _ = registry.deregister(&mut stream);
+        if let Link::Connecting { mut wire, token, .. } | Link::Up { mut wire, token } = link {
+            let _ = registry.deregister(wire.stream());
+            wire.shutdown();
             self.by_token.remove(&token);
         }
         outgoing.backoff = (outgoing.backoff * 2).min(self.config.reconnect_backoff_max);
@@ -512,11 +526,22 @@ impl<M: Message> Peers<M> {
             self.go_down(registry, peer);
             return;
         }
+        let wire = match &self.config.tls {
+            None => Wire::plain(stream),
+            Some(tls) => match Wire::tls_client(stream, &tls.dial, fencelock_tls::peer_server_name(peer)) {
+                Ok(wire) => wire,
+                Err(err) => {
+                    warn!(outgoing.logger, "cannot start TLS to a peer"; "error" => %err);
+                    self.go_down(registry, peer);
+                    return;
+                }
+            },
+        };
         outgoing.output.clear();
         outgoing.written = 0;
         let hello = self.config.greetings.hello_for(self.config.node_id, &self.config.client_addr, peer);
         encode_frame(&hello, &mut outgoing.output);
-        outgoing.link = Link::Connecting { stream, token, since: Instant::now() };
+        outgoing.link = Link::Connecting { wire, token, since: Instant::now() };
         self.by_token.insert(token, peer);
     }
 
@@ -533,11 +558,27 @@ impl<M: Message> Peers<M> {
                 }
             };
             let token = self.token();
-            if let Err(err) = registry.register(&mut stream, token, Interest::READABLE) {
+            // With TLS the handshake writes too.
+            let interest = if self.config.tls.is_some() {
+                Interest::READABLE | Interest::WRITABLE
+            } else {
+                Interest::READABLE
+            };
+            if let Err(err) = registry.register(&mut stream, token, interest) {
                 warn!(self.logger, "cannot watch a peer connection"; "error" => %err);
                 continue;
             }
-            let incoming = Incoming { stream, input: Vec::new(), peer: None, remote: remote.to_string() };
+            let wire = match &self.config.tls {
+                None => Wire::plain(stream),
+                Some(tls) => match Wire::tls_server(stream, &tls.accept) {
+                    Ok(wire) => wire,
+                    Err(err) => {
+                        warn!(self.logger, "cannot start TLS on a peer connection"; "error" => %err);
+                        continue;
+                    }
+                },
+            };
+            let incoming = Incoming { wire, input: Vec::new(), peer: None, remote: remote.to_string() };
             self.incoming.insert(token, incoming);
         }
     }
@@ -561,7 +602,8 @@ impl<M: Message> Peers<M> {
                     "peer" => incoming.peer, "remote" => &incoming.remote, "error" => reason),
                 None => debug!(self.logger, "peer closed its connection"; "peer" => incoming.peer),
             }
-            let _ = registry.deregister(&mut incoming.stream);
+            let _ = registry.deregister(incoming.wire.stream());
+            incoming.wire.shutdown();
         }
     }
 
@@ -576,7 +618,13 @@ impl<M: Message> Peers<M> {
         let token = event.token();
         if let Some(&peer) = self.by_token.get(&token) {
             self.on_outgoing_event(registry, peer, event);
-        } else if self.incoming.contains_key(&token) {
+        } else if let Some(incoming) = self.incoming.get_mut(&token) {
+            if event.is_writable() {
+                if let Err(err) = incoming.wire.flush() {
+                    self.close_incoming(registry, token, Some(format!("write failed: {err}")));
+                    return;
+                }
+            }
             self.read_more(registry, token, inbound);
         }
     }
@@ -584,7 +632,8 @@ impl<M: Message> Peers<M> {
     fn on_outgoing_event(&mut self, registry: &Registry, peer: u64, event: &Event) {
         let Some(outgoing) = self.outgoing.get_mut(&peer) else { return };
         match &mut outgoing.link {
-            Link::Connecting { stream, token, .. } => {
+            Link::Connecting { wire, token, .. } => {
+                let stream = wire.stream();
                 if let Ok(Some(err)) | Err(err) = stream.take_error() {
                     debug!(outgoing.logger, "cannot reach peer"; "addr" => %outgoing.addr, "error" => %err);
                     self.go_down(registry, peer);
@@ -601,29 +650,30 @@ impl<M: Message> Peers<M> {
                 }
                 let _ = stream.set_nodelay(true);
                 let token = *token;
-                let Link::Connecting { stream, .. } =
+                let Link::Connecting { wire, .. } =
                     std::mem::replace(&mut outgoing.link, Link::Down { retry_at: Instant::now() })
                 else {
                     return;
                 };
-                outgoing.link = Link::Up { stream, token };
+                outgoing.link = Link::Up { wire, token };
                 outgoing.backoff = self.config.reconnect_backoff_min;
                 info!(outgoing.logger, "connected to peer"; "addr" => %outgoing.addr);
                 self.write_out(registry, peer);
             }
-            Link::Up { stream, .. } => {
+            Link::Up { wire, .. } => {
                 if event.is_readable() || event.is_read_closed() || event.is_error() {
-                    // Peers send nothing back on this connection: a read
-                    // only tells whether it is still open.
+                    // Peers send nothing back on this connection but the
+                    // TLS handshake: a read tells whether it is still open.
+                    let mut ignored = Vec::new();
                     loop {
-                        match stream.read(&mut self.scratch) {
-                            Ok(0) => {
+                        match wire.read(&mut self.scratch, &mut ignored) {
+                            Ok(Got::Closed) => {
                                 info!(outgoing.logger, "peer closed the connection");
                                 self.go_down(registry, peer);
                                 return;
                             }
-                            Ok(_) => continue,
-                            Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
+                            Ok(Got::Bytes(_)) => ignored.clear(),
+                            Ok(Got::Nothing) => break,
                             Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
                             Err(err) => {
                                 warn!(outgoing.logger, "peer connection lost"; "error" => %err);
@@ -652,15 +702,14 @@ impl<M: Message> Peers<M> {
                 self.again.push(token);
                 break;
             }
-            let n = match incoming.stream.read(&mut self.scratch) {
-                Ok(0) => return Err(None),
-                Ok(n) => n,
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
+            let n = match incoming.wire.read(&mut self.scratch, &mut incoming.input) {
+                Ok(Got::Closed) => return Err(None),
+                Ok(Got::Bytes(n)) => n,
+                Ok(Got::Nothing) => break,
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
                 Err(err) => return Err(Some(format!("read failed: {err}"))),
             };
             read += n;
-            incoming.input.extend_from_slice(&self.scratch[..n]);
             let mut at = 0;
             loop {
                 let rest = &incoming.input[at..];
@@ -671,6 +720,18 @@ impl<M: Message> Peers<M> {
                             at += used;
                             if !self.config.peers.contains_key(&hello.node_id) {
                                 return Err(Some(format!("hello from node {}, not a peer", hello.node_id)));
+                            }
+                            if self.config.tls.is_some() {
+                                // The hello may claim only the node the
+                                // certificate names.
+                                let leaf = incoming.wire.peer_certificates().and_then(|chain| chain.first());
+                                let named = leaf.map(|leaf| fencelock_tls::identity_of(leaf));
+                                if named != Some(Ok(fencelock_tls::Identity::Node(hello.node_id))) {
+                                    return Err(Some(format!(
+                                        "hello claims node {}, but the certificate names {named:?}",
+                                        hello.node_id
+                                    )));
+                                }
                             }
                             incoming.peer = Some(hello.node_id);
                             self.config.greetings.record(hello.node_id, &hello);

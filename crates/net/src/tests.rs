@@ -49,7 +49,7 @@ fn status_request(id: u64) -> Request {
     }
 }
 
-fn connect(addr: SocketAddr) -> TcpStream {
+pub(crate) fn connect(addr: SocketAddr) -> TcpStream {
     let stream = TcpStream::connect(addr).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     stream
@@ -209,12 +209,12 @@ fn a_stopped_listener_refuses_new_connections_and_serves_open_ones() {
     assert_eq!(answer.id, 2);
 }
 
-fn free_addr() -> SocketAddr {
+pub(crate) fn free_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
 /// The test's peer message: from `node_id` to `leader_id`, carrying `role`.
-type Msg = StatusResponse;
+pub(crate) type Msg = StatusResponse;
 
 /// A node loop's core for tests: hands inbound messages to a channel,
 /// sends what the test queues (reporting whether each was taken), counts
@@ -252,27 +252,27 @@ impl Core<Msg> for Relay {
 }
 
 /// A running test node: its loop and the ends of its relay's channels.
-struct TestNode {
-    node: NodeLoop,
-    outbound: Sender<Msg>,
-    taken: crossbeam_channel::Receiver<bool>,
-    inbound: crossbeam_channel::Receiver<Msg>,
-    turns: Arc<AtomicUsize>,
-    stop: Arc<AtomicBool>,
-    hold_ms: Arc<AtomicU64>,
-    client_addrs: ClientAddrs,
-    greetings: Greetings,
+pub(crate) struct TestNode {
+    pub(crate) node: NodeLoop,
+    pub(crate) outbound: Sender<Msg>,
+    pub(crate) taken: crossbeam_channel::Receiver<bool>,
+    pub(crate) inbound: crossbeam_channel::Receiver<Msg>,
+    pub(crate) turns: Arc<AtomicUsize>,
+    pub(crate) stop: Arc<AtomicBool>,
+    pub(crate) hold_ms: Arc<AtomicU64>,
+    pub(crate) client_addrs: ClientAddrs,
+    pub(crate) greetings: Greetings,
 }
 
 impl TestNode {
     /// Queues `message` and waits for the core to take it or drop it.
-    fn send(&self, message: Msg) -> bool {
+    pub(crate) fn send(&self, message: Msg) -> bool {
         self.outbound.send(message).unwrap();
         self.node.waker().wake();
         self.taken.recv_timeout(Duration::from_secs(10)).expect("the core never ran")
     }
 
-    fn stop(self) {
+    pub(crate) fn stop(self) {
         self.stop.store(true, Ordering::SeqCst);
         self.node.waker().wake();
         self.node.join().unwrap();
@@ -280,15 +280,19 @@ impl TestNode {
 }
 
 fn node(id: u64, addrs: &BTreeMap<u64, SocketAddr>, output_bytes_max: usize) -> TestNode {
-    node_with(id, addrs, output_bytes_max, Arc::new(Immediate))
+    node_with(id, addrs, output_bytes_max, Arc::new(Immediate), None)
 }
 
-fn node_with(
+/// A test node; with `tls`, both its ports speak TLS with node `id`'s
+/// certificate from that directory.
+pub(crate) fn node_with(
     id: u64,
     addrs: &BTreeMap<u64, SocketAddr>,
     output_bytes_max: usize,
     handler: Arc<dyn Handler>,
+    tls: Option<&fencelock_tls::Layout>,
 ) -> TestNode {
+    let tls = tls.map(|layout| fencelock_tls::node_tls(layout, id).unwrap());
     let (outbound_tx, outbound_rx) = crossbeam_channel::unbounded();
     let (taken_tx, taken_rx) = crossbeam_channel::unbounded();
     let (inbound_tx, inbound_rx) = crossbeam_channel::unbounded();
@@ -309,7 +313,7 @@ fn node_with(
         connections_max: 8,
         in_flight_max: 8,
         frame_bytes_max: 1024,
-        tls: None,
+        tls: tls.as_ref().map(|tls| Arc::clone(&tls.client_server)),
     };
     let peers = PeerConfig {
         node_id: id,
@@ -321,6 +325,7 @@ fn node_with(
         reconnect_backoff_min: Duration::from_millis(10),
         reconnect_backoff_max: Duration::from_millis(100),
         greetings: Greetings::new(),
+        tls: tls.map(|tls| crate::PeerTls { accept: tls.peer_server, dial: tls.peer_client }),
     };
     let greetings = peers.greetings.clone();
     let client_addrs = ClientAddrs::new();
@@ -361,7 +366,7 @@ impl Handler for Slow {
 }
 
 /// Answers every request at once.
-struct Immediate;
+pub(crate) struct Immediate;
 
 impl Handler for Immediate {
     fn handle(&self, request: Request, sink: ResponseSink) {
@@ -370,12 +375,12 @@ impl Handler for Immediate {
 }
 
 /// A test message from node `from` to node `to`.
-fn msg(from: u64, to: u64, payload: &str) -> Msg {
+pub(crate) fn msg(from: u64, to: u64, payload: &str) -> Msg {
     Msg { node_id: from, leader_id: to, role: payload.into(), ..Default::default() }
 }
 
 /// Sends `payload` from node `from` to node `to` until it arrives there.
-fn deliver(from: (u64, &TestNode), to: u64, payload: &str, at: &TestNode) -> Msg {
+pub(crate) fn deliver(from: (u64, &TestNode), to: u64, payload: &str, at: &TestNode) -> Msg {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         // Messages sent before the connection is up are dropped: resend.
@@ -575,7 +580,7 @@ fn a_peer_that_does_not_read_costs_bounded_output_and_stops_nothing() {
 fn a_client_that_floods_requests_does_not_starve_the_core() {
     let addrs: BTreeMap<u64, SocketAddr> = [(1, free_addr())].into_iter().collect();
     // Each request costs the loop 20 µs: the client writes faster than that.
-    let one = node_with(1, &addrs, 1 << 20, Arc::new(Slow));
+    let one = node_with(1, &addrs, 1 << 20, Arc::new(Slow), None);
     let stream = connect(one.node.client_addr());
     // A reader drains the answers, so the flood is never paused for them.
     let mut reader = stream.try_clone().unwrap();

@@ -125,3 +125,77 @@ fn plain_tcp_strangers_and_nodes_are_refused_and_the_listener_serves_on() {
     let alice = client_tls(&layout, "alice").unwrap();
     assert_eq!(whoami(&mut tls_connect(addr, &alice)), Ok("alice".to_owned()));
 }
+
+/// Three nodes' certificates (and alice's) in a fresh directory.
+fn cluster_certs(dir: &std::path::Path) -> Layout {
+    let layout = certs(dir);
+    for id in 2..=3 {
+        create_node(&layout, id, &["127.0.0.1".into()], false).unwrap();
+    }
+    layout
+}
+
+/// Opens a TLS connection to a peer port as `config` (asking for node
+/// `expect`'s name), says `hello` and `message`, and returns whether the
+/// node closed the connection.
+fn rogue_peer(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+    expect: u64,
+    hello: &fencelock_types::client_pb::PeerHello,
+    message: &crate::tests::Msg,
+) -> bool {
+    let socket = TcpStream::connect(addr).unwrap();
+    socket.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let session = rustls::ClientConnection::new(config, fencelock_tls::peer_server_name(expect)).unwrap();
+    let mut stream = rustls::StreamOwned::new(session, socket);
+    let _ = write_frame(&mut stream, hello).and_then(|()| write_frame(&mut stream, message));
+    let mut rest = Vec::new();
+    // Closed: end of stream or a TLS error; never a message back.
+    matches!(stream.read_to_end(&mut rest), Ok(0) | Err(_))
+}
+
+#[test]
+fn peers_over_tls_exchange_messages_and_a_hello_must_match_its_certificate() {
+    use crate::tests::{deliver, free_addr, msg, node_with, Immediate};
+    use fencelock_types::client_pb::PeerHello;
+
+    let dir = tempfile::tempdir().unwrap();
+    let layout = cluster_certs(dir.path());
+    let addrs: std::collections::BTreeMap<u64, SocketAddr> = (1..=3).map(|id| (id, free_addr())).collect();
+    let one = node_with(1, &addrs, 1 << 20, Arc::new(Immediate), Some(&layout));
+    let two = node_with(2, &addrs, 1 << 20, Arc::new(Immediate), Some(&layout));
+    assert_eq!(deliver((1, &one), 2, "over tls", &two).role, "over tls");
+    assert_eq!(deliver((2, &two), 1, "and back", &one).role, "and back");
+
+    // Node 3's own certificate, claiming to be node 1.
+    let three = node_tls(&layout, 3).unwrap().peer_client;
+    let hello = PeerHello { node_id: 1, ..Default::default() };
+    assert!(rogue_peer(addrs[&2], three, 2, &hello, &msg(1, 2, "spoofed")));
+    // A user's certificate on the peer port.
+    let alice = client_tls(&layout, "alice").unwrap();
+    assert!(rogue_peer(addrs[&2], alice, 2, &hello, &msg(1, 2, "user")));
+    // Another cluster's node 1.
+    let other = tempfile::tempdir().unwrap();
+    let other = cluster_certs(other.path());
+    let stranger = node_tls(&other, 1).unwrap().peer_client;
+    assert!(rogue_peer(addrs[&2], stranger, 2, &hello, &msg(1, 2, "stranger")));
+    // Plain TCP on the TLS peer port.
+    let mut plain = TcpStream::connect(addrs[&2]).unwrap();
+    plain.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write_frame(&mut plain, &hello).unwrap();
+    let mut rest = Vec::new();
+    let _ = plain.read_to_end(&mut rest);
+    assert!(rest.len() < 16, "plain TCP got an answer: {rest:?}");
+
+    while let Ok(message) = two.inbound.try_recv() {
+        assert!(
+            !["spoofed", "user", "stranger"].contains(&message.role.as_str()),
+            "{} delivered",
+            message.role
+        );
+    }
+    assert_eq!(deliver((1, &one), 2, "still", &two).role, "still");
+    one.stop();
+    two.stop();
+}

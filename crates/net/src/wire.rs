@@ -43,6 +43,16 @@ impl Wire {
         Ok(Wire { stream, tls: Some(Box::new(session.into())) })
     }
 
+    /// The client side of a TLS connection being opened to `name`.
+    pub(crate) fn tls_client(
+        stream: TcpStream,
+        config: &Arc<rustls::ClientConfig>,
+        name: rustls::pki_types::ServerName<'static>,
+    ) -> io::Result<Wire> {
+        let session = rustls::ClientConnection::new(Arc::clone(config), name).map_err(io::Error::other)?;
+        Ok(Wire { stream, tls: Some(Box::new(session.into())) })
+    }
+
     pub(crate) fn stream(&mut self) -> &mut TcpStream {
         &mut self.stream
     }

@@ -76,6 +76,10 @@ pub struct Flags {
     /// Serve Prometheus metrics at http://ADDR/metrics (off unless set).
     #[arg(long)]
     pub metrics_addr: Option<SocketAddr>,
+    /// Serve both ports over TLS with the certificates in DIR (`ca.crt`,
+    /// `node-<id>.crt` and `node-<id>.key`; see `fencelock cert`).
+    #[arg(long, value_name = "DIR")]
+    pub certs_dir: Option<PathBuf>,
     /// Serve plain TCP on addresses other than loopback (this node's peer,
     /// client or metrics address). Anyone who can reach them can then act as
     /// a peer or a client: see docs/security.md.
@@ -114,6 +118,7 @@ struct FileConfig {
     max_in_flight: Option<usize>,
     max_frame_bytes: Option<usize>,
     metrics_addr: Option<SocketAddr>,
+    certs_dir: Option<PathBuf>,
     insecure: Option<bool>,
 }
 
@@ -133,6 +138,8 @@ pub struct ServerConfig {
     pub max_frame_bytes: usize,
     /// Where `/metrics` is served; `None`: nowhere.
     pub metrics_addr: Option<SocketAddr>,
+    /// TLS on both ports, with the certificates in this directory.
+    pub certs_dir: Option<PathBuf>,
     /// The addresses this node serves plain TCP on that are not loopback
     /// (allowed by `insecure`; the server warns of each at start).
     pub exposed: Vec<(&'static str, SocketAddr)>,
@@ -201,9 +208,12 @@ impl ServerConfig {
             }
         }
         let own_peer_addr = peers[&id];
+        let certs_dir = flags.certs_dir.clone().or(file.certs_dir);
+        // With TLS, only /metrics is plain.
+        let plain = certs_dir.is_none();
         let exposed: Vec<(&'static str, SocketAddr)> = [
-            ("peer address", Some(own_peer_addr)),
-            ("client_addr", Some(client_addr)),
+            ("peer address", Some(own_peer_addr).filter(|_| plain)),
+            ("client_addr", Some(client_addr).filter(|_| plain)),
             ("metrics_addr", metrics_addr),
         ]
         .into_iter()
@@ -218,6 +228,7 @@ impl ServerConfig {
             );
         }
         Ok(ServerConfig {
+            certs_dir,
             exposed,
             id,
             peers,
@@ -333,6 +344,13 @@ mod tests {
         assert!(config.exposed.is_empty());
         let config = ServerConfig::load(&flags(&["--client-addr", "127.0.0.2:7101"])).unwrap();
         assert!(config.exposed.is_empty());
+        // TLS ports may bind anywhere; /metrics stays plain.
+        let args = ["--client-addr", "0.0.0.0:7101", "--peers", "1=10.1.2.3:7001", "--certs-dir", "certs"];
+        let config = ServerConfig::load(&flags(&args)).unwrap();
+        assert!(config.exposed.is_empty());
+        assert!(
+            ServerConfig::load(&flags(&["--certs-dir", "certs", "--metrics-addr", "0.0.0.0:9100"])).is_err()
+        );
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("fencelock.toml");
         std::fs::write(&path, "client_addr = \"0.0.0.0:7101\"\ninsecure = true\n").unwrap();

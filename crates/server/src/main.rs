@@ -26,7 +26,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use crossbeam_channel::{bounded, select, tick, unbounded, Receiver, Sender};
 use fencelock_net::{
-    ClientAddrs, ClientConfig, Core, Greetings, LoopWaker, NodeIo, NodeLoop, PeerConfig, Route, Turn,
+    ClientAddrs, ClientConfig, Core, Greetings, LoopWaker, NodeIo, NodeLoop, PeerConfig, PeerTls, Route, Turn,
 };
 use fencelock_raft::rejoin::PeerReport;
 use fencelock_raft::shell::{Driver, MonotonicClock, PeerSink, Request};
@@ -183,6 +183,14 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         ),
         None => None,
     };
+    // Certificates first: a bad file is a configuration error, named.
+    let tls = match &config.certs_dir {
+        Some(dir) => Some(
+            fencelock_tls::node_tls(&fencelock_tls::Layout::new(dir), config.id)
+                .context("cannot serve TLS")?,
+        ),
+        None => None,
+    };
     let raft_dir = config.data_dir.join("raft");
     std::fs::create_dir_all(&raft_dir).with_context(|| format!("cannot create {}", raft_dir.display()))?;
     let store = EngineStore::open(&raft_dir)
@@ -242,6 +250,9 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         reconnect_backoff_min: Duration::from_millis(20),
         reconnect_backoff_max: Duration::from_secs(1),
         greetings,
+        tls: tls
+            .as_ref()
+            .map(|tls| PeerTls { accept: Arc::clone(&tls.peer_server), dial: Arc::clone(&tls.peer_client) }),
     };
     let client_addrs = ClientAddrs::new();
     let identity = Identity {
@@ -256,7 +267,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         connections_max: config.max_connections,
         in_flight_max: config.max_in_flight,
         frame_bytes_max: config.max_frame_bytes,
-        tls: None,
+        tls: tls.as_ref().map(|tls| Arc::clone(&tls.client_server)),
     };
     let make_core = |waker: LoopWaker| -> Box<dyn Core<Message>> {
         let _ = waker_slot.set(waker);
