@@ -25,7 +25,7 @@ const ARROWS: &[(&str, &[&str])] = &[
     ("fencelock-lease", &["fencelock-types"]),
     ("fencelock-raft", &["fencelock-types", "fencelock-fsm", "fencelock-lease"]),
     ("fencelock-net", &["fencelock-types", "fencelock-tls"]),
-    ("fencelock-client", &["fencelock-types", "fencelock-net"]),
+    ("fencelock-client", &["fencelock-types", "fencelock-net", "fencelock-tls"]),
     ("fencelock-cli", &["fencelock-types", "fencelock-client", "fencelock-tls"]),
     // Certificates: files, rcgen and x509-parser, no fencelock crate.
     ("fencelock-tls", &[]),

@@ -46,6 +46,15 @@ pub struct Cli {
     )]
     pub retry_for: Duration,
 
+    /// Speak TLS, with the certificates in this directory (`ca.crt`, and
+    /// `client-<user>.crt`/`.key`); the `cert` commands write there.
+    #[arg(long, global = true, env = "FENCELOCK_CERTS_DIR", value_name = "DIR")]
+    pub certs_dir: Option<std::path::PathBuf>,
+
+    /// The user to connect as, with --certs-dir.
+    #[arg(long, global = true, env = "FENCELOCK_USER", value_name = "NAME")]
+    pub user: Option<String>,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -86,12 +95,12 @@ pub enum Command {
 pub enum CertCommand {
     /// Make the cluster's CA: ca.crt, and ca.key (mode 0600; keep it off
     /// the nodes once their certificates are made).
-    CreateCa(CertDir),
+    CreateCa(Overwrite),
     /// Make node N's certificate, node-N.crt and node-N.key, for the host
     /// names and IP addresses it serves under.
     CreateNode {
         #[command(flatten)]
-        dir: CertDir,
+        overwrite: Overwrite,
         /// The node's id, as in fencelockd --id.
         #[arg(long)]
         id: u64,
@@ -103,17 +112,14 @@ pub enum CertCommand {
     /// client-NAME.key.
     CreateClient {
         #[command(flatten)]
-        dir: CertDir,
+        overwrite: Overwrite,
         /// The user name: letters, digits, `.`, `_` and `-`.
         name: String,
     },
 }
 
 #[derive(Debug, Args)]
-pub struct CertDir {
-    /// The certificates directory.
-    #[arg(long, env = "FENCELOCK_CERTS_DIR")]
-    pub certs_dir: std::path::PathBuf,
+pub struct Overwrite {
     /// Replace files that exist.
     #[arg(long)]
     pub overwrite: bool,

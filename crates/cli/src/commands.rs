@@ -2,7 +2,7 @@
 //! JSON.
 
 use anyhow::{Context, Result};
-use fencelock_client::{Client, ClientConfig, ClientError, LockInfo};
+use fencelock_client::{Client, ClientConfig, ClientError, LockInfo, TlsConfig};
 
 use crate::args::{AcquireArgs, CheckArgs, Cli, GetArgs, ListArgs, ReleaseArgs, RenewArgs};
 use crate::output::{
@@ -14,7 +14,12 @@ pub fn connect(cli: &Cli) -> Result<Client> {
     let mut config = ClientConfig::new(cli.endpoints.iter().cloned());
     config.request_timeout = cli.timeout;
     config.retry_for = cli.retry_for;
-    Client::connect(config).context("bad --endpoints")
+    if let Some(certs_dir) = &cli.certs_dir {
+        let user = cli.user.clone().context("--certs-dir needs --user NAME (or FENCELOCK_USER)")?;
+        config.tls = Some(TlsConfig { certs_dir: certs_dir.clone(), user });
+    }
+    let what = if config.tls.is_some() { "bad --endpoints or certificates" } else { "bad --endpoints" };
+    Client::connect(config).context(what)
 }
 
 /// Prints `value` as one line of JSON.

@@ -74,4 +74,7 @@ fn the_cert_commands_write_a_cluster_layout_and_refuse_to_clobber_it() {
     assert!(stderr(&bad_name).contains("user name `a/b`"), "{bad_name:?}");
     let no_host = fencelock(&["cert", "create-node", "--certs-dir", certs, "--id", "4"]);
     assert_eq!(no_host.status.code(), Some(1), "{no_host:?}");
+    let no_dir = fencelock(&["cert", "create-ca"]);
+    assert_eq!(no_dir.status.code(), Some(1), "{no_dir:?}");
+    assert!(stderr(&no_dir).contains("--certs-dir"), "{no_dir:?}");
 }

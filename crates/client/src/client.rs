@@ -52,6 +52,8 @@ impl fmt::Debug for Client {
 #[derive(Debug)]
 pub(crate) struct Inner {
     endpoints: Vec<String>,
+    /// TLS to every node, as the configured user.
+    tls: Option<Arc<rustls::ClientConfig>>,
     pub(crate) request_timeout: Duration,
     pub(crate) retry_for: Duration,
     owner: Vec<u8>,
@@ -103,8 +105,16 @@ impl Client {
         if config.owner.as_ref().is_some_and(Vec::is_empty) {
             return Err(ClientError::InvalidArgument("owner is empty".to_owned()));
         }
+        let tls = match &config.tls {
+            Some(tls) => Some(
+                fencelock_tls::client_tls(&fencelock_tls::Layout::new(&tls.certs_dir), &tls.user)
+                    .map_err(|err| ClientError::InvalidArgument(format!("TLS: {err}")))?,
+            ),
+            None => None,
+        };
         let inner = Inner {
             endpoints,
+            tls,
             request_timeout: config.request_timeout,
             retry_for: config.retry_for,
             owner: config.owner.unwrap_or_else(default_owner),
@@ -411,7 +421,7 @@ impl Inner {
         }
         // Connecting happens outside the pool's lock, so that one slow node
         // does not hold up calls to the others.
-        let fresh = Connection::open(addr, timeout, self.request_timeout)?;
+        let fresh = Connection::open(addr, timeout, self.request_timeout, self.tls.as_ref())?;
         let mut connections = lock(&self.connections);
         match connections.get(addr) {
             // Another caller connected meanwhile: share theirs.

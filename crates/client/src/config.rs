@@ -25,6 +25,18 @@ pub struct ClientConfig {
     /// gets the same token back, so retries never grant twice. `None` picks a
     /// fresh identity per client: `<hostname>-<pid>-<nanoseconds since epoch>`.
     pub owner: Option<Vec<u8>>,
+    /// TLS to every node, as a user of the cluster's CA. `None`: plain TCP.
+    pub tls: Option<TlsConfig>,
+}
+
+/// Where a client finds its certificates (made with `fencelock cert`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsConfig {
+    /// The directory with `ca.crt`, `client-<user>.crt` and
+    /// `client-<user>.key`.
+    pub certs_dir: std::path::PathBuf,
+    /// The user to connect as.
+    pub user: String,
 }
 
 impl ClientConfig {
@@ -39,6 +51,7 @@ impl ClientConfig {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             retry_for: DEFAULT_RETRY_FOR,
             owner: None,
+            tls: None,
         }
     }
 }

@@ -10,6 +10,12 @@
 //! connection-level refusal sent with id 0) every waiting caller is told at
 //! once and the connection is closed for good: the pool opens a new one on
 //! next use.
+//!
+//! With TLS the handshake is made when the connection opens. Afterwards the
+//! session lives with the writing side, under its lock: a writer encrypts
+//! and writes; the reader reads raw bytes without the lock, then takes it
+//! to decrypt them (and to write whatever the session must answer), so
+//! that records leave in the order the session made them.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -125,10 +131,69 @@ struct ReadHalf {
     chunk: Vec<u8>,
 }
 
+/// The writing side: the socket and, with TLS, the session.
+#[derive(Debug)]
+struct WriteHalf {
+    stream: TcpStream,
+    tls: Option<rustls::ClientConnection>,
+}
+
+impl WriteHalf {
+    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
+        let Some(session) = self.tls.as_mut() else { return self.stream.write_all(frame) };
+        session.writer().write_all(frame)?;
+        flush_session(session, &mut self.stream)
+    }
+
+    /// Takes `bytes` read from the socket, appending the plaintext to
+    /// `input`; `Ok(true)` when the server closed the session.
+    fn take_in(&mut self, bytes: &[u8], input: &mut Vec<u8>) -> Result<bool, String> {
+        let Some(session) = self.tls.as_mut() else {
+            input.extend_from_slice(bytes);
+            return Ok(false);
+        };
+        let mut fed = 0;
+        let mut closed = false;
+        while fed < bytes.len() {
+            let taken = session.read_tls(&mut &bytes[fed..]).map_err(|err| format!("TLS: {err}"))?;
+            if taken == 0 {
+                return Err("TLS: the session takes no more input".into());
+            }
+            fed += taken;
+            if let Err(err) = session.process_new_packets() {
+                let _ = flush_session(session, &mut self.stream);
+                return Err(format!("TLS: {err}"));
+            }
+            let mut chunk = [0u8; 16 * 1024];
+            loop {
+                match session.reader().read(&mut chunk) {
+                    Ok(0) => {
+                        closed = true;
+                        break;
+                    }
+                    Ok(n) => input.extend_from_slice(&chunk[..n]),
+                    Err(err) if err.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(err) => return Err(format!("TLS: {err}")),
+                }
+            }
+        }
+        flush_session(session, &mut self.stream).map_err(|err| format!("write failed: {err}"))?;
+        Ok(closed)
+    }
+}
+
+/// Writes out every record the session has made.
+fn flush_session(session: &mut rustls::ClientConnection, stream: &mut TcpStream) -> io::Result<()> {
+    while session.wants_write() {
+        session.write_tls(stream)?;
+    }
+    Ok(())
+}
+
 /// A connection to one node, shared by every caller using that node.
 #[derive(Debug)]
 pub(crate) struct Connection {
-    writer: Mutex<TcpStream>,
+    writer: Mutex<WriteHalf>,
     reader: Mutex<ReadHalf>,
     waiters: Waiters,
     next_id: AtomicU64,
@@ -141,8 +206,9 @@ impl Connection {
         addr: &str,
         timeout: Duration,
         write_timeout: Duration,
+        tls: Option<&Arc<rustls::ClientConfig>>,
     ) -> Result<Arc<Connection>, String> {
-        let stream = connect(addr, timeout)?;
+        let mut stream = connect(addr, timeout)?;
         // Requests are small and latency-bound; batching them in the kernel
         // would only delay them.
         stream.set_nodelay(true).map_err(|err| format!("cannot set TCP_NODELAY: {err}"))?;
@@ -151,9 +217,13 @@ impl Connection {
         stream
             .set_write_timeout(Some(write_timeout.max(Duration::from_millis(1))))
             .map_err(|err| err.to_string())?;
+        let tls = match tls {
+            Some(config) => Some(handshake(&mut stream, addr, config, timeout)?),
+            None => None,
+        };
         let read_half = stream.try_clone().map_err(|err| format!("cannot split the connection: {err}"))?;
         Ok(Arc::new(Connection {
-            writer: Mutex::new(stream),
+            writer: Mutex::new(WriteHalf { stream, tls }),
             reader: Mutex::new(ReadHalf { stream: read_half, input: Vec::new(), chunk: vec![0; 64 * 1024] }),
             waiters: Waiters::default(),
             next_id: AtomicU64::new(1),
@@ -178,7 +248,7 @@ impl Connection {
         encode_frame(&request, &mut frame);
         let written = {
             let mut writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
-            writer.write_all(&frame)
+            writer.send(&frame)
         };
         if let Err(err) = written {
             // A partial write leaves the stream mid-frame; nothing more can
@@ -262,7 +332,18 @@ impl Connection {
             let ReadHalf { stream, input, chunk } = half;
             match stream.read(chunk) {
                 Ok(0) => self.fail("connection closed by the server"),
-                Ok(n) => input.extend_from_slice(&chunk[..n]),
+                Ok(n) => {
+                    let taken = self
+                        .writer
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .take_in(&chunk[..n], input);
+                    match taken {
+                        Ok(false) => {}
+                        Ok(true) => self.fail("connection closed by the server"),
+                        Err(reason) => self.fail(&reason),
+                    }
+                }
                 Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {}
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
                 Err(err) => self.fail(&format!("read failed: {err}")),
@@ -282,7 +363,13 @@ impl Connection {
                 }
                 Ok(None) => break,
                 Err(err) => {
-                    result = Err(err.to_string());
+                    result = Err(if looks_like_tls(&half.input[at..]) {
+                        "the server speaks TLS: connect with certificates (--certs-dir and --user, or \
+                         ClientConfig::tls)"
+                            .to_owned()
+                    } else {
+                        err.to_string()
+                    });
                     break;
                 }
             };
@@ -314,7 +401,7 @@ impl Connection {
     fn shutdown(&self) {
         let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         // Wakes a caller blocked reading; it then finds the connection closed.
-        let _ = writer.shutdown(Shutdown::Both);
+        let _ = writer.stream.shutdown(Shutdown::Both);
     }
 }
 
@@ -322,6 +409,34 @@ impl Drop for Connection {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// Whether `bytes` start like a TLS record (an alert or a handshake, TLS
+/// 1.x), which a plain client reads as an absurd frame length.
+fn looks_like_tls(bytes: &[u8]) -> bool {
+    matches!(bytes, [0x15 | 0x16, 0x03, 0x00..=0x04, ..])
+}
+
+/// Makes the TLS handshake on a fresh connection to `addr`, whose host part
+/// the node's certificate must name, within `timeout`.
+fn handshake(
+    stream: &mut TcpStream,
+    addr: &str,
+    config: &Arc<rustls::ClientConfig>,
+    timeout: Duration,
+) -> Result<rustls::ClientConnection, String> {
+    let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+        .map_err(|err| format!("`{host}` cannot name a TLS server: {err}"))?;
+    let mut session =
+        rustls::ClientConnection::new(Arc::clone(config), name).map_err(|err| format!("TLS: {err}"))?;
+    session.set_buffer_limit(None);
+    stream.set_read_timeout(Some(timeout.max(Duration::from_millis(1)))).map_err(|err| err.to_string())?;
+    while session.is_handshaking() {
+        session.complete_io(stream).map_err(|err| format!("TLS handshake failed: {err}"))?;
+    }
+    Ok(session)
 }
 
 fn connect(addr: &str, timeout: Duration) -> Result<TcpStream, String> {
@@ -412,9 +527,13 @@ mod tests {
     fn many_callers_on_one_connection_each_get_their_own_answer() {
         let threads = 8;
         let calls = 50;
-        let connection =
-            Connection::open(&reversing_server(threads), Duration::from_secs(5), Duration::from_secs(5))
-                .unwrap();
+        let connection = Connection::open(
+            &reversing_server(threads),
+            Duration::from_secs(5),
+            Duration::from_secs(5),
+            None,
+        )
+        .unwrap();
         let callers: Vec<_> = (0..threads)
             .map(|thread| {
                 let connection = Arc::clone(&connection);
@@ -447,7 +566,8 @@ mod tests {
             writer.write_all(&bytes[bytes.len() / 2..]).unwrap();
             std::thread::sleep(Duration::from_secs(5));
         });
-        let connection = Connection::open(&addr, Duration::from_secs(5), Duration::from_secs(5)).unwrap();
+        let connection =
+            Connection::open(&addr, Duration::from_secs(5), Duration::from_secs(5), None).unwrap();
         let first = {
             let connection = Arc::clone(&connection);
             std::thread::spawn(move || connection.call(get("first"), Duration::from_millis(200)))

@@ -43,7 +43,7 @@ mod renewer;
 mod types;
 
 pub use client::Client;
-pub use config::{ClientConfig, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY_FOR};
+pub use config::{ClientConfig, TlsConfig, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY_FOR};
 pub use error::ClientError;
 pub use guard::LockGuard;
 pub use types::{Grant, LockInfo, Member, NodeStatus};

@@ -1,0 +1,187 @@
+//! A TLS cluster of real processes, set up as README's secure section says:
+//! certificates from `fencelock cert`, `fencelockd --certs-dir`, and the
+//! Rust client and the CLI with a user's certificate. Plain TCP, another
+//! CA's user and a peer without a certificate are refused with a clear
+//! message, and the nodes serve on. Bad certificates stop a node at start,
+//! naming the file.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{free_port, Cluster, DEADLINE};
+use fencelock_client::{Client, ClientConfig, ClientError, TlsConfig};
+
+fn cli_binary() -> PathBuf {
+    let path = Path::new(env!("CARGO_BIN_EXE_fencelockd")).with_file_name("fencelock");
+    assert!(path.exists(), "{} is missing: build the CLI first (`cargo build --bins`)", path.display());
+    path
+}
+
+fn fencelock(args: &[&str]) -> Output {
+    Command::new(cli_binary()).args(args).stdin(Stdio::null()).output().unwrap()
+}
+
+/// Makes a CA, nodes 1 to `nodes` on 127.0.0.1, and the users in `users`.
+fn make_certs(dir: &Path, nodes: u64, users: &[&str]) {
+    let dir = dir.to_str().unwrap();
+    assert!(fencelock(&["cert", "create-ca", "--certs-dir", dir]).status.success());
+    for id in 1..=nodes {
+        let id = id.to_string();
+        let made =
+            fencelock(&["cert", "create-node", "--certs-dir", dir, "--id", &id, "127.0.0.1", "localhost"]);
+        assert!(made.status.success(), "{made:?}");
+    }
+    for user in users {
+        assert!(fencelock(&["cert", "create-client", "--certs-dir", dir, user]).status.success());
+    }
+}
+
+fn client(cluster: &Cluster, tls: Option<(&Path, &str)>, retry_for: Duration) -> Result<Client, ClientError> {
+    let mut config = ClientConfig::new(cluster.endpoints());
+    config.request_timeout = Duration::from_secs(2);
+    config.retry_for = retry_for;
+    config.tls = tls.map(|(dir, user)| TlsConfig { certs_dir: dir.to_owned(), user: user.to_owned() });
+    Client::connect(config)
+}
+
+#[test]
+fn a_tls_cluster_serves_its_users_and_refuses_everyone_else() {
+    let mut cluster = Cluster::configure(3);
+    let certs = cluster.dir.path().join("certs");
+    make_certs(&certs, 3, &["alice"]);
+    for node in &mut cluster.nodes {
+        node.extra_args = vec!["--certs-dir".into(), certs.display().to_string()];
+    }
+    for id in 1..=3 {
+        cluster.launch(id);
+    }
+
+    // The Rust client, as alice.
+    let alice = client(&cluster, Some((&certs, "alice")), DEADLINE).unwrap();
+    let guard = alice.acquire(b"jobs/tls", Duration::from_secs(30), Duration::ZERO).unwrap();
+    assert!(alice.check(b"jobs/tls", guard.token()).unwrap());
+
+    // The CLI, as alice.
+    let endpoints = cluster.endpoints().join(",");
+    let dir = certs.to_str().unwrap();
+    let base = ["--endpoints", &endpoints, "--certs-dir", dir, "--user", "alice"];
+    let acquired = fencelock(&[&base[..], &["--json", "acquire", "jobs/cli", "--ttl", "30s"]].concat());
+    assert!(acquired.status.success(), "{acquired:?}");
+    let answer: serde_json::Value = serde_json::from_slice(&acquired.stdout).unwrap();
+    assert!(answer["token"].as_u64().unwrap() > guard.token(), "{answer}");
+    let status = fencelock(&[&base[..], &["status"]].concat());
+    assert!(status.status.success(), "{status:?}");
+
+    // Plain TCP to the TLS ports: refused, with the server's closing as
+    // the reason.
+    let plain = client(&cluster, None, Duration::from_secs(2)).unwrap();
+    let err = plain.check(b"jobs/tls", guard.token()).unwrap_err();
+    assert!(err.to_string().contains("the server speaks TLS"), "{err}");
+    let plain_cli = fencelock(&["--endpoints", &endpoints, "--retry-for", "1s", "get", "jobs/tls"]);
+    assert_eq!(plain_cli.status.code(), Some(1), "{plain_cli:?}");
+    assert!(String::from_utf8_lossy(&plain_cli.stderr).contains("the server speaks TLS"), "{plain_cli:?}");
+
+    // A user of another cluster's CA: the handshake fails, and says why.
+    let other = cluster.dir.path().join("other-certs");
+    make_certs(&other, 1, &["alice"]);
+    let stranger = client(&cluster, Some((&other, "alice")), Duration::from_secs(2)).unwrap();
+    let err = stranger.check(b"jobs/tls", guard.token()).unwrap_err().to_string();
+    assert!(err.contains("TLS handshake failed: invalid peer certificate"), "{err}");
+
+    // --certs-dir without --user is a usage error.
+    let no_user = fencelock(&["--endpoints", &endpoints, "--certs-dir", dir, "status"]);
+    assert_eq!(no_user.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&no_user.stderr).contains("--user"), "{no_user:?}");
+
+    // A peer without a certificate: its hello goes nowhere.
+    let mut peer = std::net::TcpStream::connect(cluster.peer_addr(1)).unwrap();
+    peer.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let hello = fencelock_types::client_pb::PeerHello { node_id: 2, ..Default::default() };
+    fencelock_net::write_frame(&mut peer, &hello).unwrap();
+    let mut rest = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut peer, &mut rest);
+    assert!(rest.len() < 16, "a plain peer got an answer: {rest:?}");
+
+    // Everyone else still served, tokens still increasing.
+    let next = alice.acquire(b"jobs/after", Duration::from_secs(30), Duration::ZERO).unwrap();
+    assert!(next.token() > answer["token"].as_u64().unwrap());
+    for id in 1..=3 {
+        let deadline = Instant::now() + DEADLINE;
+        while alice.status(cluster.client_addr(id)).is_err() {
+            assert!(Instant::now() < deadline, "node {id} stopped answering\n{}", cluster.logs());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let log = cluster.log(1);
+    assert!(log.contains("TLS"), "no refusal was logged:\n{log}");
+}
+
+#[test]
+fn bad_certificates_stop_a_node_at_start_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let start = |certs: &Path| {
+        let peers = format!("1=127.0.0.1:{}", free_port());
+        let client_addr = format!("127.0.0.1:{}", free_port());
+        let data = dir.path().join("data");
+        let args = ["--peers", &peers, "--client-addr", &client_addr, "--data-dir", data.to_str().unwrap()];
+        let output = Command::new(env!("CARGO_BIN_EXE_fencelockd"))
+            .args(args)
+            .arg("--certs-dir")
+            .arg(certs)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+
+    // No CA at all.
+    std::fs::create_dir_all(&certs).unwrap();
+    let (code, stderr) = start(&certs);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("ca.crt is missing"), "{stderr}");
+
+    // A CA but no certificate for node 1.
+    make_certs(&certs, 0, &[]);
+    let (code, stderr) = start(&certs);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("node-1.crt is missing"), "{stderr}");
+
+    // Node 2's certificate in node 1's place.
+    make_certs_node(&certs, 2);
+    std::fs::copy(certs.join("node-2.crt"), certs.join("node-1.crt")).unwrap();
+    std::fs::copy(certs.join("node-2.key"), certs.join("node-1.key")).unwrap();
+    let (code, stderr) = start(&certs);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("node-1.crt") && stderr.contains("names node 2"), "{stderr}");
+
+    // An unreadable key: a directory where node 1's own key should be.
+    std::fs::remove_file(certs.join("node-1.crt")).unwrap();
+    std::fs::remove_file(certs.join("node-1.key")).unwrap();
+    make_certs_node(&certs, 1);
+    std::fs::remove_file(certs.join("node-1.key")).unwrap();
+    std::fs::create_dir(certs.join("node-1.key")).unwrap();
+    std::fs::set_permissions(certs.join("node-1.key"), std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .unwrap();
+    let (code, stderr) = start(&certs);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("node-1.key"), "{stderr}");
+}
+
+fn make_certs_node(certs: &Path, id: u64) {
+    let made = fencelock(&[
+        "cert",
+        "create-node",
+        "--certs-dir",
+        certs.to_str().unwrap(),
+        "--id",
+        &id.to_string(),
+        "127.0.0.1",
+    ]);
+    assert!(made.status.success(), "{made:?}");
+}
