@@ -45,6 +45,9 @@ pub struct Options {
 /// Runs every suite briefly, as `cargo xtask ci` does.
 pub fn ci(root: &Path) -> Result<()> {
     let args = ["all", "--duration", CI_DURATION].map(str::to_owned).to_vec();
+    run(root, Options { release: false, args })?;
+    // The kill suite again, every node and client over TLS.
+    let args = ["kill", "--tls", "--duration", CI_DURATION].map(str::to_owned).to_vec();
     run(root, Options { release: false, args })
 }
 

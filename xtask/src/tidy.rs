@@ -42,7 +42,7 @@ const ARROWS: &[(&str, &[&str])] = &[
     ),
     ("fencelock-bench", &["fencelock-types", "fencelock-net", "fencelock-client"]),
     ("fencelock-sim", &["fencelock-types", "fencelock-fsm", "fencelock-raft"]),
-    ("fencelock-launch", &["fencelock-types", "fencelock-net"]),
+    ("fencelock-launch", &["fencelock-types", "fencelock-net", "fencelock-tls"]),
     ("fencelock-suite", &["fencelock-types", "fencelock-net", "fencelock-client", "fencelock-launch"]),
     // xtask builds and runs the crates; it links only the launcher, a small
     // crate (types, net's framing), so that `cargo xtask bench` and

@@ -7,10 +7,11 @@ use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::ports::free_addr;
-use crate::probe::{self, agreed_leader};
+use crate::probe;
 use crate::process::{Process, Stopped};
 use crate::LaunchError;
 
@@ -30,13 +31,27 @@ pub struct ClusterSpec {
     /// Each node in a process group of its own (a Ctrl-C in the terminal
     /// does not reach it), left running when its handle is dropped.
     pub detached: bool,
+    /// TLS on both ports: certificates are made in `dir/certs` (a CA, each
+    /// node's for 127.0.0.1, and the user [`TLS_USER`]'s), and every node
+    /// starts with `--certs-dir`.
+    pub tls: bool,
 }
+
+/// The user a TLS cluster's certificates are made for.
+pub const TLS_USER: &str = "fencelock";
 
 impl ClusterSpec {
     /// `nodes` nodes of `server` in `dir`, with fencelockd's default flags,
     /// killed when dropped.
     pub fn new(server: impl Into<PathBuf>, dir: impl Into<PathBuf>, nodes: u64) -> ClusterSpec {
-        ClusterSpec { server: server.into(), dir: dir.into(), nodes, flags: Vec::new(), detached: false }
+        ClusterSpec {
+            server: server.into(),
+            dir: dir.into(),
+            nodes,
+            flags: Vec::new(),
+            detached: false,
+            tls: false,
+        }
     }
 }
 
@@ -68,6 +83,9 @@ pub struct Layout {
     flags: Vec<String>,
     detached: bool,
     nodes: Vec<NodeSpec>,
+    /// With TLS: the certificates directory and [`TLS_USER`]'s client
+    /// configuration, for probes.
+    tls: Option<(PathBuf, Arc<rustls::ClientConfig>)>,
 }
 
 impl Layout {
@@ -89,7 +107,24 @@ impl Layout {
                 })
             })
             .collect::<Result<_, LaunchError>>()?;
-        Ok(Layout { server: spec.server, dir: spec.dir, flags: spec.flags, detached: spec.detached, nodes })
+        let tls = if spec.tls { Some(make_certs(&spec.dir.join("certs"), spec.nodes)?) } else { None };
+        let mut flags = spec.flags;
+        if let Some((certs, _)) = &tls {
+            flags.push("--certs-dir".into());
+            flags.push(certs.display().to_string());
+        }
+        Ok(Layout { server: spec.server, dir: spec.dir, flags, detached: spec.detached, nodes, tls })
+    }
+
+    /// With TLS, the certificates directory, where [`TLS_USER`]'s
+    /// certificate is.
+    pub fn certs_dir(&self) -> Option<&Path> {
+        self.tls.as_ref().map(|(dir, _)| dir.as_path())
+    }
+
+    /// With TLS, [`TLS_USER`]'s client configuration.
+    pub fn client_tls(&self) -> Option<&Arc<rustls::ClientConfig>> {
+        self.tls.as_ref().map(|(_, config)| config)
     }
 
     pub fn dir(&self) -> &Path {
@@ -330,9 +365,10 @@ impl Cluster {
     /// answers `status` and all name the same leader; fails at once if a
     /// node's process exits.
     pub fn wait_for_leader(&mut self, within: Duration) -> Result<u64, LaunchError> {
+        let tls = self.layout.client_tls().cloned();
         probe::poll_until(within, LaunchError::NoLeader { within }, || {
             self.check_alive()?;
-            Ok(agreed_leader(&self.answering_addrs()))
+            Ok(probe::agreed_leader_over(&self.answering_addrs(), tls.as_ref()))
         })
     }
 
@@ -340,9 +376,10 @@ impl Cluster {
     /// if its process exits.
     pub fn wait_until_answers(&mut self, id: u64, within: Duration) -> Result<(), LaunchError> {
         let addr = self.layout.node(id)?.client_addr;
+        let tls = self.layout.client_tls().cloned();
         probe::poll_until(within, LaunchError::NoAnswer { id, within }, || {
             self.check_alive()?;
-            Ok(probe::status(addr, probe::STATUS_TIMEOUT).ok().map(|_| ()))
+            Ok(probe::status_over(addr, probe::STATUS_TIMEOUT, tls.as_ref()).ok().map(|_| ()))
         })
     }
 
@@ -378,6 +415,28 @@ impl Cluster {
         let index = id.checked_sub(1).and_then(|index| usize::try_from(index).ok());
         index.and_then(|index| self.processes.get_mut(index)).ok_or(LaunchError::NoNode(id))
     }
+}
+
+/// Makes a TLS cluster's certificates in `dir` (a CA, nodes 1 to `nodes`
+/// on 127.0.0.1, the user [`TLS_USER`]), or keeps those already there (a
+/// restarted cluster); returns the directory and the user's configuration.
+fn make_certs(dir: &Path, nodes: u64) -> Result<(PathBuf, Arc<rustls::ClientConfig>), LaunchError> {
+    let layout = fencelock_tls::Layout::new(dir);
+    let certs = |err: fencelock_tls::CertError| LaunchError::Certificates(err.to_string());
+    if !layout.ca_cert().exists() {
+        fencelock_tls::create_ca(&layout, false).map_err(certs)?;
+    }
+    for id in 1..=nodes {
+        if !layout.node_cert(id).exists() {
+            fencelock_tls::create_node(&layout, id, &["127.0.0.1".to_owned(), "localhost".to_owned()], false)
+                .map_err(certs)?;
+        }
+    }
+    if !layout.client_cert(TLS_USER).exists() {
+        fencelock_tls::create_client(&layout, TLS_USER, false).map_err(certs)?;
+    }
+    let config = fencelock_tls::client_tls(&layout, TLS_USER).map_err(certs)?;
+    Ok((dir.to_owned(), config))
 }
 
 #[cfg(test)]

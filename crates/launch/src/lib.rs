@@ -51,7 +51,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::Duration;
 
-pub use cluster::{Cluster, ClusterSpec, Layout, NodeSpec};
+pub use cluster::{Cluster, ClusterSpec, Layout, NodeSpec, TLS_USER};
 pub use detached::{stop_detached, DetachedNode, DetachedStop};
 pub use ports::{free_addr, free_port};
 pub use process::{Process, Stopped};
@@ -63,6 +63,8 @@ pub enum LaunchError {
     NoPortRange { min: u32, max: u32 },
     #[error("all {len} ports from {first} are taken")]
     PortsExhausted { first: u32, len: u32 },
+    #[error("certificates: {0}")]
+    Certificates(String),
     #[error("no node {0}")]
     NoNode(u64),
     #[error("node {0} is already running")]

@@ -3,6 +3,7 @@
 //! waiting, by polling with a deadline, until there is a leader.
 
 use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fencelock_net::{read_frame, write_frame};
@@ -24,8 +25,18 @@ const RESPONSE_BYTES_MAX: usize = 1 << 20;
 
 /// Node `addr`'s status, asked on a new connection within `timeout`.
 pub fn status(addr: SocketAddr, timeout: Duration) -> Result<StatusResponse, LaunchError> {
+    status_over(addr, timeout, None)
+}
+
+/// Like [`status`], over TLS when `tls` is given (a user's configuration,
+/// the node's certificate naming `addr`'s IP).
+pub fn status_over(
+    addr: SocketAddr,
+    timeout: Duration,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+) -> Result<StatusResponse, LaunchError> {
     let failed = |reason: String| LaunchError::Status { addr, reason };
-    let mut stream = TcpStream::connect_timeout(&addr, timeout).map_err(|err| failed(err.to_string()))?;
+    let stream = TcpStream::connect_timeout(&addr, timeout).map_err(|err| failed(err.to_string()))?;
     stream.set_read_timeout(Some(timeout)).map_err(|err| failed(err.to_string()))?;
     stream.set_write_timeout(Some(timeout)).map_err(|err| failed(err.to_string()))?;
     let request = Request {
@@ -33,9 +44,21 @@ pub fn status(addr: SocketAddr, timeout: Duration) -> Result<StatusResponse, Lau
         kind: Some(Request_oneof_kind::status(StatusRequest::default())),
         ..Default::default()
     };
-    write_frame(&mut stream, &request).map_err(|err| failed(err.to_string()))?;
-    let response: Response =
-        read_frame(&mut stream, RESPONSE_BYTES_MAX).map_err(|err| failed(err.to_string()))?;
+    let response: Response = match tls {
+        None => {
+            let mut stream = stream;
+            write_frame(&mut stream, &request).map_err(|err| failed(err.to_string()))?;
+            read_frame(&mut stream, RESPONSE_BYTES_MAX).map_err(|err| failed(err.to_string()))?
+        }
+        Some(config) => {
+            let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+            let session = rustls::ClientConnection::new(Arc::clone(config), name)
+                .map_err(|err| failed(err.to_string()))?;
+            let mut stream = rustls::StreamOwned::new(session, stream);
+            write_frame(&mut stream, &request).map_err(|err| failed(err.to_string()))?;
+            read_frame(&mut stream, RESPONSE_BYTES_MAX).map_err(|err| failed(err.to_string()))?
+        }
+    };
     if let Some(error) = response.error.as_ref().filter(|error| error.code != ErrorCode::OK) {
         return Err(failed(format!("{:?}: {}", error.code, error.message)));
     }
@@ -47,7 +70,13 @@ pub fn status(addr: SocketAddr, timeout: Duration) -> Result<StatusResponse, Lau
 
 /// The leader that every node of `addrs` names, once all answer and agree.
 pub fn agreed_leader(addrs: &[SocketAddr]) -> Option<u64> {
-    let mut leaders = addrs.iter().map(|addr| status(*addr, STATUS_TIMEOUT).map(|status| status.leader_id));
+    agreed_leader_over(addrs, None)
+}
+
+/// Like [`agreed_leader`], over TLS when `tls` is given.
+pub fn agreed_leader_over(addrs: &[SocketAddr], tls: Option<&Arc<rustls::ClientConfig>>) -> Option<u64> {
+    let mut leaders =
+        addrs.iter().map(|addr| status_over(*addr, STATUS_TIMEOUT, tls).map(|status| status.leader_id));
     let first = leaders.next()?.ok()?;
     let agreed = leaders.all(|leader| leader.is_ok_and(|leader| leader == first));
     (first != 0 && agreed).then_some(first)

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use fencelock_client::{Client, ClientConfig, NodeStatus};
+use fencelock_client::{Client, NodeStatus};
 use fencelock_launch::ClusterSpec;
 
 use crate::proxy::{PeerProxy, Rules};
@@ -44,6 +44,8 @@ pub struct ClusterConfig {
     /// Extra environment per node id (1-based index = id - 1), for a node
     /// whose clock runs at another rate.
     pub node_env: Vec<Vec<(String, String)>>,
+    /// TLS on both ports, and for the suite's clients.
+    pub tls: bool,
 }
 
 /// The running cluster.
@@ -72,7 +74,12 @@ impl Cluster {
         .into_iter()
         .flat_map(|(flag, value)| [flag.to_owned(), value])
         .collect();
+        spec.tls = config.tls;
         let mut launch = fencelock_launch::Cluster::configure(spec)?;
+        crate::tls::set(launch.layout().certs_dir().map(|certs_dir| fencelock_client::TlsConfig {
+            certs_dir: certs_dir.to_owned(),
+            user: fencelock_launch::TLS_USER.to_owned(),
+        }));
         let rules = Arc::new(Rules::default());
         let mut proxies = Vec::new();
         for (index, id) in launch.ids().into_iter().enumerate() {
@@ -82,7 +89,7 @@ impl Cluster {
             node.env = config.node_env.get(index).cloned().unwrap_or_default();
             proxies.push(proxy);
         }
-        let mut status_config = ClientConfig::new(launch.endpoints());
+        let mut status_config = crate::tls::client_config(launch.endpoints());
         status_config.request_timeout = STATUS_TIMEOUT;
         status_config.retry_for = Duration::ZERO;
         status_config.owner = Some(b"suite-status".to_vec());

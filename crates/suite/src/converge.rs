@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use fencelock_client::{Client, ClientConfig};
+use fencelock_client::Client;
 use serde::Serialize;
 
 use crate::cluster::{leader_of, Cluster};
@@ -108,7 +108,7 @@ pub fn watch(
         std::thread::sleep(Duration::from_millis(20));
     }
 
-    let mut config = ClientConfig::new(cluster.endpoints());
+    let mut config = crate::tls::client_config(cluster.endpoints());
     config.request_timeout = Duration::from_millis(1_000);
     config.retry_for = Duration::from_millis(1_000);
     config.owner = Some(PROBE_OWNER.as_bytes().to_vec());
@@ -143,7 +143,7 @@ pub fn watch(
         .into_iter()
         .zip(cluster.endpoints())
         .map(|(id, client_addr)| {
-            let mut config = ClientConfig::new([client_addr]);
+            let mut config = crate::tls::client_config([client_addr]);
             config.request_timeout = Duration::from_millis(500);
             config.retry_for = Duration::ZERO;
             config.owner = Some(PROBE_OWNER.as_bytes().to_vec());

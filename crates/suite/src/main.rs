@@ -29,6 +29,7 @@ mod report;
 mod rng;
 mod run;
 mod store;
+mod tls;
 mod workload;
 
 use std::path::PathBuf;
@@ -70,6 +71,11 @@ struct Cli {
     /// How long the healed cluster may take to serve again and converge.
     #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
     converge_within: Duration,
+    /// Every cluster speaks TLS on both ports (certificates made for the
+    /// run); the clients too. Not for client-resets, whose raw connections
+    /// speak plain TCP.
+    #[arg(long)]
+    tls: bool,
     /// Lists the suites and faults, and exits.
     #[arg(long)]
     list: bool,
@@ -108,6 +114,20 @@ fn run(cli: &Cli) -> Result<bool> {
     let Some(suites) = run::select(&cli.name) else {
         bail!("no suite or fault named `{}`; `--list` shows them", cli.name);
     };
+    if cli.tls {
+        let cannot: Vec<String> = suites
+            .iter()
+            .filter(|suite| suite.kinds.iter().any(|kind| kind.needs_plain_peers()))
+            .map(|suite| suite.name.clone())
+            .collect();
+        if !cannot.is_empty() {
+            bail!(
+                "--tls does not go with partitions or client resets (the proxies read peer hellos, the resets \
+                 speak plain TCP): {}",
+                cannot.join(", ")
+            );
+        }
+    }
     let seed = cli.seed.unwrap_or_else(fresh_seed);
     let settings = Settings {
         server: cli.server.clone(),
@@ -117,6 +137,7 @@ fn run(cli: &Cli) -> Result<bool> {
         duration: cli.duration,
         converge_within: cli.converge_within,
         faketime: run::find_faketime(),
+        tls: cli.tls,
     };
     let mut verdicts = Vec::new();
     for suite in &suites {

@@ -49,6 +49,19 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
+    /// Whether the fault needs what TLS hides: partitions (the proxies read
+    /// the peers' plaintext hellos) and client resets (raw plain-TCP
+    /// connections).
+    pub fn needs_plain_peers(self) -> bool {
+        matches!(
+            self,
+            FaultKind::PartitionHalves
+                | FaultKind::IsolateLeader
+                | FaultKind::Bridge
+                | FaultKind::ResetClients
+        )
+    }
+
     pub const ALL: [FaultKind; 11] = [
         FaultKind::KillLeader,
         FaultKind::KillRandom,

@@ -10,6 +10,10 @@
 //!
 //! Only the direction a connection carries is blocked; a partition between
 //! A and B blocks both A→B and B→A.
+//!
+//! Over TLS (`--tls`) the hello is encrypted: the proxy cannot tell who
+//! sends, and forwards the connection untouched. The suite refuses TLS with
+//! partition faults for that reason.
 
 use std::collections::BTreeSet;
 use std::io::{ErrorKind, Read, Write};
@@ -151,6 +155,8 @@ fn connection(
     let Ok((from, hello)) = read_hello(&inbound) else {
         return;
     };
+    // `from` 0: a TLS connection whose sender the proxy cannot read; no
+    // rule names it.
     if rules.is_blocked(from, node) {
         rules.refused.fetch_add(1, Ordering::Relaxed);
         return;
@@ -182,11 +188,16 @@ fn connection(
     }
 }
 
-/// The hello's sender and the hello's bytes (length prefix included).
+/// The hello's sender and the hello's bytes (length prefix included); for
+/// a TLS connection, sender 0 and the bytes read so far.
 fn read_hello(mut stream: &TcpStream) -> Result<(u64, Vec<u8>)> {
     stream.set_read_timeout(Some(HELLO_TIMEOUT))?;
     let mut header = [0u8; 4];
     stream.read_exact(&mut header)?;
+    if matches!(header, [0x16, 0x03, 0x00..=0x04, _]) {
+        // A TLS handshake record: no plaintext hello to read.
+        return Ok((0, header.to_vec()));
+    }
     let len = u32::from_be_bytes(header) as usize;
     anyhow::ensure!(len <= HELLO_BYTES_MAX, "a hello of {len} bytes");
     let mut frame = header.to_vec();

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
-use fencelock_client::{Client, ClientConfig};
+use fencelock_client::Client;
 use serde_json::json;
 
 use crate::checker::{self, Check};
@@ -96,6 +96,8 @@ pub struct Settings {
     pub converge_within: Duration,
     /// libfaketime, for clock skew; `None` when it is not installed.
     pub faketime: Option<PathBuf>,
+    /// Clusters and clients speak TLS.
+    pub tls: bool,
 }
 
 /// How one suite ended.
@@ -147,8 +149,10 @@ pub fn replay_command(name: &str, settings: &Settings) -> String {
         format!("{}ms", settings.duration.as_millis())
     };
     format!(
-        "cargo xtask suite {name} --seed {} --duration {duration} --nodes {}",
-        settings.seed, settings.nodes
+        "cargo xtask suite {name} --seed {} --duration {duration} --nodes {}{}",
+        settings.seed,
+        settings.nodes,
+        if settings.tls { " --tls" } else { "" }
     )
 }
 
@@ -197,6 +201,7 @@ pub fn run(suite: &Suite, settings: &Settings) -> Result<Verdict> {
         dir: dir.clone(),
         nodes: settings.nodes,
         node_env: Vec::new(),
+        tls: settings.tls,
     })?;
     cluster.wait_for_leader(Duration::from_secs(30))?;
 
@@ -333,7 +338,7 @@ fn spawn_monitor(
     deadline: Instant,
     stop: &Arc<AtomicBool>,
 ) -> Result<std::thread::JoinHandle<Vec<LeaderSample>>> {
-    let mut config = ClientConfig::new(endpoints.iter().cloned());
+    let mut config = crate::tls::client_config(endpoints.iter().cloned());
     config.request_timeout = cluster::STATUS_TIMEOUT;
     config.retry_for = Duration::ZERO;
     config.owner = Some(b"suite-monitor".to_vec());
@@ -389,6 +394,7 @@ mod tests {
     #[test]
     fn the_replay_command_names_everything_the_schedule_depends_on() {
         let settings = Settings {
+            tls: false,
             server: PathBuf::from("fencelockd"),
             out: PathBuf::from("out"),
             seed: 42,

@@ -29,7 +29,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use fencelock_client::{Client, ClientConfig, ClientError};
+use fencelock_client::{Client, ClientError};
 use fencelock_types::client_pb::AcquireRequest;
 
 use crate::hangup::HangUp;
@@ -116,7 +116,7 @@ pub fn spawn(
     let mut threads = Vec::new();
     for index in 0..config.clients {
         let owner = owner_of(index);
-        let mut client_config = ClientConfig::new(endpoints.iter().cloned());
+        let mut client_config = crate::tls::client_config(endpoints.iter().cloned());
         client_config.request_timeout = config.request_timeout;
         client_config.retry_for = config.retry_for;
         client_config.owner = Some(owner.clone().into_bytes());
