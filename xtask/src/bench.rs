@@ -24,7 +24,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
-use fencelock_launch::{Cluster, ClusterSpec};
+use fencelock_launch::{Cluster, ClusterSpec, TLS_USER};
 use serde_json::{json, Value};
 
 use crate::cargo;
@@ -61,6 +61,10 @@ pub struct Options {
     /// loop (events) or a fencelock-client and thread each (threads)
     #[arg(long, value_name = "events|threads", value_parser = parse_generator, default_value = "events")]
     generator: String,
+    /// Also run each workload on a cluster speaking TLS on both ports (its
+    /// clients too), right after the plain run, and compare the two
+    #[arg(long)]
+    tls: bool,
 }
 
 /// The names `--only` gave, each a workload's.
@@ -78,6 +82,8 @@ struct Plan {
     /// How the generator drives the lock workloads' connections: `events`
     /// (one event loop) or `threads` (a `fencelock-client` and thread each).
     generator: String,
+    /// Each workload again over TLS.
+    tls: bool,
 }
 
 impl Options {
@@ -93,6 +99,7 @@ impl Options {
             only: self.only.map(|names| names.0).unwrap_or_default(),
             perf: self.perf,
             generator: self.generator,
+            tls: self.tls,
         }
     }
 }
@@ -232,21 +239,25 @@ pub fn run(root: &Path, options: Options) -> Result<()> {
 
     let mut results = Vec::new();
     let mut failed = Vec::new();
+    let modes: &[bool] = if options.tls { &[false, true] } else { &[false] };
     for workload in options.selected() {
-        eprintln!("xtask bench: {} ({} clients)", workload.name, workload.clients);
-        let dir = temp.path().join(workload.name);
-        match run_workload(&server, &generator, &dir, &out_dir, workload, &options) {
-            Ok(result) => results.push(result),
-            Err(err) => {
-                eprintln!("xtask bench: {} failed: {err:#}", workload.name);
-                failed.push(workload.name);
-                results.push(
-                    json!({"name": workload.name, "label": workload.label, "error": format!("{err:#}")}),
-                );
+        for &tls in modes {
+            let name = if tls { format!("{}+tls", workload.name) } else { workload.name.to_owned() };
+            eprintln!("xtask bench: {name} ({} clients)", workload.clients);
+            let dir = temp.path().join(&name);
+            match run_workload(&server, &generator, &dir, &out_dir, workload, &options, tls) {
+                Ok(result) => results.push(result),
+                Err(err) => {
+                    eprintln!("xtask bench: {name} failed: {err:#}");
+                    failed.push(name.clone());
+                    results.push(
+                        json!({"name": name, "label": label_of(workload, tls), "error": format!("{err:#}")}),
+                    );
+                }
             }
+            // Each cluster's data is only needed while it runs.
+            let _ = fs::remove_dir_all(&dir);
         }
-        // Each cluster's data is only needed while it runs.
-        let _ = fs::remove_dir_all(&dir);
     }
 
     let record = json!({
@@ -269,6 +280,7 @@ pub fn run(root: &Path, options: Options) -> Result<()> {
         "warmup_s": options.warmup.as_secs_f64(),
         "profiled": options.perf,
         "generator": options.generator,
+        "tls": options.tls,
         "workloads": results,
     });
     let table = render(&record);
@@ -304,7 +316,16 @@ fn relative(root: &Path, path: &Path) -> String {
     path.strip_prefix(root).unwrap_or(path).display().to_string()
 }
 
-/// One workload on a fresh cluster in `dir`.
+/// The table's label of `workload`, over TLS or not.
+fn label_of(workload: &Workload, tls: bool) -> String {
+    if tls {
+        format!("{}, TLS", workload.label)
+    } else {
+        workload.label.to_owned()
+    }
+}
+
+/// One workload on a fresh cluster in `dir`, over TLS if `tls`.
 fn run_workload(
     server: &Path,
     generator: &Path,
@@ -312,12 +333,20 @@ fn run_workload(
     out_dir: &Path,
     workload: &Workload,
     options: &Plan,
+    tls: bool,
 ) -> Result<Value> {
     let mut spec = ClusterSpec::new(server, dir, 3);
     spec.flags = vec!["--log-format".to_owned(), "json".to_owned()];
+    spec.tls = tls;
     let mut cluster = Cluster::start(spec)?;
     let endpoints = cluster.endpoints().join(",");
-    let ready = generator_json(generator, &["ready", "--endpoints", &endpoints])
+    // The generator's TLS flags: the run's certificates, as their user.
+    let certs: Vec<String> = match cluster.layout().certs_dir() {
+        Some(dir) => vec!["--certs-dir".into(), dir.display().to_string(), "--user".into(), TLS_USER.into()],
+        None => Vec::new(),
+    };
+    let certs: Vec<&str> = certs.iter().map(String::as_str).collect();
+    let ready = generator_json(generator, &[&["ready", "--endpoints", &endpoints][..], &certs].concat())
         .with_context(|| format!("the cluster did not get ready; {}", log_tails(&cluster)))?;
     let leader_id = ready["leader_id"].as_u64().context("`ready` named no leader")?;
 
@@ -338,6 +367,7 @@ fn run_workload(
         &options.generator,
     ];
     args.extend_from_slice(workload.flags);
+    args.extend_from_slice(&certs);
 
     let cpu_before = cpu_ticks(&cluster);
     let switches_before = context_switches(&cluster);
@@ -345,7 +375,8 @@ fn run_workload(
     let started = Instant::now();
     let child = spawn_generator(generator, &args)?;
     let perf = if options.perf {
-        Some(Profiler::start(&cluster, leader_id, out_dir, workload.name, options)?)
+        let name = if tls { format!("{}+tls", workload.name) } else { workload.name.to_owned() };
+        Some(Profiler::start(&cluster, leader_id, out_dir, &name, options)?)
     } else {
         None
     };
@@ -409,8 +440,9 @@ fn run_workload(
         _ => None,
     };
     Ok(json!({
-        "name": workload.name,
-        "label": workload.label,
+        "name": if tls { format!("{}+tls", workload.name) } else { workload.name.to_owned() },
+        "label": label_of(workload, tls),
+        "tls": tls,
         "target": target_text(workload.target),
         "verdict": verdict(workload.target, &generated),
         "generator_wall_s": round2(elapsed.as_secs_f64()),
@@ -691,6 +723,30 @@ fn verdict(target: Target, generated: &Value) -> String {
 
 /// The results as a Markdown table, with the batching and CPU figures and
 /// the hot-key checks below it.
+/// Each workload's TLS run against its plain one, run back to back.
+fn tls_comparison(workloads: &[Value]) -> String {
+    let mut out = String::from("\n| workload | plain | TLS | TLS / plain |\n|---|---:|---:|---:|\n");
+    let rate = |workload: &Value| {
+        let generated = &workload["generator"];
+        match generated["renew"].as_object() {
+            Some(renew) => renew.get("locks_renewed_per_s").and_then(Value::as_f64),
+            None => generated["cycles_per_s"].as_f64(),
+        }
+    };
+    for plain in workloads.iter().filter(|workload| workload["tls"].as_bool() == Some(false)) {
+        let Some(name) = plain["name"].as_str() else { continue };
+        let tls = workloads.iter().find(|workload| workload["name"].as_str() == Some(&format!("{name}+tls")));
+        let (Some(plain_rate), Some(tls_rate)) = (rate(plain), tls.and_then(rate)) else { continue };
+        let ratio = if plain_rate > 0.0 { format!("{:.2}", tls_rate / plain_rate) } else { "-".to_owned() };
+        out.push_str(&format!(
+            "| {name} | {} | {} | {ratio} |\n",
+            thousands(plain_rate),
+            thousands(tls_rate)
+        ));
+    }
+    out
+}
+
 fn render(record: &Value) -> String {
     let mut out = String::new();
     let fsync = &record["fsync"]["sync_data_us"];
@@ -755,6 +811,9 @@ fn render(record: &Value) -> String {
         ));
     }
 
+    if record["tls"].as_bool() == Some(true) {
+        out.push_str(&tls_comparison(&workloads));
+    }
     out.push_str(
         "\n| workload | requests / entry | entries / sync (leader) | context switches / request (leader) | CPU cores used: leader, followers, generator | other processes (cores) | errors |\n",
     );

@@ -40,7 +40,7 @@ const ARROWS: &[(&str, &[&str])] = &[
             "fencelock-tls",
         ],
     ),
-    ("fencelock-bench", &["fencelock-types", "fencelock-net", "fencelock-client"]),
+    ("fencelock-bench", &["fencelock-types", "fencelock-net", "fencelock-client", "fencelock-tls"]),
     ("fencelock-sim", &["fencelock-types", "fencelock-fsm", "fencelock-raft"]),
     ("fencelock-launch", &["fencelock-types", "fencelock-net", "fencelock-tls"]),
     ("fencelock-suite", &["fencelock-types", "fencelock-net", "fencelock-client", "fencelock-launch"]),

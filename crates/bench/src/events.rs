@@ -16,12 +16,13 @@
 //! retries: it talks to the leader it was given, and an error answer is
 //! counted and its acquire sent again after a pause.
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use fencelock_net::frame::{decode_frame, encode_frame};
+use fencelock_net::{Got, Wire};
 use fencelock_types::client_pb::{
     AcquireOutcome, AcquireRequest, ErrorCode, ReleaseRequest, Request, Request_oneof_kind, Response,
     Response_oneof_kind,
@@ -54,7 +55,7 @@ enum Step {
 
 pub struct Connection {
     index: usize,
-    stream: TcpStream,
+    wire: Wire,
     key: Vec<u8>,
     owner: Vec<u8>,
     input: Vec<u8>,
@@ -87,9 +88,16 @@ pub fn connect(run: &EventRun<'_>) -> Result<(Poll, Vec<Connection>)> {
         stream.set_nonblocking(true)?;
         let mut stream = TcpStream::from_std(stream);
         poll.registry().register(&mut stream, Token(index), Interest::READABLE | Interest::WRITABLE)?;
+        let wire = match crate::tls::rustls_config() {
+            None => Wire::plain(stream),
+            Some(config) => {
+                let name = rustls::pki_types::ServerName::IpAddress(run.leader.ip().into());
+                Wire::tls_client(stream, &config, name).context("cannot start TLS")?
+            }
+        };
         connections.push(Connection {
             index,
-            stream,
+            wire,
             key: (run.key)(index).into_bytes(),
             owner: format!("{}/{index}", run.owner_prefix).into_bytes(),
             input: Vec::new(),
@@ -199,8 +207,10 @@ fn send(connection: &mut Connection, kind: Request_oneof_kind) -> Result<()> {
 }
 
 fn flush(connection: &mut Connection) -> Result<()> {
+    // TLS records (the handshake's too) go first.
+    connection.wire.flush().with_context(|| format!("client {}: write failed", connection.index))?;
     while !connection.output.is_empty() {
-        match connection.stream.write(&connection.output) {
+        match connection.wire.write(&connection.output) {
             Ok(0) => bail!("client {}: the leader closed the connection", connection.index),
             Ok(n) => {
                 connection.output.drain(..n);
@@ -217,10 +227,10 @@ fn flush(connection: &mut Connection) -> Result<()> {
 
 fn read(connection: &mut Connection, chunk: &mut [u8]) -> Result<()> {
     loop {
-        match connection.stream.read(chunk) {
-            Ok(0) => bail!("client {}: the leader closed the connection", connection.index),
-            Ok(n) => connection.input.extend_from_slice(&chunk[..n]),
-            Err(err) if err.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+        match connection.wire.read(chunk, &mut connection.input) {
+            Ok(Got::Closed) => bail!("client {}: the leader closed the connection", connection.index),
+            Ok(Got::Bytes(_)) => {}
+            Ok(Got::Nothing) => return Ok(()),
             Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
             Err(err) => return Err(err).with_context(|| format!("client {}: read failed", connection.index)),
         }

@@ -24,6 +24,7 @@ mod events;
 mod fsync;
 mod order;
 mod report;
+mod tls;
 mod wakeup;
 mod workloads;
 
@@ -43,6 +44,12 @@ use crate::workloads::{Generator, Settings, Workload};
     about = "Load generator for a fencelock cluster: prints its measurements as JSON on stdout."
 )]
 struct Cli {
+    /// Connect over TLS with the certificates in DIR, as --user.
+    #[arg(long, global = true, value_name = "DIR")]
+    certs_dir: Option<PathBuf>,
+    /// The user to connect as, with --certs-dir.
+    #[arg(long, global = true, value_name = "NAME")]
+    user: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -163,6 +170,7 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<()> {
+    tls::init(cli.certs_dir, cli.user)?;
     match cli.command {
         Command::Fsync { dir, count, bytes } => print_json(&fsync::measure(&dir, count, bytes)?),
         Command::Wakeup { count } => print_json(&wakeup::measure(count)?),

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use fencelock_client::{Client, ClientConfig, ClientError, NodeStatus};
+use fencelock_client::{Client, ClientError, NodeStatus};
 use hdrhistogram::Histogram;
 
 use crate::events::{self, EventRun};
@@ -175,12 +175,12 @@ struct Leader {
 
 /// A client with the given endpoints and the library's default timeouts.
 fn connect(endpoints: &[String]) -> Result<Client> {
-    Client::connect(ClientConfig::new(endpoints.iter().cloned())).context("cannot create a client")
+    Client::connect(crate::tls::client_config(endpoints.iter().cloned())).context("cannot create a client")
 }
 
 /// A client for status calls: one quick attempt each.
 fn status_client(endpoints: &[String]) -> Result<Client> {
-    let mut config = ClientConfig::new(endpoints.iter().cloned());
+    let mut config = crate::tls::client_config(endpoints.iter().cloned());
     config.request_timeout = Duration::from_secs(1);
     config.retry_for = Duration::from_secs(1);
     Client::connect(config).context("cannot create a status client")
@@ -221,7 +221,7 @@ pub fn ready(endpoints: &[String], timeout: Duration) -> Result<ReadyReport> {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let mut config = ClientConfig::new(leader_first(endpoints, &leader));
+    let mut config = crate::tls::client_config(leader_first(endpoints, &leader));
     config.retry_for = timeout.saturating_sub(started.elapsed()).max(Duration::from_secs(1));
     let probe = Client::connect(config).context("cannot create the probe client")?;
     let key = format!("bench/ready-probe/{}", std::process::id());

@@ -6,6 +6,8 @@
 //! - [`ClientListener`]: one event loop (mio) for every client connection:
 //!   pipelined requests handed to a [`Handler`], responses written as they
 //!   complete, from whichever thread completes them.
+//! - [`Wire`]: one connection's bytes on a non-blocking socket, plain or
+//!   TLS (a rustls session driven by the caller's event loop).
 //! - [`NodeLoop`]: the same loop serving a node's peers as well (one
 //!   outgoing connection per peer, opened without blocking and reopened
 //!   with backoff, a bounded output per peer that drops when full; incoming
@@ -52,6 +54,7 @@ pub use frame::{decode_frame, encode_frame, read_frame, write_frame, FrameError}
 pub use node::{
     ClientAddrs, Core, Greetings, Heard, LoopWaker, NodeIo, NodeLoop, PeerConfig, PeerTls, Route, Turn,
 };
+pub use wire::{Got, Wire};
 
 #[cfg(test)]
 mod tests;

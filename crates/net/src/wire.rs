@@ -16,7 +16,7 @@ use mio::net::TcpStream;
 
 /// What one read found.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Got {
+pub enum Got {
     /// This many bytes came off the socket (perhaps no plaintext yet).
     Bytes(usize),
     /// The socket has nothing now.
@@ -27,24 +27,24 @@ pub(crate) enum Got {
 
 /// A connection's socket and, with TLS, its session.
 #[derive(Debug)]
-pub(crate) struct Wire {
+pub struct Wire {
     stream: TcpStream,
     tls: Option<Box<rustls::Connection>>,
 }
 
 impl Wire {
-    pub(crate) fn plain(stream: TcpStream) -> Wire {
+    pub fn plain(stream: TcpStream) -> Wire {
         Wire { stream, tls: None }
     }
 
     /// The server side of a TLS connection just accepted.
-    pub(crate) fn tls_server(stream: TcpStream, config: &Arc<rustls::ServerConfig>) -> io::Result<Wire> {
+    pub fn tls_server(stream: TcpStream, config: &Arc<rustls::ServerConfig>) -> io::Result<Wire> {
         let session = rustls::ServerConnection::new(Arc::clone(config)).map_err(io::Error::other)?;
         Ok(Wire { stream, tls: Some(Box::new(session.into())) })
     }
 
     /// The client side of a TLS connection being opened to `name`.
-    pub(crate) fn tls_client(
+    pub fn tls_client(
         stream: TcpStream,
         config: &Arc<rustls::ClientConfig>,
         name: rustls::pki_types::ServerName<'static>,
@@ -53,25 +53,25 @@ impl Wire {
         Ok(Wire { stream, tls: Some(Box::new(session.into())) })
     }
 
-    pub(crate) fn stream(&mut self) -> &mut TcpStream {
+    pub fn stream(&mut self) -> &mut TcpStream {
         &mut self.stream
     }
 
     /// Whether this is a TLS connection whose handshake is not done.
-    pub(crate) fn is_handshaking(&self) -> bool {
+    pub fn is_handshaking(&self) -> bool {
         self.tls.as_ref().is_some_and(|session| session.is_handshaking())
     }
 
     /// The other side's certificate chain, once its handshake is done
     /// (`None` on plain TCP).
-    pub(crate) fn peer_certificates(&self) -> Option<&[rustls::pki_types::CertificateDer<'static>]> {
+    pub fn peer_certificates(&self) -> Option<&[rustls::pki_types::CertificateDer<'static>]> {
         self.tls.as_ref()?.peer_certificates()
     }
 
     /// Reads once from the socket into `scratch`, appending the plaintext
     /// to `input`. An `Err` is the end of the connection: a socket failure,
     /// or a TLS failure (its alert is sent first, if the socket takes it).
-    pub(crate) fn read(&mut self, scratch: &mut [u8], input: &mut Vec<u8>) -> io::Result<Got> {
+    pub fn read(&mut self, scratch: &mut [u8], input: &mut Vec<u8>) -> io::Result<Got> {
         let n = match self.stream.read(scratch) {
             Ok(0) => return Ok(Got::Closed),
             Ok(n) => n,
@@ -108,7 +108,7 @@ impl Wire {
     /// Takes what it can of `bytes`: on plain TCP what the socket takes, on
     /// TLS what the session takes (then written out as far as the socket
     /// goes). `WouldBlock` when it took nothing.
-    pub(crate) fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+    pub fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
         if self.tls.is_none() {
             return self.stream.write(bytes);
         }
@@ -125,7 +125,7 @@ impl Wire {
     }
 
     /// Writes out the session's records until done or the socket is full.
-    pub(crate) fn flush(&mut self) -> io::Result<()> {
+    pub fn flush(&mut self) -> io::Result<()> {
         let Some(session) = self.tls.as_mut() else { return Ok(()) };
         while session.wants_write() {
             match session.write_tls(&mut self.stream) {
@@ -141,7 +141,7 @@ impl Wire {
 
     /// Ends the connection: a TLS close notice if the socket takes it, then
     /// the socket.
-    pub(crate) fn shutdown(&mut self) {
+    pub fn shutdown(&mut self) {
         if let Some(session) = self.tls.as_mut() {
             session.send_close_notify();
             let _ = session.write_tls(&mut self.stream);
