@@ -50,9 +50,19 @@ fn main() -> ExitCode {
         }
     };
     if flags.config_check {
+        // The certificates are part of the configuration.
+        if let Some(dir) = &config.certs_dir {
+            if let Err(err) = fencelock_tls::node_tls(&fencelock_tls::Layout::new(dir), config.id) {
+                eprintln!("fencelockd: cannot serve TLS: {err}");
+                return ExitCode::from(1);
+            }
+        }
         println!(
-            "configuration ok: node {} of {:?}, clients on {}",
-            config.id, config.peers, config.client_addr
+            "configuration ok: node {} of {:?}, clients on {}{}",
+            config.id,
+            config.peers,
+            config.client_addr,
+            if config.certs_dir.is_some() { ", TLS on both ports" } else { "" }
         );
         return ExitCode::SUCCESS;
     }

@@ -145,6 +145,13 @@ fn bad_certificates_stop_a_node_at_start_naming_the_file() {
     let (code, stderr) = start(&certs);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("ca.crt is missing"), "{stderr}");
+    // --config-check checks the certificates too.
+    let checked = Command::new(env!("CARGO_BIN_EXE_fencelockd"))
+        .args(["--certs-dir", certs.to_str().unwrap(), "--config-check"])
+        .output()
+        .unwrap();
+    assert_eq!(checked.status.code(), Some(1), "{checked:?}");
+    assert!(String::from_utf8_lossy(&checked.stderr).contains("ca.crt is missing"), "{checked:?}");
 
     // A CA but no certificate for node 1.
     make_certs(&certs, 0, &[]);
