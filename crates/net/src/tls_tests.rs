@@ -199,3 +199,53 @@ fn peers_over_tls_exchange_messages_and_a_hello_must_match_its_certificate() {
     one.stop();
     two.stop();
 }
+
+/// Counts the requests it is handed.
+struct Counting(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Handler for Counting {
+    fn handle(&self, request: Request, sink: ResponseSink) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        sink.send(error_response(request.id, ErrorCode::UNAVAILABLE, "counted"));
+    }
+}
+
+#[test]
+fn requests_sent_just_before_a_close_notice_are_still_handed_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = certs(dir.path());
+    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let config = ClientConfig {
+        listen_addr: "127.0.0.1:0".parse().unwrap(),
+        connections_max: 8,
+        in_flight_max: 8,
+        frame_bytes_max: 1 << 20,
+        tls: Some(node_tls(&layout, 1).unwrap().client_server),
+    };
+    let logger = slog::Logger::root(slog::Discard, slog::o!());
+    let listener = ClientListener::start(config, Arc::new(Counting(Arc::clone(&count))), &logger).unwrap();
+    let alice = client_tls(&layout, "alice").unwrap();
+    let mut stream = tls_connect(listener.local_addr(), &alice);
+    // Finish the handshake first, so that the requests and the notice go
+    // out together.
+    assert_eq!(whoami_counted(&mut stream), Ok(()));
+    let before = count.load(std::sync::atomic::Ordering::SeqCst);
+    let mut bytes = Vec::new();
+    for id in 10..13 {
+        crate::encode_frame(&status(id), &mut bytes);
+    }
+    std::io::Write::write_all(&mut stream, &bytes).unwrap();
+    stream.conn.send_close_notify();
+    std::io::Write::flush(&mut stream).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while count.load(std::sync::atomic::Ordering::SeqCst) < before + 3 {
+        assert!(std::time::Instant::now() < deadline, "requests before the close notice were lost");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn whoami_counted(stream: &mut Tls) -> Result<(), String> {
+    write_frame(stream, &status(1)).map_err(|err| err.to_string())?;
+    let _: Response = read_frame(stream, 1 << 20).map_err(|err| err.to_string())?;
+    Ok(())
+}

@@ -30,17 +30,19 @@ pub enum Got {
 pub struct Wire {
     stream: TcpStream,
     tls: Option<Box<rustls::Connection>>,
+    /// The other side sent its TLS close notice: the next read says so.
+    closed: bool,
 }
 
 impl Wire {
     pub fn plain(stream: TcpStream) -> Wire {
-        Wire { stream, tls: None }
+        Wire { stream, tls: None, closed: false }
     }
 
     /// The server side of a TLS connection just accepted.
     pub fn tls_server(stream: TcpStream, config: &Arc<rustls::ServerConfig>) -> io::Result<Wire> {
         let session = rustls::ServerConnection::new(Arc::clone(config)).map_err(io::Error::other)?;
-        Ok(Wire { stream, tls: Some(Box::new(session.into())) })
+        Ok(Wire { stream, tls: Some(Box::new(session.into())), closed: false })
     }
 
     /// The client side of a TLS connection being opened to `name`.
@@ -50,7 +52,7 @@ impl Wire {
         name: rustls::pki_types::ServerName<'static>,
     ) -> io::Result<Wire> {
         let session = rustls::ClientConnection::new(Arc::clone(config), name).map_err(io::Error::other)?;
-        Ok(Wire { stream, tls: Some(Box::new(session.into())) })
+        Ok(Wire { stream, tls: Some(Box::new(session.into())), closed: false })
     }
 
     pub fn stream(&mut self) -> &mut TcpStream {
@@ -72,6 +74,9 @@ impl Wire {
     /// to `input`. An `Err` is the end of the connection: a socket failure,
     /// or a TLS failure (its alert is sent first, if the socket takes it).
     pub fn read(&mut self, scratch: &mut [u8], input: &mut Vec<u8>) -> io::Result<Got> {
+        if self.closed {
+            return Ok(Got::Closed);
+        }
         let n = match self.stream.read(scratch) {
             Ok(0) => return Ok(Got::Closed),
             Ok(n) => n,
@@ -83,7 +88,7 @@ impl Wire {
             return Ok(Got::Bytes(n));
         };
         let mut fed = 0;
-        let mut closed = false;
+        let had = input.len();
         while fed < n {
             let taken = session.read_tls(&mut &scratch[fed..n])?;
             if taken == 0 {
@@ -98,11 +103,13 @@ impl Wire {
                 let _ = session.write_tls(&mut self.stream);
                 return Err(io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {err}")));
             }
-            closed |= drain_plaintext(session, input)?;
+            self.closed |= drain_plaintext(session, input)?;
         }
         // Handshake answers, alerts and tickets go out now.
         self.flush()?;
-        Ok(if closed { Got::Closed } else { Got::Bytes(n) })
+        // What came before a close notice is handed on first, as plain
+        // TCP's last bytes come before its end of stream.
+        Ok(if self.closed && input.len() == had { Got::Closed } else { Got::Bytes(n) })
     }
 
     /// Takes what it can of `bytes`: on plain TCP what the socket takes, on
