@@ -234,9 +234,15 @@ fn requests_sent_just_before_a_close_notice_are_still_handed_on() {
     for id in 10..13 {
         crate::encode_frame(&status(id), &mut bytes);
     }
-    std::io::Write::write_all(&mut stream, &bytes).unwrap();
+    // The requests' records and the notice in one write, so that the
+    // listener reads them together.
+    std::io::Write::write_all(&mut stream.conn.writer(), &bytes).unwrap();
     stream.conn.send_close_notify();
-    std::io::Write::flush(&mut stream).unwrap();
+    let mut records = Vec::new();
+    while stream.conn.wants_write() {
+        stream.conn.write_tls(&mut records).unwrap();
+    }
+    std::io::Write::write_all(&mut stream.sock, &records).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while count.load(std::sync::atomic::Ordering::SeqCst) < before + 3 {
         assert!(std::time::Instant::now() < deadline, "requests before the close notice were lost");
