@@ -340,7 +340,14 @@ impl Connection {
                         .take_in(&chunk[..n], input);
                     match taken {
                         Ok(false) => {}
-                        Ok(true) => self.fail("connection closed by the server"),
+                        Ok(true) => {
+                            // What came before the close notice is answered
+                            // first, as plain TCP's last bytes are.
+                            if let Err(reason) = self.hand_out(half) {
+                                self.fail(&reason);
+                            }
+                            self.fail("connection closed by the server");
+                        }
                         Err(reason) => self.fail(&reason),
                     }
                 }
@@ -582,5 +589,42 @@ mod tests {
         assert_eq!(key_of(&second), "second");
         assert_eq!(first.join().unwrap(), Err(CallError::TimedOut));
         assert!(!connection.is_closed());
+    }
+
+    /// A TLS server that answers one request with its response and a close
+    /// notice in one write, as a node closing a connection does.
+    #[test]
+    fn a_response_that_comes_with_the_close_notice_is_still_delivered() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = fencelock_tls::Layout::new(dir.path());
+        fencelock_tls::create_ca(&layout, false).unwrap();
+        fencelock_tls::create_node(&layout, 1, &["127.0.0.1".into()], false).unwrap();
+        fencelock_tls::create_client(&layout, "alice", false).unwrap();
+        let server = fencelock_tls::node_tls(&layout, 1).unwrap().client_server;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let thread = std::thread::spawn(move || {
+            let (socket, _) = listener.accept().unwrap();
+            let session = rustls::ServerConnection::new(server).unwrap();
+            let mut stream = rustls::StreamOwned::new(session, socket);
+            let request: Request = read_frame(&mut stream, 1 << 20).unwrap();
+            let mut frame = Vec::new();
+            encode_frame(&Response { id: request.id, ..Default::default() }, &mut frame);
+            stream.conn.writer().write_all(&frame).unwrap();
+            stream.conn.send_close_notify();
+            let mut records = Vec::new();
+            while stream.conn.wants_write() {
+                stream.conn.write_tls(&mut records).unwrap();
+            }
+            stream.sock.write_all(&records).unwrap();
+            // Keep the socket open: only the notice says the end.
+            std::thread::sleep(Duration::from_secs(2));
+        });
+        let alice = fencelock_tls::client_tls(&layout, "alice").unwrap();
+        let connection =
+            Connection::open(&addr, Duration::from_secs(5), Duration::from_secs(5), Some(&alice)).unwrap();
+        let answer = connection.call(get("k"), Duration::from_secs(5));
+        assert!(answer.is_ok(), "the response before the close notice was lost: {answer:?}");
+        thread.join().unwrap();
     }
 }
