@@ -65,6 +65,11 @@ pub const OUTPUT_PAUSE_BYTES: usize = 256 * 1024;
 /// The most bytes taken from one socket in one read.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
 
+/// How long a client connection may take to finish its TLS handshake (in
+/// unit tests, a moment).
+pub const HANDSHAKE_TIMEOUT: Duration =
+    if cfg!(test) { Duration::from_millis(300) } else { Duration::from_secs(5) };
+
 /// The most requests one connection dispatches in one round of the loop;
 /// the rest wait for the next round, after the core's turn.
 const REQUESTS_PER_ROUND: usize = 256;
@@ -235,6 +240,9 @@ pub(crate) struct EventLoop<M> {
     /// Client connections to read again next round: their budget ran out
     /// with requests or bytes left.
     read_again: Vec<Token>,
+    /// TLS connections by when their handshake must be done, oldest first
+    /// (accept order is deadline order).
+    handshakes: std::collections::VecDeque<(Instant, Token)>,
     logger: Logger,
 }
 
@@ -311,6 +319,7 @@ impl<M: protobuf::Message> EventLoop<M> {
             core: None,
             inbound: Vec::new(),
             read_again: Vec::new(),
+            handshakes: std::collections::VecDeque::new(),
             logger: logger.clone(),
         })
     }
@@ -328,7 +337,12 @@ impl<M: protobuf::Message> EventLoop<M> {
         let mut core_wait = self.core.as_ref().map(|_| Duration::ZERO);
         loop {
             let now = Instant::now();
-            let deadline = self.peers.as_ref().and_then(Peers::next_deadline);
+            let handshake = self.handshakes.front().map(|(deadline, _)| *deadline);
+            let peer_deadline = self.peers.as_ref().and_then(Peers::next_deadline);
+            let deadline = match (handshake, peer_deadline) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             let timeout = match (core_wait, deadline) {
                 (Some(wait), Some(deadline)) => Some(wait.min(deadline.saturating_duration_since(now))),
                 (Some(wait), None) => Some(wait),
@@ -376,6 +390,7 @@ impl<M: protobuf::Message> EventLoop<M> {
             for token in read_again {
                 self.read(token);
             }
+            self.expire_handshakes(Instant::now());
             if let Some(peers) = &mut self.peers {
                 for token in peers_again {
                     peers.read_more(self.poll.registry(), token, &mut self.inbound);
@@ -459,7 +474,10 @@ impl<M: protobuf::Message> EventLoop<M> {
         let wire = match &self.config.tls {
             None => Wire::plain(stream),
             Some(tls) => match Wire::tls_server(stream, tls) {
-                Ok(wire) => wire,
+                Ok(wire) => {
+                    self.handshakes.push_back((Instant::now() + HANDSHAKE_TIMEOUT, token));
+                    wire
+                }
                 Err(err) => {
                     warn!(self.logger, "cannot start TLS on a client connection"; "remote" => %remote, "error" => %err);
                     return;
@@ -491,6 +509,20 @@ impl<M: protobuf::Message> EventLoop<M> {
         // Bytes may have come before registration; edge-triggered events
         // would not report them.
         self.read(token);
+    }
+
+    /// Closes the TLS connections whose handshake is late: a client that
+    /// opens a connection and never finishes does not keep its place.
+    fn expire_handshakes(&mut self, now: Instant) {
+        while let Some(&(deadline, token)) = self.handshakes.front() {
+            if deadline > now {
+                return;
+            }
+            self.handshakes.pop_front();
+            if self.connections.get(&token).is_some_and(|connection| connection.wire.is_handshaking()) {
+                self.close(token, Close::Violation(format!("no TLS handshake within {HANDSHAKE_TIMEOUT:?}")));
+            }
+        }
     }
 
     /// Reads what the socket has, handing each whole request on.

@@ -40,6 +40,10 @@ use crate::{ClientConfig, Handler};
 
 /// The largest hello accepted from a peer.
 const HELLO_BYTES_MAX: usize = 64 * 1024;
+/// How long an incoming peer connection may take to say its hello (its
+/// TLS handshake included; in unit tests, a moment).
+pub const HELLO_TIMEOUT: Duration =
+    if cfg!(test) { Duration::from_millis(300) } else { Duration::from_secs(5) };
 /// How long an outgoing connection may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Peer connection tokens start here, far above any client connection's.
@@ -357,6 +361,8 @@ enum Link {
 
 struct Incoming {
     wire: Wire,
+    /// When it was accepted: its hello is due within [`HELLO_TIMEOUT`].
+    since: Instant,
     /// Bytes read and not yet decoded: at most one partial frame.
     input: Vec<u8>,
     /// The peer, once its hello came.
@@ -484,6 +490,11 @@ impl<M: Message> Peers<M> {
 
     /// The earliest moment a connection is due to be opened or given up on.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        let hellos = self
+            .incoming
+            .values()
+            .filter(|incoming| incoming.peer.is_none())
+            .map(|incoming| incoming.since + HELLO_TIMEOUT);
         self.outgoing
             .values()
             .filter_map(|outgoing| match &outgoing.link {
@@ -491,11 +502,21 @@ impl<M: Message> Peers<M> {
                 Link::Connecting { since, .. } => Some(*since + CONNECT_TIMEOUT),
                 Link::Up { .. } => None,
             })
+            .chain(hellos)
             .min()
     }
 
     /// Opens the connections that are due, gives up on slow ones.
     pub(crate) fn on_time(&mut self, registry: &Registry, now: Instant) {
+        let late: Vec<Token> = self
+            .incoming
+            .iter()
+            .filter(|(_, incoming)| incoming.peer.is_none() && incoming.since + HELLO_TIMEOUT <= now)
+            .map(|(token, _)| *token)
+            .collect();
+        for token in late {
+            self.close_incoming(registry, token, Some(format!("no hello within {HELLO_TIMEOUT:?}")));
+        }
         let peers: Vec<u64> = self.outgoing.keys().copied().collect();
         for peer in peers {
             let Some(outgoing) = self.outgoing.get(&peer) else { continue };
@@ -578,7 +599,13 @@ impl<M: Message> Peers<M> {
                     }
                 },
             };
-            let incoming = Incoming { wire, input: Vec::new(), peer: None, remote: remote.to_string() };
+            let incoming = Incoming {
+                wire,
+                since: Instant::now(),
+                input: Vec::new(),
+                peer: None,
+                remote: remote.to_string(),
+            };
             self.incoming.insert(token, incoming);
         }
     }

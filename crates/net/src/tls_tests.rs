@@ -255,3 +255,40 @@ fn whoami_counted(stream: &mut Tls) -> Result<(), String> {
     let _: Response = read_frame(stream, 1 << 20).map_err(|err| err.to_string())?;
     Ok(())
 }
+
+/// Whether the other side closes `stream` within `within` (an alert or a
+/// close notice may come first).
+fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+    stream.set_read_timeout(Some(within)).unwrap();
+    let mut rest = Vec::new();
+    match stream.read_to_end(&mut rest) {
+        Ok(_) => true,
+        Err(err) => !matches!(err.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+    }
+}
+
+#[test]
+fn a_connection_that_never_finishes_its_handshake_or_hello_is_closed() {
+    use crate::tests::{free_addr, node_with, Immediate};
+
+    let dir = tempfile::tempdir().unwrap();
+    let layout = certs(dir.path());
+    let listener = start(&layout);
+    // Silent on the TLS client port: closed after the handshake deadline.
+    let mut silent = TcpStream::connect(listener.local_addr()).unwrap();
+    assert!(closed_within(&mut silent, Duration::from_secs(5)), "a silent client kept its connection");
+
+    // Silent on a peer port, plain or TLS: closed after the hello deadline.
+    let addrs: std::collections::BTreeMap<u64, SocketAddr> = (1..=2).map(|id| (id, free_addr())).collect();
+    let plain = node_with(1, &addrs, 1 << 20, Arc::new(Immediate), None);
+    let mut silent = TcpStream::connect(addrs[&1]).unwrap();
+    assert!(closed_within(&mut silent, Duration::from_secs(5)), "a silent peer kept its connection");
+    plain.stop();
+    let certs_dir = tempfile::tempdir().unwrap();
+    let layout = cluster_certs(certs_dir.path());
+    let addrs: std::collections::BTreeMap<u64, SocketAddr> = (1..=2).map(|id| (id, free_addr())).collect();
+    let tls = node_with(1, &addrs, 1 << 20, Arc::new(Immediate), Some(&layout));
+    let mut silent = TcpStream::connect(addrs[&1]).unwrap();
+    assert!(closed_within(&mut silent, Duration::from_secs(5)), "a silent TLS peer kept its connection");
+    tls.stop();
+}
