@@ -571,10 +571,7 @@ impl<M: protobuf::Message> EventLoop<M> {
             };
             if handshaking && !connection.wire.is_handshaking() {
                 // The port's verifier takes user certificates only.
-                let leaf = connection.wire.peer_certificates().and_then(|chain| chain.first());
-                if let Some(Ok(fencelock_tls::Identity::User(user))) =
-                    leaf.map(|leaf| fencelock_tls::identity_of(leaf))
-                {
+                if let Some(fencelock_tls::Identity::User(user)) = connection.wire.peer_identity() {
                     debug!(connection.logger, "client authenticated"; "user" => &user);
                     let _ = connection.shared.user.set(user);
                 }

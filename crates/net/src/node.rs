@@ -751,9 +751,8 @@ impl<M: Message> Peers<M> {
                             if self.config.tls.is_some() {
                                 // The hello may claim only the node the
                                 // certificate names.
-                                let leaf = incoming.wire.peer_certificates().and_then(|chain| chain.first());
-                                let named = leaf.map(|leaf| fencelock_tls::identity_of(leaf));
-                                if named != Some(Ok(fencelock_tls::Identity::Node(hello.node_id))) {
+                                let named = incoming.wire.peer_identity();
+                                if named != Some(fencelock_tls::Identity::Node(hello.node_id)) {
                                     return Err(Some(format!(
                                         "hello claims node {}, but the certificate names {named:?}",
                                         hello.node_id

@@ -64,10 +64,10 @@ impl Wire {
         self.tls.as_ref().is_some_and(|session| session.is_handshaking())
     }
 
-    /// The other side's certificate chain, once its handshake is done
-    /// (`None` on plain TCP).
-    pub fn peer_certificates(&self) -> Option<&[rustls::pki_types::CertificateDer<'static>]> {
-        self.tls.as_ref()?.peer_certificates()
+    /// Who the other side's certificate names, once its handshake is done
+    /// (`None` on plain TCP or before then).
+    pub fn peer_identity(&self) -> Option<fencelock_tls::Identity> {
+        fencelock_tls::peer_identity(self.tls.as_ref()?)
     }
 
     /// Reads once from the socket into `scratch`, appending the plaintext

@@ -10,9 +10,9 @@ mod common;
 
 use std::io::Write;
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use common::Cluster;
+use common::{free_port, http, Cluster, DEADLINE};
 use fencelock_net::encode_frame;
 use fencelock_types::client_pb::PeerHello;
 use fencelock_types::{encode_batch, Command, Key, LeaseMs, Owner};
@@ -79,21 +79,43 @@ fn forgeries(from: u64, to: u64, term: u64, last_index: u64, commit: u64) -> Vec
     forged
 }
 
+/// The raft messages node `metrics_addr`'s gate has refused so far, over
+/// every reason.
+fn refused(metrics_addr: &str) -> f64 {
+    let scrape = http(metrics_addr, b"GET /metrics HTTP/1.0\r\n\r\n");
+    scrape
+        .lines()
+        .filter(|line| line.starts_with("fencelock_raft_messages_refused_total{"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// Opens a peer connection to `addr` claiming to be node `claim`, sends
-/// `message`, and waits a moment for the node to read it.
-fn send_as(addr: &str, claim: u64, message: &Message) {
+/// `message`, and waits until the node's gate has refused it.
+fn send_as(addr: &str, metrics_addr: &str, claim: u64, message: &Message, what: &str) {
+    let before = refused(metrics_addr);
     let mut bytes = Vec::new();
     encode_frame(&PeerHello { node_id: claim, ..Default::default() }, &mut bytes);
     encode_frame(message, &mut bytes);
     let mut stream = TcpStream::connect(addr).unwrap();
-    // The node may close the connection as it reads: that is fine.
-    let _ = stream.write_all(&bytes);
-    std::thread::sleep(Duration::from_millis(100));
+    stream.write_all(&bytes).unwrap();
+    let deadline = Instant::now() + DEADLINE;
+    while refused(metrics_addr) <= before {
+        assert!(Instant::now() < deadline, "{what} was never refused by the gate at {addr}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 #[test]
 fn forged_raft_messages_to_a_follower_and_to_the_leader_are_dropped_and_the_cluster_serves_on() {
-    let mut cluster = Cluster::start(3);
+    let mut cluster = Cluster::configure(3);
+    let metrics: Vec<String> = (1..=3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
+    for (node, addr) in cluster.nodes.iter_mut().zip(&metrics) {
+        node.extra_args = vec!["--metrics-addr".into(), addr.clone()];
+    }
+    for id in 1..=3 {
+        cluster.launch(id);
+    }
     let client = cluster.client();
     let leader = cluster.leader(&client);
     let vault = client.acquire(b"vault", Duration::from_secs(60), Duration::ZERO).unwrap();
@@ -104,7 +126,7 @@ fn forged_raft_messages_to_a_follower_and_to_the_leader_are_dropped_and_the_clus
     for (to, claim) in [(follower, leader), (leader, other)] {
         let status = client.status(cluster.client_addr(to)).unwrap();
         for (what, forged) in forgeries(claim, to, status.term, status.last_index, status.commit_index) {
-            send_as(cluster.peer_addr(to), claim, &forged);
+            send_as(cluster.peer_addr(to), &metrics[(to - 1) as usize], claim, &forged, what);
             for id in 1..=3 {
                 let status = client.status(cluster.client_addr(id));
                 let status = status.unwrap_or_else(|err| {
@@ -128,7 +150,7 @@ fn forged_raft_messages_to_a_follower_and_to_the_leader_are_dropped_and_the_clus
     cluster.launch(follower);
     let next = client.acquire(b"after", Duration::from_secs(60), Duration::ZERO).unwrap();
     assert!(next.token() > first, "tokens went backwards: {} after {first}", next.token());
-    let deadline = std::time::Instant::now() + common::DEADLINE;
+    let deadline = Instant::now() + DEADLINE;
     loop {
         let status = client.status(cluster.client_addr(follower));
         if let Ok(status) = &status {
@@ -137,7 +159,7 @@ fn forged_raft_messages_to_a_follower_and_to_the_leader_are_dropped_and_the_clus
                 break;
             }
         }
-        assert!(std::time::Instant::now() < deadline, "node {follower} did not catch up: {status:?}");
+        assert!(Instant::now() < deadline, "node {follower} did not catch up: {status:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, Cluster, DEADLINE};
+use common::{free_port, http, sample, Cluster, DEADLINE};
 
 fn cli_binary() -> PathBuf {
     let path = Path::new(env!("CARGO_BIN_EXE_fencelockd")).with_file_name("fencelock");
@@ -290,21 +290,6 @@ fn a_new_cluster_starts_once_every_node_has_answered() {
     assert!((1..=3).contains(&leader));
     assert!(client.acquire(b"first", Duration::from_secs(60), Duration::ZERO).is_ok());
     assert!(cluster.log(1).contains("asking the peers whether this node was a member"), "{}", cluster.log(1));
-}
-
-/// Sends `request` to `addr` and returns the whole answer.
-fn http(addr: &str, request: &[u8]) -> String {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    stream.write_all(request).unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
-    answer
-}
-
-/// The value of the sample named `name` (labels included) in a scrape.
-fn sample(scrape: &str, name: &str) -> Option<f64> {
-    scrape.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
 }
 
 #[test]

@@ -8,6 +8,8 @@
 // Test code: unwrapping is how a test fails.
 #![allow(clippy::unwrap_used)]
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -132,4 +134,19 @@ impl Cluster {
     pub fn logs(&self) -> String {
         self.layout.log_tails(15)
     }
+}
+
+/// Sends `request` to `addr` and returns the whole answer.
+pub fn http(addr: &str, request: &[u8]) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream.write_all(request).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+/// The value of the sample named `name` (labels included) in a scrape.
+pub fn sample(scrape: &str, name: &str) -> Option<f64> {
+    scrape.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
 }
