@@ -93,6 +93,16 @@ const CANARIES: &[Canary] = &[
         )],
         test: &["test", "-p", "fencelock-raft", "--lib", "tests::forged_raft_messages_are_dropped_and_the_cluster_serves_on"],
     },
+    Canary {
+        name: "owners-not-checked",
+        models: "a TLS user releases or renews another user's lock with its token (issue 14's owner check is off)",
+        file: "crates/fsm/src/lib.rs",
+        edits: &[(
+            "                if user.is_some_and(|user| !lock.owner.is_of_user(user.as_bytes())) {\n",
+            "                if user.is_some_and(|user| user.as_bytes().is_empty()) {\n",
+        )],
+        test: &["test", "-p", "fencelock-fsm", "--lib", "tests::"],
+    },
 ];
 
 pub fn run(root: &Path) -> Result<()> {

@@ -152,7 +152,9 @@ pub struct AcquireArgs {
     #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
     pub wait: Duration,
     /// The owner identity; acquiring again with the same owner returns the
-    /// same token. Default: a fresh one.
+    /// same token. Default: a fresh one. Over TLS (--certs-dir) an owner is
+    /// the user's: OWNER is taken as USER/OWNER unless it is USER or
+    /// already starts with USER/.
     #[arg(long)]
     pub owner: Option<String>,
 }

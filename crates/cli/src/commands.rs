@@ -22,6 +22,17 @@ pub fn connect(cli: &Cli) -> Result<Client> {
     Client::connect(config).context(what)
 }
 
+/// The owner an acquire carries for `--owner OWNER`: over TLS, the user's
+/// (`USER/OWNER`, unless OWNER is USER or starts with `USER/`).
+fn owner_of(cli: &Cli, owner: &str) -> Vec<u8> {
+    match cli.user.as_deref().filter(|_| cli.certs_dir.is_some()) {
+        Some(user) if owner != user && !owner.starts_with(&format!("{user}/")) => {
+            format!("{user}/{owner}").into_bytes()
+        }
+        _ => owner.as_bytes().to_vec(),
+    }
+}
+
 /// Prints `value` as one line of JSON.
 pub fn print_json(value: &serde_json::Value) {
     println!("{value}");
@@ -29,8 +40,10 @@ pub fn print_json(value: &serde_json::Value) {
 
 pub fn acquire(cli: &Cli, args: &AcquireArgs) -> Result<Exit> {
     let client = connect(cli)?;
-    let owner =
-        args.owner.as_ref().map_or_else(|| client.owner().to_vec(), |owner| owner.as_bytes().to_vec());
+    let owner = match &args.owner {
+        Some(owner) => owner_of(cli, owner),
+        None => client.owner().to_vec(),
+    };
     // No guard: this process exits right away, and the lock must outlive it.
     let grant = client
         .acquire_raw(&owner, &args.key, args.ttl, args.wait)
@@ -154,7 +167,9 @@ pub fn status(cli: &Cli) -> Result<Exit> {
             println!("members:");
             for member in &first.members {
                 let client_addr = if member.client_addr.is_empty() { "?" } else { &member.client_addr };
-                println!("  {}  peer={} client={client_addr}", member.id, member.peer_addr);
+                // Peer addresses are shown to admins only, over TLS.
+                let peer_addr = if member.peer_addr.is_empty() { "(admins only)" } else { &member.peer_addr };
+                println!("  {}  peer={peer_addr} client={client_addr}", member.id);
             }
         }
     }

@@ -117,7 +117,11 @@ impl Client {
             tls,
             request_timeout: config.request_timeout,
             retry_for: config.retry_for,
-            owner: config.owner.unwrap_or_else(default_owner),
+            // Over TLS an owner is bound to the user: `user/suffix`.
+            owner: config.owner.unwrap_or_else(|| match &config.tls {
+                Some(tls) => [tls.user.as_bytes(), b"/", &default_owner()].concat(),
+                None => default_owner(),
+            }),
             connections: Mutex::new(HashMap::new()),
             preferred: Mutex::new(None),
             renewer: Renewer::default(),
@@ -460,6 +464,9 @@ fn classify(addr: &str, response: Response) -> Attempt {
             }
             ErrorCode::INVALID_ARGUMENT => return Attempt::Fail(ClientError::InvalidArgument(error.message)),
             ErrorCode::INTERNAL => return Attempt::Fail(ClientError::Internal(error.message)),
+            ErrorCode::PERMISSION_DENIED => {
+                return Attempt::Fail(ClientError::PermissionDenied(error.message))
+            }
         }
     }
     match response.kind {

@@ -23,7 +23,9 @@ pub struct ClientConfig {
     pub retry_for: Duration,
     /// The owner identity acquires carry. A retried acquire by the same owner
     /// gets the same token back, so retries never grant twice. `None` picks a
-    /// fresh identity per client: `<hostname>-<pid>-<nanoseconds since epoch>`.
+    /// fresh identity per client: `<hostname>-<pid>-<nanoseconds since epoch>`,
+    /// after `<user>/` over TLS. Over TLS the server takes only owners of the
+    /// user: the user name, or `<user>/` and any suffix.
     pub owner: Option<Vec<u8>>,
     /// TLS to every node, as a user of the cluster's CA. `None`: plain TCP.
     pub tls: Option<TlsConfig>,

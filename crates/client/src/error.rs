@@ -20,12 +20,17 @@ pub enum ClientError {
     /// A node reported a bug or failure, or answered something unexpected.
     #[error("internal error: {0}")]
     Internal(String),
+    /// The user this client connects as (TLS) may not do this: it lacks the
+    /// right on the key, or the lock is another user's, or the owner is not
+    /// the user's. Retrying will not help.
+    #[error("{0}")]
+    PermissionDenied(String),
 }
 
 impl ClientError {
     /// A short, stable name for the kind of error, for machine-readable
-    /// output: `held`, `wait_timed_out`, `invalid_argument`, `unavailable`
-    /// or `internal`.
+    /// output: `held`, `wait_timed_out`, `invalid_argument`, `unavailable`,
+    /// `internal` or `permission_denied`.
     pub fn code(&self) -> &'static str {
         match self {
             ClientError::Held { .. } => "held",
@@ -33,6 +38,7 @@ impl ClientError {
             ClientError::InvalidArgument(_) => "invalid_argument",
             ClientError::Unavailable(_) => "unavailable",
             ClientError::Internal(_) => "internal",
+            ClientError::PermissionDenied(_) => "permission_denied",
         }
     }
 
@@ -72,6 +78,9 @@ mod tests {
             ClientError::InvalidArgument("key is empty".into()),
             ClientError::Unavailable("127.0.0.1:1: connection refused".into()),
             ClientError::Internal("boom".into()),
+            ClientError::PermissionDenied(
+                "permission denied: user alice has no `lock` right on key k".into(),
+            ),
         ];
         for error in errors {
             let message = error.to_string();

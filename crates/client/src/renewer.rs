@@ -247,7 +247,10 @@ fn renew_round(inner: &Inner, registry: &Registry) {
                     }
                 }
             }
-            Err(ClientError::InvalidArgument(message)) => {
+            // Permission denied: the user lost its `lock` right on a key (the
+            // rules changed), or the renewal named another user's lock; either
+            // way, retrying will not help.
+            Err(ClientError::InvalidArgument(message) | ClientError::PermissionDenied(message)) => {
                 for held in &group {
                     held.mark_lost(format!("renewal refused: {message}"));
                 }

@@ -37,7 +37,7 @@ fn workload() -> (LockTable, Vec<Command>) {
             let ApplyResult::Granted { token, .. } = table.apply(grant(i)) else {
                 unreachable!("a free key is granted")
             };
-            commands.push(Command::Release { key: key(i), token: Some(token) });
+            commands.push(Command::Release { key: key(i), token: Some(token), user: None });
         } else {
             commands.push(grant(i));
         }

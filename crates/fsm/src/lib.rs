@@ -13,6 +13,9 @@
 //! - A key has at most one holder. Expire, and Release or Renew with a token,
 //!   act only while that token holds the key, so a late or duplicated command
 //!   never touches a newer lock.
+//! - A Release or Renew that names a user (the authenticated caller, with
+//!   TLS) acts only on a lock whose owner is that user or `user/...`, and
+//!   such a Renew never shortens a lease.
 //! - Lock outcomes are values in [`ApplyResult`]; `apply` never fails and
 //!   never panics on a command, however it was decoded. Bytes that are not a
 //!   valid command give [`ApplyResult::Invalid`], the same on every replica.
@@ -92,9 +95,9 @@ impl LockTable {
     pub fn apply(&mut self, command: Command) -> ApplyResult {
         match command {
             Command::Grant { key, lease_ms, owner } => self.grant(key, lease_ms, owner),
-            Command::Release { key, token } => self.release(&key, token),
+            Command::Release { key, token, user } => self.release(&key, token, user.as_ref()),
             Command::Expire { key, token } => self.expire(&key, token),
-            Command::Renew { key, token, lease_ms } => self.renew(&key, token, lease_ms),
+            Command::Renew { key, token, lease_ms, user } => self.renew(&key, token, lease_ms, user.as_ref()),
             Command::Noop => ApplyResult::Noop,
         }
     }
@@ -174,10 +177,13 @@ impl LockTable {
         ApplyResult::Granted { token, lease_ms, existing: false }
     }
 
-    fn release(&mut self, key: &Key, token: Option<FencingToken>) -> ApplyResult {
+    fn release(&mut self, key: &Key, token: Option<FencingToken>, user: Option<&Owner>) -> ApplyResult {
         match self.locks.get(key) {
             Some(lock) if token.is_none_or(|token| token == lock.token) => {
                 let token = lock.token;
+                if user.is_some_and(|user| !lock.owner.is_of_user(user.as_bytes())) {
+                    return ApplyResult::Denied { token };
+                }
                 self.locks.remove(key);
                 ApplyResult::Released { token }
             }
@@ -193,12 +199,26 @@ impl LockTable {
         ApplyResult::Expired { existed }
     }
 
-    fn renew(&mut self, key: &Key, token: FencingToken, lease_ms: LeaseMs) -> ApplyResult {
+    fn renew(
+        &mut self,
+        key: &Key,
+        token: FencingToken,
+        lease_ms: LeaseMs,
+        user: Option<&Owner>,
+    ) -> ApplyResult {
         match self.locks.get_mut(key) {
-            Some(lock) if lock.token == token => {
-                lock.lease_ms = lease_ms;
-                ApplyResult::Renewed { token, lease_ms }
-            }
+            Some(lock) if lock.token == token => match user {
+                None => {
+                    lock.lease_ms = lease_ms;
+                    ApplyResult::Renewed { token, lease_ms }
+                }
+                Some(user) if lock.owner.is_of_user(user.as_bytes()) => {
+                    // Never shorter: a renew extends a lease, it cannot cut it.
+                    lock.lease_ms = lock.lease_ms.max(lease_ms);
+                    ApplyResult::Renewed { token, lease_ms: lock.lease_ms }
+                }
+                Some(_) => ApplyResult::Denied { token },
+            },
             _ => ApplyResult::NotFound,
         }
     }

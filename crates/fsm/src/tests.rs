@@ -43,7 +43,7 @@ fn tokens_start_at_one_and_increase_across_keys() {
     assert_eq!(granted(&mut table, "a", "o1"), token(1));
     assert_eq!(granted(&mut table, "b", "o1"), token(2));
     assert_eq!(
-        table.apply(Command::Release { key: key("a"), token: Some(token(1)) }),
+        table.apply(Command::Release { key: key("a"), token: Some(token(1)), user: None }),
         ApplyResult::Released { token: token(1) }
     );
     assert_eq!(granted(&mut table, "a", "o2"), token(3));
@@ -80,7 +80,10 @@ fn release_with_a_stale_token_cannot_free_the_successor() {
     let old = granted(&mut table, "a", "o1");
     table.apply(Command::Expire { key: key("a"), token: old });
     let new = granted(&mut table, "a", "o2");
-    assert_eq!(table.apply(Command::Release { key: key("a"), token: Some(old) }), ApplyResult::NotFound);
+    assert_eq!(
+        table.apply(Command::Release { key: key("a"), token: Some(old), user: None }),
+        ApplyResult::NotFound
+    );
     assert_eq!(table.holder(b"a").unwrap().token, new);
 }
 
@@ -89,10 +92,13 @@ fn force_release_removes_whoever_holds_the_key() {
     let mut table = LockTable::new();
     let held = granted(&mut table, "a", "o1");
     assert_eq!(
-        table.apply(Command::Release { key: key("a"), token: None }),
+        table.apply(Command::Release { key: key("a"), token: None, user: None }),
         ApplyResult::Released { token: held }
     );
-    assert_eq!(table.apply(Command::Release { key: key("a"), token: None }), ApplyResult::NotFound);
+    assert_eq!(
+        table.apply(Command::Release { key: key("a"), token: None, user: None }),
+        ApplyResult::NotFound
+    );
     assert!(table.is_empty());
 }
 
@@ -122,13 +128,45 @@ fn late_and_duplicate_expires_change_nothing() {
 fn renew_needs_the_current_token() {
     let mut table = LockTable::new();
     let held = granted(&mut table, "a", "o1");
-    let renew = |t| Command::Renew { key: key("a"), token: t, lease_ms: lease(9000) };
+    let renew = |t| Command::Renew { key: key("a"), token: t, lease_ms: lease(9000), user: None };
     assert_eq!(table.apply(renew(token(held.get() + 1))), ApplyResult::NotFound);
     assert_eq!(table.holder(b"a").unwrap().lease_ms, lease(1000));
     assert_eq!(table.apply(renew(held)), ApplyResult::Renewed { token: held, lease_ms: lease(9000) });
     assert_eq!(table.holder(b"a").unwrap().lease_ms, lease(9000));
-    table.apply(Command::Release { key: key("a"), token: Some(held) });
+    table.apply(Command::Release { key: key("a"), token: Some(held), user: None });
     assert_eq!(table.apply(renew(held)), ApplyResult::NotFound);
+}
+
+#[test]
+fn with_a_user_only_its_own_locks_are_released_or_renewed() {
+    let mut table = LockTable::new();
+    let bobs = granted(&mut table, "a", "bob/worker-1");
+    let user = |name: &str| Some(owner(name));
+    let release = |user| Command::Release { key: key("a"), token: Some(bobs), user };
+    let renew = |user, ms| Command::Renew { key: key("a"), token: bobs, lease_ms: lease(ms), user };
+    // Alice has bob's token: it is not enough.
+    assert_eq!(table.apply(release(user("alice"))), ApplyResult::Denied { token: bobs });
+    assert_eq!(table.apply(renew(user("alice"), 60_000)), ApplyResult::Denied { token: bobs });
+    assert_eq!(table.apply(renew(user("bo"), 60_000)), ApplyResult::Denied { token: bobs });
+    assert_eq!(table.holder(b"a").unwrap().lease_ms, lease(1000));
+    // A wrong token is not found, whoever asks.
+    let stale = Command::Release { key: key("a"), token: Some(token(bobs.get() + 1)), user: user("alice") };
+    assert_eq!(table.apply(stale), ApplyResult::NotFound);
+    // Bob renews, and cannot shorten.
+    assert_eq!(
+        table.apply(renew(user("bob"), 60_000)),
+        ApplyResult::Renewed { token: bobs, lease_ms: lease(60_000) }
+    );
+    assert_eq!(
+        table.apply(renew(user("bob"), 2_000)),
+        ApplyResult::Renewed { token: bobs, lease_ms: lease(60_000) }
+    );
+    assert_eq!(table.holder(b"a").unwrap().lease_ms, lease(60_000));
+    assert_eq!(table.apply(release(user("bob"))), ApplyResult::Released { token: bobs });
+    // A force release (no token) names no user and frees anyone's lock.
+    granted(&mut table, "a", "carol");
+    let force = Command::Release { key: key("a"), token: None, user: None };
+    assert!(matches!(table.apply(force), ApplyResult::Released { .. }));
 }
 
 #[test]
@@ -162,7 +200,7 @@ fn entries_apply_in_order_with_one_result_per_command() {
     let mut table = LockTable::new();
     let entry = encode_batch(&[
         grant("a", "o1"),
-        Command::Release { key: key("a"), token: Some(token(1)) },
+        Command::Release { key: key("a"), token: Some(token(1)), user: None },
         grant("a", "o2"),
         Command::Noop,
     ]);
@@ -228,7 +266,7 @@ fn sample_table() -> LockTable {
     for (k, o) in [("a", "o1"), ("b", "o2"), ("c", "o3"), ("d", "o1")] {
         granted(&mut table, k, o);
     }
-    table.apply(Command::Release { key: key("b"), token: None });
+    table.apply(Command::Release { key: key("b"), token: None, user: None });
     table
 }
 
@@ -375,8 +413,11 @@ impl Model {
                     ApplyResult::Granted { token: t, lease_ms, existing: false }
                 }
             },
-            Command::Release { key, token } => match self.position(&key) {
+            Command::Release { key, token, user } => match self.position(&key) {
                 Some(i) if token.is_none() || token == Some(self.locks[i].1) => {
+                    if user.is_some_and(|user| !model_owned_by(&self.locks[i].2, &user)) {
+                        return ApplyResult::Denied { token: self.locks[i].1 };
+                    }
                     ApplyResult::Released { token: self.locks.remove(i).1 }
                 }
                 _ => ApplyResult::NotFound,
@@ -388,11 +429,20 @@ impl Model {
                 }
                 _ => ApplyResult::Expired { existed: false },
             },
-            Command::Renew { key, token, lease_ms } => match self.position(&key) {
-                Some(i) if self.locks[i].1 == token => {
-                    self.locks[i].3 = lease_ms;
-                    ApplyResult::Renewed { token, lease_ms }
-                }
+            Command::Renew { key, token, lease_ms, user } => match self.position(&key) {
+                Some(i) if self.locks[i].1 == token => match user {
+                    None => {
+                        self.locks[i].3 = lease_ms;
+                        ApplyResult::Renewed { token, lease_ms }
+                    }
+                    Some(user) if model_owned_by(&self.locks[i].2, &user) => {
+                        if lease_ms > self.locks[i].3 {
+                            self.locks[i].3 = lease_ms;
+                        }
+                        ApplyResult::Renewed { token, lease_ms: self.locks[i].3 }
+                    }
+                    Some(_) => ApplyResult::Denied { token },
+                },
                 _ => ApplyResult::NotFound,
             },
             Command::Noop => ApplyResult::Noop,
@@ -400,12 +450,24 @@ impl Model {
     }
 }
 
+/// The model's reading of "this owner is that user's": the owner up to its
+/// first `/` is the user.
+fn model_owned_by(owner: &Owner, user: &Owner) -> bool {
+    let owner = owner.as_bytes();
+    let name = owner.split(|byte| *byte == b'/').next().unwrap_or(owner);
+    name == user.as_bytes()
+}
+
+fn arb_user() -> impl Strategy<Value = Option<Owner>> {
+    prop::option::weighted(0.5, prop::sample::select(vec!["o1", "o2"]).prop_map(owner))
+}
+
 fn arb_key() -> impl Strategy<Value = Key> {
     prop::sample::select(vec!["a", "b", "c", "ab"]).prop_map(key)
 }
 
 fn arb_owner() -> impl Strategy<Value = Owner> {
-    prop::sample::select(vec!["o1", "o2", "o3"]).prop_map(owner)
+    prop::sample::select(vec!["o1", "o2", "o3", "o1/a", "o2/a", "o12"]).prop_map(owner)
 }
 
 fn arb_lease() -> impl Strategy<Value = LeaseMs> {
@@ -421,9 +483,9 @@ fn arb_token() -> impl Strategy<Value = FencingToken> {
 fn arb_command() -> impl Strategy<Value = Command> {
     prop_oneof![
         4 => (arb_key(), arb_lease(), arb_owner()).prop_map(|(key, lease_ms, owner)| Command::Grant { key, lease_ms, owner }),
-        2 => (arb_key(), prop::option::weighted(0.8, arb_token())).prop_map(|(key, token)| Command::Release { key, token }),
+        2 => (arb_key(), prop::option::weighted(0.8, arb_token()), arb_user()).prop_map(|(key, token, user)| Command::Release { key, token, user }),
         2 => (arb_key(), arb_token()).prop_map(|(key, token)| Command::Expire { key, token }),
-        2 => (arb_key(), arb_token(), arb_lease()).prop_map(|(key, token, lease_ms)| Command::Renew { key, token, lease_ms }),
+        2 => (arb_key(), arb_token(), arb_lease(), arb_user()).prop_map(|(key, token, lease_ms, user)| Command::Renew { key, token, lease_ms, user }),
         1 => Just(Command::Noop),
     ]
 }
@@ -564,8 +626,8 @@ proptest! {
             let stale = token(stale);
             for command in [
                 Command::Expire { key: k.clone(), token: stale },
-                Command::Release { key: k.clone(), token: Some(stale) },
-                Command::Renew { key: k.clone(), token: stale, lease_ms },
+                Command::Release { key: k.clone(), token: Some(stale), user: None },
+                Command::Renew { key: k.clone(), token: stale, lease_ms, user: None },
             ] {
                 let before = table.snapshot();
                 table.apply(command);

@@ -246,7 +246,8 @@ fn an_undelivered_grant_renewed_since_is_kept() {
     let token = granted(one.answer(1));
     let index = grant_index(&one);
     let key = Key::new(b"k".to_vec()).unwrap();
-    let renew = Command::Renew { key: key.clone(), token, lease_ms: LeaseMs::new(30_000).unwrap() };
+    let renew =
+        Command::Renew { key: key.clone(), token, lease_ms: LeaseMs::new(30_000).unwrap(), user: None };
     one.send(2, 2, ClientRequest::Propose(vec![renew]));
     one.settle();
     assert!(matches!(one.answer(2), Some(Ok(Response::Applied(_)))));
@@ -272,7 +273,7 @@ fn a_waiting_acquire_whose_connection_closes_is_forgotten_and_never_granted() {
     assert_eq!(one.node.open_requests(), 1);
     one.node.handle(one.now_ms, Event::ConnectionClosed(ConnId(2)));
     assert_eq!(one.node.open_requests(), 0, "the closed connection's waiter is still registered");
-    let release = Command::Release { key: Key::new(b"k".to_vec()).unwrap(), token: Some(token) };
+    let release = Command::Release { key: Key::new(b"k".to_vec()).unwrap(), token: Some(token), user: None };
     one.send(3, 3, ClientRequest::Propose(vec![release]));
     one.settle();
     one.advance(10);

@@ -252,7 +252,7 @@ mod tests {
     }
 
     fn release(name: &str) -> Command {
-        Command::Release { key: key(name), token: FencingToken::new(1) }
+        Command::Release { key: key(name), token: FencingToken::new(1), user: None }
     }
 
     fn free(_: &Key) -> bool {

@@ -323,7 +323,7 @@ impl Replica {
         info!(self.logger, "releasing ghost lock";
             "key" => %grant.key, "token" => grant.token.get(), "index" => grant.index);
         let id = self.internal_id();
-        let release = Command::Release { key: grant.key, token: Some(grant.token) };
+        let release = Command::Release { key: grant.key, token: Some(grant.token), user: None };
         self.submit_with(id, vec![release], None, true, Some(grant.index));
     }
 
@@ -836,16 +836,19 @@ impl Replica {
         let removed = commands
             .iter()
             .filter_map(|command| match command {
-                Command::Release { key, token } => Some((key, *token)),
-                Command::Expire { key, token } => Some((key, Some(*token))),
+                Command::Release { key, token, user } => Some((key, *token, user.as_ref())),
+                Command::Expire { key, token } => Some((key, Some(*token), None)),
                 _ => None,
             })
-            .filter(|(key, token)| {
-                self.table
-                    .holder(key.as_bytes())
-                    .is_some_and(|lock| token.is_none_or(|token| token == lock.token))
+            .filter(|(key, token, user)| {
+                // As the table will decide it: a release of another user's
+                // lock is denied and frees nothing.
+                self.table.holder(key.as_bytes()).is_some_and(|lock| {
+                    token.is_none_or(|token| token == lock.token)
+                        && user.is_none_or(|user| lock.owner.is_of_user(user.as_bytes()))
+                })
             })
-            .map(|(key, _)| key.clone())
+            .map(|(key, _, _)| key.clone())
             .collect();
         batch.tags.push(pb::RequestTag {
             request_id: id.0,
@@ -875,7 +878,7 @@ impl Replica {
         let pending = self.requests.get(id).filter(|pending| pending.internal)?;
         let index = pending.ghost_of?;
         match pending.commands.as_slice() {
-            [Command::Release { key, token: Some(token) }] => {
+            [Command::Release { key, token: Some(token), user: None }] => {
                 let same_grant = self.grant_index.get(key) == Some(&index)
                     && self.table.holder(key.as_bytes()).is_some_and(|lock| lock.token == *token);
                 (!same_grant).then(|| key.clone())

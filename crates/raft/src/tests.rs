@@ -245,7 +245,7 @@ fn an_expire_and_a_renew_of_one_lock_are_never_in_flight_together() {
 
     let before = net.node(1).stats().commands_proposed;
     let lease_ms = LeaseMs::new(5000).unwrap();
-    net.node(1).propose(RequestId(2), vec![Command::Renew { key: key("a"), token, lease_ms }]);
+    net.node(1).propose(RequestId(2), vec![Command::Renew { key: key("a"), token, lease_ms, user: None }]);
     net.node(1).propose(RequestId(3), vec![Command::Expire { key: key("a"), token }]);
     // Another key is not held back.
     net.node(1).propose(RequestId(4), vec![grant("b", "o1")]);
@@ -653,7 +653,8 @@ fn a_hot_key_handoff_to_the_first_waiter_costs_one_entry_and_a_try_acquire_waits
     assert!(net.take_reply(RequestId(2)).is_none(), "the waiter waits");
 
     let before = net.node(1).stats();
-    net.node(1).propose(RequestId(3), vec![Command::Release { key: key("hot"), token: Some(holder) }]);
+    net.node(1)
+        .propose(RequestId(3), vec![Command::Release { key: key("hot"), token: Some(holder), user: None }]);
     net.node(1).acquire(RequestId(4), key("hot"), lease_ms, owner("impatient"), 0);
     net.node(1).run_ready().unwrap();
     let after = net.node(1).stats();
@@ -726,7 +727,7 @@ fn renewals_of_many_locks_travel_in_one_entry() {
     let renewals = tokens
         .iter()
         .enumerate()
-        .map(|(i, token)| Command::Renew { key: key(&format!("k{i}")), token: *token, lease_ms })
+        .map(|(i, token)| Command::Renew { key: key(&format!("k{i}")), token: *token, lease_ms, user: None })
         .collect();
     net.node(1).propose(RequestId(100), renewals);
     net.settle();
@@ -1141,7 +1142,8 @@ fn a_deposed_leader_cut_off_from_the_others_never_answers_a_read_from_its_stale_
     net.until_quiet();
     let leader = 2;
     assert!(net.node(leader).is_leader_ready(), "{:?}", net.node(leader).status());
-    net.node(leader).propose(RequestId(2), vec![Command::Release { key: key("a"), token: Some(token) }]);
+    net.node(leader)
+        .propose(RequestId(2), vec![Command::Release { key: key("a"), token: Some(token), user: None }]);
     net.settle();
     assert!(net.node(leader).table().holder(b"a").is_none());
     assert_eq!(net.node(1).status().role, crate::Role::Leader, "node 1 no longer believes it leads");

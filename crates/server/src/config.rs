@@ -11,6 +11,8 @@ use clap::Parser;
 use fencelock_raft::{Config as DriverConfig, NodeId};
 use serde::Deserialize;
 
+use crate::access::{Access, RuleConfig};
+
 /// Command-line flags. Every setting but `--config` and `--config-check`
 /// can also come from the TOML file (same names, with underscores).
 #[derive(Debug, Default, Parser)]
@@ -120,6 +122,10 @@ struct FileConfig {
     metrics_addr: Option<SocketAddr>,
     certs_dir: Option<PathBuf>,
     insecure: Option<bool>,
+    /// TLS users with every right on every key (file only).
+    admins: Option<Vec<String>>,
+    /// Rights of TLS users on key prefixes (file only).
+    rules: Option<Vec<RuleConfig>>,
 }
 
 /// The checked configuration the server runs with.
@@ -140,6 +146,8 @@ pub struct ServerConfig {
     pub metrics_addr: Option<SocketAddr>,
     /// TLS on both ports, with the certificates in this directory.
     pub certs_dir: Option<PathBuf>,
+    /// What each TLS user may do; `None` without TLS (no users).
+    pub access: Option<Access>,
     /// The addresses this node serves plain TCP on that are not loopback
     /// (allowed by `insecure`; the server warns of each at start).
     pub exposed: Vec<(&'static str, SocketAddr)>,
@@ -219,6 +227,17 @@ impl ServerConfig {
         .into_iter()
         .filter_map(|(name, addr)| addr.filter(|addr| !addr.ip().is_loopback()).map(|addr| (name, addr)))
         .collect();
+        let access = match (&certs_dir, file.admins, file.rules) {
+            (Some(_), admins, rules) => Some(
+                Access::new(admins.unwrap_or_default(), rules.unwrap_or_default())
+                    .map_err(|err| anyhow!("permissions: {err}"))?,
+            ),
+            (None, None, None) => None,
+            (None, _, _) => bail!(
+                "admins and rules need TLS (certs_dir): without certificates there are no users, and every \
+                 client may do everything"
+            ),
+        };
         let insecure = flags.insecure || file.insecure.unwrap_or(false);
         if let (Some((name, addr)), false) = (exposed.first(), insecure) {
             bail!(
@@ -229,6 +248,7 @@ impl ServerConfig {
         }
         Ok(ServerConfig {
             certs_dir,
+            access,
             exposed,
             id,
             peers,
@@ -355,6 +375,41 @@ mod tests {
         let path = dir.path().join("fencelock.toml");
         std::fs::write(&path, "client_addr = \"0.0.0.0:7101\"\ninsecure = true\n").unwrap();
         assert!(ServerConfig::load(&flags(&["--config", path.to_str().unwrap()])).is_ok());
+    }
+
+    #[test]
+    fn permissions_come_from_the_file_and_need_tls() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fencelock.toml");
+        let rules = "admins = [\"ops\"]\n\n[[rules]]\nusers = [\"alice\"]\nprefixes = [\"jobs/\"]\nrights = [\"lock\", \"read\"]\n";
+        std::fs::write(&path, format!("certs_dir = \"certs\"\n{rules}")).unwrap();
+        let config = ServerConfig::load(&flags(&["--config", path.to_str().unwrap()])).unwrap();
+        let access = config.access.unwrap();
+        assert!(access.allows("alice", crate::access::Right::Lock, b"jobs/x"));
+        assert!(!access.allows("alice", crate::access::Right::Lock, b"other"));
+        assert!(access.is_admin("ops"));
+        // TLS without rules: the defaults.
+        let config = ServerConfig::load(&flags(&["--certs-dir", "certs"])).unwrap();
+        assert!(config.access.unwrap().allows("anyone", crate::access::Right::Lock, b"k"));
+        assert!(ServerConfig::load(&flags(&[])).unwrap().access.is_none());
+        for (text, needle) in [
+            (rules.to_owned(), "need TLS"),
+            ("certs_dir = \"c\"\nadmins = [\"no spaces\"]\n".to_owned(), "permissions: admins"),
+            (
+                "certs_dir = \"c\"\n[[rules]]\nusers = [\"a\"]\nprefixes = [\"\"]\nrights = [\"write\"]\n"
+                    .to_owned(),
+                "not valid",
+            ),
+            (
+                "certs_dir = \"c\"\n[[rules]]\nusers = [\"a\"]\nprefixes = []\nrights = [\"read\"]\n"
+                    .to_owned(),
+                "rules[0]",
+            ),
+        ] {
+            std::fs::write(&path, &text).unwrap();
+            let err = ServerConfig::load(&flags(&["--config", path.to_str().unwrap()])).unwrap_err();
+            assert!(format!("{err:#}").contains(needle), "{text}: {err:#}");
+        }
     }
 
     #[test]

@@ -16,6 +16,8 @@ use fencelock_types::client_pb::{
 };
 use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner};
 
+use crate::access::{Access, Right};
+
 /// The most locks one list answers.
 const LIST_LIMIT_MAX: u32 = 10_000;
 
@@ -28,6 +30,9 @@ pub trait Directory: Send + Sync {
 pub struct ClientHandler {
     pub driver: Sender<DriverRequest>,
     pub identity: Arc<Identity>,
+    /// What each TLS user may do; `None` without TLS, where every client
+    /// may do everything.
+    pub access: Option<Access>,
 }
 
 /// Who this node is, and where every node's clients connect.
@@ -51,42 +56,126 @@ impl Handler for ClientHandler {
             sink.send(error_response(id, ErrorCode::INVALID_ARGUMENT, "request names no operation"));
             return;
         };
+        let user = match self.user(&sink) {
+            Ok(user) => user,
+            Err(message) => {
+                sink.send(error_response(id, ErrorCode::PERMISSION_DENIED, message));
+                return;
+            }
+        };
+        let user = user.as_deref();
         let result = match kind {
-            Kind::acquire(acquire) => self.acquire(acquire, sink),
-            Kind::release(release) => self.release(release, sink),
-            Kind::renew(renew) => self.renew(renew, sink),
-            Kind::get(get) => self.get(get, sink),
-            Kind::check(check) => self.check(check, sink),
-            Kind::list(list) => self.list(list, sink),
+            Kind::acquire(acquire) => self.acquire(acquire, user, sink),
+            Kind::release(release) => self.release(release, user, sink),
+            Kind::renew(renew) => self.renew(renew, user, sink),
+            Kind::get(get) => self.get(get, user, sink),
+            Kind::check(check) => self.check(check, user, sink),
+            Kind::list(list) => self.list(list, user, sink),
             Kind::status(_) => {
-                self.status(sink);
+                self.status(
+                    user.is_none_or(|user| self.access.as_ref().is_some_and(|a| a.is_admin(user))),
+                    sink,
+                );
                 Ok(())
             }
         };
-        if let Err((sink, message)) = result {
-            sink.send(error_response(id, ErrorCode::INVALID_ARGUMENT, message));
+        if let Err((sink, code, message)) = result {
+            sink.send(error_response(id, code, message));
         }
     }
 }
 
-/// A request refused before it reached the driver: the sink, and why.
-type Refusal = (ResponseSink, String);
+/// A request refused before it reached the driver: the sink, the code and
+/// why.
+type Refusal = (ResponseSink, ErrorCode, String);
+
+fn invalid(sink: ResponseSink, message: String) -> Refusal {
+    (sink, ErrorCode::INVALID_ARGUMENT, message)
+}
+
+fn denied(sink: ResponseSink, message: String) -> Refusal {
+    (sink, ErrorCode::PERMISSION_DENIED, message)
+}
+
+/// How a request ends other than with its answer: a driver error, or a
+/// lock of another user's (decided by the state machine).
+enum Failure {
+    Driver(RequestError),
+    Denied(String),
+}
+
+impl From<RequestError> for Failure {
+    fn from(err: RequestError) -> Failure {
+        Failure::Driver(err)
+    }
+}
 
 impl ClientHandler {
-    fn acquire(&self, acquire: proto::AcquireRequest, sink: ResponseSink) -> Result<(), Refusal> {
+    /// The authenticated user the request comes from: `None` without TLS.
+    /// With TLS every connection has one before its first request is read.
+    fn user(&self, sink: &ResponseSink) -> Result<Option<String>, String> {
+        match (&self.access, sink.user()) {
+            (None, _) => Ok(None),
+            (Some(_), Some(user)) => Ok(Some(user.to_owned())),
+            (Some(_), None) => Err("permission denied: the connection has no authenticated user".to_owned()),
+        }
+    }
+
+    /// Whether `user` (`None`: plain TCP, no users) has `right` on `key`.
+    fn allows(&self, user: Option<&str>, right: Right, key: &[u8]) -> bool {
+        match (user, &self.access) {
+            (Some(user), Some(access)) => access.allows(user, right, key),
+            _ => true,
+        }
+    }
+
+    fn require(
+        &self,
+        user: Option<&str>,
+        right: Right,
+        key: &Key,
+        sink: ResponseSink,
+    ) -> Result<ResponseSink, Refusal> {
+        if self.allows(user, right, key.as_bytes()) {
+            return Ok(sink);
+        }
+        let message = format!(
+            "permission denied: user {} has no `{}` right on key {key}",
+            user.unwrap_or_default(),
+            right.name()
+        );
+        Err(denied(sink, message))
+    }
+
+    fn acquire(
+        &self,
+        acquire: proto::AcquireRequest,
+        user: Option<&str>,
+        sink: ResponseSink,
+    ) -> Result<(), Refusal> {
         let conn = ConnId(sink.connection());
         let key = match Key::new(acquire.key) {
             Ok(key) => key,
-            Err(err) => return Err((sink, format!("key: {err}"))),
+            Err(err) => return Err(invalid(sink, format!("key: {err}"))),
         };
         let lease_ms = match LeaseMs::new(acquire.lease_ms) {
             Ok(lease_ms) => lease_ms,
-            Err(err) => return Err((sink, format!("lease_ms: {err}"))),
+            Err(err) => return Err(invalid(sink, format!("lease_ms: {err}"))),
         };
         let owner = match Owner::new(acquire.owner) {
             Ok(owner) => owner,
-            Err(err) => return Err((sink, format!("owner: {err}"))),
+            Err(err) => return Err(invalid(sink, format!("owner: {err}"))),
         };
+        let sink = self.require(user, Right::Lock, &key, sink)?;
+        if let Some(user) = user {
+            if !owner.is_of_user(user.as_bytes()) {
+                let message = format!(
+                    "permission denied: owner {owner} is not user {user}'s: over TLS an owner is the user \
+                     name, or the user name, `/` and a suffix ({user}/worker-1)"
+                );
+                return Err(denied(sink, message));
+            }
+        }
         let reply = self.responder(sink, |reply| {
             let outcome =
                 |outcome, token: Option<FencingToken>, lease_ms: u64, holder: Option<FencingToken>| {
@@ -113,7 +202,7 @@ impl ClientHandler {
                 Err(RequestError::WaitTimedOut { holder_token, .. }) => {
                     Ok(Out::acquire(outcome(proto::AcquireOutcome::WAIT_TIMED_OUT, None, 0, holder_token)))
                 }
-                Err(err) => Err(err),
+                Err(err) => Err(err.into()),
                 Ok(other) => Err(unexpected(&other)),
             }
         });
@@ -121,18 +210,31 @@ impl ClientHandler {
         Ok(())
     }
 
-    fn release(&self, release: proto::ReleaseRequest, sink: ResponseSink) -> Result<(), Refusal> {
+    fn release(
+        &self,
+        release: proto::ReleaseRequest,
+        user: Option<&str>,
+        sink: ResponseSink,
+    ) -> Result<(), Refusal> {
         let conn = ConnId(sink.connection());
         let key = match Key::new(release.key) {
             Ok(key) => key,
-            Err(err) => return Err((sink, format!("key: {err}"))),
+            Err(err) => return Err(invalid(sink, format!("key: {err}"))),
         };
-        let token = match (release.force, FencingToken::new(release.token)) {
-            (true, _) => None,
-            (false, Some(token)) => Some(token),
-            (false, None) => return Err((sink, "a release needs a token, or force".to_owned())),
+        let (token, sink) = match (release.force, FencingToken::new(release.token)) {
+            (true, _) => (None, self.require(user, Right::Force, &key, sink)?),
+            (false, Some(token)) => (Some(token), self.require(user, Right::Lock, &key, sink)?),
+            (false, None) => return Err(invalid(sink, "a release needs a token, or force".to_owned())),
         };
-        let reply = self.responder(sink, |reply| match reply {
+        // The table checks that the lock is the user's, unless the user may
+        // release anyone's.
+        let user = user.filter(|user| !self.allows(Some(user), Right::Force, key.as_bytes()));
+        let user = match user.map(|user| Owner::new(user.as_bytes().to_vec())).transpose() {
+            Ok(user) => user,
+            Err(err) => return Err(invalid(sink, format!("user: {err}"))),
+        };
+        let denied_key = key.clone();
+        let reply = self.responder(sink, move |reply| match reply {
             Ok(Response::Applied(results)) => match results.as_slice() {
                 [ApplyResult::Released { token }] => Ok(Out::release(proto::ReleaseResponse {
                     released: true,
@@ -140,39 +242,62 @@ impl ClientHandler {
                     ..Default::default()
                 })),
                 [ApplyResult::NotFound] => Ok(Out::release(proto::ReleaseResponse::default())),
+                [ApplyResult::Denied { token }] => Err(not_yours(&[(&denied_key, *token)])),
                 other => Err(unexpected(other)),
             },
-            Err(err) => Err(err),
+            Err(err) => Err(err.into()),
             Ok(other) => Err(unexpected(&other)),
         });
-        self.client(conn, ClientRequest::Propose(vec![Command::Release { key, token }]), reply);
+        self.client(conn, ClientRequest::Propose(vec![Command::Release { key, token, user }]), reply);
         Ok(())
     }
 
-    fn renew(&self, renew: proto::RenewRequest, sink: ResponseSink) -> Result<(), Refusal> {
+    fn renew(
+        &self,
+        renew: proto::RenewRequest,
+        user: Option<&str>,
+        sink: ResponseSink,
+    ) -> Result<(), Refusal> {
         let conn = ConnId(sink.connection());
         let lease_ms = match LeaseMs::new(renew.lease_ms) {
             Ok(lease_ms) => lease_ms,
-            Err(err) => return Err((sink, format!("lease_ms: {err}"))),
+            Err(err) => return Err(invalid(sink, format!("lease_ms: {err}"))),
         };
         if renew.locks.is_empty() {
-            return Err((sink, "a renew names no lock".to_owned()));
+            return Err(invalid(sink, "a renew names no lock".to_owned()));
         }
+        let renewer = match user.map(|user| Owner::new(user.as_bytes().to_vec())).transpose() {
+            Ok(renewer) => renewer,
+            Err(err) => return Err(invalid(sink, format!("user: {err}"))),
+        };
+        let mut sink = sink;
         let mut commands = Vec::with_capacity(renew.locks.len());
         let mut locks = Vec::with_capacity(renew.locks.len());
         for lock in renew.locks.into_iter() {
             let key = match Key::new(lock.key) {
                 Ok(key) => key,
-                Err(err) => return Err((sink, format!("key: {err}"))),
+                Err(err) => return Err(invalid(sink, format!("key: {err}"))),
             };
             let Some(token) = FencingToken::new(lock.token) else {
-                return Err((sink, "a renew needs each lock's token".to_owned()));
+                return Err(invalid(sink, "a renew needs each lock's token".to_owned()));
             };
+            sink = self.require(user, Right::Lock, &key, sink)?;
             locks.push((key.clone(), token));
-            commands.push(Command::Renew { key, token, lease_ms });
+            commands.push(Command::Renew { key, token, lease_ms, user: renewer.clone() });
         }
         let reply = self.responder(sink, move |reply| match reply {
             Ok(Response::Applied(results)) if results.len() == locks.len() => {
+                let denied: Vec<(&Key, FencingToken)> = locks
+                    .iter()
+                    .zip(&results)
+                    .filter_map(|((key, _), result)| match result {
+                        ApplyResult::Denied { token } => Some((key, *token)),
+                        _ => None,
+                    })
+                    .collect();
+                if !denied.is_empty() {
+                    return Err(not_yours(&denied));
+                }
                 let results = locks
                     .into_iter()
                     .zip(results)
@@ -189,54 +314,70 @@ impl ClientHandler {
                     ..Default::default()
                 }))
             }
-            Err(err) => Err(err),
+            Err(err) => Err(err.into()),
             Ok(other) => Err(unexpected(&other)),
         });
         self.client(conn, ClientRequest::Propose(commands), reply);
         Ok(())
     }
 
-    fn get(&self, get: proto::GetRequest, sink: ResponseSink) -> Result<(), Refusal> {
+    fn get(&self, get: proto::GetRequest, user: Option<&str>, sink: ResponseSink) -> Result<(), Refusal> {
         let conn = ConnId(sink.connection());
         let key = match Key::new(get.key) {
             Ok(key) => key,
-            Err(err) => return Err((sink, format!("key: {err}"))),
+            Err(err) => return Err(invalid(sink, format!("key: {err}"))),
         };
+        let sink = self.require(user, Right::Read, &key, sink)?;
         let holder_key = key.clone();
         let reply = self.responder(sink, move |reply| match reply {
             Ok(Response::Holder(holder)) => Ok(Out::get(proto::GetResponse {
                 holder: holder.map(|lock| lock_info(&holder_key, &lock)).into(),
                 ..Default::default()
             })),
-            Err(err) => Err(err),
+            Err(err) => Err(err.into()),
             Ok(other) => Err(unexpected(&other)),
         });
         self.read(conn, get.linearizable, Query::Holder(key), reply);
         Ok(())
     }
 
-    fn check(&self, check: proto::CheckRequest, sink: ResponseSink) -> Result<(), Refusal> {
+    fn check(
+        &self,
+        check: proto::CheckRequest,
+        user: Option<&str>,
+        sink: ResponseSink,
+    ) -> Result<(), Refusal> {
         let conn = ConnId(sink.connection());
         let key = match Key::new(check.key) {
             Ok(key) => key,
-            Err(err) => return Err((sink, format!("key: {err}"))),
+            Err(err) => return Err(invalid(sink, format!("key: {err}"))),
         };
         let Some(token) = FencingToken::new(check.token) else {
-            return Err((sink, "a check needs a token".to_owned()));
+            return Err(invalid(sink, "a check needs a token".to_owned()));
         };
+        let sink = self.require(user, Right::Read, &key, sink)?;
         let reply = self.responder(sink, |reply| match reply {
             Ok(Response::Check(holds)) => {
                 Ok(Out::check(proto::CheckResponse { holds, ..Default::default() }))
             }
-            Err(err) => Err(err),
+            Err(err) => Err(err.into()),
             Ok(other) => Err(unexpected(&other)),
         });
         self.read(conn, true, Query::Check { key, token }, reply);
         Ok(())
     }
 
-    fn list(&self, list: proto::ListRequest, sink: ResponseSink) -> Result<(), Refusal> {
+    fn list(&self, list: proto::ListRequest, user: Option<&str>, sink: ResponseSink) -> Result<(), Refusal> {
         let conn = ConnId(sink.connection());
+        if let (Some(user), Some(access)) = (user, &self.access) {
+            if !access.allows_all_under(user, Right::Read, &list.prefix) {
+                let message = format!(
+                    "permission denied: user {user} has no `read` right on every key under prefix `{}`",
+                    list.prefix.escape_ascii()
+                );
+                return Err(denied(sink, message));
+            }
+        }
         let limit = match list.limit {
             0 => LIST_LIMIT_MAX,
             limit => limit.min(LIST_LIMIT_MAX),
@@ -246,7 +387,7 @@ impl ClientHandler {
                 locks: locks.iter().map(|(key, lock)| lock_info(key, lock)).collect(),
                 ..Default::default()
             })),
-            Err(err) => Err(err),
+            Err(err) => Err(err.into()),
             Ok(other) => Err(unexpected(&other)),
         });
         self.read(conn, true, Query::List { prefix: list.prefix, limit: limit as usize }, reply);
@@ -263,13 +404,14 @@ impl ClientHandler {
     }
 
     /// Answers from the driver's status, without waiting for it here: this
-    /// runs on the client listener's event loop.
-    fn status(&self, sink: ResponseSink) {
+    /// runs on the client listener's event loop. Peer addresses are shown
+    /// to admins only (to everyone without TLS).
+    fn status(&self, admin: bool, sink: ResponseSink) {
         let identity = Arc::clone(&self.identity);
         let deliver = StatusCallback::new(move |status| {
             let response = match status {
                 Some(status) => proto::Response {
-                    kind: Some(Out::status(identity.status_response(&status))),
+                    kind: Some(Out::status(identity.status_response(&status, admin))),
                     ..Default::default()
                 },
                 None => {
@@ -290,16 +432,17 @@ impl ClientHandler {
     fn responder(
         &self,
         sink: ResponseSink,
-        convert: impl FnOnce(Reply) -> Result<Out, RequestError> + Send + 'static,
+        convert: impl FnOnce(Reply) -> Result<Out, Failure> + Send + 'static,
     ) -> Responder {
         let id = sink.id();
         let identity = Arc::clone(&self.identity);
         Responder::new(move |reply| {
             let response = match convert(reply) {
                 Ok(kind) => proto::Response { id, kind: Some(kind), ..Default::default() },
-                Err(err) => {
+                Err(Failure::Driver(err)) => {
                     error_to_response(id, &err, |leader: Option<NodeId>| identity.client_addr_of(leader?.0))
                 }
+                Err(Failure::Denied(message)) => error_response(id, ErrorCode::PERMISSION_DENIED, message),
             };
             sink.send(response)
         })
@@ -315,7 +458,7 @@ impl ClientHandler {
 }
 
 impl Identity {
-    fn status_response(&self, status: &NodeStatus) -> proto::StatusResponse {
+    fn status_response(&self, status: &NodeStatus, admin: bool) -> proto::StatusResponse {
         let leader_id = status.leader.map_or(0, |leader| leader.0);
         proto::StatusResponse {
             node_id: self.node_id,
@@ -340,7 +483,7 @@ impl Identity {
                 .iter()
                 .map(|(id, peer_addr)| proto::Member {
                     id: *id,
-                    peer_addr: peer_addr.to_string(),
+                    peer_addr: if admin { peer_addr.to_string() } else { String::new() },
                     client_addr: self.client_addr_of(*id).unwrap_or_default(),
                     ..Default::default()
                 })
@@ -376,8 +519,14 @@ fn lock_info(key: &Key, lock: &fencelock_fsm::Lock) -> proto::LockInfo {
 }
 
 /// A reply of the wrong shape: a bug, reported as INTERNAL.
-fn unexpected(what: &(impl std::fmt::Debug + ?Sized)) -> RequestError {
-    RequestError::Internal(format!("unexpected reply {what:?}"))
+fn unexpected(what: &(impl std::fmt::Debug + ?Sized)) -> Failure {
+    Failure::Driver(RequestError::Internal(format!("unexpected reply {what:?}")))
+}
+
+/// Locks the state machine refused to release or renew for this user.
+fn not_yours(locks: &[(&Key, FencingToken)]) -> Failure {
+    let locks: Vec<String> = locks.iter().map(|(key, token)| format!("{key} (token {token})")).collect();
+    Failure::Denied(format!("permission denied: another user's lock: {}", locks.join(", ")))
 }
 
 /// The stable error code for each driver error.

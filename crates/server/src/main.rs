@@ -12,6 +12,7 @@
 //! lets what is in flight finish, and stops the node, whose every write
 //! was already synced.
 
+mod access;
 mod config;
 mod handler;
 mod metrics;
@@ -271,7 +272,11 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         peers: config.peers.clone(),
         directory: Arc::new(PeerDirectory(client_addrs.clone())),
     };
-    let handler = Arc::new(ClientHandler { driver: requests_tx.clone(), identity: Arc::new(identity) });
+    let handler = Arc::new(ClientHandler {
+        driver: requests_tx.clone(),
+        identity: Arc::new(identity),
+        access: config.access.clone(),
+    });
     let client_config = ClientConfig {
         listen_addr: config.client_addr,
         connections_max: config.max_connections,
@@ -300,6 +305,9 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         metrics::spawn(listener, config.id, requests_tx.clone(), waker.clone(), logger.clone())?;
     }
     info!(logger, "fencelockd serving"; "node_id" => config.id, "clients" => %config.client_addr, "peers" => %own_peer_addr);
+    if let Some(access) = &config.access {
+        info!(logger, "TLS users authorized"; "rules" => access.rule_count(), "admins" => access.admin_count());
+    }
     for (name, addr) in &config.exposed {
         warn!(logger, "serving plain TCP beyond loopback (--insecure): anyone who reaches this address can act \
                        as a peer or a client";

@@ -39,7 +39,7 @@ fn forgeries(from: u64, to: u64, term: u64, last_index: u64, commit: u64) -> Vec
     forged.push(("an empty proposal", message(MessageType::MsgPropose, from, to, 0)));
     let mut steal = message(MessageType::MsgPropose, from, to, 0);
     let commands = [
-        Command::Release { key: Key::new(b"vault".to_vec()).unwrap(), token: None },
+        Command::Release { key: Key::new(b"vault".to_vec()).unwrap(), token: None, user: None },
         Command::Grant {
             key: Key::new(b"vault".to_vec()).unwrap(),
             lease_ms: LeaseMs::new(30 * 24 * 3_600_000).unwrap(),

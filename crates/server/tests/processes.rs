@@ -12,21 +12,10 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, http, sample, Cluster, DEADLINE};
-
-fn cli_binary() -> PathBuf {
-    let path = Path::new(env!("CARGO_BIN_EXE_fencelockd")).with_file_name("fencelock");
-    assert!(
-        path.exists(),
-        "{} is missing: build the CLI first (`cargo build --bins`; `cargo xtask ci` does)",
-        path.display()
-    );
-    path
-}
+use common::{cli_binary, free_port, http, sample, Cluster, DEADLINE};
 
 fn cli(cluster: &Cluster, args: &[&str]) -> std::process::Output {
     Command::new(cli_binary())

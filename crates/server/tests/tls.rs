@@ -9,22 +9,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, Cluster, DEADLINE};
+use common::{fencelock, free_port, Cluster, DEADLINE};
 use fencelock_client::{Client, ClientConfig, ClientError, TlsConfig};
-
-fn cli_binary() -> PathBuf {
-    let path = Path::new(env!("CARGO_BIN_EXE_fencelockd")).with_file_name("fencelock");
-    assert!(path.exists(), "{} is missing: build the CLI first (`cargo build --bins`)", path.display());
-    path
-}
-
-fn fencelock(args: &[&str]) -> Output {
-    Command::new(cli_binary()).args(args).stdin(Stdio::null()).output().unwrap()
-}
 
 /// Makes a CA, nodes 1 to `nodes` on 127.0.0.1, and the users in `users`.
 fn make_certs(dir: &Path, nodes: u64, users: &[&str]) {

@@ -86,6 +86,9 @@ pub struct Client {
     /// are ignored.
     pub(crate) generation: u64,
     pub(crate) owner: Owner,
+    /// The user its renewals and releases name, as an authenticated (TLS)
+    /// client's do: every other client has one, so both paths run.
+    user: Option<Owner>,
     pub(crate) target: usize,
     /// The node and connection it talks over, if one is open.
     conn: Option<(usize, u64)>,
@@ -98,9 +101,11 @@ pub struct Client {
 
 impl Client {
     pub(crate) fn new(index: usize, nodes: usize) -> Client {
+        let owner = Owner::new(format!("client-{}", index + 1).into_bytes()).expect("a valid owner");
         Client {
             generation: 0,
-            owner: Owner::new(format!("client-{}", index + 1).into_bytes()).expect("a valid owner"),
+            user: (index % 2 == 0).then(|| owner.clone()),
+            owner,
             target: index % nodes,
             conn: None,
             state: ClientState::Idle,
@@ -244,15 +249,16 @@ impl World {
         let seq = self.clients[client].next_seq;
         let ask = Ask { client, seq, conn };
         let owner = self.clients[client].owner.clone();
+        let user = self.clients[client].user.clone();
         let request = match op.clone() {
             Op::Acquire { key, lease_ms, wait_ms } => {
                 ClientRequest::Acquire { key, lease_ms, owner, wait_ms }
             }
             Op::Renew { key, token, lease_ms } => {
-                ClientRequest::Propose(vec![Command::Renew { key, token, lease_ms }])
+                ClientRequest::Propose(vec![Command::Renew { key, token, lease_ms, user }])
             }
             Op::Release { key, token } => {
-                ClientRequest::Propose(vec![Command::Release { key, token: Some(token) }])
+                ClientRequest::Propose(vec![Command::Release { key, token: Some(token), user }])
             }
             Op::Get { key } => ClientRequest::Read(Query::Holder(key)),
             Op::Check { key, token } => ClientRequest::Read(Query::Check { key, token }),

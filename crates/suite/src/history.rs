@@ -92,7 +92,11 @@ impl Outcome {
             ClientError::WaitTimedOut { holder_token } => {
                 Outcome::WaitTimedOut { holder_token: *holder_token }
             }
-            ClientError::InvalidArgument(_) => Outcome::Failed { error: error.to_string() },
+            // A denied renew may have renewed the batch's other locks, but
+            // the suites' clients only ever renew their own.
+            ClientError::InvalidArgument(_) | ClientError::PermissionDenied(_) => {
+                Outcome::Failed { error: error.to_string() }
+            }
             ClientError::Unavailable(_) | ClientError::Internal(_) => {
                 Outcome::Unknown { error: error.to_string() }
             }

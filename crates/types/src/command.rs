@@ -13,12 +13,16 @@ pub enum Command {
     /// Acquire `key` for `owner`. The token is assigned at apply time.
     Grant { key: Key, lease_ms: LeaseMs, owner: Owner },
     /// Release `key`; with a token only while that token holds it, without
-    /// one unconditionally (the administrative force-release).
-    Release { key: Key, token: Option<FencingToken> },
+    /// one unconditionally (the administrative force-release). With a
+    /// `user` (the authenticated caller), only a lock that user owns
+    /// ([`Owner::is_of_user`]).
+    Release { key: Key, token: Option<FencingToken>, user: Option<Owner> },
     /// Lease expiry, proposed by the leader; acts only while `token` holds `key`.
     Expire { key: Key, token: FencingToken },
-    /// The holder of `token` extends its lease on `key` to `lease_ms`.
-    Renew { key: Key, token: FencingToken, lease_ms: LeaseMs },
+    /// The holder of `token` extends its lease on `key` to `lease_ms`. With
+    /// a `user` (the authenticated caller), only a lock that user owns, and
+    /// never to a shorter lease than it has.
+    Renew { key: Key, token: FencingToken, lease_ms: LeaseMs, user: Option<Owner> },
     /// Does nothing; a barrier the driver may put in the log.
     Noop,
 }
@@ -48,9 +52,11 @@ impl Command {
                 lease_ms: LeaseMs::new(grant.lease_ms)?,
                 owner: Owner::new(grant.owner)?,
             },
-            Kind::release(release) => {
-                Command::Release { key: Key::new(release.key)?, token: optional_token(release.token) }
-            }
+            Kind::release(release) => Command::Release {
+                key: Key::new(release.key)?,
+                token: optional_token(release.token),
+                user: optional_user(release.user)?,
+            },
             Kind::expire(expire) => Command::Expire {
                 key: Key::new(expire.key)?,
                 token: FencingToken::new(expire.token).ok_or(InvalidReason::ZeroToken)?,
@@ -59,6 +65,7 @@ impl Command {
                 key: Key::new(renew.key)?,
                 token: FencingToken::new(renew.token).ok_or(InvalidReason::ZeroToken)?,
                 lease_ms: LeaseMs::new(renew.lease_ms)?,
+                user: optional_user(renew.user)?,
             },
             Kind::noop(_) => Command::Noop,
         })
@@ -72,9 +79,10 @@ impl Command {
                 owner: owner.as_bytes().to_vec(),
                 ..Default::default()
             }),
-            Command::Release { key, token } => Kind::release(pb::Release {
+            Command::Release { key, token, user } => Kind::release(pb::Release {
                 key: key.as_bytes().to_vec(),
                 token: token_value(*token),
+                user: user_value(user),
                 ..Default::default()
             }),
             Command::Expire { key, token } => Kind::expire(pb::Expire {
@@ -82,16 +90,29 @@ impl Command {
                 token: token.get(),
                 ..Default::default()
             }),
-            Command::Renew { key, token, lease_ms } => Kind::renew(pb::Renew {
+            Command::Renew { key, token, lease_ms, user } => Kind::renew(pb::Renew {
                 key: key.as_bytes().to_vec(),
                 token: token.get(),
                 lease_ms: lease_ms.get(),
+                user: user_value(user),
                 ..Default::default()
             }),
             Command::Noop => Kind::noop(pb::Noop::default()),
         };
         pb::Command { kind: Some(kind), ..Default::default() }
     }
+}
+
+/// A user field of the wire format: empty means none.
+fn optional_user(bytes: Vec<u8>) -> Result<Option<Owner>, InvalidReason> {
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    Owner::new(bytes).map(Some)
+}
+
+fn user_value(user: &Option<Owner>) -> Vec<u8> {
+    user.as_ref().map_or_else(Vec::new, |user| user.as_bytes().to_vec())
 }
 
 /// Encodes commands as the payload of one raft log entry.

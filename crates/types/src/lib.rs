@@ -203,6 +203,18 @@ bounded_bytes!(
     Owner, OWNER_LEN_MAX, EmptyOwner, OwnerTooLong
 );
 
+impl Owner {
+    /// Whether this owner belongs to `user`: it is `user`, or `user/`
+    /// followed by a suffix the user chose (`alice/worker-3`). With TLS,
+    /// owners are bound to the authenticated user this way.
+    pub fn is_of_user(&self, user: &[u8]) -> bool {
+        match self.0.strip_prefix(user) {
+            Some(rest) => rest.is_empty() || rest.starts_with(b"/"),
+            None => false,
+        }
+    }
+}
+
 /// Lets maps keyed by [`Key`] be searched with plain byte slices.
 impl std::borrow::Borrow<[u8]> for Key {
     fn borrow(&self) -> &[u8] {

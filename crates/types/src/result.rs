@@ -28,6 +28,9 @@ pub enum ApplyResult {
     Renewed { token: FencingToken, lease_ms: LeaseMs },
     /// The command was refused before it touched the table.
     Invalid { reason: InvalidReason },
+    /// A Release or Renew with a user, of the lock `token` holds for
+    /// another user: nothing changed.
+    Denied { token: FencingToken },
 }
 
 impl ApplyResult {
@@ -56,6 +59,9 @@ impl ApplyResult {
             }),
             ApplyResult::Invalid { reason } => {
                 Kind::invalid(pb::Invalid { reason: reason.to_pb(), ..Default::default() })
+            }
+            ApplyResult::Denied { token } => {
+                Kind::denied(pb::Denied { token: token.get(), ..Default::default() })
             }
         };
         pb::Result { kind: Some(kind), ..Default::default() }
@@ -87,6 +93,7 @@ impl ApplyResult {
                 reason: InvalidReason::from_pb(invalid.reason)
                     .ok_or(DecodeError::Missing { message: "Invalid", field: "reason" })?,
             },
+            Kind::denied(denied) => ApplyResult::Denied { token: token_field("Denied", denied.token)? },
         })
     }
 }

@@ -25,9 +25,11 @@ fn token() -> impl Strategy<Value = FencingToken> {
 fn command() -> impl Strategy<Value = Command> {
     prop_oneof![
         (key(), lease(), owner()).prop_map(|(key, lease_ms, owner)| Command::Grant { key, lease_ms, owner }),
-        (key(), proptest::option::of(token())).prop_map(|(key, token)| Command::Release { key, token }),
+        (key(), proptest::option::of(token()), proptest::option::of(owner()))
+            .prop_map(|(key, token, user)| Command::Release { key, token, user }),
         (key(), token()).prop_map(|(key, token)| Command::Expire { key, token }),
-        (key(), token(), lease()).prop_map(|(key, token, lease_ms)| Command::Renew { key, token, lease_ms }),
+        (key(), token(), lease(), proptest::option::of(owner()))
+            .prop_map(|(key, token, lease_ms, user)| Command::Renew { key, token, lease_ms, user }),
         Just(Command::Noop),
     ]
 }
@@ -47,6 +49,7 @@ fn apply_result() -> impl Strategy<Value = ApplyResult> {
         Just(ApplyResult::Noop),
         (token(), lease()).prop_map(|(token, lease_ms)| ApplyResult::Renewed { token, lease_ms }),
         invalid_reason().prop_map(|reason| ApplyResult::Invalid { reason }),
+        token().prop_map(|token| ApplyResult::Denied { token }),
     ]
 }
 
@@ -152,8 +155,21 @@ fn release_without_token_is_a_force_release() {
     }));
     assert_eq!(
         decode_one(&bytes),
-        Ok(Command::Release { key: Key::new(b"k".to_vec()).unwrap(), token: None })
+        Ok(Command::Release { key: Key::new(b"k".to_vec()).unwrap(), token: None, user: None })
     );
+}
+
+#[test]
+fn an_owner_belongs_to_its_user_and_to_no_other() {
+    let owner = |text: &str| Owner::new(text.as_bytes().to_vec()).unwrap();
+    assert!(owner("alice").is_of_user(b"alice"));
+    assert!(owner("alice/worker-3").is_of_user(b"alice"));
+    assert!(owner("alice/").is_of_user(b"alice"));
+    assert!(!owner("alicex").is_of_user(b"alice"));
+    assert!(!owner("alice-2/x").is_of_user(b"alice"));
+    assert!(!owner("bob/alice").is_of_user(b"alice"));
+    assert!(!owner("ali").is_of_user(b"alice"));
+    assert!(!owner("alice").is_of_user(b"alice/worker-3"));
 }
 
 #[test]

@@ -429,5 +429,5 @@ pub fn grant(key_name: &str, owner: &str) -> Command {
 }
 
 pub fn release(key_name: &str, token: Option<FencingToken>) -> Command {
-    Command::Release { key: key(key_name), token }
+    Command::Release { key: key(key_name), token, user: None }
 }

@@ -124,8 +124,8 @@ fn a_lock_renewed_at_its_deadline_is_kept_for_the_new_lease() {
         // The deadline arrives as the renewal is sent: either may win, but
         // only one outcome is allowed for each.
         let lease_ms = LeaseMs::new(5_000).unwrap();
-        let renewal =
-            cluster.propose_async(leader, vec![Command::Renew { key: key(&name), token, lease_ms }]);
+        let renewal = cluster
+            .propose_async(leader, vec![Command::Renew { key: key(&name), token, lease_ms, user: None }]);
         if round % 2 == 0 {
             std::thread::sleep(Duration::from_millis(round % 7));
         }

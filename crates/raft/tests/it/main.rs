@@ -254,7 +254,7 @@ fn renewals_of_many_locks_travel_in_one_request() {
     let renewals: Vec<Command> = tokens
         .iter()
         .enumerate()
-        .map(|(i, token)| Command::Renew { key: key(&format!("r{i}")), token: *token, lease_ms })
+        .map(|(i, token)| Command::Renew { key: key(&format!("r{i}")), token: *token, lease_ms, user: None })
         .collect();
     let results = cluster.propose_on_leader(renewals);
     let expected: Vec<ApplyResult> =

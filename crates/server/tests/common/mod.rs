@@ -18,6 +18,22 @@ use fencelock_launch::{ClusterSpec, Layout, Process};
 
 pub const DEADLINE: Duration = Duration::from_secs(30);
 
+/// The `fencelock` CLI built beside `fencelockd`.
+pub fn cli_binary() -> PathBuf {
+    let path = std::path::Path::new(env!("CARGO_BIN_EXE_fencelockd")).with_file_name("fencelock");
+    assert!(
+        path.exists(),
+        "{} is missing: build the CLI first (`cargo build --bins`; `cargo xtask ci` does)",
+        path.display()
+    );
+    path
+}
+
+/// Runs the CLI with `args` and no stdin.
+pub fn fencelock(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(cli_binary()).args(args).stdin(std::process::Stdio::null()).output().unwrap()
+}
+
 /// Fast elections, so that the tests see a leader soon.
 const FLAGS: &[&str] =
     &["--tick-ms", "20", "--election-ms", "200", "--heartbeat-ms", "40", "--lease-min-ms", "1000"];

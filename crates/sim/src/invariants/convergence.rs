@@ -62,8 +62,10 @@ mod tests {
     fn tables_that_differ_only_in_their_token_counter_are_caught() {
         let mut check = Check::default();
         check.observed(0, 2, &LockTable::new()).unwrap();
-        let released =
-            table(vec![grant(b"a"), Command::Release { key: key(), token: Some(FencingToken::FIRST) }]);
+        let released = table(vec![
+            grant(b"a"),
+            Command::Release { key: key(), token: Some(FencingToken::FIRST), user: None },
+        ]);
         let err = check.observed(1, 2, &released).unwrap_err();
         assert!(err.contains("node 1 and node 2 differ at applied index 2"), "{err}");
     }

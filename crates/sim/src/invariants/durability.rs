@@ -104,7 +104,7 @@ mod tests {
     use fencelock_types::{Command, LeaseMs};
 
     fn release(n: u64) -> Command {
-        Command::Release { key: key(), token: Some(token(n)) }
+        Command::Release { key: key(), token: Some(token(n)), user: None }
     }
 
     #[test]
