@@ -164,6 +164,9 @@ pub fn status(cli: &Cli) -> Result<Exit> {
             }
         }
         if let Some(first) = answers.iter().find_map(|(_, answer)| answer.as_ref().ok()) {
+            if !first.cluster_id.is_empty() {
+                println!("cluster: {}", first.cluster_id);
+            }
             println!("members:");
             for member in &first.members {
                 let client_addr = if member.client_addr.is_empty() { "?" } else { &member.client_addr };

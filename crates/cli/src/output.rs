@@ -251,6 +251,7 @@ mod tests {
             last_token: 5,
             members: vec![Member { id: 1, peer_addr: "h:7201".into(), client_addr: "h:7101".into() }],
             rejoining: true,
+            cluster_id: "0123456789abcdef0123456789abcdef".into(),
         };
         let value = status_json(&[
             ("h:7101".into(), Ok(status)),
@@ -260,6 +261,7 @@ mod tests {
         assert_eq!(value["nodes"][0]["role"], json!("leader"));
         assert_eq!(value["nodes"][0]["members"][0]["peer_addr"], json!("h:7201"));
         assert_eq!(value["nodes"][0]["rejoining"], json!(true));
+        assert_eq!(value["nodes"][0]["cluster_id"], json!("0123456789abcdef0123456789abcdef"));
         assert_eq!(value["nodes"][1], json!({"endpoint": "h:7102", "error": "connection refused"}));
     }
 }

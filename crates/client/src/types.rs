@@ -71,6 +71,8 @@ pub struct NodeStatus {
     /// The node lost its data and rejoined, and does not vote until it
     /// has caught up with the cluster.
     pub rejoining: bool,
+    /// The cluster's id (32 hex digits); empty until the node has learnt it.
+    pub cluster_id: String,
 }
 
 impl From<client_pb::StatusResponse> for NodeStatus {
@@ -97,6 +99,7 @@ impl From<client_pb::StatusResponse> for NodeStatus {
                 })
                 .collect(),
             rejoining: status.rejoining,
+            cluster_id: status.cluster_id,
         }
     }
 }

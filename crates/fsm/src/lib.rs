@@ -64,7 +64,9 @@ pub use snapshot::{SnapshotError, SNAPSHOT_VERSION};
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use fencelock_types::{decode_batch, ApplyResult, Command, FencingToken, InvalidReason, Key, LeaseMs, Owner};
+use fencelock_types::{
+    decode_batch, ApplyResult, ClusterId, Command, FencingToken, InvalidReason, Key, LeaseMs, Owner,
+};
 
 /// One held lock.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,6 +85,8 @@ pub struct LockTable {
     // every replica.
     locks: BTreeMap<Key, Lock>,
     last_token: Option<FencingToken>,
+    /// The cluster's name, from the first SetClusterId applied.
+    cluster_id: Option<ClusterId>,
 }
 
 impl LockTable {
@@ -99,6 +103,12 @@ impl LockTable {
             Command::Expire { key, token } => self.expire(&key, token),
             Command::Renew { key, token, lease_ms, user } => self.renew(&key, token, lease_ms, user.as_ref()),
             Command::Noop => ApplyResult::Noop,
+            Command::SetClusterId { id } => {
+                // The first one stays: a later leader's proposal, made
+                // before it applied the first, changes nothing.
+                self.cluster_id.get_or_insert(id);
+                ApplyResult::Noop
+            }
         }
     }
 
@@ -147,6 +157,11 @@ impl LockTable {
 
     pub fn is_empty(&self) -> bool {
         self.locks.is_empty()
+    }
+
+    /// The cluster's id, `None` until a SetClusterId is applied.
+    pub fn cluster_id(&self) -> Option<ClusterId> {
+        self.cluster_id
     }
 
     /// The last token issued, `None` before the first grant.

@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use fencelock_types::{pb, FencingToken, InvalidReason, Key, LeaseMs, Owner};
+use fencelock_types::{pb, ClusterId, FencingToken, InvalidReason, Key, LeaseMs, Owner};
 use protobuf::Message;
 
 use crate::{Lock, LockTable};
@@ -53,6 +53,8 @@ pub enum SnapshotError {
     DuplicateToken { index: usize, token: FencingToken },
     #[error("lock record {index} holds token {token}, past the last issued token")]
     TokenPastLast { index: usize, token: FencingToken },
+    #[error("the cluster id is not {} bytes", fencelock_types::CLUSTER_ID_LEN)]
+    BadClusterId,
 }
 
 impl LockTable {
@@ -116,6 +118,9 @@ impl LockTable {
                 out.write_uint64(4, lease_ms)?;
             }
         }
+        if let Some(id) = &self.cluster_id {
+            out.write_bytes(3, id.as_bytes())?;
+        }
         out.flush()
     }
 
@@ -125,6 +130,10 @@ impl LockTable {
         let snapshot = pb::TableSnapshot::parse_from_bytes(body)
             .map_err(|err| SnapshotError::Protobuf(err.to_string()))?;
         let last_token = FencingToken::new(snapshot.last_token);
+        let cluster_id = match snapshot.cluster_id.as_slice() {
+            [] => None,
+            id => Some(ClusterId::from_slice(id).map_err(|_| SnapshotError::BadClusterId)?),
+        };
 
         // Keys come sorted (checked below): collected in order, the map is
         // built in one pass instead of by one insertion per lock.
@@ -147,7 +156,7 @@ impl LockTable {
             }
             locks.push((key, Lock { token, owner, lease_ms }));
         }
-        Ok(LockTable { locks: BTreeMap::from_iter(locks), last_token })
+        Ok(LockTable { locks: BTreeMap::from_iter(locks), last_token, cluster_id })
     }
 }
 

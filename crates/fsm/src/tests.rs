@@ -2,7 +2,7 @@
 //! histories checked against a reference model, and snapshot corruption.
 
 use fencelock_types::{
-    encode_batch, pb, ApplyResult, Command, FencingToken, InvalidReason, Key, LeaseMs, Owner,
+    encode_batch, pb, ApplyResult, ClusterId, Command, FencingToken, InvalidReason, Key, LeaseMs, Owner,
 };
 use proptest::prelude::*;
 use protobuf::Message;
@@ -368,6 +368,21 @@ fn snapshots_with_valid_checksums_but_broken_contents_are_refused() {
 }
 
 #[test]
+fn the_first_cluster_id_stays_and_snapshots_keep_it() {
+    let mut table = sample_table();
+    assert_eq!(table.cluster_id(), None);
+    let (first, second) = (ClusterId::new([1; 16]), ClusterId::new([2; 16]));
+    assert_eq!(table.apply(Command::SetClusterId { id: first }), ApplyResult::Noop);
+    assert_eq!(table.apply(Command::SetClusterId { id: second }), ApplyResult::Noop);
+    assert_eq!(table.cluster_id(), Some(first));
+    let restored = LockTable::restore(&table.snapshot()).unwrap();
+    assert_eq!(restored, table);
+    assert_eq!(restored.cluster_id(), Some(first));
+    // A table without one restores without one.
+    assert_eq!(LockTable::restore(&sample_table().snapshot()).unwrap().cluster_id(), None);
+}
+
+#[test]
 fn snapshot_header_errors_are_specific() {
     let bytes = sample_table().snapshot();
     let mut magic = bytes.clone();
@@ -391,6 +406,7 @@ fn snapshot_header_errors_are_specific() {
 struct Model {
     locks: Vec<(Key, FencingToken, Owner, LeaseMs)>,
     last_token: u64,
+    cluster_id: Option<ClusterId>,
 }
 
 impl Model {
@@ -446,6 +462,12 @@ impl Model {
                 _ => ApplyResult::NotFound,
             },
             Command::Noop => ApplyResult::Noop,
+            Command::SetClusterId { id } => {
+                if self.cluster_id.is_none() {
+                    self.cluster_id = Some(id);
+                }
+                ApplyResult::Noop
+            }
         }
     }
 }
@@ -487,6 +509,7 @@ fn arb_command() -> impl Strategy<Value = Command> {
         2 => (arb_key(), arb_token()).prop_map(|(key, token)| Command::Expire { key, token }),
         2 => (arb_key(), arb_token(), arb_lease(), arb_user()).prop_map(|(key, token, lease_ms, user)| Command::Renew { key, token, lease_ms, user }),
         1 => Just(Command::Noop),
+        1 => (1u8..=3).prop_map(|n| Command::SetClusterId { id: ClusterId::new([n; 16]) }),
     ]
 }
 
@@ -531,7 +554,8 @@ fn arb_snapshot_body() -> impl Strategy<Value = pb::TableSnapshot> {
         0..20,
     );
     let tokens = prop::collection::btree_set(arb_varint(63), 0..=20);
-    (records, tokens, arb_varint(20)).prop_map(|(records, tokens, extra)| {
+    let cluster_id = prop::option::of(any::<[u8; 16]>());
+    (records, tokens, arb_varint(20), cluster_id).prop_map(|(records, tokens, extra, cluster_id)| {
         let last_token = tokens.iter().max().map_or(extra, |max| max + extra);
         let locks = records
             .into_iter()
@@ -544,7 +568,8 @@ fn arb_snapshot_body() -> impl Strategy<Value = pb::TableSnapshot> {
                 ..Default::default()
             })
             .collect();
-        pb::TableSnapshot { last_token, locks, ..Default::default() }
+        let cluster_id = cluster_id.map_or_else(Vec::new, |id| id.to_vec());
+        pb::TableSnapshot { last_token, locks, cluster_id, ..Default::default() }
     })
 }
 
@@ -569,6 +594,7 @@ proptest! {
         let table_locks: Vec<_> = table.list(b"", usize::MAX).map(|(k, l)| (k.clone(), l.token)).collect();
         prop_assert_eq!(table_locks, model_locks);
         prop_assert_eq!(table.last_token().map_or(0, FencingToken::get), model.last_token);
+        prop_assert_eq!(table.cluster_id(), model.cluster_id);
     }
 
     #[test]

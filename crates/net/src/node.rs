@@ -270,6 +270,8 @@ struct GreetingsInner {
     term: u64,
     last_index: u64,
     known: BTreeSet<u64>,
+    /// This node's cluster id, empty until it knows one.
+    cluster_id: Vec<u8>,
     heard: BTreeMap<u64, Heard>,
 }
 
@@ -301,6 +303,23 @@ impl Greetings {
         }
     }
 
+    /// Sets the cluster id this node's hellos name, once it knows it. From
+    /// then on, a hello that names another cluster is refused.
+    pub fn set_cluster_id(&self, cluster_id: &[u8]) {
+        let mut inner = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        if inner.cluster_id != cluster_id {
+            inner.cluster_id = cluster_id.to_vec();
+        }
+    }
+
+    fn cluster_id(&self) -> Vec<u8> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).cluster_id.clone()
+    }
+
+    fn is_named(&self) -> bool {
+        !self.0.read().unwrap_or_else(PoisonError::into_inner).cluster_id.is_empty()
+    }
+
     /// What each peer said in the last hello it sent here.
     pub fn heard(&self) -> BTreeMap<u64, Heard> {
         self.0.read().unwrap_or_else(PoisonError::into_inner).heard.clone()
@@ -314,6 +333,7 @@ impl Greetings {
             knows_you: inner.known.contains(&peer),
             term: inner.term,
             last_index: inner.last_index,
+            cluster_id: inner.cluster_id.clone(),
             ..Default::default()
         }
     }
@@ -324,6 +344,11 @@ impl Greetings {
     }
 }
 
+/// Bytes as lowercase hex, as cluster ids are shown.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
 /// The peer side of a node loop.
 pub(crate) struct Peers<M> {
     config: PeerConfig,
@@ -331,6 +356,8 @@ pub(crate) struct Peers<M> {
     route: fn(&M) -> Route,
     client_addrs: ClientAddrs,
     outgoing: BTreeMap<u64, Outgoing>,
+    /// This node knew its cluster's id at the last check.
+    named: bool,
     /// Outgoing connection tokens to their peer.
     by_token: HashMap<Token, u64>,
     incoming: HashMap<Token, Incoming>,
@@ -346,6 +373,8 @@ pub(crate) struct Peers<M> {
 struct Outgoing {
     addr: SocketAddr,
     link: Link,
+    /// The hello of the current connection named this node's cluster.
+    named: bool,
     /// Encoded frames; `output[written..]` is still to go.
     output: Vec<u8>,
     written: usize,
@@ -356,7 +385,7 @@ struct Outgoing {
 enum Link {
     Down { retry_at: Instant },
     Connecting { wire: Wire, token: Token, since: Instant },
-    Up { wire: Wire, token: Token },
+    Up { wire: Wire, token: Token, since: Instant },
 }
 
 struct Incoming {
@@ -386,6 +415,7 @@ impl<M: Message> Peers<M> {
                 let outgoing = Outgoing {
                     addr,
                     link: Link::Down { retry_at: now },
+                    named: false,
                     output: Vec::new(),
                     written: 0,
                     backoff: config.reconnect_backoff_min,
@@ -400,6 +430,7 @@ impl<M: Message> Peers<M> {
             route,
             client_addrs,
             outgoing,
+            named: false,
             by_token: HashMap::new(),
             incoming: HashMap::new(),
             next_token: FIRST_PEER_TOKEN,
@@ -473,19 +504,56 @@ impl<M: Message> Peers<M> {
     }
 
     /// Drops the peer's connection and output; it is reopened after the
-    /// backoff.
+    /// backoff. The backoff doubles up to its cap unless the connection
+    /// had been up for the cap or longer: a peer that accepts and then
+    /// closes at once (it refuses this node) is retried ever more slowly,
+    /// not every `reconnect_backoff_min`.
     fn go_down(&mut self, registry: &Registry, peer: u64) {
         let Some(outgoing) = self.outgoing.get_mut(&peer) else { return };
+        let max = self.config.reconnect_backoff_max;
+        let stable = matches!(&outgoing.link, Link::Up { since, .. } if since.elapsed() >= max);
+        if stable {
+            outgoing.backoff = self.config.reconnect_backoff_min;
+        }
         let retry_at = Instant::now() + outgoing.backoff;
+        if !stable {
+            outgoing.backoff = (outgoing.backoff * 2).min(max);
+        }
+        Self::close_link(registry, &mut self.by_token, outgoing, retry_at);
+    }
+
+    fn close_link(
+        registry: &Registry,
+        by_token: &mut HashMap<Token, u64>,
+        outgoing: &mut Outgoing,
+        retry_at: Instant,
+    ) {
         let link = std::mem::replace(&mut outgoing.link, Link::Down { retry_at });
-        if let Link::Connecting { mut wire, token, .. } | Link::Up { mut wire, token } = link {
+        if let Link::Connecting { mut wire, token, .. } | Link::Up { mut wire, token, .. } = link {
             let _ = registry.deregister(wire.stream());
             wire.shutdown();
-            self.by_token.remove(&token);
+            by_token.remove(&token);
         }
-        outgoing.backoff = (outgoing.backoff * 2).min(self.config.reconnect_backoff_max);
         outgoing.output.clear();
         outgoing.written = 0;
+    }
+
+    /// Once this node knows its cluster's id, reopens at once the
+    /// connections whose hello did not name it (opened before the id was
+    /// applied), so that every peer learns it and a peer of another cluster
+    /// refuses them.
+    fn rename(&mut self, registry: &Registry) {
+        if self.named || !self.config.greetings.is_named() {
+            return;
+        }
+        self.named = true;
+        let now = Instant::now();
+        for outgoing in self.outgoing.values_mut() {
+            if !outgoing.named && !matches!(outgoing.link, Link::Down { .. }) {
+                debug!(outgoing.logger, "reconnecting to name the cluster in the hello");
+                Self::close_link(registry, &mut self.by_token, outgoing, now);
+            }
+        }
     }
 
     /// The earliest moment a connection is due to be opened or given up on.
@@ -508,6 +576,7 @@ impl<M: Message> Peers<M> {
 
     /// Opens the connections that are due, gives up on slow ones.
     pub(crate) fn on_time(&mut self, registry: &Registry, now: Instant) {
+        self.rename(registry);
         let late: Vec<Token> = self
             .incoming
             .iter()
@@ -561,6 +630,7 @@ impl<M: Message> Peers<M> {
         outgoing.output.clear();
         outgoing.written = 0;
         let hello = self.config.greetings.hello_for(self.config.node_id, &self.config.client_addr, peer);
+        outgoing.named = !hello.cluster_id.is_empty();
         encode_frame(&hello, &mut outgoing.output);
         outgoing.link = Link::Connecting { wire, token, since: Instant::now() };
         self.by_token.insert(token, peer);
@@ -682,8 +752,7 @@ impl<M: Message> Peers<M> {
                 else {
                     return;
                 };
-                outgoing.link = Link::Up { wire, token };
-                outgoing.backoff = self.config.reconnect_backoff_min;
+                outgoing.link = Link::Up { wire, token, since: Instant::now() };
                 info!(outgoing.logger, "connected to peer"; "addr" => %outgoing.addr);
                 self.write_out(registry, peer);
             }
@@ -758,6 +827,18 @@ impl<M: Message> Peers<M> {
                                         hello.node_id
                                     )));
                                 }
+                            }
+                            // Both sides named: the same cluster. A side that
+                            // knows no name yet (a new node, or one that lost
+                            // its data) learns it from the cluster's log.
+                            let ours = self.config.greetings.cluster_id();
+                            if !ours.is_empty() && !hello.cluster_id.is_empty() && hello.cluster_id != ours {
+                                return Err(Some(format!(
+                                    "hello from node {} of another cluster: its cluster id is {}, ours {}",
+                                    hello.node_id,
+                                    hex(&hello.cluster_id),
+                                    hex(&ours)
+                                )));
                             }
                             incoming.peer = Some(hello.node_id);
                             self.config.greetings.record(hello.node_id, &hello);

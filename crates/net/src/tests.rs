@@ -525,6 +525,37 @@ fn hellos_say_what_the_caller_knows_when_it_connects() {
 }
 
 #[test]
+fn a_hello_naming_another_cluster_is_refused_once_this_node_knows_its_own() {
+    let addrs: BTreeMap<u64, SocketAddr> = [(1, free_addr()), (2, free_addr())].into_iter().collect();
+    let two = node(2, &addrs, 1 << 20);
+    let hello =
+        |cluster_id: &[u8]| PeerHello { node_id: 1, cluster_id: cluster_id.to_vec(), ..Default::default() };
+    let closed = |hello: PeerHello| {
+        let mut rogue = connect(addrs[&2]);
+        rogue.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        write_frame(&mut rogue, &hello).unwrap();
+        write_frame(&mut rogue, &msg(1, 2, "foreign")).unwrap();
+        let mut rest = Vec::new();
+        matches!(rogue.read_to_end(&mut rest), Ok(0))
+    };
+    // Node 2 has no name yet: it listens to anyone's hello.
+    assert!(!closed(hello(&[9; 16])));
+    assert_eq!(two.inbound.recv_timeout(Duration::from_secs(10)).unwrap().role, "foreign");
+    two.greetings.set_cluster_id(&[1; 16]);
+    assert!(closed(hello(&[9; 16])), "another cluster's hello was taken");
+    assert!(two.inbound.try_recv().is_err(), "another cluster's message was delivered");
+    // Its own cluster's, and a node that knows no name yet, are taken.
+    for id in [&[1; 16][..], &[]] {
+        assert!(!closed(hello(id)));
+        assert_eq!(two.inbound.recv_timeout(Duration::from_secs(10)).unwrap().role, "foreign");
+    }
+    // And its own hellos name the cluster.
+    let one = node(1, &addrs, 1 << 20);
+    one.greetings.set_cluster_id(&[1; 16]);
+    assert_eq!(deliver((1, &one), 2, "same cluster", &two).role, "same cluster");
+}
+
+#[test]
 fn a_restarted_peer_is_reconnected() {
     let addrs: BTreeMap<u64, SocketAddr> = [(1, free_addr()), (2, free_addr())].into_iter().collect();
     let one = node(1, &addrs, 1 << 20);

@@ -31,6 +31,7 @@ fn gate(c: &mut Criterion) {
         persisted: 1_000,
         commit: 990,
         last_token: FencingToken::new(500),
+        cluster_id: None,
     };
     let mut append = message(MessageType::MsgAppend);
     append.index = 1_000;

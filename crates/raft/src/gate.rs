@@ -13,7 +13,7 @@
 //! transport does).
 
 use fencelock_fsm::LockTable;
-use fencelock_types::FencingToken;
+use fencelock_types::{ClusterId, FencingToken};
 use raft::prelude::{EntryType, Message, MessageType};
 
 use crate::types::NodeId;
@@ -155,6 +155,8 @@ pub struct Local<'a> {
     pub commit: u64,
     /// The last fencing token of this node's table.
     pub last_token: Option<FencingToken>,
+    /// The cluster's id, once this node has applied it.
+    pub cluster_id: Option<ClusterId>,
 }
 
 /// Checks one message from the network: `Err` with the reason to drop it.
@@ -274,6 +276,10 @@ fn check_snapshot(message: &Message, local: &Local<'_>) -> Result<(), Refusal> {
     }
     let table = LockTable::restore(snapshot.get_data()).map_err(|_| Refusal::BadSnapshot)?;
     if table.last_token() < local.last_token {
+        return Err(Refusal::BadSnapshot);
+    }
+    // Another cluster's table, or one from before this cluster was named.
+    if local.cluster_id.is_some() && table.cluster_id() != local.cluster_id {
         return Err(Refusal::BadSnapshot);
     }
     Ok(())

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 use fencelock_fsm::LockTable;
-use fencelock_types::{Command, FencingToken, Key, LeaseMs, Owner};
+use fencelock_types::{ClusterId, Command, FencingToken, Key, LeaseMs, Owner};
 use raft::prelude::{ConfState, Entry, EntryType, Message, MessageType, Snapshot};
 
 use super::{check, Local, Refusal, RefusalLog, Refusals, LOG_EVERY_MS, TERM_MAX};
@@ -23,6 +23,7 @@ fn local() -> Local<'static> {
         persisted: 10,
         commit: 8,
         last_token: FencingToken::new(5),
+        cluster_id: None,
     }
 }
 
@@ -51,7 +52,14 @@ fn append() -> Message {
 
 /// A snapshot at index 20 of a table whose tokens went up to `tokens`.
 fn snapshot(tokens: u64, voters: Vec<u64>) -> Message {
+    snapshot_of(tokens, voters, None)
+}
+
+fn snapshot_of(tokens: u64, voters: Vec<u64>, cluster_id: Option<ClusterId>) -> Message {
     let mut table = LockTable::new();
+    if let Some(id) = cluster_id {
+        table.apply(Command::SetClusterId { id });
+    }
     for n in 0..tokens {
         table.apply(Command::Grant {
             key: Key::new(format!("k{n}").into_bytes()).unwrap(),
@@ -92,6 +100,18 @@ fn what_a_real_peer_sends_passes() {
     let mut highest = message(MessageType::MsgHeartbeat);
     highest.term = TERM_MAX;
     assert_eq!(check(&highest, &local()), Ok(()));
+}
+
+#[test]
+fn a_snapshot_of_another_cluster_is_refused() {
+    let ours = ClusterId::new([1; 16]);
+    let named = Local { cluster_id: Some(ours), ..local() };
+    assert_eq!(check(&snapshot_of(5, vec![1, 2, 3], Some(ours)), &named), Ok(()));
+    let theirs = snapshot_of(5, vec![1, 2, 3], Some(ClusterId::new([2; 16])));
+    assert_eq!(check(&theirs, &named), Err(Refusal::BadSnapshot));
+    assert_eq!(check(&snapshot_of(5, vec![1, 2, 3], None), &named), Err(Refusal::BadSnapshot));
+    // A node that has not learnt the name yet takes the cluster's snapshot.
+    assert_eq!(check(&snapshot_of(5, vec![1, 2, 3], Some(ours)), &local()), Ok(()));
 }
 
 #[test]

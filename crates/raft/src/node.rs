@@ -67,7 +67,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use fencelock_types::{Command, Key, LeaseMs, Owner};
+use fencelock_types::{ClusterId, Command, Key, LeaseMs, Owner};
 use raft::prelude::Message;
 use slog::{info, warn, Logger};
 
@@ -427,6 +427,15 @@ impl<T> Node<T> {
 
     pub fn id(&self) -> NodeId {
         self.config.driver.id
+    }
+
+    /// The cluster's id, once this node has applied it: what its hellos
+    /// name, and peers naming another cluster are refused.
+    pub fn cluster_id(&self) -> Option<ClusterId> {
+        match &self.phase {
+            Phase::Starting { .. } => None,
+            Phase::Running(replica) => replica.cluster_id(),
+        }
     }
 
     /// Whether the node ticks raft from its own time (a `tick_ms`).

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use fencelock_fsm::LockTable;
 use fencelock_lease::LeaseTracker;
 use fencelock_types::{
-    decode_batch, encode_batch, pb, ApplyResult, Command, FencingToken, Key, LeaseMs, Owner,
+    decode_batch, encode_batch, pb, ApplyResult, ClusterId, Command, FencingToken, Key, LeaseMs, Owner,
 };
 use protobuf::Message as _;
 use raft::prelude::{ConfChange, ConfChangeV2, ConfState, Entry, EntryType, Message, MessageType, Snapshot};
@@ -117,6 +117,8 @@ pub struct NodeStatus {
     pub pending_requests: usize,
     /// This node lost its data and has not caught up yet: it does not vote.
     pub rejoining: bool,
+    /// The cluster's id, once this node has applied it.
+    pub cluster_id: Option<ClusterId>,
 }
 
 /// Request ids with this bit set are the leader's own (Expire, ghost
@@ -443,6 +445,7 @@ impl Replica {
             persisted: raft.raft_log.persisted,
             commit: raft.raft_log.committed,
             last_token: self.table.last_token(),
+            cluster_id: self.table.cluster_id(),
         };
         if let Err(reason) = gate::check(&message, &local) {
             self.stats.refused.count(reason);
@@ -696,7 +699,13 @@ impl Replica {
             last_token: self.table.last_token(),
             pending_requests: self.requests.len() + self.reads.len(),
             rejoining: self.abstaining.is_some(),
+            cluster_id: self.table.cluster_id(),
         }
+    }
+
+    /// The cluster's id, once applied.
+    pub fn cluster_id(&self) -> Option<ClusterId> {
+        self.table.cluster_id()
     }
 
     fn leader_hint(&self) -> Option<NodeId> {
@@ -1114,6 +1123,15 @@ impl Replica {
                 self.leader_ready = true;
                 info!(self.logger, "leader ready"; "term" => entry.term, "index" => entry.index);
                 self.effects.roles.push(RoleChange::LeaderReady { term: entry.term });
+                if self.table.cluster_id().is_none() {
+                    // A new cluster (or one from before cluster ids): name
+                    // it. Should an earlier leader's name be in the log
+                    // still unapplied, that one stays and this one is moot.
+                    let id = self.internal_id();
+                    let cluster_id = self.config.cluster_id;
+                    info!(self.logger, "naming the cluster"; "cluster_id" => %cluster_id);
+                    self.submit(id, vec![Command::SetClusterId { id: cluster_id }], None, true);
+                }
             }
         }
         Ok(())

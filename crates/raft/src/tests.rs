@@ -373,6 +373,32 @@ fn a_replica_reopened_on_its_store_rebuilds_the_same_table() {
     }
 }
 
+#[test]
+fn the_first_leader_names_the_cluster_and_the_name_outlives_leaders_and_restarts() {
+    let stores: Vec<MemStore> = (0..3).map(|_| MemStore::new()).collect();
+    let mut net = Net::with_stores(stores.clone());
+    assert!(net.replicas.iter().all(|replica| replica.cluster_id().is_none()));
+    net.elect(2);
+    net.settle();
+    let named = net.node(2).cluster_id().expect("the first leader names the cluster");
+    // The name it drew (each node draws its own: here, made from its id).
+    assert_eq!(named, test_config(2, 3).cluster_id);
+    for id in [3, 1] {
+        net.elect(id);
+        net.settle();
+        for replica in &net.replicas {
+            assert_eq!(replica.cluster_id(), Some(named), "node {:?}", replica.status().id);
+        }
+    }
+    drop(net);
+    let mut net = Net::with_stores(stores);
+    net.elect(3);
+    net.settle();
+    for replica in &net.replicas {
+        assert_eq!(replica.status().cluster_id, Some(named));
+    }
+}
+
 fn entry(index: u64, term: u64) -> Entry {
     Entry { index, term, ..Default::default() }
 }

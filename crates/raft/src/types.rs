@@ -3,7 +3,7 @@
 //! role changes, and the errors that stop a node.
 
 use fencelock_fsm::Lock;
-use fencelock_types::{ApplyResult, FencingToken, Key, LeaseMs};
+use fencelock_types::{ApplyResult, ClusterId, FencingToken, Key, LeaseMs};
 
 use crate::storage::StorageError;
 
@@ -51,6 +51,11 @@ pub struct Config {
     pub lease_ms_max: u64,
     /// How often the leader looks for due leases, on its own clock.
     pub expiry_scan_interval_ms: u64,
+    /// The id this node names the cluster with if it leads a cluster that
+    /// has none yet (see [`Command::SetClusterId`](fencelock_types::Command)).
+    /// fencelockd draws one at random at every start; the default, for
+    /// tests, is made from the node id.
+    pub cluster_id: ClusterId,
 }
 
 impl Config {
@@ -70,6 +75,12 @@ impl Config {
             lease_ms_min: 1_000,
             lease_ms_max: 24 * 60 * 60 * 1_000,
             expiry_scan_interval_ms: 10,
+            cluster_id: {
+                let mut bytes = [0; 16];
+                bytes[..8].copy_from_slice(b"fencelck");
+                bytes[8..].copy_from_slice(&id.0.to_le_bytes());
+                ClusterId::new(bytes)
+            },
         }
     }
 

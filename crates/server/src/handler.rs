@@ -489,6 +489,7 @@ impl Identity {
                 })
                 .collect(),
             rejoining: status.rejoining,
+            cluster_id: status.cluster_id.map(|id| id.to_string()).unwrap_or_default(),
             ..Default::default()
         }
     }

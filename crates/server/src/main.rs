@@ -100,6 +100,8 @@ struct NodeCore {
     driver: Driver,
     /// What this node's hellos say, and what its peers' said.
     greetings: Greetings,
+    /// The cluster id the hellos name, once known.
+    cluster_id: Option<fencelock_types::ClusterId>,
     requests: Receiver<Request>,
     /// Progress of the asynchronous store.
     persisted: Receiver<Persisted>,
@@ -147,6 +149,9 @@ impl NodeCore {
                 self.driver.hello(NodeId(id), report);
             }
         }
+        // Before the turn's messages open connections: their hellos name
+        // the cluster from the first one on.
+        self.name_cluster();
         while let Ok(progress) = self.persisted.try_recv() {
             self.driver.on_persisted(progress?);
         }
@@ -156,10 +161,24 @@ impl NodeCore {
         self.driver.turn(&LoopSink(RefCell::new(io)))?;
         let (term, last_index, known) = self.driver.node().hello_state();
         self.greetings.set_own(term, last_index, &known);
+        self.name_cluster();
         if self.requests.is_empty() {
             Ok(self.driver.next_wake())
         } else {
             Ok(Duration::ZERO)
+        }
+    }
+}
+
+impl NodeCore {
+    /// Tells the hellos the cluster's id once the node knows it.
+    fn name_cluster(&mut self) {
+        let cluster_id = self.driver.node().cluster_id();
+        if cluster_id != self.cluster_id {
+            if let Some(id) = cluster_id {
+                self.greetings.set_cluster_id(id.as_bytes());
+            }
+            self.cluster_id = cluster_id;
         }
     }
 }
@@ -225,19 +244,33 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     let (store, recovered, persisted) =
         AsyncEngineStore::spawn(store, "fencelock-raft-io".into(), Box::new(progress))
             .with_context(|| format!("cannot read the raft log in {}", raft_dir.display()))?;
+    // The name this node gives the cluster should it be the first leader
+    // of a cluster without one.
+    let mut driver_config = config.driver.clone();
+    let mut cluster_id = [0; fencelock_types::CLUSTER_ID_LEN];
+    getrandom::getrandom(&mut cluster_id)
+        .context("cannot draw a cluster id from the system's random source")?;
+    driver_config.cluster_id = fencelock_types::ClusterId::new(cluster_id);
     let node_config = NodeConfig {
-        driver: config.driver.clone(),
+        driver: driver_config,
         tick_ms: Some(config.tick.as_millis() as u64),
         election_seed: None,
     };
     let node = Node::open(node_config, recovered, logger)
         .with_context(|| format!("cannot open the replica in {}", raft_dir.display()))?;
     let greetings = Greetings::new();
+    // Known from the store already, unless the node is new: named before
+    // any hello is sent.
+    let cluster_id = node.cluster_id();
+    if let Some(id) = cluster_id {
+        greetings.set_cluster_id(id.as_bytes());
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let outcome = Arc::new(Mutex::new(None));
     let core = NodeCore {
         driver: Driver::new(node, store, MonotonicClock::new(), logger),
         greetings: greetings.clone(),
+        cluster_id,
         requests: requests_rx,
         persisted,
         drain_max: 4_096,

@@ -315,6 +315,7 @@ mod tests {
             last_token: fencelock_types::FencingToken::new(12),
             pending_requests: 2,
             rejoining: false,
+            cluster_id: None,
         };
         let mut stats = Stats { grants_applied: 12, syncs: 30, ..Stats::default() };
         stats.refused.count(Refusal::BadTerm);

@@ -4,7 +4,7 @@
 use protobuf::Message;
 
 use crate::pb::{self, Command_oneof_kind as Kind};
-use crate::{optional_token, token_value, FencingToken, InvalidReason, Key, LeaseMs, Owner};
+use crate::{optional_token, token_value, ClusterId, FencingToken, InvalidReason, Key, LeaseMs, Owner};
 
 /// A replicated command, valid by construction. The leader proposes these;
 /// every replica applies them in log order.
@@ -25,6 +25,9 @@ pub enum Command {
     Renew { key: Key, token: FencingToken, lease_ms: LeaseMs, user: Option<Owner> },
     /// Does nothing; a barrier the driver may put in the log.
     Noop,
+    /// Names the cluster, if it has no name yet (the first one applied
+    /// stays).
+    SetClusterId { id: ClusterId },
 }
 
 impl Command {
@@ -35,7 +38,7 @@ impl Command {
             | Command::Release { key, .. }
             | Command::Expire { key, .. }
             | Command::Renew { key, .. } => Some(key),
-            Command::Noop => None,
+            Command::Noop | Command::SetClusterId { .. } => None,
         }
     }
 
@@ -68,6 +71,7 @@ impl Command {
                 user: optional_user(renew.user)?,
             },
             Kind::noop(_) => Command::Noop,
+            Kind::set_cluster_id(set) => Command::SetClusterId { id: ClusterId::from_slice(&set.id)? },
         })
     }
 
@@ -98,6 +102,9 @@ impl Command {
                 ..Default::default()
             }),
             Command::Noop => Kind::noop(pb::Noop::default()),
+            Command::SetClusterId { id } => {
+                Kind::set_cluster_id(pb::SetClusterId { id: id.as_bytes().to_vec(), ..Default::default() })
+            }
         };
         pb::Command { kind: Some(kind), ..Default::default() }
     }

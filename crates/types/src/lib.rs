@@ -64,6 +64,54 @@ pub const OWNER_LEN_MAX: usize = 256;
 /// overflow on every replica.
 pub const LEASE_MS_MAX: u64 = 30 * 24 * 60 * 60 * 1000;
 
+/// The length of a [`ClusterId`] in bytes.
+pub const CLUSTER_ID_LEN: usize = 16;
+
+/// A cluster's name, chosen at random by its first leader and kept in the
+/// replicated state: nodes refuse peers that name another cluster.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ClusterId([u8; CLUSTER_ID_LEN]);
+
+impl ClusterId {
+    pub fn new(bytes: [u8; CLUSTER_ID_LEN]) -> ClusterId {
+        ClusterId(bytes)
+    }
+
+    /// Checks bytes from the wire or the disk.
+    pub fn from_slice(bytes: &[u8]) -> Result<ClusterId, InvalidReason> {
+        bytes.try_into().map(ClusterId).map_err(|_| InvalidReason::BadClusterId)
+    }
+
+    pub fn as_bytes(&self) -> &[u8; CLUSTER_ID_LEN] {
+        &self.0
+    }
+
+    /// Parses the 32 lowercase or uppercase hex digits [`Display`](fmt::Display) writes.
+    pub fn from_hex(text: &str) -> Option<ClusterId> {
+        if text.len() != 2 * CLUSTER_ID_LEN || !text.is_ascii() {
+            return None;
+        }
+        let mut bytes = [0u8; CLUSTER_ID_LEN];
+        for (i, byte) in bytes.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(ClusterId(bytes))
+    }
+}
+
+/// 32 lowercase hex digits.
+impl fmt::Display for ClusterId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|byte| write!(f, "{byte:02x}"))
+    }
+}
+
+impl fmt::Debug for ClusterId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ClusterId({self})")
+    }
+}
+
 /// Why a command was refused before it touched the lock table. Every replica
 /// computes the same reason for the same bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
@@ -88,6 +136,8 @@ pub enum InvalidReason {
     ZeroToken,
     #[error("every fencing token has been issued")]
     TokensExhausted,
+    #[error("a cluster id is {CLUSTER_ID_LEN} bytes")]
+    BadClusterId,
 }
 
 /// An error decoding bytes that came from outside: a log entry, a snapshot, a
@@ -250,7 +300,7 @@ impl fmt::Debug for LeaseMs {
 
 impl InvalidReason {
     /// Every reason, in wire order.
-    pub const ALL: [InvalidReason; 10] = [
+    pub const ALL: [InvalidReason; 11] = [
         InvalidReason::Undecodable,
         InvalidReason::UnknownCommand,
         InvalidReason::EmptyKey,
@@ -261,6 +311,7 @@ impl InvalidReason {
         InvalidReason::OwnerTooLong,
         InvalidReason::ZeroToken,
         InvalidReason::TokensExhausted,
+        InvalidReason::BadClusterId,
     ];
 
     pub fn to_pb(self) -> pb::InvalidReason {
@@ -275,6 +326,7 @@ impl InvalidReason {
             InvalidReason::OwnerTooLong => pb::InvalidReason::OWNER_TOO_LONG,
             InvalidReason::ZeroToken => pb::InvalidReason::ZERO_TOKEN,
             InvalidReason::TokensExhausted => pb::InvalidReason::TOKENS_EXHAUSTED,
+            InvalidReason::BadClusterId => pb::InvalidReason::BAD_CLUSTER_ID,
         }
     }
 
@@ -292,6 +344,7 @@ impl InvalidReason {
             pb::InvalidReason::OWNER_TOO_LONG => InvalidReason::OwnerTooLong,
             pb::InvalidReason::ZERO_TOKEN => InvalidReason::ZeroToken,
             pb::InvalidReason::TOKENS_EXHAUSTED => InvalidReason::TokensExhausted,
+            pb::InvalidReason::BAD_CLUSTER_ID => InvalidReason::BadClusterId,
         })
     }
 }

@@ -31,6 +31,7 @@ fn command() -> impl Strategy<Value = Command> {
         (key(), token(), lease(), proptest::option::of(owner()))
             .prop_map(|(key, token, lease_ms, user)| Command::Renew { key, token, lease_ms, user }),
         Just(Command::Noop),
+        any::<[u8; 16]>().prop_map(|bytes| Command::SetClusterId { id: ClusterId::new(bytes) }),
     ]
 }
 
@@ -157,6 +158,21 @@ fn release_without_token_is_a_force_release() {
         decode_one(&bytes),
         Ok(Command::Release { key: Key::new(b"k".to_vec()).unwrap(), token: None, user: None })
     );
+}
+
+#[test]
+fn cluster_ids_are_16_bytes_and_print_as_hex() {
+    let id = ClusterId::new(*b"0123456789abcdef");
+    assert_eq!(id.to_string(), "30313233343536373839616263646566");
+    assert_eq!(ClusterId::from_hex(&id.to_string()), Some(id));
+    assert_eq!(ClusterId::from_hex("30313233343536373839616263646566"[..30].as_ref()), None);
+    assert_eq!(ClusterId::from_hex("zz313233343536373839616263646566"), None);
+    assert_eq!(ClusterId::from_slice(&[1; 15]), Err(InvalidReason::BadClusterId));
+    let bytes = raw_entry(pb::Command_oneof_kind::set_cluster_id(pb::SetClusterId {
+        id: vec![7; 17],
+        ..Default::default()
+    }));
+    assert_eq!(decode_one(&bytes), Err(InvalidReason::BadClusterId));
 }
 
 #[test]
