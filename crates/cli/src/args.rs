@@ -101,6 +101,8 @@ pub enum CertCommand {
     CreateNode {
         #[command(flatten)]
         overwrite: Overwrite,
+        #[command(flatten)]
+        lifetime: Lifetime,
         /// The node's id, as in fencelockd --id.
         #[arg(long)]
         id: u64,
@@ -113,6 +115,8 @@ pub enum CertCommand {
     CreateClient {
         #[command(flatten)]
         overwrite: Overwrite,
+        #[command(flatten)]
+        lifetime: Lifetime,
         /// The user name: letters, digits, `.`, `_` and `-`.
         name: String,
     },
@@ -123,6 +127,14 @@ pub struct Overwrite {
     /// Replace files that exist.
     #[arg(long)]
     pub overwrite: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct Lifetime {
+    /// How long the certificate is valid (never past the CA's end).
+    /// Connections are closed when it ends.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5years")]
+    pub lifetime: Duration,
 }
 
 #[derive(Debug, Args)]

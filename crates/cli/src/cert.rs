@@ -3,7 +3,7 @@
 //! `--json`).
 
 use anyhow::{Context, Result};
-use fencelock_tls::{create_ca, create_client, create_node, Layout};
+use fencelock_tls::{create_ca, create_client_for, create_node_for, Layout};
 use serde_json::json;
 
 use crate::args::{CertCommand, Cli};
@@ -15,10 +15,12 @@ pub fn run(cli: &Cli, command: &CertCommand) -> Result<Exit> {
     let layout = Layout::new(dir);
     let written = match command {
         CertCommand::CreateCa(overwrite) => create_ca(&layout, overwrite.overwrite)?,
-        CertCommand::CreateNode { overwrite, id, hosts } => {
-            create_node(&layout, *id, hosts, overwrite.overwrite)?
+        CertCommand::CreateNode { overwrite, lifetime, id, hosts } => {
+            create_node_for(&layout, *id, hosts, overwrite.overwrite, lifetime.lifetime)?
         }
-        CertCommand::CreateClient { overwrite, name } => create_client(&layout, name, overwrite.overwrite)?,
+        CertCommand::CreateClient { overwrite, lifetime, name } => {
+            create_client_for(&layout, name, overwrite.overwrite, lifetime.lifetime)?
+        }
     };
     if cli.json {
         let paths: Vec<String> = written.iter().map(|path| path.display().to_string()).collect();

@@ -29,7 +29,7 @@ use slog::{debug, info, warn, Logger};
 
 use crate::frame::{decode_frame, encode_frame, FrameError};
 use crate::node::{Core, NodeIo, Peers, Turn};
-use crate::wire::{Got, Wire};
+use crate::wire::{Got, Reloadable, Wire};
 
 /// Settings of the client listener.
 #[derive(Clone, Debug)]
@@ -41,7 +41,7 @@ pub struct ClientConfig {
     pub frame_bytes_max: usize,
     /// TLS on this port: every client must present a certificate this
     /// configuration accepts. `None`: plain TCP.
-    pub tls: Option<Arc<rustls::ServerConfig>>,
+    pub tls: Option<Reloadable<rustls::ServerConfig>>,
 }
 
 /// Serves requests. Called on the listener's event-loop thread, which
@@ -243,6 +243,9 @@ pub(crate) struct EventLoop<M> {
     /// TLS connections by when their handshake must be done, oldest first
     /// (accept order is deadline order).
     handshakes: std::collections::VecDeque<(Instant, Token)>,
+    /// TLS connections by when their client's certificate ends: they are
+    /// closed then (a handshake checks a certificate only once).
+    expiries: std::collections::BTreeSet<(Instant, Token)>,
     logger: Logger,
 }
 
@@ -266,6 +269,8 @@ struct Connection {
     /// `input` may hold whole requests not yet dispatched: the round's
     /// budget ran out.
     backlog: bool,
+    /// When its client's certificate ends (its entry in `expiries`).
+    expiry: Option<Instant>,
     logger: Logger,
 }
 
@@ -320,6 +325,7 @@ impl<M: protobuf::Message> EventLoop<M> {
             inbound: Vec::new(),
             read_again: Vec::new(),
             handshakes: std::collections::VecDeque::new(),
+            expiries: std::collections::BTreeSet::new(),
             logger: logger.clone(),
         })
     }
@@ -338,6 +344,11 @@ impl<M: protobuf::Message> EventLoop<M> {
         loop {
             let now = Instant::now();
             let handshake = self.handshakes.front().map(|(deadline, _)| *deadline);
+            let expiry = self.expiries.first().map(|(deadline, _)| *deadline);
+            let handshake = match (handshake, expiry) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             let peer_deadline = self.peers.as_ref().and_then(Peers::next_deadline);
             let deadline = match (handshake, peer_deadline) {
                 (Some(a), Some(b)) => Some(a.min(b)),
@@ -473,7 +484,7 @@ impl<M: protobuf::Message> EventLoop<M> {
         }
         let wire = match &self.config.tls {
             None => Wire::plain(stream),
-            Some(tls) => match Wire::tls_server(stream, tls) {
+            Some(tls) => match Wire::tls_server(stream, &tls.current()) {
                 Ok(wire) => {
                     self.handshakes.push_back((Instant::now() + HANDSHAKE_TIMEOUT, token));
                     wire
@@ -503,6 +514,7 @@ impl<M: protobuf::Message> EventLoop<M> {
             read_paused: false,
             closing: false,
             backlog: false,
+            expiry: None,
             logger,
         };
         self.connections.insert(token, connection);
@@ -512,8 +524,18 @@ impl<M: protobuf::Message> EventLoop<M> {
     }
 
     /// Closes the TLS connections whose handshake is late: a client that
-    /// opens a connection and never finishes does not keep its place.
+    /// opens a connection and never finishes does not keep its place. And
+    /// those whose client certificate has ended.
     fn expire_handshakes(&mut self, now: Instant) {
+        while let Some(&(deadline, token)) = self.expiries.first() {
+            if deadline > now {
+                break;
+            }
+            self.expiries.pop_first();
+            if self.connections.contains_key(&token) {
+                self.close(token, Close::Violation("the client's certificate has expired".into()));
+            }
+        }
         while let Some(&(deadline, token)) = self.handshakes.front() {
             if deadline > now {
                 return;
@@ -574,6 +596,16 @@ impl<M: protobuf::Message> EventLoop<M> {
                 if let Some(fencelock_tls::Identity::User(user)) = connection.wire.peer_identity() {
                     debug!(connection.logger, "client authenticated"; "user" => &user);
                     let _ = connection.shared.user.set(user);
+                }
+                connection.expiry = connection.wire.peer_expiry();
+                if let Some(expiry) = connection.expiry {
+                    // A certificate checks out for up to a second past its
+                    // end (whole seconds): none of its requests is served.
+                    if expiry <= Instant::now() {
+                        connection.expiry = None;
+                        return Err(Close::Violation("the client's certificate has expired".into()));
+                    }
+                    self.expiries.insert((expiry, token));
                 }
             }
             if !self.decode(token, &mut budget)? {
@@ -734,6 +766,9 @@ impl<M: protobuf::Message> EventLoop<M> {
     fn close(&mut self, token: Token, close: Close) {
         let Some(mut connection) = self.connections.remove(&token) else { return };
         connection.shared.alive.store(false, Ordering::SeqCst);
+        if let Some(expiry) = connection.expiry {
+            self.expiries.remove(&(expiry, token));
+        }
         let handler = &self.handler;
         if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler.closed(token.0 as u64))).is_err()
         {

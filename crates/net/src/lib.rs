@@ -54,7 +54,7 @@ pub use frame::{decode_frame, encode_frame, read_frame, write_frame, FrameError}
 pub use node::{
     ClientAddrs, Core, Greetings, Heard, LoopWaker, NodeIo, NodeLoop, PeerConfig, PeerTls, Route, Turn,
 };
-pub use wire::{Got, Wire};
+pub use wire::{Got, Reloadable, Wire};
 
 #[cfg(test)]
 mod tests;

@@ -35,7 +35,7 @@ use slog::{debug, info, warn, Logger};
 
 use crate::client::{EventLoop, LoopShared};
 use crate::frame::{decode_frame, encode_frame};
-use crate::wire::{Got, Wire};
+use crate::wire::{Got, Reloadable, Wire};
 use crate::{ClientConfig, Handler};
 
 /// The largest hello accepted from a peer.
@@ -81,9 +81,9 @@ pub struct PeerConfig {
 #[derive(Clone, Debug)]
 pub struct PeerTls {
     /// Accepts peers: node certificates of the cluster's CA only.
-    pub accept: Arc<rustls::ServerConfig>,
+    pub accept: Reloadable<rustls::ServerConfig>,
     /// Dials peers, asking each for its own node name.
-    pub dial: Arc<rustls::ClientConfig>,
+    pub dial: Reloadable<rustls::ClientConfig>,
 }
 
 /// Who sends a peer message and who it is for, read from the message.
@@ -375,6 +375,9 @@ struct Outgoing {
     link: Link,
     /// The hello of the current connection named this node's cluster.
     named: bool,
+    /// When the peer's certificate on the current connection ends (TLS,
+    /// once its handshake is done): the connection is closed then.
+    expiry: Option<Instant>,
     /// Encoded frames; `output[written..]` is still to go.
     output: Vec<u8>,
     written: usize,
@@ -396,6 +399,8 @@ struct Incoming {
     input: Vec<u8>,
     /// The peer, once its hello came.
     peer: Option<u64>,
+    /// When the peer's certificate ends (TLS): the connection is closed.
+    expiry: Option<Instant>,
     remote: String,
 }
 
@@ -416,6 +421,7 @@ impl<M: Message> Peers<M> {
                     addr,
                     link: Link::Down { retry_at: now },
                     named: false,
+                    expiry: None,
                     output: Vec::new(),
                     written: 0,
                     backoff: config.reconnect_backoff_min,
@@ -475,6 +481,25 @@ impl<M: Message> Peers<M> {
         let Some(outgoing) = self.outgoing.get_mut(&peer) else { return };
         let Link::Up { wire, .. } = &mut outgoing.link else { return };
         let mut failed = wire.flush().err();
+        if wire.is_handshaking() {
+            // Nothing of ours goes before the peer's certificate is known
+            // to be in date (see below); its handshake bytes went above.
+            if let Some(err) = failed {
+                warn!(outgoing.logger, "peer connection lost"; "error" => %err);
+                self.go_down(registry, peer);
+            }
+            return;
+        }
+        if outgoing.expiry.is_none() {
+            // A certificate checks out for up to a second past its end
+            // (whole seconds): nothing is sent to a peer whose has ended.
+            outgoing.expiry = wire.peer_expiry();
+            if outgoing.expiry.is_some_and(|expiry| expiry <= Instant::now()) {
+                warn!(outgoing.logger, "closing peer connection: the peer's certificate has expired");
+                self.go_down(registry, peer);
+                return;
+            }
+        }
         while failed.is_none() && outgoing.written < outgoing.output.len() {
             match wire.write(&outgoing.output[outgoing.written..]) {
                 Ok(0) => {
@@ -536,6 +561,7 @@ impl<M: Message> Peers<M> {
         }
         outgoing.output.clear();
         outgoing.written = 0;
+        outgoing.expiry = None;
     }
 
     /// Once this node knows its cluster's id, reopens at once the
@@ -558,17 +584,16 @@ impl<M: Message> Peers<M> {
 
     /// The earliest moment a connection is due to be opened or given up on.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        let hellos = self
-            .incoming
-            .values()
-            .filter(|incoming| incoming.peer.is_none())
-            .map(|incoming| incoming.since + HELLO_TIMEOUT);
+        let hellos = self.incoming.values().filter_map(|incoming| match incoming.peer {
+            None => Some(incoming.since + HELLO_TIMEOUT),
+            Some(_) => incoming.expiry,
+        });
         self.outgoing
             .values()
             .filter_map(|outgoing| match &outgoing.link {
                 Link::Down { retry_at } => Some(*retry_at),
                 Link::Connecting { since, .. } => Some(*since + CONNECT_TIMEOUT),
-                Link::Up { .. } => None,
+                Link::Up { .. } => outgoing.expiry,
             })
             .chain(hellos)
             .min()
@@ -586,6 +611,15 @@ impl<M: Message> Peers<M> {
         for token in late {
             self.close_incoming(registry, token, Some(format!("no hello within {HELLO_TIMEOUT:?}")));
         }
+        let expired: Vec<Token> = self
+            .incoming
+            .iter()
+            .filter(|(_, incoming)| incoming.expiry.is_some_and(|expiry| expiry <= now))
+            .map(|(token, _)| *token)
+            .collect();
+        for token in expired {
+            self.close_incoming(registry, token, Some("the peer's certificate has expired".into()));
+        }
         let peers: Vec<u64> = self.outgoing.keys().copied().collect();
         for peer in peers {
             let Some(outgoing) = self.outgoing.get(&peer) else { continue };
@@ -593,6 +627,10 @@ impl<M: Message> Peers<M> {
                 Link::Down { retry_at } if *retry_at <= now => self.connect(registry, peer),
                 Link::Connecting { since, .. } if *since + CONNECT_TIMEOUT <= now => {
                     debug!(outgoing.logger, "cannot reach peer"; "addr" => %outgoing.addr, "error" => "timed out");
+                    self.go_down(registry, peer);
+                }
+                Link::Up { .. } if outgoing.expiry.is_some_and(|expiry| expiry <= now) => {
+                    warn!(outgoing.logger, "closing peer connection: the peer's certificate has expired");
                     self.go_down(registry, peer);
                 }
                 _ => {}
@@ -618,14 +656,16 @@ impl<M: Message> Peers<M> {
         }
         let wire = match &self.config.tls {
             None => Wire::plain(stream),
-            Some(tls) => match Wire::tls_client(stream, &tls.dial, fencelock_tls::peer_server_name(peer)) {
-                Ok(wire) => wire,
-                Err(err) => {
-                    warn!(outgoing.logger, "cannot start TLS to a peer"; "error" => %err);
-                    self.go_down(registry, peer);
-                    return;
+            Some(tls) => {
+                match Wire::tls_client(stream, &tls.dial.current(), fencelock_tls::peer_server_name(peer)) {
+                    Ok(wire) => wire,
+                    Err(err) => {
+                        warn!(outgoing.logger, "cannot start TLS to a peer"; "error" => %err);
+                        self.go_down(registry, peer);
+                        return;
+                    }
                 }
-            },
+            }
         };
         outgoing.output.clear();
         outgoing.written = 0;
@@ -661,7 +701,7 @@ impl<M: Message> Peers<M> {
             }
             let wire = match &self.config.tls {
                 None => Wire::plain(stream),
-                Some(tls) => match Wire::tls_server(stream, &tls.accept) {
+                Some(tls) => match Wire::tls_server(stream, &tls.accept.current()) {
                     Ok(wire) => wire,
                     Err(err) => {
                         warn!(self.logger, "cannot start TLS on a peer connection"; "error" => %err);
@@ -674,6 +714,7 @@ impl<M: Message> Peers<M> {
                 since: Instant::now(),
                 input: Vec::new(),
                 peer: None,
+                expiry: None,
                 remote: remote.to_string(),
             };
             self.incoming.insert(token, incoming);
@@ -779,9 +820,9 @@ impl<M: Message> Peers<M> {
                         }
                     }
                 }
-                if event.is_writable() {
-                    self.write_out(registry, peer);
-                }
+                // Writable, or the handshake may have just ended: what
+                // waited for it goes now.
+                self.write_out(registry, peer);
             }
             Link::Down { .. } => {}
         }
@@ -841,6 +882,12 @@ impl<M: Message> Peers<M> {
                                 )));
                             }
                             incoming.peer = Some(hello.node_id);
+                            incoming.expiry = incoming.wire.peer_expiry();
+                            // A certificate checks out for up to a second
+                            // past its end (whole seconds).
+                            if incoming.expiry.is_some_and(|expiry| expiry <= Instant::now()) {
+                                return Err(Some("the peer's certificate has expired".to_owned()));
+                            }
                             self.config.greetings.record(hello.node_id, &hello);
                             self.client_addrs.insert(hello.node_id, hello.client_addr);
                         }

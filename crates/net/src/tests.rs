@@ -313,7 +313,7 @@ pub(crate) fn node_with(
         connections_max: 8,
         in_flight_max: 8,
         frame_bytes_max: 1024,
-        tls: tls.as_ref().map(|tls| Arc::clone(&tls.client_server)),
+        tls: tls.as_ref().map(|tls| Arc::clone(&tls.client_server).into()),
     };
     let peers = PeerConfig {
         node_id: id,
@@ -325,7 +325,7 @@ pub(crate) fn node_with(
         reconnect_backoff_min: Duration::from_millis(10),
         reconnect_backoff_max: Duration::from_millis(100),
         greetings: Greetings::new(),
-        tls: tls.map(|tls| crate::PeerTls { accept: tls.peer_server, dial: tls.peer_client }),
+        tls: tls.map(|tls| crate::PeerTls { accept: tls.peer_server.into(), dial: tls.peer_client.into() }),
     };
     let greetings = peers.greetings.clone();
     let client_addrs = ClientAddrs::new();

@@ -38,7 +38,7 @@ fn start(layout: &Layout) -> ClientListener {
         connections_max: 8,
         in_flight_max: 8,
         frame_bytes_max: 1 << 20,
-        tls: Some(node_tls(layout, 1).unwrap().client_server),
+        tls: Some(node_tls(layout, 1).unwrap().client_server.into()),
     };
     ClientListener::start(config, Arc::new(Whoami), &slog::Logger::root(slog::Discard, slog::o!())).unwrap()
 }
@@ -124,6 +124,57 @@ fn plain_tcp_strangers_and_nodes_are_refused_and_the_listener_serves_on() {
     // Still serving.
     let alice = client_tls(&layout, "alice").unwrap();
     assert_eq!(whoami(&mut tls_connect(addr, &alice)), Ok("alice".to_owned()));
+}
+
+#[test]
+fn a_connection_is_closed_when_its_client_certificate_expires() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = certs(dir.path());
+    fencelock_tls::create_client_for(&layout, "brief", false, Duration::from_secs(2)).unwrap();
+    let listener = start(&layout);
+    let brief = client_tls(&layout, "brief").unwrap();
+    let mut stream = tls_connect(listener.local_addr(), &brief);
+    assert_eq!(whoami(&mut stream), Ok("brief".to_owned()));
+    let alice = client_tls(&layout, "alice").unwrap();
+    let mut lasting = tls_connect(listener.local_addr(), &alice);
+    assert_eq!(whoami(&mut lasting), Ok("alice".to_owned()));
+    // The certificate ends within 2 s (whole seconds): the server closes the
+    // connection by itself, with nothing asked of it.
+    let mut rest = Vec::new();
+    let started = std::time::Instant::now();
+    let _ = stream.read_to_end(&mut rest);
+    assert!(started.elapsed() < Duration::from_secs(9), "the connection outlived its certificate");
+    assert!(whoami(&mut stream).is_err());
+    // Its certificate is refused from now on; other connections go on.
+    assert!(whoami(&mut tls_connect(listener.local_addr(), &brief)).is_err());
+    assert_eq!(whoami(&mut lasting), Ok("alice".to_owned()));
+}
+
+#[test]
+fn peer_connections_end_with_the_peer_certificate() {
+    use crate::tests::{deliver, free_addr, msg, node_with, Immediate};
+
+    let dir = tempfile::tempdir().unwrap();
+    let layout = cluster_certs(dir.path());
+    // Node 2's certificate ends within 2 s.
+    fencelock_tls::create_node_for(&layout, 2, &["127.0.0.1".into()], true, Duration::from_secs(2)).unwrap();
+    let addrs: std::collections::BTreeMap<u64, SocketAddr> = (1..=2).map(|id| (id, free_addr())).collect();
+    let one = node_with(1, &addrs, 1 << 20, Arc::new(Immediate), Some(&layout));
+    let two = node_with(2, &addrs, 1 << 20, Arc::new(Immediate), Some(&layout));
+    assert_eq!(deliver((1, &one), 2, "while valid", &two).role, "while valid");
+    assert_eq!(deliver((2, &two), 1, "both ways", &one).role, "both ways");
+    std::thread::sleep(Duration::from_millis(2_500));
+    // Node 1 closed its connection to node 2 when 2's certificate ended,
+    // and node 1 closed node 2's connection to it: nothing crosses now,
+    // either way, however often it is sent.
+    while one.inbound.try_recv().is_ok() || two.inbound.try_recv().is_ok() {}
+    for _ in 0..40 {
+        one.send(msg(1, 2, "after"));
+        two.send(msg(2, 1, "after"));
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    assert!(two.inbound.try_recv().is_err(), "a message crossed to a peer whose certificate ended");
+    assert!(one.inbound.try_recv().is_err(), "a message came from a peer whose certificate ended");
 }
 
 /// Three nodes' certificates (and alice's) in a fresh directory.
@@ -220,7 +271,7 @@ fn requests_sent_just_before_a_close_notice_are_still_handed_on() {
         connections_max: 8,
         in_flight_max: 8,
         frame_bytes_max: 1 << 20,
-        tls: Some(node_tls(&layout, 1).unwrap().client_server),
+        tls: Some(node_tls(&layout, 1).unwrap().client_server.into()),
     };
     let logger = slog::Logger::root(slog::Discard, slog::o!());
     let listener = ClientListener::start(config, Arc::new(Counting(Arc::clone(&count))), &logger).unwrap();

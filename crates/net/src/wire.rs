@@ -70,6 +70,16 @@ impl Wire {
         fencelock_tls::peer_identity(self.tls.as_ref()?)
     }
 
+    /// When the other side's certificate stops being valid, once its
+    /// handshake is done, as a moment of the monotonic clock (`None` on
+    /// plain TCP or before then). Connections are closed then.
+    pub fn peer_expiry(&self) -> Option<std::time::Instant> {
+        let certificate = self.tls.as_ref()?.peer_certificates()?.first()?;
+        let not_after = fencelock_tls::not_after_of(certificate)?;
+        let left = not_after.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+        std::time::Instant::now().checked_add(left)
+    }
+
     /// Reads once from the socket into `scratch`, appending the plaintext
     /// to `input`. An `Err` is the end of the connection: a socket failure,
     /// or a TLS failure (its alert is sent first, if the socket takes it).
@@ -168,5 +178,41 @@ fn drain_plaintext(session: &mut rustls::Connection, input: &mut Vec<u8>) -> io:
             Err(err) if err.kind() == io::ErrorKind::WouldBlock => return Ok(false),
             Err(err) => return Err(err),
         }
+    }
+}
+
+/// A TLS configuration that can be replaced while connections run (a
+/// certificate reload): each new connection takes the one current when it
+/// opens, and connections already open keep theirs.
+#[derive(Debug)]
+pub struct Reloadable<T>(Arc<std::sync::RwLock<Arc<T>>>);
+
+impl<T> Clone for Reloadable<T> {
+    fn clone(&self) -> Reloadable<T> {
+        Reloadable(Arc::clone(&self.0))
+    }
+}
+
+impl<T> Reloadable<T> {
+    pub fn new(config: Arc<T>) -> Reloadable<T> {
+        Reloadable(Arc::new(std::sync::RwLock::new(config)))
+    }
+
+    /// The configuration new connections take now.
+    pub fn current(&self) -> Arc<T> {
+        // Every write is a plain replacement: a poisoned lock holds a whole
+        // configuration.
+        Arc::clone(&self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+
+    /// Replaces it for the connections opened from now on.
+    pub fn replace(&self, config: Arc<T>) {
+        *self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner) = config;
+    }
+}
+
+impl<T> From<Arc<T>> for Reloadable<T> {
+    fn from(config: Arc<T>) -> Reloadable<T> {
+        Reloadable::new(config)
     }
 }

@@ -23,7 +23,8 @@ use crate::access::{Access, RuleConfig};
     after_help = "With no flags it runs a single-node service: peers 1=127.0.0.1:7001, clients on \
                   127.0.0.1:7101, data in ./fencelock-data.\n\nA node whose data directory is empty asks its \
                   peers first: a new cluster starts once every node is up, and a node that lost its data \
-                  rejoins without a vote until it has caught up.\n\nExit codes: 0 clean shutdown (SIGINT or \
+                  rejoins without a vote until it has caught up.\n\nSIGHUP reloads the certificates of --certs-dir \
+                  (docs/security.md).\n\nExit codes: 0 clean shutdown (SIGINT or \
                   SIGTERM, or --config-check passed); 1 bad configuration or a fatal error."
 )]
 pub struct Flags {

@@ -8,7 +8,9 @@
 //! node between rounds of events. Client requests reach it through
 //! [`handler::ClientHandler`], with the connection they came on, and so do
 //! connection closes. With `--metrics-addr`, a thread serves Prometheus
-//! metrics ([`metrics`]). On SIGINT or SIGTERM it stops accepting clients,
+//! metrics ([`metrics`]). With `--certs-dir`, client requests are checked
+//! against the users' rights ([`access`]) and SIGHUP reloads the
+//! certificates. On SIGINT or SIGTERM it stops accepting clients,
 //! lets what is in flight finish, and stops the node, whose every write
 //! was already synced.
 
@@ -27,13 +29,14 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use crossbeam_channel::{bounded, select, tick, unbounded, Receiver, Sender};
 use fencelock_net::{
-    ClientAddrs, ClientConfig, Core, Greetings, LoopWaker, NodeIo, NodeLoop, PeerConfig, PeerTls, Route, Turn,
+    ClientAddrs, ClientConfig, Core, Greetings, LoopWaker, NodeIo, NodeLoop, PeerConfig, PeerTls, Reloadable,
+    Route, Turn,
 };
 use fencelock_raft::rejoin::PeerReport;
 use fencelock_raft::shell::{Driver, MonotonicClock, PeerSink, Request};
 use fencelock_raft::{AsyncEngineStore, EngineStore, FatalError, Node, NodeConfig, NodeId, Persisted, Stats};
 use raft::prelude::Message;
-use slog::{crit, info, o, warn, Drain, Logger};
+use slog::{crit, error, info, o, warn, Drain, Logger};
 
 use crate::config::{Flags, LogFormat, ServerConfig};
 use crate::handler::{ClientHandler, Directory, Identity};
@@ -215,10 +218,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     };
     // Certificates first: a bad file is a configuration error, named.
     let tls = match &config.certs_dir {
-        Some(dir) => Some(
-            fencelock_tls::node_tls(&fencelock_tls::Layout::new(dir), config.id)
-                .context("cannot serve TLS")?,
-        ),
+        Some(dir) => Some(TlsConfigs::load(dir, config.id).context("cannot serve TLS")?),
         None => None,
     };
     let raft_dir = config.data_dir.join("raft");
@@ -294,9 +294,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         reconnect_backoff_min: Duration::from_millis(20),
         reconnect_backoff_max: Duration::from_secs(1),
         greetings,
-        tls: tls
-            .as_ref()
-            .map(|tls| PeerTls { accept: Arc::clone(&tls.peer_server), dial: Arc::clone(&tls.peer_client) }),
+        tls: tls.as_ref().map(|tls| PeerTls { accept: tls.peer_accept.clone(), dial: tls.peer_dial.clone() }),
     };
     let client_addrs = ClientAddrs::new();
     let identity = Identity {
@@ -315,7 +313,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         connections_max: config.max_connections,
         in_flight_max: config.max_in_flight,
         frame_bytes_max: config.max_frame_bytes,
-        tls: tls.as_ref().map(|tls| Arc::clone(&tls.client_server)),
+        tls: tls.as_ref().map(|tls| tls.clients.clone()),
     };
     let make_core = |waker: LoopWaker| -> Box<dyn Core<Message>> {
         let _ = waker_slot.set(waker);
@@ -348,9 +346,12 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     }
 
     let (signal_tx, signal_rx) = bounded(4);
-    let mut signals =
-        signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
-            .context("cannot install signal handlers")?;
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ])
+    .context("cannot install signal handlers")?;
     std::thread::Builder::new().name("fencelock-signals".into()).spawn(move || {
         for signal in signals.forever() {
             if signal_tx.send(signal).is_err() {
@@ -364,7 +365,12 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     loop {
         select! {
             recv(signal_rx) -> signal => {
-                info!(logger, "shutting down"; "signal" => signal.unwrap_or_default());
+                let signal = signal.unwrap_or_default();
+                if signal == signal_hook::consts::SIGHUP {
+                    reload_certificates(config, tls.as_ref(), logger);
+                    continue;
+                }
+                info!(logger, "shutting down"; "signal" => signal);
                 break;
             }
             recv(poll) -> _ => {
@@ -389,6 +395,49 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         .context("the driver stopped on a fatal error")?;
     info!(logger, "fencelockd stopped"; "entries_applied" => stats.entries_applied, "syncs" => stats.syncs);
     Ok(())
+}
+
+/// The TLS configurations the node's ports take new connections with,
+/// replaced together by a reload.
+struct TlsConfigs {
+    peer_accept: Reloadable<rustls::ServerConfig>,
+    peer_dial: Reloadable<rustls::ClientConfig>,
+    clients: Reloadable<rustls::ServerConfig>,
+}
+
+impl TlsConfigs {
+    fn load(dir: &std::path::Path, id: u64) -> Result<TlsConfigs, fencelock_tls::CertError> {
+        let loaded = fencelock_tls::node_tls(&fencelock_tls::Layout::new(dir), id)?;
+        Ok(TlsConfigs {
+            peer_accept: Reloadable::new(loaded.peer_server),
+            peer_dial: Reloadable::new(loaded.peer_client),
+            clients: Reloadable::new(loaded.client_server),
+        })
+    }
+}
+
+/// SIGHUP: reads the certificates again (`ca.crt`, which may hold two CAs
+/// during a rotation, and this node's pair), checked as at start, and
+/// serves new connections with them; open connections keep theirs. A file
+/// that fails the checks changes nothing: the node serves on with what it
+/// had, and says why.
+fn reload_certificates(config: &ServerConfig, tls: Option<&TlsConfigs>, logger: &Logger) {
+    let (Some(dir), Some(tls)) = (&config.certs_dir, tls) else {
+        info!(logger, "SIGHUP: nothing to reload (no --certs-dir)");
+        return;
+    };
+    match fencelock_tls::node_tls(&fencelock_tls::Layout::new(dir), config.id) {
+        Ok(loaded) => {
+            tls.peer_accept.replace(loaded.peer_server);
+            tls.peer_dial.replace(loaded.peer_client);
+            tls.clients.replace(loaded.client_server);
+            info!(logger, "certificates reloaded"; "dir" => %dir.display(), "not_after" => %loaded.not_after);
+        }
+        Err(err) => {
+            error!(logger, "certificate reload failed: serving on with the certificates loaded before";
+                "error" => %err);
+        }
+    }
 }
 
 /// Requests the driver has accepted and not answered, 0 if it is gone.

@@ -111,6 +111,56 @@ fn a_tls_cluster_serves_its_users_and_refuses_everyone_else() {
     assert!(log.contains("TLS"), "no refusal was logged:\n{log}");
 }
 
+/// Waits until `cluster`'s node 1 log holds `needle`.
+fn wait_for_log(cluster: &Cluster, needle: &str) {
+    let deadline = Instant::now() + DEADLINE;
+    while !cluster.log(1).contains(needle) {
+        assert!(Instant::now() < deadline, "no `{needle}` in the log\n{}", cluster.logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn sighup_reloads_the_certificates_to_rotate_the_ca_and_a_bad_reload_changes_nothing() {
+    let mut cluster = Cluster::configure(1);
+    let certs = cluster.dir.path().join("certs");
+    make_certs(&certs, 1, &["alice"]);
+    cluster.nodes[0].extra_args = vec!["--certs-dir".into(), certs.display().to_string()];
+    cluster.launch(1);
+    let alice = client(&cluster, Some((&certs, "alice")), DEADLINE).unwrap();
+    let first = alice.acquire(b"jobs/rotate", Duration::from_secs(30), Duration::ZERO).unwrap();
+
+    // A new CA, with a user of its own who trusts both CAs.
+    let new = cluster.dir.path().join("new-certs");
+    make_certs(&new, 1, &["bob"]);
+    let both =
+        [std::fs::read(certs.join("ca.crt")).unwrap(), std::fs::read(new.join("ca.crt")).unwrap()].concat();
+    std::fs::write(new.join("ca.crt"), &both).unwrap();
+    let bob = |retry_for| client(&cluster, Some((&new, "bob")), retry_for).unwrap();
+    let refused = bob(Duration::from_secs(2)).check(b"jobs/rotate", first.token()).unwrap_err();
+    assert!(refused.to_string().contains("TLS"), "{refused}");
+
+    // The node trusts both CAs after a SIGHUP.
+    std::fs::write(certs.join("ca.crt"), &both).unwrap();
+    let pid = nix::unistd::Pid::from_raw(cluster.nodes[0].child.as_ref().unwrap().id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    wait_for_log(&cluster, "certificates reloaded");
+    assert!(bob(DEADLINE).check(b"jobs/rotate", first.token()).unwrap());
+    // Alice's connection, open since before, serves on.
+    assert!(alice.check(b"jobs/rotate", first.token()).unwrap());
+
+    // A broken file at the next SIGHUP: refused, and the node keeps what it
+    // had for its new connections too.
+    std::fs::write(certs.join("node-1.crt"), "not a certificate").unwrap();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    wait_for_log(&cluster, "certificate reload failed");
+    assert!(cluster.log(1).contains("node-1.crt"), "the failure names the file\n{}", cluster.log(1));
+    let fresh = client(&cluster, Some((&certs, "alice")), DEADLINE).unwrap();
+    let next = fresh.acquire(b"jobs/after-reload", Duration::from_secs(30), Duration::ZERO).unwrap();
+    assert!(next.token() > first.token());
+    assert!(bob(DEADLINE).check(b"jobs/rotate", first.token()).unwrap());
+}
+
 #[test]
 fn bad_certificates_stop_a_node_at_start_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();

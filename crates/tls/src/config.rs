@@ -143,9 +143,27 @@ fn load_roots(layout: &Layout) -> Result<Arc<RootCertStore>, CertError> {
     if !path.exists() {
         return Err(CertError::Missing { path });
     }
-    let (der, _) = load_certificate(&path, "CA certificate")?;
+    // Every certificate in the file is trusted: during a CA rotation it
+    // holds the old CA and the new one (docs/security.md).
+    let pem = fs::read(&path).map_err(|source| CertError::Io { path: path.clone(), source })?;
     let mut roots = RootCertStore::empty();
-    roots.add(der).map_err(|err| CertError::Bad { path, what: "CA certificate", detail: err.to_string() })?;
+    for (n, block) in x509_parser::pem::Pem::iter_from_buffer(&pem).enumerate() {
+        let what = if n == 0 { "CA certificate" } else { "CA certificate (a later one in the file)" };
+        let block = block.map_err(|err| CertError::Bad {
+            path: path.clone(),
+            what,
+            detail: format!("not PEM: {err}"),
+        })?;
+        let (der, _) = check_certificate(&path, what, &block)?;
+        roots.add(der).map_err(|err| CertError::Bad { path: path.clone(), what, detail: err.to_string() })?;
+    }
+    if roots.is_empty() {
+        return Err(CertError::Bad {
+            path,
+            what: "CA certificate",
+            detail: "it holds no certificate".into(),
+        });
+    }
     Ok(Arc::new(roots))
 }
 
@@ -205,6 +223,16 @@ fn load_certificate(
     let pem = fs::read(path).map_err(|source| CertError::Io { path: path.to_owned(), source })?;
     let bad = |detail: String| CertError::Bad { path: path.to_owned(), what, detail };
     let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).map_err(|err| bad(format!("not PEM: {err}")))?;
+    check_certificate(path, what, &pem)
+}
+
+/// A PEM block checked to be a certificate valid now; with when it expires.
+fn check_certificate(
+    path: &Path,
+    what: &'static str,
+    pem: &x509_parser::pem::Pem,
+) -> Result<(CertificateDer<'static>, OffsetDateTime), CertError> {
+    let bad = |detail: String| CertError::Bad { path: path.to_owned(), what, detail };
     let parsed = pem.parse_x509().map_err(|err| bad(format!("not a certificate: {err}")))?;
     let validity = parsed.validity();
     let now = OffsetDateTime::now_utc();

@@ -137,12 +137,23 @@ pub fn create_ca(layout: &Layout, overwrite: bool) -> Result<Vec<PathBuf>, CertE
 }
 
 /// Makes node `id`'s certificate, for the host names and addresses it
-/// serves under, signed by the directory's CA.
+/// serves under, signed by the directory's CA, valid for [`LEAF_LIFETIME`].
 pub fn create_node(
     layout: &Layout,
     id: u64,
     hosts: &[String],
     overwrite: bool,
+) -> Result<Vec<PathBuf>, CertError> {
+    create_node_for(layout, id, hosts, overwrite, LEAF_LIFETIME.unsigned_abs())
+}
+
+/// [`create_node`], valid for `lifetime` (never past the CA).
+pub fn create_node_for(
+    layout: &Layout,
+    id: u64,
+    hosts: &[String],
+    overwrite: bool,
+    lifetime: std::time::Duration,
 ) -> Result<Vec<PathBuf>, CertError> {
     if id == 0 {
         return Err(CertError::Name("node ids start at 1".into()));
@@ -166,15 +177,45 @@ pub fn create_node(
         });
     }
     let usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
-    create_leaf(layout, layout.node_cert(id), layout.node_key(id), "node", sans, usages, overwrite)
+    let leaf =
+        Leaf { cert: layout.node_cert(id), key: layout.node_key(id), common_name: "node", sans, usages };
+    create_leaf(layout, leaf, overwrite, lifetime)
 }
 
-/// Makes user `user`'s client certificate, signed by the directory's CA.
+/// Makes user `user`'s client certificate, signed by the directory's CA,
+/// valid for [`LEAF_LIFETIME`].
 pub fn create_client(layout: &Layout, user: &str, overwrite: bool) -> Result<Vec<PathBuf>, CertError> {
+    create_client_for(layout, user, overwrite, LEAF_LIFETIME.unsigned_abs())
+}
+
+/// [`create_client`], valid for `lifetime` (never past the CA).
+pub fn create_client_for(
+    layout: &Layout,
+    user: &str,
+    overwrite: bool,
+    lifetime: std::time::Duration,
+) -> Result<Vec<PathBuf>, CertError> {
     check_user(user)?;
     let sans = vec![SanType::URI(ia5(&format!("{USER_URI}{user}"))?)];
     let usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    create_leaf(layout, layout.client_cert(user), layout.client_key(user), user, sans, usages, overwrite)
+    let leaf = Leaf {
+        cert: layout.client_cert(user),
+        key: layout.client_key(user),
+        common_name: user,
+        sans,
+        usages,
+    };
+    create_leaf(layout, leaf, overwrite, lifetime)
+}
+
+/// When the certificate in `der` stops being valid, `None` if it does not
+/// parse. Connections are closed then: a handshake checks a certificate
+/// once, and a connection could otherwise outlive it.
+pub fn not_after_of(der: &[u8]) -> Option<std::time::SystemTime> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(der).ok()?;
+    let seconds = parsed.validity().not_after.timestamp();
+    let seconds = u64::try_from(seconds).ok()?;
+    std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_secs(seconds))
 }
 
 /// Who the certificate in `der` names, from its fencelock URI SAN.
@@ -231,15 +272,28 @@ fn check_dns_name(host: &str) -> Result<(), CertError> {
     }
 }
 
-fn create_leaf(
-    layout: &Layout,
+/// A node or client certificate to make: its files and what it names.
+struct Leaf<'a> {
     cert: PathBuf,
     key: PathBuf,
-    common_name: &str,
+    common_name: &'a str,
     sans: Vec<SanType>,
     usages: Vec<ExtendedKeyUsagePurpose>,
+}
+
+fn create_leaf(
+    layout: &Layout,
+    leaf: Leaf<'_>,
     overwrite: bool,
+    lifetime: std::time::Duration,
 ) -> Result<Vec<PathBuf>, CertError> {
+    let Leaf { cert, key, common_name, sans, usages } = leaf;
+    let lifetime = Duration::try_from(lifetime)
+        .ok()
+        .filter(|lifetime| *lifetime > Duration::ZERO && *lifetime <= CA_LIFETIME)
+        .ok_or_else(|| {
+            CertError::Name("a certificate's lifetime must be more than 0 and at most 10 years".into())
+        })?;
     refuse_existing(&[&cert, &key], overwrite)?;
     let (issuer, ca_not_after) = load_issuer(layout)?;
     let mut params = CertificateParams::default();
@@ -249,7 +303,7 @@ fn create_leaf(
     params.extended_key_usages = usages;
     let now = OffsetDateTime::now_utc();
     params.not_before = now - BACKDATE;
-    params.not_after = (now + LEAF_LIFETIME).min(ca_not_after);
+    params.not_after = (now + lifetime).min(ca_not_after);
     let key_pair = KeyPair::generate()?;
     let certificate = params.signed_by(&key_pair, &issuer)?;
     write_file(&key, key_pair.serialize_pem().as_bytes(), 0o600)?;

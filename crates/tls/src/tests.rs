@@ -248,6 +248,53 @@ fn a_user_on_the_peer_port_a_node_on_the_client_port_and_strangers_are_refused()
 }
 
 #[test]
+fn a_ca_file_holding_two_cas_trusts_both_during_a_rotation() {
+    let old_dir = tempfile::tempdir().unwrap();
+    let old = cluster(old_dir.path());
+    let new_dir = tempfile::tempdir().unwrap();
+    let new = cluster(new_dir.path());
+    // Node 2 trusts both: the old CA first (its own certificate is still
+    // the old CA's), then the new one.
+    let both = [std::fs::read(old.ca_cert()).unwrap(), std::fs::read(new.ca_cert()).unwrap()].concat();
+    std::fs::write(old.ca_cert(), &both).unwrap();
+    let two = node_tls(&old, 2).unwrap();
+    for user_layout in [&old, &new] {
+        let alice = client_tls(user_layout, "alice").unwrap();
+        let (result, ..) = connect(&alice, ip("127.0.0.1"), &two.client_server);
+        // The new CA's alice does not trust the old CA's node 2 yet: her
+        // handshake fails on her side, not on node 2's.
+        if std::ptr::eq(user_layout, &new) {
+            assert!(result.unwrap_err().starts_with("client"));
+        } else {
+            assert_eq!(result, Ok(()));
+        }
+    }
+    // Node 1 of the new CA, trusting both too, takes both CAs' users and
+    // peers.
+    std::fs::write(new.ca_cert(), &both).unwrap();
+    let one = node_tls(&new, 1).unwrap();
+    for user_layout in [&old, &new] {
+        std::fs::write(user_layout.ca_cert(), &both).unwrap();
+        let alice = client_tls(user_layout, "alice").unwrap();
+        let (result, ..) = connect(&alice, ip("127.0.0.1"), &one.client_server);
+        assert_eq!(result, Ok(()));
+    }
+    let (result, ..) = connect(&one.peer_client, peer_server_name(2), &two.peer_server);
+    assert_eq!(result, Ok(()), "peers of the old and the new CA during the rotation");
+    // Signing still uses the first CA, whose key is beside it.
+    create_client(&old, "carol", false).unwrap();
+    assert!(signed_by(&der(&old.client_cert("carol")), &der(&old_dir.path().join("ca.crt"))));
+    // A file with a garbage second block is refused, naming it.
+    std::fs::write(
+        old.ca_cert(),
+        [both.clone(), b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n".to_vec()].concat(),
+    )
+    .unwrap();
+    let err = node_tls(&old, 2).unwrap_err().to_string();
+    assert!(err.contains("ca.crt") && err.contains("a later one"), "{err}");
+}
+
+#[test]
 fn bad_files_are_refused_at_load_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let layout = cluster(dir.path());
