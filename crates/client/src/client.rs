@@ -355,6 +355,9 @@ impl Inner {
         let mut redirected = false;
         let mut last_reason = "no node answered in time".to_owned();
         let mut attempted = false;
+        // Endpoints that refused this client's TLS connection (or its lack
+        // of one) in this call: when all have, waiting will not help.
+        let mut refused: Vec<String> = Vec::new();
         loop {
             let sent = Instant::now();
             let left = deadline.saturating_duration_since(sent);
@@ -381,6 +384,16 @@ impl Inner {
                     pause
                 }
                 Attempt::Redirect { reason, .. } | Attempt::Retry(reason) => {
+                    if refuses_this_client(&reason) {
+                        if !refused.contains(&target) {
+                            refused.push(target.clone());
+                        }
+                        if self.endpoints.iter().all(|endpoint| refused.contains(endpoint)) {
+                            return Err(ClientError::InvalidArgument(format!(
+                                "every endpoint refused this client's connection; last: {reason}"
+                            )));
+                        }
+                    }
                     last_reason = reason;
                     index = (index + 1) % self.endpoints.len();
                     target = self.endpoints[index].clone();
@@ -448,6 +461,35 @@ impl Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         self.renewer.stop();
+    }
+}
+
+/// Whether a failed attempt means that the node will not talk to this
+/// client as it is configured (a certificate either side refuses, plain TCP
+/// against TLS or the other way round), rather than that it is down or
+/// busy. Worded by `connection.rs` and rustls.
+fn refuses_this_client(reason: &str) -> bool {
+    ["TLS handshake failed", "the server speaks TLS", "received fatal alert", "invalid peer certificate"]
+        .iter()
+        .any(|sign| reason.contains(sign))
+}
+
+#[cfg(test)]
+#[test]
+fn refusals_of_this_client_are_told_from_a_node_that_is_down_or_busy() {
+    for refusal in [
+        "127.0.0.1:7101: TLS handshake failed: invalid peer certificate: UnknownIssuer",
+        "127.0.0.1:7101: read failed: received fatal alert: UnknownCA",
+        "127.0.0.1:7101: the server speaks TLS: connect with certificates",
+    ] {
+        assert!(refuses_this_client(refusal), "{refusal}");
+    }
+    for transient in [
+        "127.0.0.1:7101: cannot connect: Connection refused (os error 111)",
+        "127.0.0.1:7101: no answer within 5s",
+        "127.0.0.1:7101: not the leader",
+    ] {
+        assert!(!refuses_this_client(transient), "{transient}");
     }
 }
 
