@@ -49,3 +49,12 @@ where
 pub fn rustls_config() -> Option<Arc<rustls::ClientConfig>> {
     current().map(|current| Arc::clone(&current.config))
 }
+
+/// The owner name `name` as the cluster takes it: over TLS an owner is
+/// bound to the user (`USER/name`).
+pub fn owner(name: &str) -> String {
+    match current() {
+        Some(current) => format!("{}/{name}", current.settings.user),
+        None => name.to_owned(),
+    }
+}

@@ -276,7 +276,7 @@ pub fn run(workload: Workload, settings: &Settings) -> Result<RunReport> {
             lease: settings.lease,
             wait,
             grants,
-            owner_prefix: format!("{}/owner", settings.key_prefix),
+            owner_prefix: crate::tls::owner(&format!("{}/owner", settings.key_prefix)),
         };
         let connected = std::sync::Mutex::new(Some(events::connect(&run)?));
         measure(settings, &status, &leader, 1, |_, shared| {

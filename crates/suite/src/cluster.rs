@@ -92,7 +92,7 @@ impl Cluster {
         let mut status_config = crate::tls::client_config(launch.endpoints());
         status_config.request_timeout = STATUS_TIMEOUT;
         status_config.retry_for = Duration::ZERO;
-        status_config.owner = Some(b"suite-status".to_vec());
+        status_config.owner = Some(crate::tls::owner("suite-status").into_bytes());
         let status_client = Client::connect(status_config)?;
         for id in launch.ids() {
             launch.launch(id)?;

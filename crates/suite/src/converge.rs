@@ -111,7 +111,7 @@ pub fn watch(
     let mut config = crate::tls::client_config(cluster.endpoints());
     config.request_timeout = Duration::from_millis(1_000);
     config.retry_for = Duration::from_millis(1_000);
-    config.owner = Some(PROBE_OWNER.as_bytes().to_vec());
+    config.owner = Some(crate::tls::owner(PROBE_OWNER).into_bytes());
     let Ok(client) = Client::connect(config) else { return result };
     while result.serving_ms.is_none() && Instant::now() < deadline {
         if probe(&client, recorder, probe_client) {
@@ -146,7 +146,7 @@ pub fn watch(
             let mut config = crate::tls::client_config([client_addr]);
             config.request_timeout = Duration::from_millis(500);
             config.retry_for = Duration::ZERO;
-            config.owner = Some(PROBE_OWNER.as_bytes().to_vec());
+            config.owner = Some(crate::tls::owner(PROBE_OWNER).into_bytes());
             (id, Client::connect(config).ok())
         })
         .collect();
@@ -172,7 +172,7 @@ fn probe(client: &Client, recorder: &Recorder, probe_client: usize) -> bool {
         recorder.record(Op {
             id: 0,
             client: probe_client,
-            owner: PROBE_OWNER.to_owned(),
+            owner: crate::tls::owner(PROBE_OWNER),
             key: PROBE_KEY.to_owned(),
             invoke_us,
             complete_us: recorder.now_us(),
@@ -182,8 +182,9 @@ fn probe(client: &Client, recorder: &Recorder, probe_client: usize) -> bool {
     };
     let invoke = recorder.now_us();
     let kind = OpKind::Acquire { lease_ms, wait_ms: 0 };
+    let probe_owner = crate::tls::owner(PROBE_OWNER);
     let grant = match client.acquire_raw(
-        PROBE_OWNER.as_bytes(),
+        probe_owner.as_bytes(),
         PROBE_KEY,
         Duration::from_millis(lease_ms),
         Duration::ZERO,

@@ -341,7 +341,7 @@ fn spawn_monitor(
     let mut config = crate::tls::client_config(endpoints.iter().cloned());
     config.request_timeout = cluster::STATUS_TIMEOUT;
     config.retry_for = Duration::ZERO;
-    config.owner = Some(b"suite-monitor".to_vec());
+    config.owner = Some(crate::tls::owner("suite-monitor").into_bytes());
     let client = Client::connect(config)?;
     let nodes: Vec<(u64, String)> = ids.iter().copied().zip(endpoints.iter().cloned()).collect();
     let shared = Arc::clone(shared);

@@ -24,3 +24,12 @@ where
     config.tls = CURRENT.read().unwrap_or_else(PoisonError::into_inner).clone();
     config
 }
+
+/// The owner name `name` as this cluster takes it: over TLS an owner is
+/// bound to the user (`USER/name`), as the server requires.
+pub fn owner(name: &str) -> String {
+    match CURRENT.read().unwrap_or_else(PoisonError::into_inner).as_ref() {
+        Some(tls) => format!("{}/{name}", tls.user),
+        None => name.to_owned(),
+    }
+}

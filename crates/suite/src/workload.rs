@@ -102,7 +102,7 @@ impl Shared {
 
 /// The owner identity of client `index`.
 pub fn owner_of(index: usize) -> String {
-    format!("suite-client-{index}")
+    crate::tls::owner(&format!("suite-client-{index}"))
 }
 
 /// Starts the client threads; each stops by itself at `deadline`.
