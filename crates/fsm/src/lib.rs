@@ -13,6 +13,8 @@
 //! - A key has at most one holder. Expire, and Release or Renew with a token,
 //!   act only while that token holds the key, so a late or duplicated command
 //!   never touches a newer lock.
+//! - The first Bootstrap applied names the cluster and raises the token
+//!   counter to its floor, never lowering it; later ones change nothing.
 //! - A Release or Renew that names a user (the authenticated caller, with
 //!   TLS) acts only on a lock whose owner is that user or `user/...`, and
 //!   such a Renew never shortens a lease.
@@ -85,7 +87,7 @@ pub struct LockTable {
     // every replica.
     locks: BTreeMap<Key, Lock>,
     last_token: Option<FencingToken>,
-    /// The cluster's name, from the first SetClusterId applied.
+    /// The cluster's name, from the first Bootstrap applied.
     cluster_id: Option<ClusterId>,
 }
 
@@ -103,10 +105,17 @@ impl LockTable {
             Command::Expire { key, token } => self.expire(&key, token),
             Command::Renew { key, token, lease_ms, user } => self.renew(&key, token, lease_ms, user.as_ref()),
             Command::Noop => ApplyResult::Noop,
-            Command::SetClusterId { id } => {
+            Command::Bootstrap { cluster_id, token_floor } => {
                 // The first one stays: a later leader's proposal, made
                 // before it applied the first, changes nothing.
-                self.cluster_id.get_or_insert(id);
+                if self.cluster_id.is_none() {
+                    self.cluster_id = Some(cluster_id);
+                    // Raised, never lowered: tokens never go backwards.
+                    let floor = FencingToken::new(token_floor);
+                    if floor > self.last_token {
+                        self.last_token = floor;
+                    }
+                }
                 ApplyResult::Noop
             }
         }
@@ -159,7 +168,7 @@ impl LockTable {
         self.locks.is_empty()
     }
 
-    /// The cluster's id, `None` until a SetClusterId is applied.
+    /// The cluster's id, `None` until a Bootstrap is applied.
     pub fn cluster_id(&self) -> Option<ClusterId> {
         self.cluster_id
     }

@@ -368,12 +368,33 @@ fn snapshots_with_valid_checksums_but_broken_contents_are_refused() {
 }
 
 #[test]
+fn a_bootstrap_raises_the_token_counter_to_its_floor_and_never_lowers_it() {
+    let id = ClusterId::new([1; 16]);
+    let floor = 1_796_313_449_000_000;
+    let mut table = LockTable::new();
+    table.apply(Command::Bootstrap { cluster_id: id, token_floor: floor });
+    assert_eq!(table.last_token(), FencingToken::new(floor));
+    assert_eq!(granted(&mut table, "a", "o1"), token(floor + 1));
+    assert_eq!(LockTable::restore(&table.snapshot()).unwrap().last_token(), FencingToken::new(floor + 1));
+    // A table that issued tokens past the floor (a cluster from before
+    // cluster ids) keeps its counter.
+    let mut upgraded = LockTable::new();
+    for name in ["a", "b", "c"] {
+        granted(&mut upgraded, name, "o1");
+    }
+    upgraded.apply(Command::Bootstrap { cluster_id: id, token_floor: 2 });
+    assert_eq!(upgraded.last_token(), Some(token(3)));
+    assert_eq!(granted(&mut upgraded, "d", "o1"), token(4));
+}
+
+#[test]
 fn the_first_cluster_id_stays_and_snapshots_keep_it() {
     let mut table = sample_table();
     assert_eq!(table.cluster_id(), None);
     let (first, second) = (ClusterId::new([1; 16]), ClusterId::new([2; 16]));
-    assert_eq!(table.apply(Command::SetClusterId { id: first }), ApplyResult::Noop);
-    assert_eq!(table.apply(Command::SetClusterId { id: second }), ApplyResult::Noop);
+    let bootstrap = |cluster_id, token_floor| Command::Bootstrap { cluster_id, token_floor };
+    assert_eq!(table.apply(bootstrap(first, 0)), ApplyResult::Noop);
+    assert_eq!(table.apply(bootstrap(second, 1_000_000)), ApplyResult::Noop);
     assert_eq!(table.cluster_id(), Some(first));
     let restored = LockTable::restore(&table.snapshot()).unwrap();
     assert_eq!(restored, table);
@@ -423,7 +444,10 @@ impl Model {
                 }
                 Some(i) => ApplyResult::GrantRejected { holder_token: self.locks[i].1 },
                 None => {
-                    self.last_token += 1;
+                    let Some(next) = self.last_token.checked_add(1) else {
+                        return ApplyResult::Invalid { reason: InvalidReason::TokensExhausted };
+                    };
+                    self.last_token = next;
                     let t = token(self.last_token);
                     self.locks.push((key, t, owner, lease_ms));
                     ApplyResult::Granted { token: t, lease_ms, existing: false }
@@ -462,9 +486,10 @@ impl Model {
                 _ => ApplyResult::NotFound,
             },
             Command::Noop => ApplyResult::Noop,
-            Command::SetClusterId { id } => {
+            Command::Bootstrap { cluster_id, token_floor } => {
                 if self.cluster_id.is_none() {
-                    self.cluster_id = Some(id);
+                    self.cluster_id = Some(cluster_id);
+                    self.last_token = self.last_token.max(token_floor);
                 }
                 ApplyResult::Noop
             }
@@ -509,7 +534,8 @@ fn arb_command() -> impl Strategy<Value = Command> {
         2 => (arb_key(), arb_token()).prop_map(|(key, token)| Command::Expire { key, token }),
         2 => (arb_key(), arb_token(), arb_lease(), arb_user()).prop_map(|(key, token, lease_ms, user)| Command::Renew { key, token, lease_ms, user }),
         1 => Just(Command::Noop),
-        1 => (1u8..=3).prop_map(|n| Command::SetClusterId { id: ClusterId::new([n; 16]) }),
+        1 => (1u8..=3, prop::sample::select(vec![0u64, 2, 5, 1_000, u64::MAX - 1]))
+            .prop_map(|(n, token_floor)| Command::Bootstrap { cluster_id: ClusterId::new([n; 16]), token_floor }),
     ]
 }
 
@@ -648,7 +674,10 @@ proptest! {
             table.apply(command);
         }
         let Some(holder) = table.holder(k.as_bytes()).cloned() else { return Ok(()) };
-        for stale in 1..holder.token.get() {
+        // The oldest and the newest stale tokens (a Bootstrap's floor can
+        // put the holder's far above 1).
+        let stale_tokens = (1..holder.token.get()).take(16).chain((1..holder.token.get()).rev().take(16));
+        for stale in stale_tokens {
             let stale = token(stale);
             for command in [
                 Command::Expire { key: k.clone(), token: stale },

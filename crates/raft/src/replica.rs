@@ -1129,8 +1129,11 @@ impl Replica {
                     // still unapplied, that one stays and this one is moot.
                     let id = self.internal_id();
                     let cluster_id = self.config.cluster_id;
-                    info!(self.logger, "naming the cluster"; "cluster_id" => %cluster_id);
-                    self.submit(id, vec![Command::SetClusterId { id: cluster_id }], None, true);
+                    info!(self.logger, "founding the cluster";
+                        "cluster_id" => %cluster_id, "token_floor" => self.config.token_floor);
+                    let token_floor = self.config.token_floor;
+                    let bootstrap = Command::Bootstrap { cluster_id, token_floor };
+                    self.submit(id, vec![bootstrap], None, true);
                 }
             }
         }

@@ -399,6 +399,21 @@ fn the_first_leader_names_the_cluster_and_the_name_outlives_leaders_and_restarts
     }
 }
 
+#[test]
+fn the_founding_leader_raises_tokens_to_its_floor_before_any_grant() {
+    let stores: Vec<MemStore> = (0..3).map(|_| MemStore::new()).collect();
+    let mut net = Net::build(stores, |config| config.token_floor = 5_000 + config.id.0);
+    net.elect(2);
+    net.node(2).propose(RequestId(1), vec![grant("a", "o1")]);
+    net.settle();
+    // Node 2 founded the cluster: its floor, and the first grant above it.
+    assert_eq!(applied_token(net.take_reply(RequestId(1))), FencingToken::new(5_003).unwrap());
+    net.elect(3);
+    net.node(3).propose(RequestId(2), vec![grant("b", "o1")]);
+    net.settle();
+    assert_eq!(applied_token(net.take_reply(RequestId(2))), FencingToken::new(5_004).unwrap());
+}
+
 fn entry(index: u64, term: u64) -> Entry {
     Entry { index, term, ..Default::default() }
 }

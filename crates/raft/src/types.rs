@@ -52,10 +52,16 @@ pub struct Config {
     /// How often the leader looks for due leases, on its own clock.
     pub expiry_scan_interval_ms: u64,
     /// The id this node names the cluster with if it leads a cluster that
-    /// has none yet (see [`Command::SetClusterId`](fencelock_types::Command)).
+    /// has none yet (see [`Command::Bootstrap`](fencelock_types::Command)).
     /// fencelockd draws one at random at every start; the default, for
     /// tests, is made from the node id.
     pub cluster_id: ClusterId,
+    /// The token floor this node founds a cluster with (see
+    /// [`Command::Bootstrap`](fencelock_types::Command)): fencelockd sets
+    /// its wall clock in microseconds since the epoch at start, so that a
+    /// cluster re-created from nothing issues tokens above its old ones.
+    /// The default, 0, raises nothing (tokens start at 1).
+    pub token_floor: u64,
 }
 
 impl Config {
@@ -81,6 +87,7 @@ impl Config {
                 bytes[8..].copy_from_slice(&id.0.to_le_bytes());
                 ClusterId::new(bytes)
             },
+            token_floor: 0,
         }
     }
 

@@ -251,6 +251,12 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     getrandom::getrandom(&mut cluster_id)
         .context("cannot draw a cluster id from the system's random source")?;
     driver_config.cluster_id = fencelock_types::ClusterId::new(cluster_id);
+    // And the token floor it would found it with: its wall clock, so that
+    // a cluster re-created from nothing issues tokens above its old ones
+    // (docs/leases.md).
+    driver_config.token_floor = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| u64::try_from(since.as_micros()).unwrap_or(u64::MAX));
     let node_config = NodeConfig {
         driver: driver_config,
         tick_ms: Some(config.tick.as_millis() as u64),

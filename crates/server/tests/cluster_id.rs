@@ -86,3 +86,27 @@ fn a_node_with_another_clusters_data_is_refused_and_the_cluster_serves_on() {
     ours.launch(2);
     assert_eq!(cluster_id_of(&ours, &client, 2), named);
 }
+
+#[test]
+fn a_cluster_recreated_from_nothing_issues_tokens_above_its_old_ones() {
+    let mut cluster = Cluster::start(3);
+    let client = cluster.client();
+    cluster.leader(&client);
+    let before = client.acquire_raw(b"o", b"jobs/a", Duration::from_secs(30), Duration::ZERO).unwrap().token;
+    // The founding leader's wall clock in microseconds: far above 1.
+    assert!(before > 1_700_000_000_000_000, "token {before} is not above the founding floor");
+    let more = client.acquire_raw(b"o", b"jobs/b", Duration::from_secs(30), Duration::ZERO).unwrap().token;
+    assert_eq!(more, before + 1);
+
+    // Every node loses its data.
+    for id in 1..=3 {
+        cluster.kill(id);
+        std::fs::remove_dir_all(cluster.data_dir(id)).unwrap();
+    }
+    for id in 1..=3 {
+        cluster.launch(id);
+    }
+    cluster.leader(&client);
+    let after = client.acquire_raw(b"o", b"jobs/a", Duration::from_secs(30), Duration::ZERO).unwrap().token;
+    assert!(after > more, "the re-created cluster issued token {after}, not above {more}");
+}

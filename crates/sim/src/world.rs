@@ -139,6 +139,9 @@ impl World {
                 driver.lease_ms_min = 500;
                 driver.lease_ms_max = 60_000;
                 driver.expiry_scan_interval_ms = 10;
+                // Half the nodes would found the cluster with a token floor
+                // (fencelockd's is its wall clock in microseconds).
+                driver.token_floor = if rng.chance(500_000) { rng.range(1, 1 << 50) } else { 0 };
                 let drift_bound = swarm.drift_ppm_max as i64;
                 let drift_ppm = rng.range(0, 2 * drift_bound as u64 + 1) as i64 - drift_bound;
                 let asynchronous = rng.chance(500_000);

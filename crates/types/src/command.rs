@@ -25,9 +25,11 @@ pub enum Command {
     Renew { key: Key, token: FencingToken, lease_ms: LeaseMs, user: Option<Owner> },
     /// Does nothing; a barrier the driver may put in the log.
     Noop,
-    /// Names the cluster, if it has no name yet (the first one applied
-    /// stays).
-    SetClusterId { id: ClusterId },
+    /// Founds the cluster, if it has no id yet (the first one applied
+    /// stays): names it, and raises the token counter to `token_floor` (the
+    /// founding leader's wall clock in microseconds), so that a cluster
+    /// re-created from nothing issues tokens above its old ones.
+    Bootstrap { cluster_id: ClusterId, token_floor: u64 },
 }
 
 impl Command {
@@ -38,7 +40,7 @@ impl Command {
             | Command::Release { key, .. }
             | Command::Expire { key, .. }
             | Command::Renew { key, .. } => Some(key),
-            Command::Noop | Command::SetClusterId { .. } => None,
+            Command::Noop | Command::Bootstrap { .. } => None,
         }
     }
 
@@ -71,7 +73,10 @@ impl Command {
                 user: optional_user(renew.user)?,
             },
             Kind::noop(_) => Command::Noop,
-            Kind::set_cluster_id(set) => Command::SetClusterId { id: ClusterId::from_slice(&set.id)? },
+            Kind::bootstrap(bootstrap) => Command::Bootstrap {
+                cluster_id: ClusterId::from_slice(&bootstrap.cluster_id)?,
+                token_floor: bootstrap.token_floor,
+            },
         })
     }
 
@@ -102,9 +107,11 @@ impl Command {
                 ..Default::default()
             }),
             Command::Noop => Kind::noop(pb::Noop::default()),
-            Command::SetClusterId { id } => {
-                Kind::set_cluster_id(pb::SetClusterId { id: id.as_bytes().to_vec(), ..Default::default() })
-            }
+            Command::Bootstrap { cluster_id, token_floor } => Kind::bootstrap(pb::Bootstrap {
+                cluster_id: cluster_id.as_bytes().to_vec(),
+                token_floor: *token_floor,
+                ..Default::default()
+            }),
         };
         pb::Command { kind: Some(kind), ..Default::default() }
     }

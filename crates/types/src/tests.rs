@@ -31,7 +31,10 @@ fn command() -> impl Strategy<Value = Command> {
         (key(), token(), lease(), proptest::option::of(owner()))
             .prop_map(|(key, token, lease_ms, user)| Command::Renew { key, token, lease_ms, user }),
         Just(Command::Noop),
-        any::<[u8; 16]>().prop_map(|bytes| Command::SetClusterId { id: ClusterId::new(bytes) }),
+        (any::<[u8; 16]>(), any::<u64>()).prop_map(|(bytes, token_floor)| Command::Bootstrap {
+            cluster_id: ClusterId::new(bytes),
+            token_floor
+        }),
     ]
 }
 
@@ -168,8 +171,8 @@ fn cluster_ids_are_16_bytes_and_print_as_hex() {
     assert_eq!(ClusterId::from_hex("30313233343536373839616263646566"[..30].as_ref()), None);
     assert_eq!(ClusterId::from_hex("zz313233343536373839616263646566"), None);
     assert_eq!(ClusterId::from_slice(&[1; 15]), Err(InvalidReason::BadClusterId));
-    let bytes = raw_entry(pb::Command_oneof_kind::set_cluster_id(pb::SetClusterId {
-        id: vec![7; 17],
+    let bytes = raw_entry(pb::Command_oneof_kind::bootstrap(pb::Bootstrap {
+        cluster_id: vec![7; 17],
         ..Default::default()
     }));
     assert_eq!(decode_one(&bytes), Err(InvalidReason::BadClusterId));
