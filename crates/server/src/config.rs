@@ -21,7 +21,7 @@ use crate::access::{Access, RuleConfig};
     version,
     about = "The fencelock server: a replicated lock service with fencing tokens.",
     after_help = "With no flags it runs a single-node service: peers 1=127.0.0.1:7001, clients on \
-                  127.0.0.1:7101, data in ./fencelock-data.\n\nA node whose data directory is empty asks its \
+                  127.0.0.1:7101, data in ~/.local/share/fencelock/node-1 ($XDG_DATA_HOME/fencelock/node-1 if set).\n\nA node whose data directory is empty asks its \
                   peers first: a new cluster starts once every node is up, and a node that lost its data \
                   rejoins without a vote until it has caught up.\n\nSIGHUP reloads the certificates of --certs-dir \
                   (docs/security.md).\n\nExit codes: 0 clean shutdown (SIGINT or \
@@ -64,6 +64,10 @@ pub struct Flags {
     /// The longest lease a client may ask for.
     #[arg(long)]
     pub lease_max_ms: Option<u64>,
+    /// The longest an acquire may wait in a key's queue (its wait_ms); a
+    /// longer wait is refused. Default 300000 (5 minutes).
+    #[arg(long)]
+    pub wait_max_ms: Option<u64>,
     /// Snapshot the lock table and compact the log every this many applied entries.
     #[arg(long)]
     pub snapshot_interval_entries: Option<u64>,
@@ -116,6 +120,7 @@ struct FileConfig {
     heartbeat_ms: Option<u64>,
     lease_min_ms: Option<u64>,
     lease_max_ms: Option<u64>,
+    wait_max_ms: Option<u64>,
     snapshot_interval_entries: Option<u64>,
     max_connections: Option<usize>,
     max_in_flight: Option<usize>,
@@ -143,6 +148,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     pub max_in_flight: usize,
     pub max_frame_bytes: usize,
+    /// The longest wait an acquire may ask for.
+    pub wait_max_ms: u64,
     /// Where `/metrics` is served; `None`: nowhere.
     pub metrics_addr: Option<SocketAddr>,
     /// TLS on both ports, with the certificates in this directory.
@@ -175,8 +182,10 @@ impl ServerConfig {
             .client_addr
             .or(file.client_addr)
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7101)));
-        let data_dir =
-            flags.data_dir.clone().or(file.data_dir).unwrap_or_else(|| PathBuf::from("fencelock-data"));
+        let data_dir = match flags.data_dir.clone().or(file.data_dir) {
+            Some(dir) => dir,
+            None => default_data_dir(id, &|name| std::env::var(name).ok(), Path::new(LEGACY_DATA_DIR))?,
+        };
         let log_format = flags.log_format.or(file.log_format).unwrap_or_default();
         let log_level =
             parse_level(flags.log_level.as_deref().or(file.log_level.as_deref()).unwrap_or("info"))?;
@@ -210,6 +219,7 @@ impl ServerConfig {
         if max_connections == 0 || max_in_flight == 0 || max_frame_bytes < 1024 {
             bail!("max_connections and max_in_flight must be positive, max_frame_bytes at least 1024");
         }
+        let wait_max_ms = flags.wait_max_ms.or(file.wait_max_ms).unwrap_or(300_000);
         let metrics_addr = flags.metrics_addr.or(file.metrics_addr);
         if let Some(addr) = metrics_addr {
             if addr == client_addr || Some(&addr) == peers.get(&id) {
@@ -262,9 +272,44 @@ impl ServerConfig {
             max_connections,
             max_in_flight,
             max_frame_bytes,
+            wait_max_ms,
             metrics_addr,
         })
     }
+}
+
+/// Where versions before the seventh session kept a node's data by
+/// default: relative to the working directory.
+const LEGACY_DATA_DIR: &str = "fencelock-data";
+
+/// Where node `id` keeps its data when no `data_dir` is given: a fixed
+/// place per user, `$XDG_DATA_HOME/fencelock/node-<id>` or
+/// `~/.local/share/fencelock/node-<id>`, never the working directory (a node
+/// started from elsewhere would open an empty store). A `legacy` directory
+/// left in the working directory by an earlier version stops the start,
+/// rather than being left behind silently.
+fn default_data_dir(id: u64, env: &dyn Fn(&str) -> Option<String>, legacy: &Path) -> Result<PathBuf> {
+    let absolute = |value: String| Some(PathBuf::from(value)).filter(|path| path.is_absolute());
+    let base = env("XDG_DATA_HOME")
+        .and_then(absolute)
+        .or_else(|| env("HOME").and_then(absolute).map(|home| home.join(".local").join("share")))
+        .ok_or_else(|| {
+            anyhow!(
+                "no data_dir given, and neither XDG_DATA_HOME nor HOME names an absolute directory for it: \
+                 pass --data-dir DIR"
+            )
+        })?;
+    let dir = base.join("fencelock").join(format!("node-{id}"));
+    if legacy.is_dir() {
+        bail!(
+            "{} exists in the working directory, where earlier versions kept the data by default; the \
+             default is now {}. Pass --data-dir {} to go on with it, or move it there",
+            legacy.display(),
+            dir.display(),
+            legacy.display()
+        );
+    }
+    Ok(dir)
 }
 
 fn read_file(path: &Path) -> Result<FileConfig> {
@@ -318,7 +363,33 @@ mod tests {
         assert_eq!(config.id, 1);
         assert_eq!(config.peers.len(), 1);
         assert_eq!(config.client_addr.to_string(), "127.0.0.1:7101");
-        assert_eq!(config.data_dir, PathBuf::from("fencelock-data"));
+        assert!(config.data_dir.is_absolute(), "{}", config.data_dir.display());
+        assert!(config.data_dir.ends_with("fencelock/node-1"), "{}", config.data_dir.display());
+    }
+
+    #[test]
+    fn the_default_data_directory_is_per_user_and_never_the_working_directory() {
+        let nowhere = Path::new("/nonexistent/fencelock-data");
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |name: &str| vars.iter().find(|(key, _)| *key == name).map(|(_, value)| value.to_string())
+        };
+        let dir = default_data_dir(2, &env(&[("HOME", "/home/ada")]), nowhere).unwrap();
+        assert_eq!(dir, PathBuf::from("/home/ada/.local/share/fencelock/node-2"));
+        let both = env(&[("HOME", "/home/ada"), ("XDG_DATA_HOME", "/data")]);
+        assert_eq!(default_data_dir(1, &both, nowhere).unwrap(), PathBuf::from("/data/fencelock/node-1"));
+        // Relative values are not places: they would move with the
+        // working directory.
+        let relative = env(&[("HOME", "home"), ("XDG_DATA_HOME", "data")]);
+        let err = default_data_dir(1, &relative, nowhere).unwrap_err();
+        assert!(format!("{err:#}").contains("--data-dir"), "{err:#}");
+        assert!(default_data_dir(1, &env(&[]), nowhere).is_err());
+        // An earlier version's data in the working directory is not left
+        // behind silently.
+        let cwd = tempfile::tempdir().unwrap();
+        let legacy = cwd.path().join("fencelock-data");
+        std::fs::create_dir(&legacy).unwrap();
+        let err = default_data_dir(1, &env(&[("HOME", "/home/ada")]), &legacy).unwrap_err();
+        assert!(format!("{err:#}").contains("--data-dir"), "{err:#}");
     }
 
     #[test]

@@ -33,6 +33,9 @@ pub struct ClientHandler {
     /// What each TLS user may do; `None` without TLS, where every client
     /// may do everything.
     pub access: Option<Access>,
+    /// The longest wait an acquire may ask for: a waiter holds a place in
+    /// its key's queue and memory on the leader until then.
+    pub wait_max_ms: u64,
 }
 
 /// Who this node is, and where every node's clients connect.
@@ -166,6 +169,13 @@ impl ClientHandler {
             Ok(owner) => owner,
             Err(err) => return Err(invalid(sink, format!("owner: {err}"))),
         };
+        if acquire.wait_ms > self.wait_max_ms {
+            let message = format!(
+                "wait_ms {} is over this server's maximum of {} ms",
+                acquire.wait_ms, self.wait_max_ms
+            );
+            return Err(invalid(sink, message));
+        }
         let sink = self.require(user, Right::Lock, &key, sink)?;
         if let Some(user) = user {
             if !owner.is_of_user(user.as_bytes()) {

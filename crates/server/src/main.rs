@@ -313,6 +313,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         driver: requests_tx.clone(),
         identity: Arc::new(identity),
         access: config.access.clone(),
+        wait_max_ms: config.wait_max_ms,
     });
     let client_config = ClientConfig {
         listen_addr: config.client_addr,
@@ -341,7 +342,8 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     if let Some(listener) = metrics_listener {
         metrics::spawn(listener, config.id, requests_tx.clone(), waker.clone(), logger.clone())?;
     }
-    info!(logger, "fencelockd serving"; "node_id" => config.id, "clients" => %config.client_addr, "peers" => %own_peer_addr);
+    info!(logger, "fencelockd serving"; "node_id" => config.id, "clients" => %config.client_addr,
+        "peers" => %own_peer_addr, "data_dir" => %config.data_dir.display());
     if let Some(access) = &config.access {
         info!(logger, "TLS users authorized"; "rules" => access.rule_count(), "admins" => access.admin_count());
     }

@@ -16,6 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{cli_binary, free_port, http, sample, Cluster, DEADLINE};
+use fencelock_client::ClientError;
 
 fn cli(cluster: &Cluster, args: &[&str]) -> std::process::Output {
     Command::new(cli_binary())
@@ -68,6 +69,13 @@ fn the_client_and_the_cli_acquire_and_release() {
     let printed: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(printed["existing"], serde_json::json!(true), "{printed}");
     assert_eq!(printed["token"], serde_json::json!(first.token), "{printed}");
+
+    // A wait past the server's maximum (5 minutes by default) is refused,
+    // and names the bound.
+    let err =
+        client.acquire_raw(b"o", "jobs/d", Duration::from_secs(5), Duration::from_secs(3_600)).unwrap_err();
+    assert!(matches!(&err, ClientError::InvalidArgument(message) if message.contains("300000")), "{err:?}");
+    assert!(client.acquire_raw(b"o", "jobs/d", Duration::from_secs(5), Duration::from_secs(300)).is_ok());
 }
 
 #[test]
