@@ -509,13 +509,13 @@ pub type Persisted = Result<u64, StorageError>;
 /// caller's thread instead whenever the I/O thread has nothing queued, so
 /// that order holds: every write is made after all writes before it.
 #[derive(Debug)]
-pub struct AsyncEngineStore {
+pub struct AsyncEngineStore<F: raft_engine::env::FileSystem = raft_engine::env::DefaultFileSystem> {
     /// `None` only while dropping.
     jobs: Option<crossbeam_channel::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
     /// The engine, used by the I/O thread and by inline writes, never both
     /// at once: inline writes wait for `outstanding` to be 0.
-    store: Arc<std::sync::Mutex<EngineStore>>,
+    store: Arc<std::sync::Mutex<EngineStore<F>>>,
     /// Shared with the I/O thread.
     counts: Arc<Counts>,
     /// Writes submitted since open: the next must be numbered one more.
@@ -534,7 +534,7 @@ struct Counts {
     outstanding: std::sync::atomic::AtomicU64,
 }
 
-impl Drop for AsyncEngineStore {
+impl<F: raft_engine::env::FileSystem> Drop for AsyncEngineStore<F> {
     /// Lets the I/O thread finish what is queued and close the engine, so
     /// that the directory can be opened again at once.
     fn drop(&mut self) {
@@ -545,16 +545,16 @@ impl Drop for AsyncEngineStore {
     }
 }
 
-impl AsyncEngineStore {
+impl<F: raft_engine::env::FileSystem + 'static> AsyncEngineStore<F> {
     /// Recovers `store`, then hands it to a thread named `name`, which
     /// calls `progress` after each report it sends (to wake the owner's
     /// loop: one call per synced group). Returns what was recovered, for
     /// the node, and the channel of reports.
     pub fn spawn(
-        mut store: EngineStore,
+        mut store: EngineStore<F>,
         name: String,
         progress: Box<dyn Fn() + Send>,
-    ) -> Result<(AsyncEngineStore, Recovered, crossbeam_channel::Receiver<Persisted>), StorageError> {
+    ) -> Result<(AsyncEngineStore<F>, Recovered, crossbeam_channel::Receiver<Persisted>), StorageError> {
         let recovered = store.recover()?;
         let (jobs, queued) = crossbeam_channel::unbounded::<Job>();
         let (report, persisted) = crossbeam_channel::unbounded();
@@ -563,7 +563,13 @@ impl AsyncEngineStore {
         let (thread_store, thread_counts) = (Arc::clone(&store), Arc::clone(&counts));
         let thread = std::thread::Builder::new()
             .name(name)
-            .spawn(move || write_queued(&thread_store, &queued, &report, progress.as_ref(), &thread_counts))
+            .spawn(move || {
+                let progress = progress.as_ref();
+                let failed = report.clone();
+                stop_loudly(&failed, progress, || {
+                    write_queued(&thread_store, &queued, &report, progress, &thread_counts)
+                })
+            })
             .map_err(|err| StorageError::Thread(format!("cannot start: {err}")))?;
         let store = AsyncEngineStore { jobs: Some(jobs), thread: Some(thread), store, counts, submitted: 0 };
         Ok((store, recovered, persisted))
@@ -627,8 +633,8 @@ enum Job {
 /// The I/O thread: everything queued goes out in one group, synced once;
 /// then its writes are reported durable (the node holds the messages that
 /// wait for them until it hears so).
-fn write_queued(
-    store: &std::sync::Mutex<EngineStore>,
+fn write_queued<F: raft_engine::env::FileSystem>(
+    store: &std::sync::Mutex<EngineStore<F>>,
     queued: &crossbeam_channel::Receiver<Job>,
     report: &crossbeam_channel::Sender<Persisted>,
     progress: &dyn Fn(),
@@ -644,6 +650,7 @@ fn write_queued(
         let jobs = group.len() as u64;
         let Ok(mut store) = store.lock() else {
             let _ = report.send(Err(StorageError::Thread("the engine's lock is poisoned".into())));
+            progress();
             return;
         };
         let sync_at = group.iter().rposition(|Job::Write(batch)| !batch.may_defer_sync);
@@ -652,7 +659,9 @@ fn write_queued(
             // One sync, at the last write that needs one, makes every
             // write before it durable too.
             if let Err(err) = store.write_synced(batch, Some(at) == sync_at) {
+                // The owner stops at once: nothing after this is durable.
                 let _ = report.send(Err(err));
+                progress();
                 return;
             }
             written += 1;
@@ -668,6 +677,22 @@ fn write_queued(
         progress();
         // The last act on a group: from here an inline write may follow.
         counts.outstanding.fetch_sub(jobs, SeqCst);
+    }
+}
+
+/// Runs the I/O thread's `body`; if it panics (raft-engine panics when an
+/// fsync fails, rather than go on with a log it cannot trust), reports the
+/// failure and wakes the owner, so that the node stops at once instead of
+/// at its next write, having acknowledged nothing the disk did not keep.
+fn stop_loudly(report: &crossbeam_channel::Sender<Persisted>, progress: &dyn Fn(), body: impl FnOnce()) {
+    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|text| (*text).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".to_owned());
+        let _ = report.send(Err(StorageError::Thread(format!("the I/O thread panicked: {what}"))));
+        progress();
     }
 }
 

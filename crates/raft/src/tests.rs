@@ -1067,16 +1067,29 @@ fn a_leader_sends_nothing_early_until_a_new_peer_is_recorded() {
     assert!(matches!(net.take_reply(RequestId(1)), Some(Ok(Response::Applied(_)))));
 }
 
-/// raft-engine's default file system, counting the fsyncs of its files.
+/// raft-engine's default file system, counting the fsyncs of its files,
+/// and failing them while `fail` is set.
 struct CountingFileSystem {
     inner: raft_engine::env::DefaultFileSystem,
     syncs: Arc<std::sync::atomic::AtomicU64>,
+    fail: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl CountingFileSystem {
+    fn new() -> CountingFileSystem {
+        CountingFileSystem {
+            inner: raft_engine::env::DefaultFileSystem,
+            syncs: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            fail: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        }
+    }
 }
 
 /// A file handle that counts its syncs.
 struct CountingHandle {
     inner: Arc<<raft_engine::env::DefaultFileSystem as raft_engine::env::FileSystem>::Handle>,
     syncs: Arc<std::sync::atomic::AtomicU64>,
+    fail: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl raft_engine::env::Handle for CountingHandle {
@@ -1089,6 +1102,9 @@ impl raft_engine::env::Handle for CountingHandle {
     }
 
     fn sync(&self) -> std::io::Result<()> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other("injected fsync failure"));
+        }
         self.inner.sync()?;
         self.syncs.fetch_add(1, Ordering::SeqCst);
         Ok(())
@@ -1102,7 +1118,7 @@ impl raft_engine::env::FileSystem for CountingFileSystem {
 
     fn create<P: AsRef<std::path::Path>>(&self, path: P) -> std::io::Result<CountingHandle> {
         let inner = Arc::new(self.inner.create(path)?);
-        Ok(CountingHandle { inner, syncs: Arc::clone(&self.syncs) })
+        Ok(CountingHandle { inner, syncs: Arc::clone(&self.syncs), fail: Arc::clone(&self.fail) })
     }
 
     fn open<P: AsRef<std::path::Path>>(
@@ -1111,7 +1127,7 @@ impl raft_engine::env::FileSystem for CountingFileSystem {
         perm: raft_engine::env::Permission,
     ) -> std::io::Result<CountingHandle> {
         let inner = Arc::new(self.inner.open(path, perm)?);
-        Ok(CountingHandle { inner, syncs: Arc::clone(&self.syncs) })
+        Ok(CountingHandle { inner, syncs: Arc::clone(&self.syncs), fail: Arc::clone(&self.fail) })
     }
 
     fn delete<P: AsRef<std::path::Path>>(&self, path: P) -> std::io::Result<()> {
@@ -1135,10 +1151,7 @@ impl raft_engine::env::FileSystem for CountingFileSystem {
 fn every_synced_write_of_the_engine_store_reaches_an_fsync_before_it_returns() {
     // The store's counters cannot tell a skipped fsync; the file system can.
     let dir = tempfile::tempdir().unwrap();
-    let file_system = Arc::new(CountingFileSystem {
-        inner: raft_engine::env::DefaultFileSystem,
-        syncs: Arc::new(std::sync::atomic::AtomicU64::new(0)),
-    });
+    let file_system = Arc::new(CountingFileSystem::new());
     let syncs = Arc::clone(&file_system.syncs);
     let mut store = EngineStore::open_with_file_system(dir.path(), file_system).unwrap();
     for index in 1..=20 {
@@ -1154,6 +1167,44 @@ fn every_synced_write_of_the_engine_store_reaches_an_fsync_before_it_returns() {
         .write(&WriteBatch { entries: entries.to_vec(), may_defer_sync: true, ..Default::default() })
         .unwrap();
     assert_eq!(syncs.load(Ordering::SeqCst), before, "a deferrable write was synced");
+}
+
+#[test]
+fn a_failed_fsync_stops_the_asynchronous_store_at_once_and_nothing_after_it_is_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let file_system = Arc::new(CountingFileSystem::new());
+    let fail = Arc::clone(&file_system.fail);
+    let store = EngineStore::open_with_file_system(dir.path(), file_system).unwrap();
+    let woken = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let wake = Arc::clone(&woken);
+    let progress = Box::new(move || {
+        wake.fetch_add(1, Ordering::SeqCst);
+    });
+    let (mut store, _, persisted) = AsyncEngineStore::spawn(store, "io".into(), progress).unwrap();
+    let write = |n: u64| crate::Write {
+        n,
+        batch: WriteBatch { entries: vec![entry(n, 1)], ..Default::default() },
+        urgent: false,
+    };
+    assert!(!store.submit(write(1)).unwrap());
+    assert_eq!(persisted.recv_timeout(std::time::Duration::from_secs(10)).unwrap().unwrap(), 1);
+
+    // raft-engine panics when an fsync fails: the owner hears it at once,
+    // and is woken for it, rather than at its next write.
+    fail.store(true, Ordering::SeqCst);
+    let woken_before = woken.load(Ordering::SeqCst);
+    assert!(!store.submit(write(2)).unwrap());
+    match persisted.recv_timeout(std::time::Duration::from_secs(10)).unwrap() {
+        Err(StorageError::Thread(message)) => assert!(message.contains("panicked"), "{message}"),
+        other => panic!("a failed fsync was reported as {other:?}"),
+    }
+    assert!(woken.load(Ordering::SeqCst) > woken_before, "the owner was not woken");
+    assert_eq!(store.durable(), 1, "a write whose fsync failed was counted durable");
+    // Nothing more is taken, urgent or not.
+    assert!(store.submit(write(3)).is_err());
+    let urgent = crate::Write { urgent: true, ..write(4) };
+    assert!(store.submit(urgent).is_err());
+    fail.store(false, Ordering::SeqCst);
 }
 
 #[test]

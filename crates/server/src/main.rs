@@ -155,8 +155,17 @@ impl NodeCore {
         // Before the turn's messages open connections: their hellos name
         // the cluster from the first one on.
         self.name_cluster();
-        while let Ok(progress) = self.persisted.try_recv() {
-            self.driver.on_persisted(progress?);
+        loop {
+            match self.persisted.try_recv() {
+                Ok(progress) => self.driver.on_persisted(progress?),
+                Err(crossbeam_channel::TryRecvError::Empty) => break,
+                // The I/O thread reports its failures before it ends; this
+                // is the backstop.
+                Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                    let stopped = fencelock_raft::StorageError::Thread("the I/O thread stopped".into());
+                    return Err(stopped.into());
+                }
+            }
         }
         for request in self.requests.try_iter().take(self.drain_max) {
             self.driver.on_request(request);
