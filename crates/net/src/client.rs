@@ -36,6 +36,12 @@ use crate::wire::{Got, Reloadable, Wire};
 pub struct ClientConfig {
     pub listen_addr: SocketAddr,
     pub connections_max: usize,
+    /// Connections served at once from one IP address: one host cannot
+    /// take every place.
+    pub per_address_max: usize,
+    /// A connection with no request in flight that sends nothing for this
+    /// long is closed (`None`: never).
+    pub idle_timeout: Option<Duration>,
     /// Requests in flight on one connection; more are refused.
     pub in_flight_max: usize,
     pub frame_bytes_max: usize,
@@ -246,6 +252,10 @@ pub(crate) struct EventLoop<M> {
     /// TLS connections by when their client's certificate ends: they are
     /// closed then (a handshake checks a certificate only once).
     expiries: std::collections::BTreeSet<(Instant, Token)>,
+    /// Open connections by remote IP address.
+    per_address: HashMap<std::net::IpAddr, usize>,
+    /// When idle connections are next looked for.
+    next_idle_sweep: Option<Instant>,
     logger: Logger,
 }
 
@@ -271,6 +281,9 @@ struct Connection {
     backlog: bool,
     /// When its client's certificate ends (its entry in `expiries`).
     expiry: Option<Instant>,
+    remote_ip: std::net::IpAddr,
+    /// When the client last sent a byte.
+    last_heard: Instant,
     logger: Logger,
 }
 
@@ -278,6 +291,12 @@ impl Connection {
     fn unsent(&self) -> usize {
         self.output.len() - self.written
     }
+}
+
+/// How often idle connections are looked for: a quarter of the timeout,
+/// at most once a second.
+fn idle_sweep_every(timeout: Duration) -> Duration {
+    (timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
 
 /// Why a connection is closed.
@@ -326,6 +345,8 @@ impl<M: protobuf::Message> EventLoop<M> {
             read_again: Vec::new(),
             handshakes: std::collections::VecDeque::new(),
             expiries: std::collections::BTreeSet::new(),
+            per_address: HashMap::new(),
+            next_idle_sweep: None,
             logger: logger.clone(),
         })
     }
@@ -346,6 +367,10 @@ impl<M: protobuf::Message> EventLoop<M> {
             let handshake = self.handshakes.front().map(|(deadline, _)| *deadline);
             let expiry = self.expiries.first().map(|(deadline, _)| *deadline);
             let handshake = match (handshake, expiry) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let handshake = match (handshake, self.next_idle_sweep) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
@@ -402,6 +427,7 @@ impl<M: protobuf::Message> EventLoop<M> {
                 self.read(token);
             }
             self.expire_handshakes(Instant::now());
+            self.close_idle(Instant::now());
             if let Some(peers) = &mut self.peers {
                 for token in peers_again {
                     peers.read_more(self.poll.registry(), token, &mut self.inbound);
@@ -475,6 +501,19 @@ impl<M: protobuf::Message> EventLoop<M> {
             }
             return;
         }
+        let from_here = self.per_address.get(&remote.ip()).copied().unwrap_or(0);
+        if from_here >= self.config.per_address_max {
+            warn!(self.logger, "refusing client: too many connections from its address";
+                "remote" => %remote, "max" => self.config.per_address_max);
+            if self.config.tls.is_none() {
+                let mut buffer = Vec::new();
+                let refusal =
+                    error_response(0, ErrorCode::UNAVAILABLE, "too many connections from this address");
+                encode_frame(&refusal, &mut buffer);
+                let _ = stream.write(&buffer);
+            }
+            return;
+        }
         let token = Token(self.next_token);
         self.next_token += 1;
         let interest = Interest::READABLE | Interest::WRITABLE;
@@ -515,12 +554,41 @@ impl<M: protobuf::Message> EventLoop<M> {
             closing: false,
             backlog: false,
             expiry: None,
+            remote_ip: remote.ip(),
+            last_heard: Instant::now(),
             logger,
         };
         self.connections.insert(token, connection);
+        *self.per_address.entry(remote.ip()).or_insert(0) += 1;
+        if let (Some(timeout), None) = (self.config.idle_timeout, self.next_idle_sweep) {
+            self.next_idle_sweep = Some(Instant::now() + idle_sweep_every(timeout));
+        }
         // Bytes may have come before registration; edge-triggered events
         // would not report them.
         self.read(token);
+    }
+
+    /// Closes the connections that have nothing in flight and have sent
+    /// nothing for the idle timeout: an idle client does not keep its place
+    /// for ever. Looked for a few times per timeout.
+    fn close_idle(&mut self, now: Instant) {
+        let (Some(timeout), Some(sweep)) = (self.config.idle_timeout, self.next_idle_sweep) else { return };
+        if sweep > now {
+            return;
+        }
+        let idle: Vec<Token> = self
+            .connections
+            .iter()
+            .filter(|(_, connection)| {
+                connection.shared.in_flight.load(Ordering::SeqCst) == 0
+                    && now.saturating_duration_since(connection.last_heard) >= timeout
+            })
+            .map(|(token, _)| *token)
+            .collect();
+        for token in idle {
+            self.close(token, Close::Quietly(format!("idle for {timeout:?}")));
+        }
+        self.next_idle_sweep = (!self.connections.is_empty()).then(|| now + idle_sweep_every(timeout));
     }
 
     /// Closes the TLS connections whose handshake is late: a client that
@@ -581,7 +649,10 @@ impl<M: protobuf::Message> EventLoop<M> {
             let handshaking = connection.wire.is_handshaking();
             let n = match connection.wire.read(&mut self.scratch, &mut connection.input) {
                 Ok(Got::Closed) => return Err(Close::Quietly("client closed the connection".into())),
-                Ok(Got::Bytes(n)) => n,
+                Ok(Got::Bytes(n)) => {
+                    connection.last_heard = Instant::now();
+                    n
+                }
                 Ok(Got::Nothing) => return Ok(()),
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
                 // A client that fails the handshake (no certificate, another
@@ -766,6 +837,12 @@ impl<M: protobuf::Message> EventLoop<M> {
     fn close(&mut self, token: Token, close: Close) {
         let Some(mut connection) = self.connections.remove(&token) else { return };
         connection.shared.alive.store(false, Ordering::SeqCst);
+        if let Some(count) = self.per_address.get_mut(&connection.remote_ip) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_address.remove(&connection.remote_ip);
+            }
+        }
         if let Some(expiry) = connection.expiry {
             self.expiries.remove(&(expiry, token));
         }

@@ -36,6 +36,8 @@
 //! let config = ClientConfig {
 //!     listen_addr: "127.0.0.1:7101".parse()?,
 //!     connections_max: 1024,
+//!     per_address_max: 1024,
+//!     idle_timeout: None,
 //!     in_flight_max: 1024,
 //!     frame_bytes_max: 1 << 20,
 //!     tls: None,

@@ -38,12 +38,16 @@ use crate::frame::{decode_frame, encode_frame};
 use crate::wire::{Got, Reloadable, Wire};
 use crate::{ClientConfig, Handler};
 
+/// Incoming peer connections beyond two per peer, for those that have not
+/// said their hello yet.
+const INCOMING_UNNAMED_MAX: usize = 8;
+
 /// The largest hello accepted from a peer.
 const HELLO_BYTES_MAX: usize = 64 * 1024;
 /// How long an incoming peer connection may take to say its hello (its
 /// TLS handshake included; in unit tests, a moment).
 pub const HELLO_TIMEOUT: Duration =
-    if cfg!(test) { Duration::from_millis(300) } else { Duration::from_secs(5) };
+    if cfg!(test) { Duration::from_millis(1_000) } else { Duration::from_secs(5) };
 /// How long an outgoing connection may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Peer connection tokens start here, far above any client connection's.
@@ -676,6 +680,13 @@ impl<M: Message> Peers<M> {
         self.by_token.insert(token, peer);
     }
 
+    /// Incoming peer connections held at once: two per peer (a reconnect
+    /// can overlap the connection it replaces) and a few that have not said
+    /// their hello yet.
+    fn incoming_max(&self) -> usize {
+        2 * self.config.peers.len() + INCOMING_UNNAMED_MAX
+    }
+
     /// Accepts every waiting peer connection.
     pub(crate) fn accept_all(&mut self, registry: &Registry) {
         loop {
@@ -688,6 +699,29 @@ impl<M: Message> Peers<M> {
                     return;
                 }
             };
+            if self.incoming.len() >= self.incoming_max() {
+                // Make room by the oldest connection that has not said who
+                // it is; a stranger cannot crowd out the peers. If every one
+                // has (real peers reconnecting), this one waits its turn.
+                let oldest = self
+                    .incoming
+                    .iter()
+                    .filter(|(_, incoming)| incoming.peer.is_none())
+                    .min_by_key(|(_, incoming)| incoming.since)
+                    .map(|(token, _)| *token);
+                match oldest {
+                    Some(token) => self.close_incoming(
+                        registry,
+                        token,
+                        Some(format!("too many peer connections (at most {})", self.incoming_max())),
+                    ),
+                    None => {
+                        debug!(self.logger, "refusing a peer connection: every place is a peer's"; "remote" => %remote);
+                        drop(stream);
+                        continue;
+                    }
+                }
+            }
             let token = self.token();
             // With TLS the handshake writes too.
             let interest = if self.config.tls.is_some() {

@@ -34,6 +34,8 @@ fn listener(handler: Arc<dyn Handler>, connections_max: usize, in_flight_max: us
     let config = ClientConfig {
         listen_addr: "127.0.0.1:0".parse().unwrap(),
         connections_max,
+        per_address_max: 1024,
+        idle_timeout: None,
         in_flight_max,
         frame_bytes_max: 1024,
         tls: None,
@@ -95,6 +97,69 @@ fn connections_over_the_limit_get_an_error_and_are_closed() {
     assert_eq!(refusal.get_error().code, ErrorCode::UNAVAILABLE);
     let mut rest = Vec::new();
     assert_eq!(second.read_to_end(&mut rest).unwrap(), 0, "closed after the refusal");
+}
+
+fn listener_with(handler: Arc<dyn Handler>, tune: impl FnOnce(&mut ClientConfig)) -> ClientListener {
+    let mut config = ClientConfig {
+        listen_addr: "127.0.0.1:0".parse().unwrap(),
+        connections_max: 64,
+        per_address_max: 1024,
+        idle_timeout: None,
+        in_flight_max: 8,
+        frame_bytes_max: 1024,
+        tls: None,
+    };
+    tune(&mut config);
+    ClientListener::start(config, handler, &logger()).unwrap()
+}
+
+#[test]
+fn one_address_gets_at_most_its_share_of_connections() {
+    let listener = listener_with(Arc::new(Echo { padding: 0 }), |config| config.per_address_max = 2);
+    let mut held: Vec<TcpStream> = (0..2).map(|_| connect(listener.local_addr())).collect();
+    for (id, stream) in held.iter_mut().enumerate() {
+        write_frame(stream, &status_request(id as u64 + 1)).unwrap();
+        let answer: Response = read_frame(stream, 1 << 20).unwrap();
+        assert_eq!(answer.id, id as u64 + 1);
+    }
+    let mut third = connect(listener.local_addr());
+    let refusal: Response = read_frame(&mut third, 1 << 20).unwrap();
+    assert_eq!((refusal.id, refusal.get_error().code), (0, ErrorCode::UNAVAILABLE));
+    assert!(refusal.get_error().message.contains("from this address"), "{refusal:?}");
+    // A place freed is a place taken again.
+    drop(held.pop());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut again = connect(listener.local_addr());
+        write_frame(&mut again, &status_request(7)).unwrap();
+        let answer: Response = read_frame(&mut again, 1 << 20).unwrap();
+        if answer.id == 7 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the freed place was never given again");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_idle_connection_is_closed_and_a_busy_or_waiting_one_is_not() {
+    let parked = Arc::new(Parked::default());
+    let handler: Arc<dyn Handler> = Arc::new(Arc::clone(&parked));
+    let listener = listener_with(handler, |config| config.idle_timeout = Some(Duration::from_millis(300)));
+    let mut idle = connect(listener.local_addr());
+    // One whose request waits for its answer (a waiting acquire, say).
+    let mut waiting = connect(listener.local_addr());
+    write_frame(&mut waiting, &status_request(1)).unwrap();
+    let started = std::time::Instant::now();
+    let mut rest = Vec::new();
+    assert_eq!(idle.read_to_end(&mut rest).unwrap(), 0, "the idle connection was closed");
+    assert!(started.elapsed() < Duration::from_secs(9));
+    // The waiting one is still open: its answer arrives.
+    std::thread::sleep(Duration::from_millis(600));
+    let sink = parked.0.lock().unwrap().pop().unwrap();
+    assert!(sink.send(Response::default()), "the waiting connection was closed");
+    let answer: Response = read_frame(&mut waiting, 1 << 20).unwrap();
+    assert_eq!(answer.id, 1);
 }
 
 #[test]
@@ -311,6 +376,8 @@ pub(crate) fn node_with(
     let clients = ClientConfig {
         listen_addr: "127.0.0.1:0".parse().unwrap(),
         connections_max: 8,
+        per_address_max: 1024,
+        idle_timeout: None,
         in_flight_max: 8,
         frame_bytes_max: 1024,
         tls: tls.as_ref().map(|tls| Arc::clone(&tls.client_server).into()),
@@ -553,6 +620,37 @@ fn a_hello_naming_another_cluster_is_refused_once_this_node_knows_its_own() {
     let one = node(1, &addrs, 1 << 20);
     one.greetings.set_cluster_id(&[1; 16]);
     assert_eq!(deliver((1, &one), 2, "same cluster", &two).role, "same cluster");
+}
+
+#[test]
+fn strangers_holding_peer_connections_do_not_crowd_out_the_peers_and_are_bounded() {
+    let addrs: BTreeMap<u64, SocketAddr> = [(1, free_addr()), (2, free_addr())].into_iter().collect();
+    let two = node(2, &addrs, 1 << 20);
+    // Silent connections, far more than node 2 holds at once (two per peer
+    // and 8 that have not said their hello).
+    let started = std::time::Instant::now();
+    let mut silent: Vec<TcpStream> = (0..50).map(|_| connect(addrs[&2])).collect();
+    for stream in &silent {
+        stream.set_nonblocking(true).unwrap();
+    }
+    // The oldest are closed as the newest come, long before any of them
+    // could time out (its hello is due within a second, in unit tests).
+    let mut closed = 0;
+    while started.elapsed() < Duration::from_millis(700) {
+        closed = silent
+            .iter_mut()
+            .map(|stream| matches!(stream.read(&mut [0u8; 1]), Ok(0)))
+            .filter(|closed| *closed)
+            .count();
+        if closed >= 40 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(closed >= 40, "node 2 held {} silent connections", 50 - closed);
+    // And a real peer gets through the crowd.
+    let one = node(1, &addrs, 1 << 20);
+    assert_eq!(deliver((1, &one), 2, "through the crowd", &two).role, "through the crowd");
 }
 
 #[test]

@@ -36,6 +36,8 @@ fn start(layout: &Layout) -> ClientListener {
     let config = ClientConfig {
         listen_addr: "127.0.0.1:0".parse().unwrap(),
         connections_max: 8,
+        per_address_max: 1024,
+        idle_timeout: None,
         in_flight_max: 8,
         frame_bytes_max: 1 << 20,
         tls: Some(node_tls(layout, 1).unwrap().client_server.into()),
@@ -269,6 +271,8 @@ fn requests_sent_just_before_a_close_notice_are_still_handed_on() {
     let config = ClientConfig {
         listen_addr: "127.0.0.1:0".parse().unwrap(),
         connections_max: 8,
+        per_address_max: 1024,
+        idle_timeout: None,
         in_flight_max: 8,
         frame_bytes_max: 1 << 20,
         tls: Some(node_tls(&layout, 1).unwrap().client_server.into()),

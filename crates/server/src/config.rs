@@ -74,6 +74,13 @@ pub struct Flags {
     /// Client connections served at once.
     #[arg(long)]
     pub max_connections: Option<usize>,
+    /// Client connections served at once from one IP address.
+    #[arg(long)]
+    pub max_connections_per_address: Option<usize>,
+    /// Close a client connection that has no request in flight and has sent
+    /// nothing for this many milliseconds (0: never). Default 600000.
+    #[arg(long)]
+    pub idle_timeout_ms: Option<u64>,
     /// Requests in flight on one client connection.
     #[arg(long)]
     pub max_in_flight: Option<usize>,
@@ -123,6 +130,8 @@ struct FileConfig {
     wait_max_ms: Option<u64>,
     snapshot_interval_entries: Option<u64>,
     max_connections: Option<usize>,
+    max_connections_per_address: Option<usize>,
+    idle_timeout_ms: Option<u64>,
     max_in_flight: Option<usize>,
     max_frame_bytes: Option<usize>,
     metrics_addr: Option<SocketAddr>,
@@ -146,6 +155,9 @@ pub struct ServerConfig {
     pub tick: Duration,
     pub driver: DriverConfig,
     pub max_connections: usize,
+    pub max_connections_per_address: usize,
+    /// `None`: idle connections stay.
+    pub idle_timeout: Option<Duration>,
     pub max_in_flight: usize,
     pub max_frame_bytes: usize,
     /// The longest wait an acquire may ask for.
@@ -220,6 +232,15 @@ impl ServerConfig {
             bail!("max_connections and max_in_flight must be positive, max_frame_bytes at least 1024");
         }
         let wait_max_ms = flags.wait_max_ms.or(file.wait_max_ms).unwrap_or(300_000);
+        let max_connections_per_address =
+            flags.max_connections_per_address.or(file.max_connections_per_address).unwrap_or(1_024);
+        if max_connections_per_address == 0 {
+            bail!("max_connections_per_address must be positive");
+        }
+        let idle_timeout = match flags.idle_timeout_ms.or(file.idle_timeout_ms).unwrap_or(600_000) {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
+        };
         let metrics_addr = flags.metrics_addr.or(file.metrics_addr);
         if let Some(addr) = metrics_addr {
             if addr == client_addr || Some(&addr) == peers.get(&id) {
@@ -270,6 +291,8 @@ impl ServerConfig {
             tick: Duration::from_millis(tick_ms),
             driver,
             max_connections,
+            max_connections_per_address,
+            idle_timeout,
             max_in_flight,
             max_frame_bytes,
             wait_max_ms,

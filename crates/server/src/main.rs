@@ -217,7 +217,36 @@ impl Directory for PeerDirectory {
     }
 }
 
+/// Open files a node needs besides its client connections: two per peer
+/// (a connection each way), the raft log's files, the listeners, the
+/// metrics endpoint's connections, the logger, and a margin.
+const FILES_BESIDES_CLIENTS: u64 = 256;
+
+/// Raises the soft open-file limit to what the configured caps need, so
+/// that connections never run out of descriptors below the caps (which
+/// would refuse peers and clients alike); or refuses to start, saying why,
+/// when the hard limit is too low.
+fn raise_open_file_limit(config: &ServerConfig, logger: &Logger) -> Result<()> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let needed = config.max_connections as u64 + 2 * config.peers.len() as u64 + FILES_BESIDES_CLIENTS;
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).context("cannot read the open-file limit")?;
+    if soft >= needed {
+        return Ok(());
+    }
+    if hard < needed {
+        anyhow::bail!(
+            "--max-connections {} needs about {needed} open files, but the hard open-file limit is {hard} \
+             (ulimit -Hn): raise it, or lower --max-connections",
+            config.max_connections
+        );
+    }
+    setrlimit(Resource::RLIMIT_NOFILE, needed, hard).context("cannot raise the open-file limit")?;
+    info!(logger, "raised the open-file limit for the connection caps"; "from" => soft, "to" => needed);
+    Ok(())
+}
+
 fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
+    raise_open_file_limit(config, logger)?;
     // Bound first: a taken port is a configuration error, found at once.
     let metrics_listener = match config.metrics_addr {
         Some(addr) => Some(
@@ -327,6 +356,8 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     let client_config = ClientConfig {
         listen_addr: config.client_addr,
         connections_max: config.max_connections,
+        per_address_max: config.max_connections_per_address,
+        idle_timeout: config.idle_timeout,
         in_flight_max: config.max_in_flight,
         frame_bytes_max: config.max_frame_bytes,
         tls: tls.as_ref().map(|tls| tls.clients.clone()),

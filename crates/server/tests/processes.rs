@@ -377,3 +377,48 @@ fn test_ports_are_never_handed_out_twice_and_lie_outside_the_ephemeral_range() {
         }
     }
 }
+
+#[test]
+fn the_open_file_limit_is_raised_for_the_connection_caps_or_the_start_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let fencelockd = env!("CARGO_BIN_EXE_fencelockd");
+    let start = |limits: &str, max_connections: u32, log: &std::path::Path| {
+        let script = format!(
+            "{limits} && exec {fencelockd} --max-connections {max_connections} --data-dir {} \
+             --client-addr 127.0.0.1:{} --peers 1=127.0.0.1:{}",
+            dir.path().join("data").display(),
+            free_port(),
+            free_port()
+        );
+        Command::new("bash")
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    // A hard limit below what the caps need: refused at start, saying why.
+    let log = dir.path().join("refused.log");
+    let status = start("ulimit -n 2048", 8_000, &log).wait().unwrap();
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(1), "{said}");
+    assert!(said.contains("hard open-file limit is 2048"), "{said}");
+
+    // A low soft limit under a high enough hard one: raised, and it serves.
+    let log = dir.path().join("raised.log");
+    let mut child = start("ulimit -Sn 256 && ulimit -Hn 4096", 1_000, &log);
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let said = std::fs::read_to_string(&log).unwrap_or_default();
+        if said.contains("fencelockd serving") {
+            assert!(said.contains("raised the open-file limit"), "{said}");
+            break;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "fencelockd stopped: {said}");
+        assert!(Instant::now() < deadline, "fencelockd never served: {said}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
