@@ -256,6 +256,8 @@ pub(crate) struct EventLoop<M> {
     per_address: HashMap<std::net::IpAddr, usize>,
     /// When idle connections are next looked for.
     next_idle_sweep: Option<Instant>,
+    /// Repeated warnings, per kind and address.
+    throttle: crate::throttle::Throttle,
     logger: Logger,
 }
 
@@ -347,6 +349,7 @@ impl<M: protobuf::Message> EventLoop<M> {
             expiries: std::collections::BTreeSet::new(),
             per_address: HashMap::new(),
             next_idle_sweep: None,
+            throttle: crate::throttle::Throttle::default(),
             logger: logger.clone(),
         })
     }
@@ -491,8 +494,11 @@ impl<M: protobuf::Message> EventLoop<M> {
     fn admit(&mut self, mut stream: TcpStream, remote: SocketAddr) {
         let _ = stream.set_nodelay(true);
         if self.connections.len() >= self.config.connections_max {
-            warn!(self.logger, "refusing client: too many connections";
-                "remote" => %remote, "max" => self.config.connections_max);
+            if let Some(suppressed) = self.throttle.admit("too many connections", remote.ip(), Instant::now())
+            {
+                warn!(self.logger, "refusing client: too many connections";
+                    "remote" => %remote, "max" => self.config.connections_max, "suppressed" => suppressed);
+            }
             if self.config.tls.is_none() {
                 let mut buffer = Vec::new();
                 encode_frame(&error_response(0, ErrorCode::UNAVAILABLE, "too many connections"), &mut buffer);
@@ -503,8 +509,12 @@ impl<M: protobuf::Message> EventLoop<M> {
         }
         let from_here = self.per_address.get(&remote.ip()).copied().unwrap_or(0);
         if from_here >= self.config.per_address_max {
-            warn!(self.logger, "refusing client: too many connections from its address";
-                "remote" => %remote, "max" => self.config.per_address_max);
+            if let Some(suppressed) =
+                self.throttle.admit("too many from an address", remote.ip(), Instant::now())
+            {
+                warn!(self.logger, "refusing client: too many connections from its address";
+                    "remote" => %remote, "max" => self.config.per_address_max, "suppressed" => suppressed);
+            }
             if self.config.tls.is_none() {
                 let mut buffer = Vec::new();
                 let refusal =
@@ -719,7 +729,12 @@ impl<M: protobuf::Message> EventLoop<M> {
                     // well-meaning client with a huge request.
                     self.refuse(token, error_response(0, ErrorCode::INVALID_ARGUMENT, err.to_string()));
                     if let Some(connection) = self.connections.get_mut(&token) {
-                        warn!(connection.logger, "closing client connection"; "reason" => %err);
+                        if let Some(suppressed) =
+                            self.throttle.admit("client closed", connection.remote_ip, Instant::now())
+                        {
+                            warn!(connection.logger, "closing client connection";
+                                "reason" => %err, "suppressed" => suppressed);
+                        }
                         connection.closing = true;
                     }
                     at = input.len();
@@ -856,7 +871,11 @@ impl<M: protobuf::Message> EventLoop<M> {
                 debug!(connection.logger, "closing client connection"; "reason" => reason)
             }
             Close::Violation(reason) => {
-                warn!(connection.logger, "closing client connection"; "reason" => reason)
+                if let Some(suppressed) =
+                    self.throttle.admit("client closed", connection.remote_ip, Instant::now())
+                {
+                    warn!(connection.logger, "closing client connection"; "reason" => reason, "suppressed" => suppressed)
+                }
             }
         }
         // Best effort: what is already encoded may still fit the socket.

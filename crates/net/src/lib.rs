@@ -49,6 +49,7 @@
 mod client;
 pub mod frame;
 mod node;
+mod throttle;
 mod wire;
 
 pub use client::{error_response, ClientConfig, ClientListener, Handler, ResponseSink};

@@ -362,6 +362,8 @@ pub(crate) struct Peers<M> {
     outgoing: BTreeMap<u64, Outgoing>,
     /// This node knew its cluster's id at the last check.
     named: bool,
+    /// Repeated warnings, per kind and address.
+    throttle: crate::throttle::Throttle,
     /// Outgoing connection tokens to their peer.
     by_token: HashMap<Token, u64>,
     incoming: HashMap<Token, Incoming>,
@@ -405,7 +407,7 @@ struct Incoming {
     peer: Option<u64>,
     /// When the peer's certificate ends (TLS): the connection is closed.
     expiry: Option<Instant>,
-    remote: String,
+    remote: SocketAddr,
 }
 
 impl<M: Message> Peers<M> {
@@ -441,6 +443,7 @@ impl<M: Message> Peers<M> {
             client_addrs,
             outgoing,
             named: false,
+            throttle: crate::throttle::Throttle::default(),
             by_token: HashMap::new(),
             incoming: HashMap::new(),
             next_token: FIRST_PEER_TOKEN,
@@ -743,14 +746,8 @@ impl<M: Message> Peers<M> {
                     }
                 },
             };
-            let incoming = Incoming {
-                wire,
-                since: Instant::now(),
-                input: Vec::new(),
-                peer: None,
-                expiry: None,
-                remote: remote.to_string(),
-            };
+            let incoming =
+                Incoming { wire, since: Instant::now(), input: Vec::new(), peer: None, expiry: None, remote };
             self.incoming.insert(token, incoming);
         }
     }
@@ -770,8 +767,14 @@ impl<M: Message> Peers<M> {
     fn close_incoming(&mut self, registry: &Registry, token: Token, reason: Option<String>) {
         if let Some(mut incoming) = self.incoming.remove(&token) {
             match reason {
-                Some(reason) => warn!(self.logger, "closing peer connection";
-                    "peer" => incoming.peer, "remote" => &incoming.remote, "error" => reason),
+                Some(reason) => {
+                    if let Some(suppressed) =
+                        self.throttle.admit("peer connection closed", incoming.remote.ip(), Instant::now())
+                    {
+                        warn!(self.logger, "closing peer connection"; "peer" => incoming.peer,
+                            "remote" => %incoming.remote, "error" => reason, "suppressed" => suppressed);
+                    }
+                }
                 None => debug!(self.logger, "peer closed its connection"; "peer" => incoming.peer),
             }
             let _ = registry.deregister(incoming.wire.stream());

@@ -100,6 +100,14 @@ fn connections_over_the_limit_get_an_error_and_are_closed() {
 }
 
 fn listener_with(handler: Arc<dyn Handler>, tune: impl FnOnce(&mut ClientConfig)) -> ClientListener {
+    listener_logging_to(handler, tune, &logger())
+}
+
+fn listener_logging_to(
+    handler: Arc<dyn Handler>,
+    tune: impl FnOnce(&mut ClientConfig),
+    logger: &slog::Logger,
+) -> ClientListener {
     let mut config = ClientConfig {
         listen_addr: "127.0.0.1:0".parse().unwrap(),
         connections_max: 64,
@@ -110,7 +118,44 @@ fn listener_with(handler: Arc<dyn Handler>, tune: impl FnOnce(&mut ClientConfig)
         tls: None,
     };
     tune(&mut config);
-    ClientListener::start(config, handler, &logger()).unwrap()
+    ClientListener::start(config, handler, logger).unwrap()
+}
+
+/// Keeps the message of every warning logged.
+#[derive(Clone, Default)]
+struct Warnings(Arc<Mutex<Vec<String>>>);
+
+impl slog::Drain for Warnings {
+    type Ok = ();
+    type Err = slog::Never;
+
+    fn log(&self, record: &slog::Record<'_>, _: &slog::OwnedKVList) -> Result<(), slog::Never> {
+        if record.level() == slog::Level::Warning {
+            self.0.lock().unwrap().push(record.msg().to_string());
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_flood_of_bad_connections_from_one_address_logs_a_line_not_a_flood() {
+    let warnings = Warnings::default();
+    let logger = slog::Logger::root(slog::Drain::fuse(warnings.clone()), slog::o!());
+    let listener = listener_logging_to(Arc::new(Echo { padding: 0 }), |_| {}, &logger);
+    for _ in 0..200 {
+        let mut garbage = connect(listener.local_addr());
+        std::io::Write::write_all(&mut garbage, &[0xff; 16]).unwrap();
+        let mut rest = Vec::new();
+        let _ = garbage.read_to_end(&mut rest);
+    }
+    // Still serving.
+    let mut good = connect(listener.local_addr());
+    write_frame(&mut good, &status_request(3)).unwrap();
+    let answer: Response = read_frame(&mut good, 1 << 20).unwrap();
+    assert_eq!(answer.id, 3);
+    let logged = warnings.0.lock().unwrap().clone();
+    let closings = logged.iter().filter(|message| message.contains("closing client connection")).count();
+    assert_eq!(closings, 1, "200 bad connections from one address logged {closings} lines: {logged:?}");
 }
 
 #[test]
