@@ -1171,6 +1171,26 @@ fn every_synced_write_of_the_engine_store_reaches_an_fsync_before_it_returns() {
 
 #[test]
 fn a_failed_fsync_stops_the_asynchronous_store_at_once_and_nothing_after_it_is_durable() {
+    /// Lets fsyncs succeed again when the test ends, however it ends: the
+    /// engine syncs as it closes.
+    struct Heal(Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for Heal {
+        fn drop(&mut self) {
+            self.0.store(false, Ordering::SeqCst);
+        }
+    }
+    /// Waits until the owner has been woken `times` times.
+    fn woken_at_least(woken: &std::sync::atomic::AtomicU64, times: u64) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while woken.load(Ordering::SeqCst) < times {
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        true
+    }
+
     let dir = tempfile::tempdir().unwrap();
     let file_system = Arc::new(CountingFileSystem::new());
     let fail = Arc::clone(&file_system.fail);
@@ -1181,6 +1201,8 @@ fn a_failed_fsync_stops_the_asynchronous_store_at_once_and_nothing_after_it_is_d
         wake.fetch_add(1, Ordering::SeqCst);
     });
     let (mut store, _, persisted) = AsyncEngineStore::spawn(store, "io".into(), progress).unwrap();
+    // Dropped before the store.
+    let _heal = Heal(Arc::clone(&fail));
     let write = |n: u64| crate::Write {
         n,
         batch: WriteBatch { entries: vec![entry(n, 1)], ..Default::default() },
@@ -1188,23 +1210,22 @@ fn a_failed_fsync_stops_the_asynchronous_store_at_once_and_nothing_after_it_is_d
     };
     assert!(!store.submit(write(1)).unwrap());
     assert_eq!(persisted.recv_timeout(std::time::Duration::from_secs(10)).unwrap().unwrap(), 1);
+    assert!(woken_at_least(&woken, 1));
 
     // raft-engine panics when an fsync fails: the owner hears it at once,
     // and is woken for it, rather than at its next write.
     fail.store(true, Ordering::SeqCst);
-    let woken_before = woken.load(Ordering::SeqCst);
     assert!(!store.submit(write(2)).unwrap());
     match persisted.recv_timeout(std::time::Duration::from_secs(10)).unwrap() {
         Err(StorageError::Thread(message)) => assert!(message.contains("panicked"), "{message}"),
         other => panic!("a failed fsync was reported as {other:?}"),
     }
-    assert!(woken.load(Ordering::SeqCst) > woken_before, "the owner was not woken");
+    assert!(woken_at_least(&woken, 2), "the owner was not woken for the failure");
     assert_eq!(store.durable(), 1, "a write whose fsync failed was counted durable");
     // Nothing more is taken, urgent or not.
     assert!(store.submit(write(3)).is_err());
     let urgent = crate::Write { urgent: true, ..write(4) };
     assert!(store.submit(urgent).is_err());
-    fail.store(false, Ordering::SeqCst);
 }
 
 #[test]
