@@ -47,7 +47,7 @@ const HELLO_BYTES_MAX: usize = 64 * 1024;
 /// How long an incoming peer connection may take to say its hello (its
 /// TLS handshake included; in unit tests, a moment).
 pub const HELLO_TIMEOUT: Duration =
-    if cfg!(test) { Duration::from_millis(1_000) } else { Duration::from_secs(5) };
+    if cfg!(test) { Duration::from_millis(2_000) } else { Duration::from_secs(5) };
 /// How long an outgoing connection may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Peer connection tokens start here, far above any client connection's.

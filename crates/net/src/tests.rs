@@ -142,6 +142,7 @@ fn a_flood_of_bad_connections_from_one_address_logs_a_line_not_a_flood() {
     let warnings = Warnings::default();
     let logger = slog::Logger::root(slog::Drain::fuse(warnings.clone()), slog::o!());
     let listener = listener_logging_to(Arc::new(Echo { padding: 0 }), |_| {}, &logger);
+    let started = std::time::Instant::now();
     for _ in 0..200 {
         let mut garbage = connect(listener.local_addr());
         std::io::Write::write_all(&mut garbage, &[0xff; 16]).unwrap();
@@ -155,7 +156,9 @@ fn a_flood_of_bad_connections_from_one_address_logs_a_line_not_a_flood() {
     assert_eq!(answer.id, 3);
     let logged = warnings.0.lock().unwrap().clone();
     let closings = logged.iter().filter(|message| message.contains("closing client connection")).count();
-    assert_eq!(closings, 1, "200 bad connections from one address logged {closings} lines: {logged:?}");
+    // One line per 10 s of flood (one, unless this machine is very slow).
+    let allowed = 1 + started.elapsed().as_secs() as usize / 10;
+    assert!(closings >= 1 && closings <= allowed, "200 bad connections logged {closings} lines: {logged:?}");
 }
 
 #[test]
@@ -679,9 +682,9 @@ fn strangers_holding_peer_connections_do_not_crowd_out_the_peers_and_are_bounded
         stream.set_nonblocking(true).unwrap();
     }
     // The oldest are closed as the newest come, long before any of them
-    // could time out (its hello is due within a second, in unit tests).
+    // could time out (its hello is due within 2 s, in unit tests).
     let mut closed = 0;
-    while started.elapsed() < Duration::from_millis(700) {
+    while started.elapsed() < Duration::from_millis(1_500) {
         closed = silent
             .iter_mut()
             .map(|stream| matches!(stream.read(&mut [0u8; 1]), Ok(0)))
