@@ -89,6 +89,18 @@ impl Requests {
         self.queue_if_ready(id);
     }
 
+    /// Like [`RequestQueue::insert`], for a request that touches no key
+    /// and must be proposed before every request ready now (the founding
+    /// entry: no grant may take a token below its floor).
+    pub fn insert_first(&mut self, id: RequestId, pending: Pending) {
+        debug_assert!(pending.keys.is_empty(), "a request that goes first touches no key");
+        self.insert(id, pending);
+        if let Some(at) = self.ready.iter().position(|ready| *ready == id) {
+            self.ready.remove(at);
+            self.ready.push_front(id);
+        }
+    }
+
     /// The next request ready to propose: it heads every key it touches.
     pub fn pop_ready(&mut self) -> Option<RequestId> {
         let id = self.ready.pop_front()?;

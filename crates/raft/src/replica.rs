@@ -1133,7 +1133,10 @@ impl Replica {
                         "cluster_id" => %cluster_id, "token_floor" => self.config.token_floor);
                     let token_floor = self.config.token_floor;
                     let bootstrap = Command::Bootstrap { cluster_id, token_floor };
-                    self.submit(id, vec![bootstrap], None, true);
+                    // Before the requests that waited for this leader to
+                    // be ready: none of their grants may go below the floor.
+                    // Taken even at the cap of pending requests: it is one.
+                    self.requests.insert_first(id, Pending::new(vec![bootstrap], true, None, None));
                 }
             }
         }

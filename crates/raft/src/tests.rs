@@ -414,6 +414,27 @@ fn the_founding_leader_raises_tokens_to_its_floor_before_any_grant() {
     assert_eq!(applied_token(net.take_reply(RequestId(2))), FencingToken::new(5_004).unwrap());
 }
 
+#[test]
+fn a_grant_asked_before_the_founding_leader_is_ready_still_gets_a_token_above_the_floor() {
+    // A request that reaches a new leader before it is ready waits; the
+    // founding entry must go first, or that grant takes token 1 in a
+    // cluster re-created from nothing.
+    let stores: Vec<MemStore> = (0..3).map(|_| MemStore::new()).collect();
+    let mut net = Net::build(stores, |config| config.token_floor = 5_000);
+    net.node(1).campaign().unwrap();
+    let mut turns = 0;
+    while net.node(1).status().role != crate::Role::Leader {
+        net.turn().unwrap();
+        turns += 1;
+        assert!(turns < 100, "node 1 never led");
+    }
+    assert!(!net.node(1).is_leader_ready());
+    net.node(1).propose(RequestId(1), vec![grant("a", "o1")]);
+    net.settle();
+    let token = applied_token(net.take_reply(RequestId(1)));
+    assert!(token.get() > 5_000, "token {token} was issued below the founding floor");
+}
+
 fn entry(index: u64, term: u64) -> Entry {
     Entry { index, term, ..Default::default() }
 }
