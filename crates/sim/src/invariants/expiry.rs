@@ -16,12 +16,22 @@ use fencelock_types::{FencingToken, Key};
 /// and apply.
 pub const SLACK_MS: u64 = 1_000;
 
+#[derive(Clone, Copy, Debug)]
+struct Live {
+    index: u64,
+    refreshed_ms: u64,
+    lease_ms: u64,
+}
+
 #[derive(Debug, Default)]
 pub struct Check {
     drift_ppm_max: u64,
-    /// Live locks: (key, token) → (true time of the last grant or renewal
-    /// any node applied, lease).
-    live: BTreeMap<(Key, FencingToken), (u64, u64)>,
+    /// Live locks: (key, token) → (the log index of the latest grant or
+    /// renewal applied, the true time any node last applied one, and the
+    /// lease of that latest entry). A lagging node that applies an older
+    /// entry later does not bring back its lease: with owners' renewals that
+    /// never shorten a lease, an older lease is often the shorter one.
+    live: BTreeMap<(Key, FencingToken), Live>,
     /// Locks some node removed: a lagging or restarted node that applies
     /// their grant again later does not bring them back.
     removed: BTreeSet<(Key, FencingToken)>,
@@ -35,18 +45,26 @@ impl Check {
         Check { drift_ppm_max, ..Check::default() }
     }
 
-    /// Some node applied `event` at true time `now_ms`.
-    pub fn applied(&mut self, event: &AppliedEvent, now_ms: u64) {
+    /// Some node applied `event`, the entry at log `index`, at true time
+    /// `now_ms`.
+    pub fn applied(&mut self, index: u64, event: &AppliedEvent, now_ms: u64) {
         match event {
             AppliedEvent::Granted { key, token, lease_ms, .. }
             | AppliedEvent::Renewed { key, token, lease_ms } => {
                 if self.removed.contains(&(key.clone(), *token)) {
                     return;
                 }
-                let entry = self.live.entry((key.clone(), *token)).or_insert((now_ms, lease_ms.get()));
-                if now_ms >= entry.0 {
-                    *entry = (now_ms, lease_ms.get());
+                let lease_ms = lease_ms.get();
+                let live = self.live.entry((key.clone(), *token)).or_insert(Live {
+                    index,
+                    refreshed_ms: now_ms,
+                    lease_ms,
+                });
+                if index >= live.index {
+                    live.index = index;
+                    live.lease_ms = lease_ms;
                 }
+                live.refreshed_ms = live.refreshed_ms.max(now_ms);
             }
             AppliedEvent::Released { key, token } | AppliedEvent::Expired { key, token, .. } => {
                 self.live.remove(&(key.clone(), *token));
@@ -72,7 +90,7 @@ impl Check {
         // The latest of the ready leaders' starts: a leader that was lost
         // since does not count, and without one nothing expires.
         let Some(leader_ms) = self.ready_leaders.values().max().copied() else { return Ok(()) };
-        for ((key, token), (refreshed_ms, lease_ms)) in &self.live {
+        for ((key, token), Live { refreshed_ms, lease_ms, .. }) in &self.live {
             let since_ms = (*refreshed_ms).max(healed_ms).max(leader_ms);
             let stretched_ms = lease_ms * 1_000_000 / (1_000_000 - self.drift_ppm_max.min(900_000));
             let due_ms = since_ms + stretched_ms + SLACK_MS;
@@ -113,7 +131,7 @@ mod tests {
     #[test]
     fn a_lock_nobody_renews_that_outlives_its_bound_is_caught() {
         let mut check = Check::new(0);
-        check.applied(&grant(1, 1_000), 100);
+        check.applied(1, &grant(1, 1_000), 100);
         check.leader_ready(0, 50);
         assert!(check.check(2_100, 0).is_ok(), "within lease plus slack");
         let err = check.check(2_101, 0).unwrap_err();
@@ -124,7 +142,7 @@ mod tests {
     fn renewals_releases_and_drift_push_the_bound() {
         let mut check = Check::new(500_000);
         check.leader_ready(0, 0);
-        check.applied(&grant(1, 1_000), 0);
+        check.applied(1, &grant(1, 1_000), 0);
         // A slow clock may take twice the lease.
         assert!(check.check(2_900, 0).is_ok());
         let renew = AppliedEvent::Renewed {
@@ -132,22 +150,40 @@ mod tests {
             token: FencingToken::new(1).unwrap(),
             lease_ms: LeaseMs::new(1_000).unwrap(),
         };
-        check.applied(&renew, 2_500);
+        check.applied(2, &renew, 2_500);
         assert!(check.check(5_400, 0).is_ok());
-        check.applied(&AppliedEvent::Released { key: key(), token: FencingToken::new(1).unwrap() }, 5_450);
+        check.applied(3, &AppliedEvent::Released { key: key(), token: FencingToken::new(1).unwrap() }, 5_450);
         assert!(check.check(100_000, 0).is_ok());
+    }
+
+    #[test]
+    fn an_older_entry_applied_late_by_a_lagging_node_keeps_the_newer_lease() {
+        let mut check = Check::new(0);
+        check.leader_ready(0, 0);
+        let renew = AppliedEvent::Renewed {
+            key: key(),
+            token: FencingToken::new(1).unwrap(),
+            lease_ms: LeaseMs::new(4_000).unwrap(),
+        };
+        check.applied(1, &grant(1, 600), 0);
+        check.applied(2, &renew, 100);
+        // A lagging node applies the grant (index 1, 600 ms) at 3 s: the
+        // lease is still the renewal's 4 s, from the latest application.
+        check.applied(1, &grant(1, 600), 3_000);
+        assert!(check.check(7_900, 0).is_ok(), "judged by the older, shorter lease");
+        assert!(check.check(8_001, 0).is_err());
     }
 
     #[test]
     fn no_bound_before_a_leader_is_ready_or_before_the_heal() {
         let mut check = Check::new(0);
-        check.applied(&grant(1, 1_000), 0);
+        check.applied(1, &grant(1, 1_000), 0);
         assert!(check.check(50_000, 0).is_ok(), "judged without a leader");
         check.leader_ready(0, 10_000);
         assert!(check.check(11_999, 0).is_ok());
         assert!(check.check(12_001, 0).is_err());
         let mut check = Check::new(0);
-        check.applied(&grant(1, 1_000), 0);
+        check.applied(1, &grant(1, 1_000), 0);
         check.leader_ready(0, 0);
         assert!(check.check(20_000, 19_000).is_ok(), "the heal starts the bound");
     }
@@ -155,7 +191,7 @@ mod tests {
     #[test]
     fn a_leader_that_was_lost_does_not_count() {
         let mut check = Check::new(0);
-        check.applied(&grant(1, 1_000), 0);
+        check.applied(1, &grant(1, 1_000), 0);
         check.leader_ready(2, 10);
         check.leader_lost(2);
         assert!(check.check(50_000, 0).is_ok(), "judged while no leader is ready");

@@ -138,10 +138,10 @@ impl Checker {
             self.renewal.applied(&applied)?;
             self.judged_changes += 1;
         }
-        for (_, event) in events {
+        for (index, event) in events {
             self.holders.applied(event, now_ms)?;
             self.reads.applied(event, now_ms);
-            self.expiry.applied(event, now_ms);
+            self.expiry.applied(*index, event, now_ms);
         }
         for (index, event) in events {
             self.durability.applied(*index, event);
