@@ -603,6 +603,7 @@ mod tests {
         let server = fencelock_tls::node_tls(&layout, 1).unwrap().client_server;
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
+        let (done, finished) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::spawn(move || {
             let (socket, _) = listener.accept().unwrap();
             let session = rustls::ServerConnection::new(server).unwrap();
@@ -617,14 +618,16 @@ mod tests {
                 stream.conn.write_tls(&mut records).unwrap();
             }
             stream.sock.write_all(&records).unwrap();
-            // Keep the socket open: only the notice says the end.
-            std::thread::sleep(Duration::from_secs(2));
+            // Keep the socket open until the test is done: only the notice
+            // says the end.
+            let _ = finished.recv();
         });
         let alice = fencelock_tls::client_tls(&layout, "alice").unwrap();
         let connection =
             Connection::open(&addr, Duration::from_secs(5), Duration::from_secs(5), Some(&alice)).unwrap();
         let answer = connection.call(get("k"), Duration::from_secs(5));
         assert!(answer.is_ok(), "the response before the close notice was lost: {answer:?}");
+        drop(done);
         thread.join().unwrap();
     }
 }

@@ -367,21 +367,17 @@ impl<M: protobuf::Message> EventLoop<M> {
         let mut core_wait = self.core.as_ref().map(|_| Duration::ZERO);
         loop {
             let now = Instant::now();
-            let handshake = self.handshakes.front().map(|(deadline, _)| *deadline);
-            let expiry = self.expiries.first().map(|(deadline, _)| *deadline);
-            let handshake = match (handshake, expiry) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            let handshake = match (handshake, self.next_idle_sweep) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            let peer_deadline = self.peers.as_ref().and_then(Peers::next_deadline);
-            let deadline = match (handshake, peer_deadline) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            // The earliest of: a handshake due, a certificate ending, the
+            // idle sweep, a peer connection's deadline.
+            let deadline = [
+                self.handshakes.front().map(|(deadline, _)| *deadline),
+                self.expiries.first().map(|(deadline, _)| *deadline),
+                self.next_idle_sweep,
+                self.peers.as_ref().and_then(Peers::next_deadline),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
             let timeout = match (core_wait, deadline) {
                 (Some(wait), Some(deadline)) => Some(wait.min(deadline.saturating_duration_since(now))),
                 (Some(wait), None) => Some(wait),

@@ -609,23 +609,21 @@ impl<M: Message> Peers<M> {
     /// Opens the connections that are due, gives up on slow ones.
     pub(crate) fn on_time(&mut self, registry: &Registry, now: Instant) {
         self.rename(registry);
-        let late: Vec<Token> = self
+        let due: Vec<(Token, String)> = self
             .incoming
             .iter()
-            .filter(|(_, incoming)| incoming.peer.is_none() && incoming.since + HELLO_TIMEOUT <= now)
-            .map(|(token, _)| *token)
+            .filter_map(|(token, incoming)| match incoming.peer {
+                None if incoming.since + HELLO_TIMEOUT <= now => {
+                    Some((*token, format!("no hello within {HELLO_TIMEOUT:?}")))
+                }
+                Some(_) if incoming.expiry.is_some_and(|expiry| expiry <= now) => {
+                    Some((*token, "the peer's certificate has expired".to_owned()))
+                }
+                _ => None,
+            })
             .collect();
-        for token in late {
-            self.close_incoming(registry, token, Some(format!("no hello within {HELLO_TIMEOUT:?}")));
-        }
-        let expired: Vec<Token> = self
-            .incoming
-            .iter()
-            .filter(|(_, incoming)| incoming.expiry.is_some_and(|expiry| expiry <= now))
-            .map(|(token, _)| *token)
-            .collect();
-        for token in expired {
-            self.close_incoming(registry, token, Some("the peer's certificate has expired".into()));
+        for (token, reason) in due {
+            self.close_incoming(registry, token, Some(reason));
         }
         let peers: Vec<u64> = self.outgoing.keys().copied().collect();
         for peer in peers {

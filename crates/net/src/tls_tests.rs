@@ -33,6 +33,10 @@ fn certs(dir: &std::path::Path) -> Layout {
 }
 
 fn start(layout: &Layout) -> ClientListener {
+    start_with(layout, Arc::new(Whoami))
+}
+
+fn start_with(layout: &Layout, handler: Arc<dyn Handler>) -> ClientListener {
     let config = ClientConfig {
         listen_addr: "127.0.0.1:0".parse().unwrap(),
         connections_max: 8,
@@ -42,7 +46,7 @@ fn start(layout: &Layout) -> ClientListener {
         frame_bytes_max: 1 << 20,
         tls: Some(node_tls(layout, 1).unwrap().client_server.into()),
     };
-    ClientListener::start(config, Arc::new(Whoami), &slog::Logger::root(slog::Discard, slog::o!())).unwrap()
+    ClientListener::start(config, handler, &slog::Logger::root(slog::Discard, slog::o!())).unwrap()
 }
 
 fn status(id: u64) -> Request {
@@ -268,17 +272,7 @@ fn requests_sent_just_before_a_close_notice_are_still_handed_on() {
     let dir = tempfile::tempdir().unwrap();
     let layout = certs(dir.path());
     let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let config = ClientConfig {
-        listen_addr: "127.0.0.1:0".parse().unwrap(),
-        connections_max: 8,
-        per_address_max: 1024,
-        idle_timeout: None,
-        in_flight_max: 8,
-        frame_bytes_max: 1 << 20,
-        tls: Some(node_tls(&layout, 1).unwrap().client_server.into()),
-    };
-    let logger = slog::Logger::root(slog::Discard, slog::o!());
-    let listener = ClientListener::start(config, Arc::new(Counting(Arc::clone(&count))), &logger).unwrap();
+    let listener = start_with(&layout, Arc::new(Counting(Arc::clone(&count))));
     let alice = client_tls(&layout, "alice").unwrap();
     let mut stream = tls_connect(listener.local_addr(), &alice);
     // Finish the handshake first, so that the requests and the notice go
