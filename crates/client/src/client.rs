@@ -509,6 +509,9 @@ fn classify(addr: &str, response: Response) -> Attempt {
             ErrorCode::PERMISSION_DENIED => {
                 return Attempt::Fail(ClientError::PermissionDenied(error.message))
             }
+            ErrorCode::RESOURCE_EXHAUSTED => {
+                return Attempt::Fail(ClientError::ResourceExhausted(error.message))
+            }
         }
     }
     match response.kind {

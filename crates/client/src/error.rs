@@ -25,12 +25,17 @@ pub enum ClientError {
     /// the user's. Retrying will not help.
     #[error("{0}")]
     PermissionDenied(String),
+    /// A quota or bound was reached: the lock table, or the owner's
+    /// identity, holds its maximum of locks, or too many acquires wait for
+    /// the key. Not retried: locks must be released first.
+    #[error("resource exhausted: {0}")]
+    ResourceExhausted(String),
 }
 
 impl ClientError {
     /// A short, stable name for the kind of error, for machine-readable
     /// output: `held`, `wait_timed_out`, `invalid_argument`, `unavailable`,
-    /// `internal` or `permission_denied`.
+    /// `internal`, `permission_denied` or `resource_exhausted`.
     pub fn code(&self) -> &'static str {
         match self {
             ClientError::Held { .. } => "held",
@@ -39,6 +44,7 @@ impl ClientError {
             ClientError::Unavailable(_) => "unavailable",
             ClientError::Internal(_) => "internal",
             ClientError::PermissionDenied(_) => "permission_denied",
+            ClientError::ResourceExhausted(_) => "resource_exhausted",
         }
     }
 
@@ -81,6 +87,7 @@ mod tests {
             ClientError::PermissionDenied(
                 "permission denied: user alice has no `lock` right on key k".into(),
             ),
+            ClientError::ResourceExhausted("the lock table is full: it holds 10 locks, its maximum".into()),
         ];
         for error in errors {
             let message = error.to_string();

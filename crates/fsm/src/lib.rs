@@ -63,7 +63,7 @@ mod snapshot;
 
 pub use snapshot::{SnapshotError, SNAPSHOT_VERSION};
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 
 use fencelock_types::{
@@ -89,6 +89,9 @@ pub struct LockTable {
     last_token: Option<FencingToken>,
     /// The cluster's name, from the first Bootstrap applied.
     cluster_id: Option<ClusterId>,
+    /// Locks held per owner identity ([`Owner::identity`]), for quotas.
+    /// Derived from `locks`: not in the snapshot.
+    identities: HashMap<Vec<u8>, usize>,
 }
 
 impl LockTable {
@@ -168,6 +171,11 @@ impl LockTable {
         self.locks.is_empty()
     }
 
+    /// The number of locks held by owners of `identity` ([`Owner::identity`]).
+    pub fn locks_of(&self, identity: &[u8]) -> usize {
+        self.identities.get(identity).copied().unwrap_or(0)
+    }
+
     /// The cluster's id, `None` until a Bootstrap is applied.
     pub fn cluster_id(&self) -> Option<ClusterId> {
         self.cluster_id
@@ -197,8 +205,27 @@ impl LockTable {
         };
         assert!(self.last_token < Some(token), "fencing tokens never go backwards");
         self.last_token = Some(token);
+        self.count(&owner, true);
         self.locks.insert(key, Lock { token, owner, lease_ms });
         ApplyResult::Granted { token, lease_ms, existing: false }
+    }
+
+    /// Counts a lock of `owner` in (`added`) or out of its identity's total.
+    fn count(&mut self, owner: &Owner, added: bool) {
+        let identity = owner.identity();
+        if added {
+            match self.identities.get_mut(identity) {
+                Some(count) => *count += 1,
+                None => {
+                    self.identities.insert(identity.to_vec(), 1);
+                }
+            }
+        } else if let Some(count) = self.identities.get_mut(identity) {
+            *count -= 1;
+            if *count == 0 {
+                self.identities.remove(identity);
+            }
+        }
     }
 
     fn release(&mut self, key: &Key, token: Option<FencingToken>, user: Option<&Owner>) -> ApplyResult {
@@ -208,7 +235,9 @@ impl LockTable {
                 if user.is_some_and(|user| !lock.owner.is_of_user(user.as_bytes())) {
                     return ApplyResult::Denied { token };
                 }
-                self.locks.remove(key);
+                if let Some(lock) = self.locks.remove(key) {
+                    self.count(&lock.owner, false);
+                }
                 ApplyResult::Released { token }
             }
             _ => ApplyResult::NotFound,
@@ -218,7 +247,9 @@ impl LockTable {
     fn expire(&mut self, key: &Key, token: FencingToken) -> ApplyResult {
         let existed = self.locks.get(key).is_some_and(|lock| lock.token == token);
         if existed {
-            self.locks.remove(key);
+            if let Some(lock) = self.locks.remove(key) {
+                self.count(&lock.owner, false);
+            }
         }
         ApplyResult::Expired { existed }
     }

@@ -15,7 +15,7 @@
 //! key order, token uniqueness, the token counter) before it builds the table,
 //! so a corrupt snapshot gives an error and never a half-restored table.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use fencelock_types::{pb, ClusterId, FencingToken, InvalidReason, Key, LeaseMs, Owner};
 use protobuf::Message;
@@ -156,7 +156,16 @@ impl LockTable {
             }
             locks.push((key, Lock { token, owner, lease_ms }));
         }
-        Ok(LockTable { locks: BTreeMap::from_iter(locks), last_token, cluster_id })
+        let mut identities: HashMap<Vec<u8>, usize> = HashMap::new();
+        for (_, lock) in &locks {
+            match identities.get_mut(lock.owner.identity()) {
+                Some(count) => *count += 1,
+                None => {
+                    identities.insert(lock.owner.identity().to_vec(), 1);
+                }
+            }
+        }
+        Ok(LockTable { locks: BTreeMap::from_iter(locks), last_token, cluster_id, identities })
     }
 }
 

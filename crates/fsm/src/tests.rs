@@ -621,6 +621,18 @@ proptest! {
         prop_assert_eq!(table_locks, model_locks);
         prop_assert_eq!(table.last_token().map_or(0, FencingToken::get), model.last_token);
         prop_assert_eq!(table.cluster_id(), model.cluster_id);
+        // Quotas count locks per identity: the owner before its first `/`.
+        for identity in ["o1", "o2", "o3", "o12", "a", ""] {
+            let held = model.locks.iter().filter(|(_, _, owner, _)| {
+                let owner = owner.as_bytes();
+                owner.split(|byte| *byte == b'/').next() == Some(identity.as_bytes())
+            });
+            prop_assert_eq!(table.locks_of(identity.as_bytes()), held.count(), "identity {}", identity);
+        }
+        // And so does a table restored from its snapshot.
+        let restored = LockTable::restore(&table.snapshot()).unwrap();
+        prop_assert_eq!(restored.locks_of(b"o1"), table.locks_of(b"o1"));
+        prop_assert_eq!(restored, table);
     }
 
     #[test]

@@ -64,8 +64,8 @@ pub use storage::{
     WriteBatch,
 };
 pub use types::{
-    AppliedEvent, Config, ConfigError, FatalError, NodeId, Query, Reply, RequestError, RequestId, Response,
-    RoleChange,
+    AppliedEvent, Config, ConfigError, FatalError, NodeId, Query, Quota, Reply, RequestError, RequestId,
+    Response, RoleChange,
 };
 
 #[cfg(test)]

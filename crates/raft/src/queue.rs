@@ -6,7 +6,7 @@
 //! the caller (the replica's applied table), and what a request's commands
 //! do is the replica's business. Testable without raft.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use fencelock_types::{Command, Key};
 
@@ -29,6 +29,13 @@ pub(crate) struct Pending {
     pub wait_until_ms: Option<u64>,
     /// Whether it sits among the requests ready to propose.
     queued: bool,
+    /// Whether it is an acquire of a client (it carries a Grant).
+    acquire: bool,
+    /// The locks its proposal will add if it applies, counted against the
+    /// quotas while it is in flight: per Grant, the owner's identity, and
+    /// whether the table gains a lock (false when it takes over a lock the
+    /// same entry frees).
+    pub(crate) new_locks: Vec<(Vec<u8>, bool)>,
 }
 
 impl Pending {
@@ -41,7 +48,18 @@ impl Pending {
         let mut keys: Vec<Key> = commands.iter().filter_map(Command::key).cloned().collect();
         keys.sort();
         keys.dedup();
-        Pending { commands, keys, proposed_term: None, internal, ghost_of, wait_until_ms, queued: false }
+        let acquire = !internal && commands.iter().any(|command| matches!(command, Command::Grant { .. }));
+        Pending {
+            commands,
+            keys,
+            proposed_term: None,
+            internal,
+            ghost_of,
+            wait_until_ms,
+            queued: false,
+            acquire,
+            new_locks: Vec::new(),
+        }
     }
 }
 
@@ -59,11 +77,77 @@ pub(crate) struct Requests {
     waiters: BTreeMap<Key, VecDeque<RequestId>>,
     /// Keys with an Expire of the leader's own pending, and its request.
     expiring: BTreeMap<Key, RequestId>,
+    /// The waiters by deadline, with the key each waits for: a turn looks
+    /// only at those whose time is up.
+    deadlines: BTreeMap<(u64, RequestId), Key>,
+    /// How many pending requests are the leader's own, and client acquires.
+    internal: usize,
+    acquires: usize,
+    /// The locks proposed and not yet answered would add: in all, and per
+    /// owner identity (see [`Pending::new_locks`]).
+    new_locks: usize,
+    new_locks_of: HashMap<Vec<u8>, usize>,
 }
 
 impl Requests {
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.pending.len()
+    }
+
+    /// Client requests pending (acquires, releases, renewals, ...).
+    pub fn clients(&self) -> usize {
+        self.pending.len() - self.internal
+    }
+
+    /// Client acquires pending, waiting ones included.
+    pub fn acquires(&self) -> usize {
+        self.acquires
+    }
+
+    /// The leader's own requests pending (Expires, ghost Releases).
+    pub fn internal(&self) -> usize {
+        self.internal
+    }
+
+    /// Acquires waiting for `key`.
+    pub fn waiters_of(&self, key: &Key) -> usize {
+        self.waiters.get(key).map_or(0, VecDeque::len)
+    }
+
+    /// Locks that requests in flight will add to the table if they apply.
+    pub fn new_locks(&self) -> usize {
+        self.new_locks
+    }
+
+    /// Locks of owners of `identity` that requests in flight will add.
+    pub fn new_locks_of(&self, identity: &[u8]) -> usize {
+        self.new_locks_of.get(identity).copied().unwrap_or(0)
+    }
+
+    /// Counts `new_locks` against the quotas while `id` is in flight.
+    pub fn count_new_locks(&mut self, id: RequestId, new_locks: Vec<(Vec<u8>, bool)>) {
+        for (identity, adds) in &new_locks {
+            self.new_locks += usize::from(*adds);
+            *self.new_locks_of.entry(identity.clone()).or_default() += 1;
+        }
+        if let Some(pending) = self.pending.get_mut(&id) {
+            pending.new_locks.extend(new_locks);
+        }
+    }
+
+    fn uncount(&mut self, pending: &Pending) {
+        self.internal -= usize::from(pending.internal);
+        self.acquires -= usize::from(pending.acquire);
+        for (identity, adds) in &pending.new_locks {
+            self.new_locks -= usize::from(*adds);
+            if let Some(count) = self.new_locks_of.get_mut(identity) {
+                *count -= 1;
+                if *count == 0 {
+                    self.new_locks_of.remove(identity);
+                }
+            }
+        }
     }
 
     pub fn get(&self, id: RequestId) -> Option<&Pending> {
@@ -85,7 +169,12 @@ impl Requests {
                 self.expiring.insert(key.clone(), id);
             }
         }
-        self.pending.insert(id, pending);
+        self.internal += usize::from(pending.internal);
+        self.acquires += usize::from(pending.acquire);
+        if let Some(replaced) = self.pending.insert(id, pending) {
+            // Ids are unique; should one come twice, the counts stay true.
+            self.uncount(&replaced);
+        }
         self.queue_if_ready(id);
     }
 
@@ -126,8 +215,12 @@ impl Requests {
     /// first waiter.
     pub fn remove(&mut self, id: RequestId, is_free: &dyn Fn(&Key) -> bool) -> Option<Pending> {
         let pending = self.pending.remove(&id)?;
+        self.uncount(&pending);
         if pending.internal {
             self.expiring.retain(|_, expire| *expire != id);
+        }
+        if let Some(until_ms) = pending.wait_until_ms {
+            self.deadlines.remove(&(until_ms, id));
         }
         if pending.queued {
             self.ready.retain(|ready| *ready != id);
@@ -148,8 +241,14 @@ impl Requests {
     /// out of the key queues (the next request goes), last among the key's
     /// waiters.
     pub fn wait_for(&mut self, id: RequestId, key: Key, is_free: &dyn Fn(&Key) -> bool) {
-        let keys = self.pending.get(&id).map(|pending| pending.keys.clone()).unwrap_or_default();
+        let (keys, until_ms) = self
+            .pending
+            .get(&id)
+            .map(|pending| (pending.keys.clone(), pending.wait_until_ms))
+            .unwrap_or_default();
         self.leave_key_queues(id, &keys, is_free);
+        // A request without a deadline is timed out at once.
+        self.deadlines.insert((until_ms.unwrap_or(0), id), key.clone());
         self.waiters.entry(key).or_default().push_back(id);
     }
 
@@ -169,20 +268,19 @@ impl Requests {
     /// (still pending: the caller answers and removes them).
     pub fn timed_out(&mut self, now_ms: u64) -> Vec<(Key, RequestId)> {
         let mut timed_out = Vec::new();
-        for (key, queue) in &mut self.waiters {
-            queue.retain(|id| {
-                let expired = self
-                    .pending
-                    .get(id)
-                    .and_then(|pending| pending.wait_until_ms)
-                    .is_none_or(|until_ms| until_ms <= now_ms);
-                if expired {
-                    timed_out.push((key.clone(), *id));
+        while let Some(entry) = self.deadlines.first_entry() {
+            if entry.key().0 > now_ms {
+                break;
+            }
+            let ((_, id), key) = entry.remove_entry();
+            if let Some(queue) = self.waiters.get_mut(&key) {
+                queue.retain(|waiter| *waiter != id);
+                if queue.is_empty() {
+                    self.waiters.remove(&key);
                 }
-                !expired
-            });
+            }
+            timed_out.push((key, id));
         }
-        self.waiters.retain(|_, queue| !queue.is_empty());
         timed_out
     }
 
@@ -192,6 +290,11 @@ impl Requests {
         self.ready.clear();
         self.waiters.clear();
         self.expiring.clear();
+        self.deadlines.clear();
+        self.internal = 0;
+        self.acquires = 0;
+        self.new_locks = 0;
+        self.new_locks_of.clear();
         std::mem::take(&mut self.pending)
     }
 
@@ -233,11 +336,20 @@ impl Requests {
         }
     }
 
+    /// The first acquire waiting for `key`.
+    pub fn first_waiter(&self, key: &Key) -> Option<RequestId> {
+        self.waiters.get(key).and_then(|queue| queue.front().copied())
+    }
+
     fn pop_waiter(&mut self, key: &Key) -> Option<RequestId> {
         let queue = self.waiters.get_mut(key)?;
         let waiter = queue.pop_front();
         if queue.is_empty() {
             self.waiters.remove(key);
+        }
+        if let Some(id) = waiter {
+            let until_ms = self.pending.get(&id).and_then(|pending| pending.wait_until_ms);
+            self.deadlines.remove(&(until_ms.unwrap_or(0), id));
         }
         waiter
     }

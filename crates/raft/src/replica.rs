@@ -18,7 +18,8 @@ use crate::queue::{Pending, Requests};
 use crate::rejoin::{self, Floor, Membership, PinVote, RaftPosition};
 use crate::storage::{LogCache, Recovered, Write, WriteBatch};
 use crate::types::{
-    AppliedEvent, Config, FatalError, NodeId, Query, Reply, RequestError, RequestId, Response, RoleChange,
+    AppliedEvent, Config, FatalError, NodeId, Query, Quota, Reply, RequestError, RequestId, Response,
+    RoleChange,
 };
 
 /// What the driver asks its shell to do, drained with [`Replica::take_effects`].
@@ -372,7 +373,8 @@ impl Replica {
         internal: bool,
         ghost_of: Option<u64>,
     ) {
-        if let Err(err) = self.admit() {
+        let acquire = !internal && commands.iter().any(|command| matches!(command, Command::Grant { .. }));
+        if let Err(err) = self.admit(internal, acquire) {
             self.reply(id, Err(err));
             return;
         }
@@ -404,7 +406,7 @@ impl Replica {
 
     /// Accepts a linearizable read.
     pub fn read(&mut self, id: RequestId, query: Query) {
-        if let Err(err) = self.admit() {
+        if let Err(err) = self.admit(false, false) {
             self.reply(id, Err(err));
             return;
         }
@@ -697,7 +699,7 @@ impl Replica {
             snapshot_index: self.raw.store().snapshot_index(),
             locks: self.table.len(),
             last_token: self.table.last_token(),
-            pending_requests: self.requests.len() + self.reads.len(),
+            pending_requests: self.requests.clients() + self.reads.len(),
             rejoining: self.abstaining.is_some(),
             cluster_id: self.table.cluster_id(),
         }
@@ -715,14 +717,59 @@ impl Replica {
         }
     }
 
-    fn admit(&self) -> Result<(), RequestError> {
+    /// Whether a request of this kind finds room: the leader's own
+    /// requests have a budget of their own, and client acquires may take
+    /// only part of the clients' budget, so that renewals, releases and
+    /// expiries flow whatever the acquires do.
+    fn admit(&self, internal: bool, acquire: bool) -> Result<(), RequestError> {
         if self.raw.raft.state != StateRole::Leader {
             return Err(RequestError::NotLeader { leader_hint: self.leader_hint() });
         }
-        if self.requests.len() + self.reads.len() >= self.config.pending_requests_max {
+        let full = if internal {
+            self.requests.internal() >= self.config.internal_pending_max
+        } else {
+            self.requests.clients() + self.reads.len() >= self.config.pending_requests_max
+                || acquire && self.requests.acquires() >= self.config.pending_acquires_max
+        };
+        if full {
             return Err(RequestError::Overloaded);
         }
         Ok(())
+    }
+
+    /// The locks request `id`'s Grants would add to the table, each with its
+    /// owner's identity, or the quota one of them would break. A Grant on a
+    /// key the table holds adds none (a retry of the holder), except in a
+    /// hand-over (`handed_over`), where the same entry frees the key first:
+    /// the table keeps its size but the new owner's identity gains a lock.
+    /// Locks in flight count as held, so two proposals cannot both take
+    /// the last place.
+    fn quota_check(&self, id: RequestId, handed_over: bool) -> Result<Vec<(Vec<u8>, bool)>, RequestError> {
+        let Some(pending) = self.requests.get(id) else { return Ok(Vec::new()) };
+        let mut new_locks: Vec<(Vec<u8>, bool)> = Vec::new();
+        for command in &pending.commands {
+            let Command::Grant { key, owner, .. } = command else { continue };
+            let adds = self.table.holder(key.as_bytes()).is_none();
+            if !adds && !handed_over {
+                continue;
+            }
+            let identity = owner.identity();
+            // This request's earlier Grants count too.
+            let total = new_locks.iter().filter(|(_, adds)| *adds).count();
+            let of_identity = new_locks.iter().filter(|(other, _)| other == identity).count();
+            if adds && self.table.len() + self.requests.new_locks() + total >= self.config.locks_max {
+                return Err(RequestError::QuotaExceeded(Quota::Table { max: self.config.locks_max }));
+            }
+            let held = self.table.locks_of(identity) + self.requests.new_locks_of(identity) + of_identity;
+            if held >= self.config.locks_per_identity_max {
+                return Err(RequestError::QuotaExceeded(Quota::Identity {
+                    identity: String::from_utf8_lossy(identity).into_owned(),
+                    max: self.config.locks_per_identity_max,
+                }));
+            }
+            new_locks.push((identity.to_vec(), adds));
+        }
+        Ok(new_locks)
     }
 
     fn reply(&mut self, id: RequestId, reply: Reply) {
@@ -764,7 +811,7 @@ impl Replica {
             .map(|(key, token)| (key.clone(), token))
             .collect();
         for (key, token) in due {
-            if self.requests.len() + self.reads.len() >= self.config.pending_requests_max {
+            if self.requests.internal() >= self.config.internal_pending_max {
                 break;
             }
             let id = self.internal_id();
@@ -813,20 +860,40 @@ impl Replica {
             }
             let pending = self.requests.get(id).expect("a request ready to propose is pending");
             if let Some((key, holder_token)) = self.grant_conflict(&pending.commands) {
-                if pending.wait_until_ms.is_some() {
+                let max = self.config.waiters_per_key_max;
+                if pending.wait_until_ms.is_none() {
+                    self.finish(id, Err(RequestError::Held { key, holder_token }));
+                } else if self.requests.waiters_of(&key) >= max {
+                    self.finish(id, Err(RequestError::TooManyWaiters { key, max }));
+                } else {
                     let table = &self.table;
                     self.requests.wait_for(id, key, &|key| table.holder(key.as_bytes()).is_none());
-                } else {
-                    self.finish(id, Err(RequestError::Held { key, holder_token }));
                 }
                 continue;
             }
+            let new_locks = match self.quota_check(id, false) {
+                Ok(new_locks) => new_locks,
+                Err(err) => {
+                    self.finish(id, Err(err));
+                    continue;
+                }
+            };
+            self.requests.count_new_locks(id, new_locks);
             let removed = self.add_to_batch(&mut batch, id);
             // Hand each lock this request frees to its first waiter in the
-            // same entry: a hot-key handoff costs one commit.
+            // same entry: a hot-key handoff costs one commit. A waiter that
+            // would break a quota is answered, and the next one asked.
             for key in removed {
-                if let Some(waiter) = self.requests.hand_over(&key, id) {
-                    self.add_to_batch(&mut batch, waiter);
+                while let Some(waiter) = self.requests.first_waiter(&key) {
+                    match self.quota_check(waiter, true) {
+                        Ok(new_locks) => {
+                            self.requests.hand_over(&key, id);
+                            self.requests.count_new_locks(waiter, new_locks);
+                            self.add_to_batch(&mut batch, waiter);
+                            break;
+                        }
+                        Err(err) => self.finish(waiter, Err(err)),
+                    }
                 }
             }
             if batch.commands.len() >= self.config.entry_commands_max {

@@ -33,9 +33,28 @@ pub struct Config {
     /// A snapshot of the lock table is taken, and the log compacted, every
     /// this many applied entries.
     pub snapshot_interval_entries: u64,
-    /// Requests (proposals and reads) waiting or in flight at once; more are
-    /// refused with [`RequestError::Overloaded`].
+    /// Client requests (proposals and reads) waiting or in flight at once;
+    /// more are refused with [`RequestError::Overloaded`]. The leader's own
+    /// Expires and ghost Releases do not count: they have
+    /// `internal_pending_max`.
     pub pending_requests_max: usize,
+    /// Of those, acquires (waiting ones included): more are refused with
+    /// [`RequestError::Overloaded`] while renewals, releases and reads still
+    /// find room under `pending_requests_max`.
+    pub pending_acquires_max: usize,
+    /// Acquires waiting for one key; more are refused with
+    /// [`RequestError::TooManyWaiters`].
+    pub waiters_per_key_max: usize,
+    /// The leader's own requests (Expires, ghost Releases) pending at once:
+    /// a budget of their own, so that leases expire on time whatever the
+    /// client load.
+    pub internal_pending_max: usize,
+    /// Locks the table may hold; a grant of a new lock past it is refused
+    /// with [`RequestError::QuotaExceeded`].
+    pub locks_max: usize,
+    /// Locks the owners of one identity (the owner up to its first `/`; the
+    /// TLS user) may hold; as above.
+    pub locks_per_identity_max: usize,
     /// The leader closes a log entry's batch once it holds this many
     /// commands (one request's commands are never split, so an entry may
     /// carry more).
@@ -75,6 +94,11 @@ impl Config {
             heartbeat_ticks: 2,
             snapshot_interval_entries: 10_000,
             pending_requests_max: 65_536,
+            pending_acquires_max: 32_768,
+            waiters_per_key_max: 4_096,
+            internal_pending_max: 65_536,
+            locks_max: 1_000_000,
+            locks_per_identity_max: 100_000,
             entry_commands_max: 4_096,
             max_inflight_msgs: 256,
             max_size_per_msg_bytes: 1 << 20,
@@ -131,8 +155,17 @@ impl Config {
         if self.snapshot_interval_entries == 0 {
             return invalid("snapshot_interval_entries must be positive".into());
         }
-        if self.pending_requests_max == 0 || self.entry_commands_max == 0 {
-            return invalid("pending_requests_max and entry_commands_max must be positive".into());
+        let counts = [
+            ("max_pending_requests", self.pending_requests_max),
+            ("max_pending_acquires", self.pending_acquires_max),
+            ("max_waiters_per_key", self.waiters_per_key_max),
+            ("internal_pending_max", self.internal_pending_max),
+            ("entry_commands_max", self.entry_commands_max),
+            ("max_locks", self.locks_max),
+            ("max_locks_per_owner", self.locks_per_identity_max),
+        ];
+        if let Some((name, _)) = counts.iter().find(|(_, value)| *value == 0) {
+            return invalid(format!("{name} must be positive"));
         }
         if self.lease_ms_min == 0 || self.lease_ms_min > self.lease_ms_max {
             return invalid(format!(
@@ -199,6 +232,13 @@ pub enum RequestError {
     /// Too many requests are pending; nothing was proposed.
     #[error("too many pending requests")]
     Overloaded,
+    /// Too many acquires already wait for this key; nothing was proposed.
+    #[error("{max} acquires already wait for key {key}")]
+    TooManyWaiters { key: Key, max: usize },
+    /// A grant would take the table, or its owner's identity, past its
+    /// quota of locks; nothing was proposed.
+    #[error("{0}")]
+    QuotaExceeded(Quota),
     /// A Grant in the request names a key another owner holds; nothing was
     /// proposed.
     #[error("key {key} is held under token {holder_token}")]
@@ -215,6 +255,15 @@ pub enum RequestError {
     /// A bug: a reply of the wrong shape, for example.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// Which quota of locks a grant met ([`RequestError::QuotaExceeded`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Quota {
+    #[error("the lock table is full: it holds {max} locks, its maximum")]
+    Table { max: usize },
+    #[error("owners of identity {identity:?} hold {max} locks, their maximum")]
+    Identity { identity: String, max: usize },
 }
 
 /// A change of the lock table, for the lease timer. Emitted on every node as

@@ -71,6 +71,26 @@ pub struct Flags {
     /// Snapshot the lock table and compact the log every this many applied entries.
     #[arg(long)]
     pub snapshot_interval_entries: Option<u64>,
+    /// Client requests the leader holds unanswered at once (waiting acquires
+    /// included); more are answered UNAVAILABLE. Default 65536.
+    #[arg(long)]
+    pub max_pending_requests: Option<usize>,
+    /// Of those, acquires; more are answered UNAVAILABLE while renewals,
+    /// releases and reads still find room. Default 32768.
+    #[arg(long)]
+    pub max_pending_acquires: Option<usize>,
+    /// Acquires waiting for one key; more are answered RESOURCE_EXHAUSTED.
+    /// Default 4096.
+    #[arg(long)]
+    pub max_waiters_per_key: Option<usize>,
+    /// Locks the table may hold; a new lock past it is answered
+    /// RESOURCE_EXHAUSTED. Default 1000000.
+    #[arg(long)]
+    pub max_locks: Option<usize>,
+    /// Locks the owners of one identity may hold (the owner up to its first
+    /// `/`; with TLS, the user); as above. Default 100000.
+    #[arg(long)]
+    pub max_locks_per_owner: Option<usize>,
     /// Client connections served at once.
     #[arg(long)]
     pub max_connections: Option<usize>,
@@ -129,6 +149,11 @@ struct FileConfig {
     lease_max_ms: Option<u64>,
     wait_max_ms: Option<u64>,
     snapshot_interval_entries: Option<u64>,
+    max_pending_requests: Option<usize>,
+    max_pending_acquires: Option<usize>,
+    max_waiters_per_key: Option<usize>,
+    max_locks: Option<usize>,
+    max_locks_per_owner: Option<usize>,
     max_connections: Option<usize>,
     max_connections_per_address: Option<usize>,
     idle_timeout_ms: Option<u64>,
@@ -222,6 +247,18 @@ impl ServerConfig {
         driver.lease_ms_max = flags.lease_max_ms.or(file.lease_max_ms).unwrap_or(24 * 60 * 60 * 1_000);
         if let Some(entries) = flags.snapshot_interval_entries.or(file.snapshot_interval_entries) {
             driver.snapshot_interval_entries = entries;
+        }
+        let counts = [
+            (flags.max_pending_requests.or(file.max_pending_requests), &mut driver.pending_requests_max),
+            (flags.max_pending_acquires.or(file.max_pending_acquires), &mut driver.pending_acquires_max),
+            (flags.max_waiters_per_key.or(file.max_waiters_per_key), &mut driver.waiters_per_key_max),
+            (flags.max_locks.or(file.max_locks), &mut driver.locks_max),
+            (flags.max_locks_per_owner.or(file.max_locks_per_owner), &mut driver.locks_per_identity_max),
+        ];
+        for (value, field) in counts {
+            if let Some(value) = value {
+                *field = value;
+            }
         }
         driver.validate_timing(tick_ms).map_err(|err| anyhow!(err))?;
 
@@ -426,6 +463,12 @@ mod tests {
         assert_eq!(config.driver.election_ticks, 10);
         assert_eq!(config.tick, Duration::from_millis(20));
         assert_eq!(config.metrics_addr, None);
+        assert_eq!((config.driver.locks_max, config.driver.locks_per_identity_max), (1_000_000, 100_000));
+        std::fs::write(&path, "max_locks = 10\nmax_locks_per_owner = 3\nmax_pending_acquires = 7\n").unwrap();
+        let config =
+            ServerConfig::load(&flags(&["--config", path.to_str().unwrap(), "--max-locks", "20"])).unwrap();
+        assert_eq!((config.driver.locks_max, config.driver.locks_per_identity_max), (20, 3));
+        assert_eq!(config.driver.pending_acquires_max, 7);
         std::fs::write(&path, "metrics_addr = \"127.0.0.1:9100\"\n").unwrap();
         let config = ServerConfig::load(&flags(&["--config", path.to_str().unwrap()])).unwrap();
         assert_eq!(config.metrics_addr, Some("127.0.0.1:9100".parse().unwrap()));
@@ -444,6 +487,8 @@ mod tests {
             (vec!["--client-addr", "0.0.0.0:7101"], "not a loopback address"),
             (vec!["--peers", "1=10.1.2.3:7001"], "peer address 10.1.2.3:7001 is not a loopback"),
             (vec!["--metrics-addr", "[::]:9100"], "--insecure"),
+            (vec!["--max-locks", "0"], "max_locks must be positive"),
+            (vec!["--max-waiters-per-key", "0"], "max_waiters_per_key must be positive"),
         ] {
             let err = ServerConfig::load(&flags(&args)).unwrap_err();
             assert!(format!("{err:#}").contains(needle), "{args:?}: {err:#}");

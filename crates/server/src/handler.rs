@@ -551,6 +551,7 @@ pub fn error_to_response(
         RequestError::LeadershipLost { .. } => ErrorCode::TIMEOUT,
         RequestError::Dropped | RequestError::Overloaded | RequestError::Stopped => ErrorCode::UNAVAILABLE,
         RequestError::LeaseOutOfBounds { .. } => ErrorCode::INVALID_ARGUMENT,
+        RequestError::TooManyWaiters { .. } | RequestError::QuotaExceeded(_) => ErrorCode::RESOURCE_EXHAUSTED,
         RequestError::Held { .. } | RequestError::WaitTimedOut { .. } | RequestError::Internal(_) => {
             ErrorCode::INTERNAL
         }

@@ -94,9 +94,9 @@ impl Outcome {
             }
             // A denied renew may have renewed the batch's other locks, but
             // the suites' clients only ever renew their own.
-            ClientError::InvalidArgument(_) | ClientError::PermissionDenied(_) => {
-                Outcome::Failed { error: error.to_string() }
-            }
+            ClientError::InvalidArgument(_)
+            | ClientError::PermissionDenied(_)
+            | ClientError::ResourceExhausted(_) => Outcome::Failed { error: error.to_string() },
             ClientError::Unavailable(_) | ClientError::Internal(_) => {
                 Outcome::Unknown { error: error.to_string() }
             }

@@ -263,6 +263,16 @@ impl Owner {
             None => false,
         }
     }
+
+    /// The identity that quotas count this owner under: the bytes before
+    /// the first `/`, or the whole owner without one. With TLS that is the
+    /// authenticated user (`alice/worker-3` counts as `alice`).
+    pub fn identity(&self) -> &[u8] {
+        match self.0.iter().position(|byte| *byte == b'/') {
+            Some(at) => &self.0[..at],
+            None => &self.0,
+        }
+    }
 }
 
 /// Lets maps keyed by [`Key`] be searched with plain byte slices.
