@@ -22,7 +22,7 @@ use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use fencelock_types::client_pb::{Error, ErrorCode, Request, Response};
+use fencelock_types::client_pb::{Error, ErrorCode, Request, Request_oneof_kind as RequestKind, Response};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use slog::{debug, info, warn, Logger};
@@ -45,6 +45,12 @@ pub struct ClientConfig {
     /// Requests in flight on one connection; more are refused.
     pub in_flight_max: usize,
     pub frame_bytes_max: usize,
+    /// Bytes of partial requests held across every connection; past it, the
+    /// connection holding the most is closed ([`INPUT_TOTAL_MAX`] by default).
+    pub input_total_max: usize,
+    /// Unsent answer bytes across every connection; past it, the connection
+    /// holding the most is closed ([`OUTPUT_TOTAL_MAX`] by default).
+    pub output_total_max: usize,
     /// TLS on this port: every client must present a certificate this
     /// configuration accepts. `None`: plain TCP.
     pub tls: Option<Reloadable<rustls::ServerConfig>>,
@@ -55,6 +61,15 @@ pub struct ClientConfig {
 /// the [`ResponseSink`].
 pub trait Handler: Send + Sync + 'static {
     fn handle(&self, request: Request, sink: ResponseSink);
+
+    /// Whether the handler takes more requests now. False: the loop stops
+    /// decoding requests (their bytes stay in their connections, and the
+    /// sockets are not read) and asks again in the next round, after the
+    /// core's turn: a full queue behind the handler pushes back on the
+    /// clients instead of growing.
+    fn ready(&self) -> bool {
+        true
+    }
 
     /// Connection `connection` (as [`ResponseSink::connection`] names it)
     /// closed, for whatever reason: after every request it carried was
@@ -67,6 +82,14 @@ pub trait Handler: Send + Sync + 'static {
 /// Unsent response bytes on one connection past which the loop stops
 /// reading that connection's requests until its client catches up.
 pub const OUTPUT_PAUSE_BYTES: usize = 256 * 1024;
+
+/// The default of [`ClientConfig::input_total_max`]: many connections that
+/// each send most of a large frame cannot add up to more than this.
+pub const INPUT_TOTAL_MAX: usize = 64 << 20;
+
+/// The default of [`ClientConfig::output_total_max`]: clients that do not
+/// read their answers cannot make them add up to more than this.
+pub const OUTPUT_TOTAL_MAX: usize = 256 << 20;
 
 /// The most bytes taken from one socket in one read.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
@@ -92,6 +115,8 @@ const FIRST_CONNECTION: usize = 3;
 pub struct ResponseSink {
     id: u64,
     connection: Arc<ConnectionShared>,
+    /// It answers a `list`: one may be in flight per connection.
+    list: bool,
 }
 
 impl ResponseSink {
@@ -122,15 +147,16 @@ impl ResponseSink {
             connection.in_flight.fetch_sub(1, Ordering::SeqCst);
             return false;
         }
-        connection.shared.post(connection.token, response)
+        connection.shared.post(connection.token, response, self.list)
     }
 }
 
 /// The state the event loop shares with the threads that answer requests.
 #[derive(Debug)]
 pub(crate) struct LoopShared {
-    /// Responses for connections, each counted in its `in_flight`.
-    outbox: Sender<(Token, Response)>,
+    /// Responses for connections, each counted in its `in_flight`, and
+    /// whether it answers a `list`.
+    outbox: Sender<(Token, Response, bool)>,
     pub(crate) waker: Waker,
     /// Set when the loop was woken and has not yet looked at the outbox:
     /// a burst of responses costs one wake-up.
@@ -142,8 +168,8 @@ pub(crate) struct LoopShared {
 }
 
 impl LoopShared {
-    fn post(&self, token: Token, response: Response) -> bool {
-        if self.outbox.send((token, response)).is_err() {
+    fn post(&self, token: Token, response: Response, list: bool) -> bool {
+        if self.outbox.send((token, response, list)).is_err() {
             return false;
         }
         self.wake();
@@ -229,7 +255,7 @@ pub(crate) struct EventLoop<M> {
     pub(crate) poll: Poll,
     /// `None` once the listener stopped accepting.
     listener: Option<TcpListener>,
-    inbox: Receiver<(Token, Response)>,
+    inbox: Receiver<(Token, Response, bool)>,
     pub(crate) shared: Arc<LoopShared>,
     connections: HashMap<Token, Connection>,
     next_token: usize,
@@ -258,6 +284,11 @@ pub(crate) struct EventLoop<M> {
     next_idle_sweep: Option<Instant>,
     /// Repeated warnings, per kind and address.
     throttle: crate::throttle::Throttle,
+    /// Bytes of partial requests, and of unsent answers, over every
+    /// connection (bounded by [`ClientConfig::input_total_max`] and
+    /// [`ClientConfig::output_total_max`]).
+    input_bytes: usize,
+    output_bytes: usize,
     logger: Logger,
 }
 
@@ -286,6 +317,12 @@ struct Connection {
     remote_ip: std::net::IpAddr,
     /// When the client last sent a byte.
     last_heard: Instant,
+    /// A `list` is in flight: its answer may be large, so the next one
+    /// waits for it.
+    list_in_flight: bool,
+    /// Decoding stopped at a `list` while another was in flight; it goes
+    /// on once that one is answered.
+    list_blocked: bool,
     logger: Logger,
 }
 
@@ -350,6 +387,8 @@ impl<M: protobuf::Message> EventLoop<M> {
             per_address: HashMap::new(),
             next_idle_sweep: None,
             throttle: crate::throttle::Throttle::default(),
+            input_bytes: 0,
+            output_bytes: 0,
             logger: logger.clone(),
         })
     }
@@ -458,7 +497,18 @@ impl<M: protobuf::Message> EventLoop<M> {
                 }
             }
             self.flush_all();
+            #[cfg(debug_assertions)]
+            self.check_totals();
         }
+    }
+
+    /// The running totals of partial requests and unsent answers are the
+    /// sums over the connections (debug builds: every round).
+    #[cfg(debug_assertions)]
+    fn check_totals(&self) {
+        let input: usize = self.connections.values().map(|connection| connection.input.len()).sum();
+        let output: usize = self.connections.values().map(Connection::unsent).sum();
+        assert_eq!((self.input_bytes, self.output_bytes), (input, output), "byte totals drifted");
     }
 
     /// Writes everything queued: client responses and peer messages.
@@ -562,6 +612,8 @@ impl<M: protobuf::Message> EventLoop<M> {
             expiry: None,
             remote_ip: remote.ip(),
             last_heard: Instant::now(),
+            list_in_flight: false,
+            list_blocked: false,
             logger,
         };
         self.connections.insert(token, connection);
@@ -636,7 +688,7 @@ impl<M: protobuf::Message> EventLoop<M> {
         let mut budget = REQUESTS_PER_ROUND;
         loop {
             let Some(connection) = self.connections.get_mut(&token) else { return Ok(()) };
-            if connection.closing {
+            if connection.closing || connection.list_blocked {
                 return Ok(());
             }
             if connection.unsent() > OUTPUT_PAUSE_BYTES {
@@ -647,13 +699,18 @@ impl<M: protobuf::Message> EventLoop<M> {
             if connection.backlog {
                 // Whole requests left from an earlier round go first.
                 if !self.decode(token, &mut budget)? {
-                    self.read_again.push(token);
+                    if self.connections.get(&token).is_some_and(|connection| !connection.list_blocked) {
+                        self.read_again.push(token);
+                    }
                     return Ok(());
                 }
                 continue;
             }
             let handshaking = connection.wire.is_handshaking();
-            let n = match connection.wire.read(&mut self.scratch, &mut connection.input) {
+            let before = connection.input.len();
+            let read = connection.wire.read(&mut self.scratch, &mut connection.input);
+            self.input_bytes += connection.input.len() - before;
+            let n = match read {
                 Ok(Got::Closed) => return Err(Close::Quietly("client closed the connection".into())),
                 Ok(Got::Bytes(n)) => {
                     connection.last_heard = Instant::now();
@@ -685,8 +742,13 @@ impl<M: protobuf::Message> EventLoop<M> {
                     self.expiries.insert((expiry, token));
                 }
             }
+            if self.input_bytes > self.config.input_total_max {
+                self.shed_input();
+            }
             if !self.decode(token, &mut budget)? {
-                self.read_again.push(token);
+                if self.connections.get(&token).is_some_and(|connection| !connection.list_blocked) {
+                    self.read_again.push(token);
+                }
                 return Ok(());
             }
             // A short read emptied the socket: a later byte is a new edge.
@@ -706,13 +768,25 @@ impl<M: protobuf::Message> EventLoop<M> {
         let mut result = Ok(());
         let mut backlog = false;
         loop {
-            if *budget == 0 {
+            if *budget == 0 || !self.handler.ready() {
                 backlog = true;
                 break;
             }
             match decode_frame::<Request>(&input[at..], self.config.frame_bytes_max) {
                 Ok(None) => break,
                 Ok(Some((request, used))) => {
+                    let is_list = matches!(request.kind, Some(RequestKind::list(_)));
+                    if is_list
+                        && self.connections.get(&token).is_some_and(|connection| connection.list_in_flight)
+                    {
+                        // Its answer may be large: one at a time. Decoded
+                        // again once the one in flight is answered.
+                        if let Some(connection) = self.connections.get_mut(&token) {
+                            connection.list_blocked = true;
+                        }
+                        backlog = true;
+                        break;
+                    }
                     *budget -= 1;
                     at += used;
                     if let Err(close) = self.dispatch(token, request) {
@@ -742,11 +816,17 @@ impl<M: protobuf::Message> EventLoop<M> {
                 }
             }
         }
-        if let Some(connection) = self.connections.get_mut(&token) {
-            let mut input = input;
-            input.drain(..at.min(input.len()));
-            connection.input = input;
-            connection.backlog = backlog;
+        match self.connections.get_mut(&token) {
+            Some(connection) => {
+                let mut input = input;
+                let used = at.min(input.len());
+                input.drain(..used);
+                self.input_bytes = self.input_bytes.saturating_sub(used);
+                connection.input = input;
+                connection.backlog = backlog;
+            }
+            // Closed while its requests were handed on.
+            None => self.input_bytes = self.input_bytes.saturating_sub(input.len()),
         }
         result.map(|()| !backlog)
     }
@@ -775,7 +855,13 @@ impl<M: protobuf::Message> EventLoop<M> {
             return Ok(());
         }
         shared.in_flight.fetch_add(1, Ordering::SeqCst);
-        let sink = ResponseSink { id: request.id, connection: Arc::clone(shared) };
+        let list = matches!(request.kind, Some(RequestKind::list(_)));
+        let sink = ResponseSink { id: request.id, connection: Arc::clone(shared), list };
+        if list {
+            if let Some(connection) = self.connections.get_mut(&token) {
+                connection.list_in_flight = true;
+            }
+        }
         // A handler bug must not take every client connection down with
         // this thread: the connection whose request hit it is closed.
         let handler = &self.handler;
@@ -790,7 +876,9 @@ impl<M: protobuf::Message> EventLoop<M> {
     /// Queues a response of the loop's own (not counted in flight).
     fn refuse(&mut self, token: Token, response: Response) {
         let Some(connection) = self.connections.get_mut(&token) else { return };
+        let before = connection.output.len();
         encode_frame(&response, &mut connection.output);
+        self.output_bytes += connection.output.len() - before;
         self.queue_flush(token);
     }
 
@@ -808,11 +896,59 @@ impl<M: protobuf::Message> EventLoop<M> {
         // Cleared before draining: a response queued after the drain
         // finds the flag clear and wakes the loop again.
         self.shared.wake_pending.store(false, Ordering::SeqCst);
-        while let Ok((token, response)) = self.inbox.try_recv() {
+        while let Ok((token, response, list)) = self.inbox.try_recv() {
             let Some(connection) = self.connections.get_mut(&token) else { continue };
             connection.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+            let before = connection.output.len();
             encode_frame(&response, &mut connection.output);
+            self.output_bytes += connection.output.len() - before;
+            if list {
+                connection.list_in_flight = false;
+                if std::mem::take(&mut connection.list_blocked) {
+                    self.read_again.push(token);
+                }
+            }
             self.queue_flush(token);
+        }
+        if self.output_bytes > self.config.output_total_max {
+            self.shed_output();
+        }
+    }
+
+    /// Closes the connections holding the most partial request bytes until
+    /// the total is back under [`ClientConfig::input_total_max`].
+    fn shed_input(&mut self) {
+        let max = self.config.input_total_max;
+        while self.input_bytes > max {
+            let largest = self.connections.iter().max_by_key(|(_, connection)| connection.input.len());
+            let Some((&token, connection)) = largest else { return };
+            if connection.input.is_empty() {
+                return;
+            }
+            let reason = format!(
+                "partial requests on every connection passed {max} bytes; this one held the most ({})",
+                connection.input.len()
+            );
+            self.close(token, Close::Violation(reason));
+        }
+    }
+
+    /// Closes the connections holding the most unsent answers (clients
+    /// that do not read them) until the total is back under
+    /// [`ClientConfig::output_total_max`].
+    fn shed_output(&mut self) {
+        let max = self.config.output_total_max;
+        while self.output_bytes > max {
+            let largest = self.connections.iter().max_by_key(|(_, connection)| connection.unsent());
+            let Some((&token, connection)) = largest else { return };
+            if connection.unsent() == 0 {
+                return;
+            }
+            let reason = format!(
+                "unsent answers on every connection passed {max} bytes; this client had not read the most ({})",
+                connection.unsent()
+            );
+            self.close(token, Close::Violation(reason));
         }
     }
 
@@ -829,7 +965,10 @@ impl<M: protobuf::Message> EventLoop<M> {
         for token in std::mem::take(&mut self.to_flush) {
             let Some(connection) = self.connections.get_mut(&token) else { continue };
             connection.flush_queued = false;
-            match write_out(connection) {
+            let before = connection.unsent();
+            let written = write_out(connection);
+            self.output_bytes = self.output_bytes.saturating_sub(before - connection.unsent());
+            match written {
                 Ok(()) => {}
                 Err(err) => {
                     self.close(token, Close::Quietly(format!("write failed: {err}")));
@@ -848,6 +987,8 @@ impl<M: protobuf::Message> EventLoop<M> {
     fn close(&mut self, token: Token, close: Close) {
         let Some(mut connection) = self.connections.remove(&token) else { return };
         connection.shared.alive.store(false, Ordering::SeqCst);
+        self.input_bytes = self.input_bytes.saturating_sub(connection.input.len());
+        self.output_bytes = self.output_bytes.saturating_sub(connection.unsent());
         if let Some(count) = self.per_address.get_mut(&connection.remote_ip) {
             *count -= 1;
             if *count == 0 {

@@ -40,6 +40,8 @@
 //!     idle_timeout: None,
 //!     in_flight_max: 1024,
 //!     frame_bytes_max: 1 << 20,
+//!     input_total_max: fencelock_net::INPUT_TOTAL_MAX,
+//!     output_total_max: fencelock_net::OUTPUT_TOTAL_MAX,
 //!     tls: None,
 //! };
 //! let listener = ClientListener::start(config, Arc::new(Unavailable), &logger)?;
@@ -52,7 +54,9 @@ mod node;
 mod throttle;
 mod wire;
 
-pub use client::{error_response, ClientConfig, ClientListener, Handler, ResponseSink};
+pub use client::{
+    error_response, ClientConfig, ClientListener, Handler, ResponseSink, INPUT_TOTAL_MAX, OUTPUT_TOTAL_MAX,
+};
 pub use frame::{decode_frame, encode_frame, read_frame, write_frame, FrameError};
 pub use node::{
     ClientAddrs, Core, Greetings, Heard, LoopWaker, NodeIo, NodeLoop, PeerConfig, PeerTls, Route, Turn,

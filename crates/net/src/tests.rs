@@ -38,6 +38,8 @@ fn listener(handler: Arc<dyn Handler>, connections_max: usize, in_flight_max: us
         idle_timeout: None,
         in_flight_max,
         frame_bytes_max: 1024,
+        input_total_max: crate::INPUT_TOTAL_MAX,
+        output_total_max: crate::OUTPUT_TOTAL_MAX,
         tls: None,
     };
     ClientListener::start(config, handler, &logger()).unwrap()
@@ -115,6 +117,8 @@ fn listener_logging_to(
         idle_timeout: None,
         in_flight_max: 8,
         frame_bytes_max: 1024,
+        input_total_max: crate::INPUT_TOTAL_MAX,
+        output_total_max: crate::OUTPUT_TOTAL_MAX,
         tls: None,
     };
     tune(&mut config);
@@ -428,6 +432,8 @@ pub(crate) fn node_with(
         idle_timeout: None,
         in_flight_max: 8,
         frame_bytes_max: 1024,
+        input_total_max: crate::INPUT_TOTAL_MAX,
+        output_total_max: crate::OUTPUT_TOTAL_MAX,
         tls: tls.as_ref().map(|tls| Arc::clone(&tls.client_server).into()),
     };
     let peers = PeerConfig {
@@ -882,4 +888,187 @@ fn responses_sent_from_another_thread_all_reach_their_connections() {
     }
     drop(listener);
     drop(answerer);
+}
+
+fn list_request(id: u64) -> Request {
+    Request {
+        id,
+        kind: Some(fencelock_types::client_pb::Request_oneof_kind::list(Default::default())),
+        ..Default::default()
+    }
+}
+
+/// Waits until `parked` holds `count` sinks, and a moment more to show that
+/// no more come.
+fn parked_settles_at(parked: &Parked, count: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while parked.0.lock().unwrap().len() < count {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {count} requests handed on",
+            parked.0.lock().unwrap().len()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(parked.0.lock().unwrap().len(), count, "more requests were handed on");
+}
+
+#[test]
+fn lists_are_handed_on_one_at_a_time_per_connection_and_nothing_is_lost() {
+    let parked = Arc::new(Parked::default());
+    let listener = listener(Arc::new(Arc::clone(&parked)), 8, 64);
+    let mut stream = connect(listener.local_addr());
+    let mut other = connect(listener.local_addr());
+    for id in 1..=3 {
+        write_frame(&mut stream, &list_request(id)).unwrap();
+    }
+    write_frame(&mut stream, &status_request(4)).unwrap();
+    // Another connection's list is not held back by this one's.
+    write_frame(&mut other, &list_request(10)).unwrap();
+    parked_settles_at(&parked, 2);
+    // Each answer lets the next list of that connection go, in order; the
+    // status behind the third goes with it.
+    for (answered, next, count) in [(1, vec![2], 2), (2, vec![3, 4], 3)] {
+        let sink = {
+            let mut sinks = parked.0.lock().unwrap();
+            let at = sinks.iter().position(|sink| sink.id() == answered).unwrap();
+            sinks.remove(at)
+        };
+        assert!(sink.send(Response::default()));
+        let answer: Response = read_frame(&mut stream, 1 << 20).unwrap();
+        assert_eq!(answer.id, answered);
+        parked_settles_at(&parked, count);
+        let ids: Vec<u64> = parked.0.lock().unwrap().iter().map(ResponseSink::id).collect();
+        assert!(next.iter().all(|id| ids.contains(id)), "{ids:?}");
+    }
+}
+
+/// Not ready until the test says so; then hands requests to `parked`.
+struct Gated {
+    open: AtomicBool,
+    parked: Arc<Parked>,
+}
+
+impl Handler for Arc<Gated> {
+    fn handle(&self, request: Request, sink: ResponseSink) {
+        self.parked.handle(request, sink);
+    }
+
+    fn ready(&self) -> bool {
+        self.open.load(Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn a_handler_that_is_not_ready_pushes_back_and_loses_no_request() {
+    let gated = Arc::new(Gated { open: AtomicBool::new(false), parked: Arc::new(Parked::default()) });
+    let listener = listener(Arc::new(Arc::clone(&gated)), 8, 64);
+    let mut stream = connect(listener.local_addr());
+    for id in 1..=20 {
+        write_frame(&mut stream, &status_request(id)).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        gated.parked.0.lock().unwrap().is_empty(),
+        "requests were handed to a handler that was not ready"
+    );
+    gated.open.store(true, Ordering::SeqCst);
+    parked_settles_at(&gated.parked, 20);
+    let ids: BTreeSet<u64> = gated.parked.0.lock().unwrap().iter().map(ResponseSink::id).collect();
+    assert_eq!(ids, (1..=20).collect());
+}
+
+/// Answers every request at once with about `padding` bytes, whether or not
+/// its connection is still there.
+struct Flood {
+    padding: usize,
+}
+
+impl Handler for Flood {
+    fn handle(&self, request: Request, sink: ResponseSink) {
+        sink.send(crate::error_response(request.id, ErrorCode::INTERNAL, "x".repeat(self.padding)));
+    }
+}
+
+/// How many of `streams` the server closed, looking for up to 10 s until
+/// at least `wanted` are (what they were sent is read and dropped).
+fn closed_by_server(streams: &mut [TcpStream], wanted: usize) -> usize {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut closed = vec![false; streams.len()];
+    let mut buffer = vec![0; 1 << 16];
+    while std::time::Instant::now() < deadline && closed.iter().filter(|closed| **closed).count() < wanted {
+        for (stream, closed) in streams.iter_mut().zip(&mut closed) {
+            if *closed {
+                continue;
+            }
+            stream.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+            match stream.read(&mut buffer) {
+                Ok(0) => *closed = true,
+                Ok(_) => {}
+                Err(err)
+                    if matches!(
+                        err.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => *closed = true,
+            }
+        }
+    }
+    closed.iter().filter(|closed| **closed).count()
+}
+
+#[test]
+fn clients_that_do_not_read_are_closed_once_unsent_answers_pass_the_total_and_others_are_served() {
+    let listener = listener_with(Arc::new(Flood { padding: 16 << 10 }), |config| {
+        config.in_flight_max = 256;
+        config.output_total_max = 1 << 20;
+    });
+    // Two clients ask for far more than they read (or than the total).
+    let mut lazy: Vec<TcpStream> = (0..2).map(|_| connect(listener.local_addr())).collect();
+    for stream in &mut lazy {
+        let mut bytes = Vec::new();
+        for id in 1..=200 {
+            crate::encode_frame(&status_request(id), &mut bytes);
+        }
+        std::io::Write::write_all(stream, &bytes).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // A client that reads is served meanwhile.
+    let mut good = connect(listener.local_addr());
+    write_frame(&mut good, &status_request(7)).unwrap();
+    let answer: Response = read_frame(&mut good, 1 << 20).unwrap();
+    assert_eq!(answer.id, 7);
+    // One lazy client at least held more than the total: it was closed.
+    let closed = closed_by_server(&mut lazy, 1);
+    assert!(closed >= 1, "no client that does not read was closed");
+    write_frame(&mut good, &status_request(8)).unwrap();
+    let answer: Response = read_frame(&mut good, 1 << 20).unwrap();
+    assert_eq!(answer.id, 8);
+}
+
+#[test]
+fn partial_requests_on_many_connections_are_bounded_in_total_and_others_are_served() {
+    let parked = Arc::new(Parked::default());
+    let listener = listener_with(Arc::new(Arc::clone(&parked)), |config| {
+        config.frame_bytes_max = 1024;
+        config.input_total_max = 4096;
+    });
+    // Each says a 1,000-byte frame comes and sends 900 bytes of it.
+    let mut partial: Vec<TcpStream> = (0..8)
+        .map(|_| {
+            let mut stream = connect(listener.local_addr());
+            let mut bytes = 1_000u32.to_be_bytes().to_vec();
+            bytes.extend(std::iter::repeat_n(0u8, 900));
+            std::io::Write::write_all(&mut stream, &bytes).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            stream
+        })
+        .collect();
+    let closed = closed_by_server(&mut partial, 4);
+    // 8 × 904 bytes against 4,096: at least four had to go.
+    assert!(closed >= 4, "only {closed} of 8 connections holding partial frames were closed");
+    let mut good = connect(listener.local_addr());
+    write_frame(&mut good, &status_request(1)).unwrap();
+    parked_settles_at(&parked, 1);
 }

@@ -44,6 +44,8 @@ fn start_with(layout: &Layout, handler: Arc<dyn Handler>) -> ClientListener {
         idle_timeout: None,
         in_flight_max: 8,
         frame_bytes_max: 1 << 20,
+        input_total_max: crate::INPUT_TOTAL_MAX,
+        output_total_max: crate::OUTPUT_TOTAL_MAX,
         tls: Some(node_tls(layout, 1).unwrap().client_server.into()),
     };
     ClientListener::start(config, handler, &slog::Logger::root(slog::Discard, slog::o!())).unwrap()

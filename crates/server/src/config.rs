@@ -107,6 +107,15 @@ pub struct Flags {
     /// The largest client frame, in bytes.
     #[arg(long)]
     pub max_frame_bytes: Option<usize>,
+    /// Bytes of partial client requests held across every connection; past
+    /// it, the connection holding the most is closed. Default 67108864 (64 MiB).
+    #[arg(long)]
+    pub max_input_bytes: Option<usize>,
+    /// Unsent answer bytes across every client connection; past it, the
+    /// connection holding the most (a client that does not read) is closed.
+    /// Default 268435456 (256 MiB).
+    #[arg(long)]
+    pub max_output_bytes: Option<usize>,
     /// Serve Prometheus metrics at http://ADDR/metrics (off unless set).
     #[arg(long)]
     pub metrics_addr: Option<SocketAddr>,
@@ -159,6 +168,8 @@ struct FileConfig {
     idle_timeout_ms: Option<u64>,
     max_in_flight: Option<usize>,
     max_frame_bytes: Option<usize>,
+    max_input_bytes: Option<usize>,
+    max_output_bytes: Option<usize>,
     metrics_addr: Option<SocketAddr>,
     certs_dir: Option<PathBuf>,
     insecure: Option<bool>,
@@ -185,6 +196,8 @@ pub struct ServerConfig {
     pub idle_timeout: Option<Duration>,
     pub max_in_flight: usize,
     pub max_frame_bytes: usize,
+    pub max_input_bytes: usize,
+    pub max_output_bytes: usize,
     /// The longest wait an acquire may ask for.
     pub wait_max_ms: u64,
     /// Where `/metrics` is served; `None`: nowhere.
@@ -268,6 +281,18 @@ impl ServerConfig {
         if max_connections == 0 || max_in_flight == 0 || max_frame_bytes < 1024 {
             bail!("max_connections and max_in_flight must be positive, max_frame_bytes at least 1024");
         }
+        let max_input_bytes =
+            flags.max_input_bytes.or(file.max_input_bytes).unwrap_or(fencelock_net::INPUT_TOTAL_MAX);
+        let max_output_bytes =
+            flags.max_output_bytes.or(file.max_output_bytes).unwrap_or(fencelock_net::OUTPUT_TOTAL_MAX);
+        // One whole frame must fit, or a client sending the largest would
+        // always be closed.
+        if max_input_bytes < max_frame_bytes || max_output_bytes < max_frame_bytes {
+            bail!(
+                "max_input_bytes ({max_input_bytes}) and max_output_bytes ({max_output_bytes}) must be at least \
+                 max_frame_bytes ({max_frame_bytes})"
+            );
+        }
         let wait_max_ms = flags.wait_max_ms.or(file.wait_max_ms).unwrap_or(300_000);
         let max_connections_per_address =
             flags.max_connections_per_address.or(file.max_connections_per_address).unwrap_or(1_024);
@@ -332,6 +357,8 @@ impl ServerConfig {
             idle_timeout,
             max_in_flight,
             max_frame_bytes,
+            max_input_bytes,
+            max_output_bytes,
             wait_max_ms,
             metrics_addr,
         })
@@ -488,6 +515,7 @@ mod tests {
             (vec!["--peers", "1=10.1.2.3:7001"], "peer address 10.1.2.3:7001 is not a loopback"),
             (vec!["--metrics-addr", "[::]:9100"], "--insecure"),
             (vec!["--max-locks", "0"], "max_locks must be positive"),
+            (vec!["--max-output-bytes", "1000"], "must be at least max_frame_bytes"),
             (vec!["--max-waiters-per-key", "0"], "max_waiters_per_key must be positive"),
         ] {
             let err = ServerConfig::load(&flags(&args)).unwrap_err();

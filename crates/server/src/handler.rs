@@ -36,6 +36,9 @@ pub struct ClientHandler {
     /// The longest wait an acquire may ask for: a waiter holds a place in
     /// its key's queue and memory on the leader until then.
     pub wait_max_ms: u64,
+    /// Requests queued for the node loop past which the listener stops
+    /// reading requests until the loop's next turn takes some.
+    pub queued_max: usize,
 }
 
 /// Who this node is, and where every node's clients connect.
@@ -47,6 +50,10 @@ pub struct Identity {
 }
 
 impl Handler for ClientHandler {
+    fn ready(&self) -> bool {
+        self.driver.len() < self.queued_max
+    }
+
     fn closed(&self, connection: u64) {
         // After every request the connection carried, on the same channel:
         // the node sees them in that order.

@@ -41,6 +41,13 @@ use slog::{crit, error, info, o, warn, Drain, Logger};
 use crate::config::{Flags, LogFormat, ServerConfig};
 use crate::handler::{ClientHandler, Directory, Identity};
 
+/// Client requests the node takes into one turn.
+const DRAIN_MAX: usize = 4_096;
+
+/// Client requests queued for the node loop past which the listener stops
+/// reading requests until a turn takes some: two turns' worth.
+const QUEUED_MAX: usize = 2 * DRAIN_MAX;
+
 /// How long a stopping server lets requests in flight finish.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -264,8 +271,10 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     let store = EngineStore::open(&raft_dir)
         .with_context(|| format!("cannot open the raft log in {}", raft_dir.display()))?;
     // Unbounded: the loop that drains it is the one that fills it, so a
-    // full channel would stop it for good. Connections and requests in
-    // flight per connection bound it.
+    // full channel would stop it for good. The listener stops reading
+    // requests once it holds QUEUED_MAX (`Handler::ready`); what passes that
+    // is one connection's round (REQUESTS_PER_ROUND) and the notices of
+    // closed connections.
     let (requests_tx, requests_rx) = unbounded();
     let waker_slot: Arc<OnceLock<LoopWaker>> = Arc::new(OnceLock::new());
 
@@ -317,7 +326,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         cluster_id,
         requests: requests_rx,
         persisted,
-        drain_max: 4_096,
+        drain_max: DRAIN_MAX,
         stop: Arc::clone(&stop),
         outcome: Arc::clone(&outcome),
     };
@@ -352,6 +361,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         identity: Arc::new(identity),
         access: config.access.clone(),
         wait_max_ms: config.wait_max_ms,
+        queued_max: QUEUED_MAX,
     });
     let client_config = ClientConfig {
         listen_addr: config.client_addr,
@@ -360,6 +370,8 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         idle_timeout: config.idle_timeout,
         in_flight_max: config.max_in_flight,
         frame_bytes_max: config.max_frame_bytes,
+        input_total_max: config.max_input_bytes,
+        output_total_max: config.max_output_bytes,
         tls: tls.as_ref().map(|tls| tls.clients.clone()),
     };
     let make_core = |waker: LoopWaker| -> Box<dyn Core<Message>> {
