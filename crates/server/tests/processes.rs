@@ -264,6 +264,49 @@ fn a_node_whose_data_directory_was_lost_rejoins_without_a_vote_and_catches_up() 
 }
 
 #[test]
+fn a_node_whose_data_was_lost_rejoins_an_idle_cluster_with_no_client_writes() {
+    // Snapshots every 2 entries: it catches up from one. And it is the
+    // leader that loses its data.
+    let mut cluster = Cluster::configure(3);
+    for node in &mut cluster.nodes {
+        node.extra_args = vec!["--snapshot-interval-entries".into(), "2".into()];
+    }
+    for id in 1..=3 {
+        cluster.launch(id);
+    }
+    let client = cluster.client();
+    let leader = cluster.leader(&client);
+    // Raw grants: nothing renews them, so no client writes after this.
+    for i in 0..5 {
+        client.acquire_raw(b"idle-owner", format!("k{i}"), Duration::from_secs(600), Duration::ZERO).unwrap();
+    }
+    // First the leader loses its data, then a follower.
+    let follower = leader % 3 + 1;
+    for lost in [leader, follower] {
+        cluster.kill(lost);
+        std::fs::remove_dir_all(cluster.data_dir(lost)).unwrap();
+        cluster.launch(lost);
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let status = client.status(cluster.client_addr(lost));
+            if status.as_ref().is_ok_and(|status| !status.rejoining && status.locks == 5) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {lost} did not rejoin an idle cluster: {status:?}\n{}",
+                cluster.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let log = cluster.log(lost);
+        assert!(log.contains("its data was lost"), "{log}");
+        let warnings = log.lines().filter(|line| line.contains("WARN")).count();
+        assert!(warnings < 20, "{warnings} warnings while rejoining:\n{log}");
+    }
+}
+
+#[test]
 fn a_new_cluster_starts_once_every_node_has_answered() {
     let mut cluster = Cluster::configure(3);
     cluster.launch(1);
