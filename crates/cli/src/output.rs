@@ -132,8 +132,8 @@ pub fn list_json(prefix: &str, locks: &[LockInfo]) -> Value {
 /// `fencelock status`: `{"nodes": [...]}`, one object per endpoint: the
 /// endpoint and either every status field (`node_id`, `role`, `term`,
 /// `leader_id`, `leader_addr`, `commit_index`, `applied_index`,
-/// `last_index`, `snapshot_index`, `locks`, `last_token`, `members`,
-/// `rejoining`) or `error`.
+/// `last_index`, `snapshot_index`, `snapshot_bytes`, `locks`, `last_token`,
+/// `members`, `rejoining`) or `error`.
 pub fn status_json(nodes: &[(String, Result<NodeStatus, String>)]) -> Value {
     let nodes: Vec<Value> = nodes
         .iter()
@@ -247,6 +247,7 @@ mod tests {
             applied_index: 9,
             last_index: 9,
             snapshot_index: 0,
+            snapshot_bytes: 0,
             locks: 2,
             last_token: 5,
             members: vec![Member { id: 1, peer_addr: "h:7201".into(), client_addr: "h:7101".into() }],

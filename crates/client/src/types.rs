@@ -64,6 +64,8 @@ pub struct NodeStatus {
     pub applied_index: u64,
     pub last_index: u64,
     pub snapshot_index: u64,
+    /// The size of the node's last snapshot, in bytes.
+    pub snapshot_bytes: u64,
     /// Locks in this node's applied table.
     pub locks: u64,
     pub last_token: u64,
@@ -87,6 +89,7 @@ impl From<client_pb::StatusResponse> for NodeStatus {
             applied_index: status.applied_index,
             last_index: status.last_index,
             snapshot_index: status.snapshot_index,
+            snapshot_bytes: status.snapshot_bytes,
             locks: status.locks,
             last_token: status.last_token,
             members: status

@@ -1,5 +1,11 @@
 //! Frames: a 4-byte big-endian length, then that many bytes of one protobuf
 //! message. Readers refuse a length over their limit before allocating.
+//!
+//! A message too large for one frame (a snapshot, between peers) travels
+//! as parts: frames whose length has [`PART_FLAG`] set carry its first
+//! bytes, and the first frame after them without the flag carries the rest
+//! ([`encode_parts`], [`decode_piece`]). Each frame stays under the
+//! reader's frame limit; the whole message has a limit of its own.
 
 use std::io::{self, Read, Write};
 
@@ -27,6 +33,45 @@ pub fn encode_frame(message: &impl Message, buffer: &mut Vec<u8>) {
     message.write_to_vec(buffer).expect("encoding a protobuf message into a Vec cannot fail");
     let len = (buffer.len() - start - 4) as u32;
     buffer[start..start + 4].copy_from_slice(&len.to_be_bytes());
+}
+
+/// Set in a frame's length: the frame is one part of a message, whose
+/// following frames, up to and including the first without the flag, hold
+/// the rest. Lengths never reach it otherwise (frame limits are far below).
+pub const PART_FLAG: u32 = 1 << 31;
+
+/// Appends `message` to `buffer` as one frame, or, if its encoding is over
+/// `part_max` bytes, as parts of at most `part_max` bytes each.
+pub fn encode_parts(message: &impl Message, buffer: &mut Vec<u8>, part_max: usize) {
+    let body = message.write_to_bytes().expect("encoding a protobuf message into a Vec cannot fail");
+    let part_max = part_max.clamp(1, (PART_FLAG - 1) as usize);
+    let mut parts = body.chunks(part_max).peekable();
+    if parts.peek().is_none() {
+        buffer.extend_from_slice(&0u32.to_be_bytes());
+        return;
+    }
+    while let Some(part) = parts.next() {
+        let len = part.len() as u32;
+        let header = if parts.peek().is_some() { len | PART_FLAG } else { len };
+        buffer.extend_from_slice(&header.to_be_bytes());
+        buffer.extend_from_slice(part);
+    }
+}
+
+/// One frame at the start of `input`, once it is whole: whether it is a
+/// part that more follow ([`PART_FLAG`]), its body, and how many bytes it
+/// took. `None` while bytes are missing; a length over `max` is refused
+/// before its body arrives.
+pub fn decode_piece(input: &[u8], max: usize) -> Result<Option<(bool, &[u8], usize)>, FrameError> {
+    let Some(header) = input.get(..4) else { return Ok(None) };
+    let raw = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
+    let more = raw & PART_FLAG != 0;
+    let len = (raw & !PART_FLAG) as usize;
+    if len > max {
+        return Err(FrameError::TooLarge { len, max });
+    }
+    let Some(body) = input.get(4..4 + len) else { return Ok(None) };
+    Ok(Some((more, body, 4 + len)))
 }
 
 /// Writes `message` as one frame.
@@ -93,6 +138,41 @@ mod tests {
             assert_eq!(hello.node_id, id);
         }
         assert!(matches!(read_frame::<PeerHello>(&mut reader, 1024), Err(FrameError::Closed)));
+    }
+
+    #[test]
+    fn a_message_in_parts_reads_back_whole_and_each_part_stays_under_the_limit() {
+        let hello = PeerHello { node_id: 9, client_addr: "x".repeat(10_000), ..Default::default() };
+        for part_max in [1, 7, 999, 10_000, 1 << 20] {
+            let mut buffer = Vec::new();
+            encode_parts(&hello, &mut buffer, part_max);
+            let mut body = Vec::new();
+            let mut at = 0;
+            let mut frames = 0;
+            loop {
+                let (more, part, used) = decode_piece(&buffer[at..], part_max).unwrap().unwrap();
+                assert!(part.len() <= part_max);
+                body.extend_from_slice(part);
+                at += used;
+                frames += 1;
+                if !more {
+                    break;
+                }
+            }
+            assert_eq!(at, buffer.len(), "part_max {part_max}");
+            assert_eq!(PeerHello::parse_from_bytes(&body).unwrap(), hello);
+            assert_eq!(frames, hello.compute_size().div_ceil(part_max as u32) as usize);
+        }
+        // A message that fits is one plain frame, as encode_frame writes it.
+        let mut parts = Vec::new();
+        encode_parts(&hello, &mut parts, 1 << 20);
+        let mut plain = Vec::new();
+        encode_frame(&hello, &mut plain);
+        assert_eq!(parts, plain);
+        // An empty message too.
+        let mut empty = Vec::new();
+        encode_parts(&PeerHello::default(), &mut empty, 8);
+        assert_eq!(empty, [0, 0, 0, 0]);
     }
 
     #[test]

@@ -57,9 +57,12 @@ mod wire;
 pub use client::{
     error_response, ClientConfig, ClientListener, Handler, ResponseSink, INPUT_TOTAL_MAX, OUTPUT_TOTAL_MAX,
 };
-pub use frame::{decode_frame, encode_frame, read_frame, write_frame, FrameError};
+pub use frame::{
+    decode_frame, decode_piece, encode_frame, encode_parts, read_frame, write_frame, FrameError, PART_FLAG,
+};
 pub use node::{
     ClientAddrs, Core, Greetings, Heard, LoopWaker, NodeIo, NodeLoop, PeerConfig, PeerTls, Route, Turn,
+    PART_BYTES,
 };
 pub use wire::{Got, Reloadable, Wire};
 

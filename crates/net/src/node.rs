@@ -34,7 +34,7 @@ use protobuf::Message;
 use slog::{debug, info, warn, Logger};
 
 use crate::client::{EventLoop, LoopShared};
-use crate::frame::{decode_frame, encode_frame};
+use crate::frame::{decode_frame, decode_piece, encode_frame, encode_parts};
 use crate::wire::{Got, Reloadable, Wire};
 use crate::{ClientConfig, Handler};
 
@@ -57,6 +57,11 @@ const FIRST_PEER_TOKEN: usize = usize::MAX / 2;
 /// One read's worth in tests, so that a burst is sure to take several.
 const PEER_BYTES_PER_ROUND: usize = if cfg!(test) { 64 * 1024 } else { 1 << 20 };
 
+/// Messages to peers over this many bytes (snapshots) are sent in parts of
+/// this size, each one frame: peers take frames of up to
+/// [`PeerConfig::frame_bytes_max`], which must be at least this.
+pub const PART_BYTES: usize = if cfg!(test) { 512 } else { 8 << 20 };
+
 /// Settings of the peer side of a node loop.
 #[derive(Clone, Debug)]
 pub struct PeerConfig {
@@ -67,8 +72,12 @@ pub struct PeerConfig {
     pub peers: BTreeMap<u64, SocketAddr>,
     /// This node's client address, announced to peers in the hello.
     pub client_addr: String,
-    /// The largest frame accepted from a peer (snapshots travel as frames).
+    /// The largest frame accepted from a peer. A larger message (a
+    /// snapshot) travels in parts of [`PART_BYTES`] (see `frame`).
     pub frame_bytes_max: usize,
+    /// The largest message accepted from a peer, parts put together: what
+    /// bounds the snapshot a follower can take.
+    pub message_bytes_max: usize,
     /// Unsent bytes queued for one peer past which new messages to it are
     /// dropped (one message is always taken into an empty queue).
     pub output_bytes_max: usize,
@@ -403,6 +412,8 @@ struct Incoming {
     since: Instant,
     /// Bytes read and not yet decoded: at most one partial frame.
     input: Vec<u8>,
+    /// The parts of a message sent in parts, so far (see `frame`).
+    parts: Vec<u8>,
     /// The peer, once its hello came.
     peer: Option<u64>,
     /// When the peer's certificate ends (TLS): the connection is closed.
@@ -473,7 +484,7 @@ impl<M: Message> Peers<M> {
         if unsent == 0 {
             self.dirty.push(to);
         }
-        encode_frame(&message, &mut outgoing.output);
+        encode_parts(&message, &mut outgoing.output, PART_BYTES);
         true
     }
 
@@ -744,8 +755,15 @@ impl<M: Message> Peers<M> {
                     }
                 },
             };
-            let incoming =
-                Incoming { wire, since: Instant::now(), input: Vec::new(), peer: None, expiry: None, remote };
+            let incoming = Incoming {
+                wire,
+                since: Instant::now(),
+                input: Vec::new(),
+                parts: Vec::new(),
+                peer: None,
+                expiry: None,
+                remote,
+            };
             self.incoming.insert(token, incoming);
         }
     }
@@ -929,10 +947,33 @@ impl<M: Message> Peers<M> {
                         Err(err) => return Err(Some(format!("bad hello: {err}"))),
                     }
                 } else {
-                    match decode_frame::<M>(rest, self.config.frame_bytes_max) {
+                    let piece = match decode_piece(rest, self.config.frame_bytes_max) {
                         Ok(None) => break,
-                        Ok(Some((message, used))) => {
-                            at += used;
+                        Ok(Some(piece)) => piece,
+                        Err(err) => return Err(Some(err.to_string())),
+                    };
+                    let (more, body, used) = piece;
+                    at += used;
+                    let max = self.config.message_bytes_max;
+                    if incoming.parts.len() + body.len() > max {
+                        return Err(Some(format!(
+                            "a message in parts passed {max} bytes (raise --max-snapshot-bytes on this node if \
+                             snapshots are that large)"
+                        )));
+                    }
+                    if more {
+                        incoming.parts.extend_from_slice(body);
+                        continue;
+                    }
+                    let decoded = if incoming.parts.is_empty() {
+                        M::parse_from_bytes(body)
+                    } else {
+                        incoming.parts.extend_from_slice(body);
+                        let whole = std::mem::take(&mut incoming.parts);
+                        M::parse_from_bytes(&whole)
+                    };
+                    match decoded {
+                        Ok(message) => {
                             let route = (self.route)(&message);
                             if Some(route.from) != incoming.peer || route.to != self.config.node_id {
                                 return Err(Some(format!(
@@ -942,7 +983,7 @@ impl<M: Message> Peers<M> {
                             }
                             inbound.push(message);
                         }
-                        Err(err) => return Err(Some(err.to_string())),
+                        Err(err) => return Err(Some(format!("frame does not decode: {err}"))),
                     }
                 }
             }

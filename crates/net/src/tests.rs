@@ -442,6 +442,7 @@ pub(crate) fn node_with(
         peers: addrs.iter().filter(|(peer, _)| **peer != id).map(|(peer, addr)| (*peer, *addr)).collect(),
         client_addr: format!("client-of-{id}"),
         frame_bytes_max: 1024,
+        message_bytes_max: 64 * 1024,
         output_bytes_max,
         reconnect_backoff_min: Duration::from_millis(10),
         reconnect_backoff_max: Duration::from_millis(100),
@@ -557,6 +558,39 @@ fn a_frame_over_the_limit_closes_only_that_peer_connection() {
     assert!(two.inbound.try_recv().is_err(), "the oversized message was not delivered");
     // The real peer's connection carries on.
     assert_eq!(deliver((1, &one), 2, "still here", &two).role, "still here");
+}
+
+#[test]
+fn a_message_larger_than_a_frame_travels_in_parts_and_one_over_the_message_limit_is_refused() {
+    let addrs: BTreeMap<u64, SocketAddr> = [(1, free_addr()), (2, free_addr())].into_iter().collect();
+    let one = node(1, &addrs, 1 << 20);
+    let two = node(2, &addrs, 1 << 20);
+    // 20 KiB against 1,024-byte frames: about 40 parts, put together whole.
+    let large = "y".repeat(20 * 1024);
+    assert_eq!(deliver((1, &one), 2, &large, &two).role, large);
+    // Parts that add up past node 2's 64 KiB message limit close the
+    // connection before the rest is held.
+    let mut rogue = connect(addrs[&2]);
+    write_frame(&mut rogue, &PeerHello { node_id: 1, client_addr: "rogue".into(), ..Default::default() })
+        .unwrap();
+    // Under the limit, parts from any writer are put together...
+    let mut parts = Vec::new();
+    crate::encode_parts(&msg(1, 2, &"w".repeat(30 * 1024)), &mut parts, 1000);
+    std::io::Write::write_all(&mut rogue, &parts).unwrap();
+    let under = two.inbound.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(under.role.len(), 30 * 1024);
+    // ...over it, the connection is closed.
+    parts.clear();
+    crate::encode_parts(&msg(1, 2, &"z".repeat(100 * 1024)), &mut parts, 1000);
+    let _ = std::io::Write::write_all(&mut rogue, &parts);
+    let mut rest = Vec::new();
+    assert!(
+        rogue.read_to_end(&mut rest).is_err_and(|err| err.kind() == std::io::ErrorKind::ConnectionReset)
+            || rest.is_empty()
+    );
+    assert!(two.inbound.try_recv().is_err(), "the oversized message was delivered");
+    // The real peer's connection carries on, parts and all.
+    assert_eq!(deliver((1, &one), 2, &large, &two).role, large);
 }
 
 #[test]

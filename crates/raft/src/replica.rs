@@ -113,6 +113,8 @@ pub struct NodeStatus {
     pub applied_index: u64,
     pub last_index: u64,
     pub snapshot_index: u64,
+    /// The size of the last snapshot's table, in bytes.
+    pub snapshot_bytes: u64,
     pub locks: usize,
     pub last_token: Option<FencingToken>,
     pub pending_requests: usize,
@@ -697,6 +699,7 @@ impl Replica {
             applied_index: self.table_index,
             last_index: raft.raft_log.last_index(),
             snapshot_index: self.raw.store().snapshot_index(),
+            snapshot_bytes: self.raw.store().last_snapshot().get_data().len() as u64,
             locks: self.table.len(),
             last_token: self.table.last_token(),
             pending_requests: self.requests.clients() + self.reads.len(),

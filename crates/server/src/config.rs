@@ -116,6 +116,11 @@ pub struct Flags {
     /// Default 268435456 (256 MiB).
     #[arg(long)]
     pub max_output_bytes: Option<usize>,
+    /// The largest snapshot this node takes from a leader, in bytes: it must
+    /// hold the lock table (about 1,300 bytes a lock with the longest keys
+    /// and owners). Default 2147483648 (2 GiB).
+    #[arg(long)]
+    pub max_snapshot_bytes: Option<usize>,
     /// Serve Prometheus metrics at http://ADDR/metrics (off unless set).
     #[arg(long)]
     pub metrics_addr: Option<SocketAddr>,
@@ -170,6 +175,7 @@ struct FileConfig {
     max_frame_bytes: Option<usize>,
     max_input_bytes: Option<usize>,
     max_output_bytes: Option<usize>,
+    max_snapshot_bytes: Option<usize>,
     metrics_addr: Option<SocketAddr>,
     certs_dir: Option<PathBuf>,
     insecure: Option<bool>,
@@ -198,6 +204,7 @@ pub struct ServerConfig {
     pub max_frame_bytes: usize,
     pub max_input_bytes: usize,
     pub max_output_bytes: usize,
+    pub max_snapshot_bytes: usize,
     /// The longest wait an acquire may ask for.
     pub wait_max_ms: u64,
     /// Where `/metrics` is served; `None`: nowhere.
@@ -293,6 +300,10 @@ impl ServerConfig {
                  max_frame_bytes ({max_frame_bytes})"
             );
         }
+        let max_snapshot_bytes = flags.max_snapshot_bytes.or(file.max_snapshot_bytes).unwrap_or(1 << 31);
+        if max_snapshot_bytes < 1 << 20 {
+            bail!("max_snapshot_bytes ({max_snapshot_bytes}) must be at least 1048576 (1 MiB)");
+        }
         let wait_max_ms = flags.wait_max_ms.or(file.wait_max_ms).unwrap_or(300_000);
         let max_connections_per_address =
             flags.max_connections_per_address.or(file.max_connections_per_address).unwrap_or(1_024);
@@ -359,6 +370,7 @@ impl ServerConfig {
             max_frame_bytes,
             max_input_bytes,
             max_output_bytes,
+            max_snapshot_bytes,
             wait_max_ms,
             metrics_addr,
         })

@@ -493,6 +493,7 @@ impl Identity {
             applied_index: status.applied_index,
             last_index: status.last_index,
             snapshot_index: status.snapshot_index,
+            snapshot_bytes: status.snapshot_bytes,
             locks: status.locks as u64,
             last_token: status.last_token.map_or(0, FencingToken::get),
             members: self

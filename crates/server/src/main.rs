@@ -342,7 +342,9 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
             .map(|(id, addr)| (*id, *addr))
             .collect(),
         client_addr: config.client_addr.to_string(),
-        frame_bytes_max: 256 << 20,
+        // Twice a part: messages over PART_BYTES (snapshots) come in parts.
+        frame_bytes_max: 2 * fencelock_net::PART_BYTES,
+        message_bytes_max: config.max_snapshot_bytes,
         output_bytes_max: 64 << 20,
         reconnect_backoff_min: Duration::from_millis(20),
         reconnect_backoff_max: Duration::from_secs(1),

@@ -115,6 +115,7 @@ struct Metrics {
     applied_index: IntGauge,
     last_index: IntGauge,
     snapshot_index: IntGauge,
+    snapshot_bytes: IntGauge,
     locks: IntGauge,
     last_token: IntGauge,
     pending_requests: IntGauge,
@@ -190,6 +191,10 @@ impl Metrics {
             applied_index: gauge("fencelock_applied_index", "The index the lock table has applied.")?,
             last_index: gauge("fencelock_last_index", "The last index of this node's raft log.")?,
             snapshot_index: gauge("fencelock_snapshot_index", "The index of this node's last snapshot.")?,
+            snapshot_bytes: gauge(
+                "fencelock_snapshot_bytes",
+                "The size of this node's last snapshot, in bytes.",
+            )?,
             locks: gauge("fencelock_locks", "Locks held in this node's applied table.")?,
             last_token: gauge(
                 "fencelock_last_token",
@@ -238,6 +243,7 @@ impl Metrics {
         self.applied_index.set(int(status.applied_index));
         self.last_index.set(int(status.last_index));
         self.snapshot_index.set(int(status.snapshot_index));
+        self.snapshot_bytes.set(int(status.snapshot_bytes));
         self.locks.set(int(status.locks as u64));
         self.last_token.set(int(status.last_token.map_or(0, |token| token.get())));
         self.pending_requests.set(int(status.pending_requests as u64));
@@ -311,6 +317,7 @@ mod tests {
             applied_index: 39,
             last_index: 41,
             snapshot_index: 0,
+            snapshot_bytes: 0,
             locks: 5,
             last_token: fencelock_types::FencingToken::new(12),
             pending_requests: 2,
