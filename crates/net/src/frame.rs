@@ -58,11 +58,20 @@ pub fn encode_parts(message: &impl Message, buffer: &mut Vec<u8>, part_max: usiz
     }
 }
 
-/// One frame at the start of `input`, once it is whole: whether it is a
-/// part that more follow ([`PART_FLAG`]), its body, and how many bytes it
-/// took. `None` while bytes are missing; a length over `max` is refused
-/// before its body arrives.
-pub fn decode_piece(input: &[u8], max: usize) -> Result<Option<(bool, &[u8], usize)>, FrameError> {
+/// One frame of a message that may come in parts (see [`decode_piece`]).
+#[derive(Debug)]
+pub struct Piece<'a> {
+    /// A part that more follow ([`PART_FLAG`]).
+    pub more: bool,
+    pub body: &'a [u8],
+    /// The bytes it took, header included.
+    pub used: usize,
+}
+
+/// The frame at the start of `input`, once it is whole. `None` while
+/// bytes are missing; a length over `max` is refused before its body
+/// arrives.
+pub fn decode_piece(input: &[u8], max: usize) -> Result<Option<Piece<'_>>, FrameError> {
     let Some(header) = input.get(..4) else { return Ok(None) };
     let raw = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
     let more = raw & PART_FLAG != 0;
@@ -71,7 +80,7 @@ pub fn decode_piece(input: &[u8], max: usize) -> Result<Option<(bool, &[u8], usi
         return Err(FrameError::TooLarge { len, max });
     }
     let Some(body) = input.get(4..4 + len) else { return Ok(None) };
-    Ok(Some((more, body, 4 + len)))
+    Ok(Some(Piece { more, body, used: 4 + len }))
 }
 
 /// Writes `message` as one frame.
@@ -150,12 +159,12 @@ mod tests {
             let mut at = 0;
             let mut frames = 0;
             loop {
-                let (more, part, used) = decode_piece(&buffer[at..], part_max).unwrap().unwrap();
-                assert!(part.len() <= part_max);
-                body.extend_from_slice(part);
-                at += used;
+                let piece = decode_piece(&buffer[at..], part_max).unwrap().unwrap();
+                assert!(piece.body.len() <= part_max);
+                body.extend_from_slice(piece.body);
+                at += piece.used;
                 frames += 1;
-                if !more {
+                if !piece.more {
                     break;
                 }
             }

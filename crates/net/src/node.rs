@@ -952,7 +952,7 @@ impl<M: Message> Peers<M> {
                         Ok(Some(piece)) => piece,
                         Err(err) => return Err(Some(err.to_string())),
                     };
-                    let (more, body, used) = piece;
+                    let crate::frame::Piece { more, body, used } = piece;
                     at += used;
                     let max = self.config.message_bytes_max;
                     if incoming.parts.len() + body.len() > max {
