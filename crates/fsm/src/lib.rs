@@ -63,7 +63,7 @@ mod snapshot;
 
 pub use snapshot::{SnapshotError, SNAPSHOT_VERSION};
 
-use std::collections::{BTreeMap, HashMap};
+use imbl::{HashMap, OrdMap};
 use std::ops::Bound;
 
 use fencelock_types::{
@@ -83,9 +83,11 @@ pub struct Lock {
 /// The replicated lock table.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LockTable {
-    // A BTreeMap, so that listings and snapshots come out in one order on
-    // every replica.
-    locks: BTreeMap<Key, Lock>,
+    // An ordered map, so that listings and snapshots come out in one order
+    // on every replica; a persistent one (imbl's B-tree, with shared
+    // nodes), so that cloning the table costs O(1) and a snapshot can be
+    // encoded from the clone on another thread while this one changes.
+    locks: OrdMap<Key, Lock>,
     last_token: Option<FencingToken>,
     /// The cluster's name, from the first Bootstrap applied.
     cluster_id: Option<ClusterId>,
@@ -157,7 +159,7 @@ impl LockTable {
         limit: usize,
     ) -> impl Iterator<Item = (&'a Key, &'a Lock)> + 'a {
         self.locks
-            .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
+            .range::<_, [u8]>((Bound::Included(prefix), Bound::Unbounded))
             .take_while(move |(key, _)| key.as_bytes().starts_with(prefix))
             .take(limit)
     }

@@ -15,7 +15,9 @@
 //! key order, token uniqueness, the token counter) before it builds the table,
 //! so a corrupt snapshot gives an error and never a half-restored table.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use imbl::{HashMap, OrdMap};
 
 use fencelock_types::{pb, ClusterId, FencingToken, InvalidReason, Key, LeaseMs, Owner};
 use protobuf::Message;
@@ -165,7 +167,7 @@ impl LockTable {
                 }
             }
         }
-        Ok(LockTable { locks: BTreeMap::from_iter(locks), last_token, cluster_id, identities })
+        Ok(LockTable { locks: OrdMap::from_iter(locks), last_token, cluster_id, identities })
     }
 }
 

@@ -161,6 +161,12 @@ pub struct Local<'a> {
 
 /// Checks one message from the network: `Err` with the reason to drop it.
 pub fn check(message: &Message, local: &Local<'_>) -> Result<(), Refusal> {
+    check_with(message, local, None)
+}
+
+/// Like [`check`], with a snapshot message's table decoded already
+/// (`None`: decoded here).
+pub fn check_with(message: &Message, local: &Local<'_>, table: Option<&LockTable>) -> Result<(), Refusal> {
     if message.to != local.id.0 {
         return Err(Refusal::NotForThisNode);
     }
@@ -244,13 +250,13 @@ pub fn check(message: &Message, local: &Local<'_>) -> Result<(), Refusal> {
         MessageType::MsgTimeoutNow if message.term != local.term || message.from != local.leader => {
             return Err(Refusal::NotNow);
         }
-        MessageType::MsgSnapshot => check_snapshot(message, local)?,
+        MessageType::MsgSnapshot => check_snapshot(message, local, table)?,
         _ => {}
     }
     Ok(())
 }
 
-fn check_snapshot(message: &Message, local: &Local<'_>) -> Result<(), Refusal> {
+fn check_snapshot(message: &Message, local: &Local<'_>, table: Option<&LockTable>) -> Result<(), Refusal> {
     let snapshot = message.get_snapshot();
     let metadata = snapshot.get_metadata();
     if metadata.index <= local.commit || metadata.index > INDEX_MAX {
@@ -274,7 +280,14 @@ fn check_snapshot(message: &Message, local: &Local<'_>) -> Result<(), Refusal> {
     {
         return Err(Refusal::BadSnapshot);
     }
-    let table = LockTable::restore(snapshot.get_data()).map_err(|_| Refusal::BadSnapshot)?;
+    let restored;
+    let table = match table {
+        Some(table) => table,
+        None => {
+            restored = LockTable::restore(snapshot.get_data()).map_err(|_| Refusal::BadSnapshot)?;
+            &restored
+        }
+    };
     if table.last_token() < local.last_token {
         return Err(Refusal::BadSnapshot);
     }

@@ -55,6 +55,7 @@ mod replica;
 pub mod shell;
 mod storage;
 mod types;
+mod worker;
 
 pub use node::{Action, ClientRequest, Event, Node, NodeConfig};
 pub use registry::{Answered, ConnId, Registry};

@@ -67,13 +67,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use fencelock_fsm::{LockTable, SnapshotError};
 use fencelock_types::{ClusterId, Command, Key, LeaseMs, Owner};
-use raft::prelude::Message;
+use raft::prelude::{Message, MessageType};
 use slog::{info, warn, Logger};
 
 use crate::registry::{Answered, ConnId, Registry};
 use crate::rejoin::{self, PeerReport, Start};
-use crate::replica::{Effects, GrantRef, NodeStatus, Replica, Stats};
+use crate::replica::{Effects, GrantRef, NodeStatus, Replica, SnapshotJob, Stats};
 use crate::storage::{Recovered, Write};
 use crate::types::{AppliedEvent, Config, FatalError, NodeId, Query, Reply, RequestError, RoleChange};
 
@@ -131,6 +132,18 @@ pub enum Event<T> {
     Persisted(u64),
     /// Hand leadership to another node, if this one leads.
     TransferLeader(NodeId),
+    /// The snapshot asked for by [`Action::EncodeSnapshot`] at `index`,
+    /// encoded.
+    SnapshotEncoded {
+        index: u64,
+        data: Vec<u8>,
+    },
+    /// A snapshot message handed out by [`Action::DecodeSnapshot`], with its
+    /// table decoded (`LockTable::restore` of its data).
+    SnapshotDecoded {
+        message: Message,
+        table: Result<LockTable, SnapshotError>,
+    },
     /// One raft tick, for a node without a `tick_ms` of its own.
     Tick,
 }
@@ -160,6 +173,16 @@ pub enum Action<T> {
     /// with [`Event::Persisted`] once durable. Sends handed out before it
     /// may leave before it is made.
     Write(Write),
+    /// Encode this snapshot of the table ([`SnapshotJob::encode`]), on
+    /// another thread if the shell has one (a large table takes a while),
+    /// and hand the bytes back as [`Event::SnapshotEncoded`]. Until then
+    /// the node takes no other snapshot and keeps its log.
+    EncodeSnapshot(SnapshotJob),
+    /// Decode this snapshot message's table (`LockTable::restore` of its
+    /// snapshot's data), on another thread if the shell has one, and hand
+    /// it back as [`Event::SnapshotDecoded`]. Until then the node drops
+    /// other snapshots and appends (the leader sends them again).
+    DecodeSnapshot(Message),
 }
 
 /// How often a starting node logs whom it still waits for.
@@ -186,6 +209,8 @@ pub struct Node<T> {
     pending: Vec<Action<T>>,
     next_tick_ms: Option<u64>,
     rng: Option<SplitMix64>,
+    /// A snapshot message is out for decoding ([`Action::DecodeSnapshot`]).
+    decoding: bool,
     logger: Logger,
 }
 
@@ -214,6 +239,7 @@ impl<T> Node<T> {
             heard: BTreeMap::new(),
             pending: Vec::new(),
             next_tick_ms: None,
+            decoding: false,
             logger,
         };
         if blank && node.config.driver.voters.len() > 1 {
@@ -260,8 +286,30 @@ impl<T> Node<T> {
             }
             Event::PeerMessage(message) => {
                 // A starting node drops them: raft sends again.
+                let Phase::Running(replica) = &mut self.phase else { return };
+                match message.get_msg_type() {
+                    // While a snapshot is decoded, the appends that would
+                    // find the log behind it (and have the leader send it
+                    // again) are dropped, and so are other snapshots;
+                    // heartbeats still keep this node a follower.
+                    MessageType::MsgSnapshot | MessageType::MsgAppend if self.decoding => {}
+                    MessageType::MsgSnapshot => {
+                        self.decoding = true;
+                        self.pending.push(Action::DecodeSnapshot(message));
+                    }
+                    _ => replica.step(message),
+                }
+            }
+            Event::SnapshotDecoded { message, table } => {
+                self.decoding = false;
                 if let Phase::Running(replica) = &mut self.phase {
-                    replica.step(message);
+                    replica.set_now(now_ms);
+                    replica.step_decoded(message, table);
+                }
+            }
+            Event::SnapshotEncoded { index, data } => {
+                if let Phase::Running(replica) = &mut self.phase {
+                    replica.on_snapshot_encoded(index, data);
                 }
             }
             Event::Persisted(writes) => {
@@ -524,6 +572,9 @@ fn dispatch<T>(
     let roles_changed = !effects.roles.is_empty();
     for role in effects.roles {
         out(Action::Role(role));
+    }
+    if let Some(job) = effects.encode {
+        out(Action::EncodeSnapshot(job));
     }
     // Last: a shell that makes a write on its own thread (a follower's)
     // has sent and answered everything else first.

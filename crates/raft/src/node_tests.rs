@@ -12,18 +12,31 @@ use crate::tests::QueuedStore;
 use crate::{Config, NodeId, Query, Reply, Response};
 
 /// One turn, its writes made to `store` (a [`QueuedStore`] keeps them
-/// until flushed). Returns the other actions and the last write's number.
+/// until flushed) and its snapshots encoded and decoded at once (handed
+/// back after the turn, as a worker thread would). Returns the other
+/// actions and the last write's number.
 fn turn_with(node: &mut Node<u32>, now_ms: u64, store: &mut impl Durable) -> (Vec<Action<u32>>, Option<u64>) {
     let mut actions = Vec::new();
     let mut last = None;
+    let mut worked = Vec::new();
     node.turn(now_ms, &mut |action| match action {
         Action::Write(write) => {
             store.write(&write.batch).unwrap();
             last = Some(write.n);
         }
+        Action::EncodeSnapshot(job) => {
+            worked.push(Event::SnapshotEncoded { index: job.index, data: job.encode() })
+        }
+        Action::DecodeSnapshot(message) => {
+            let table = fencelock_fsm::LockTable::restore(message.get_snapshot().get_data());
+            worked.push(Event::SnapshotDecoded { message, table });
+        }
         action => actions.push(action),
     })
     .unwrap();
+    for event in worked {
+        node.handle(now_ms, event);
+    }
     (actions, last)
 }
 
@@ -430,4 +443,168 @@ fn leases_restored_from_a_snapshot_at_restart_run_out_and_their_locks_expire() {
         node.replica().unwrap().table().holder(b"k").is_none(),
         "a lock restored from the snapshot outlived its lease: its lease was never armed again"
     );
+}
+
+#[test]
+fn a_snapshot_is_encoded_by_the_shell_while_the_node_serves_on_and_one_at_a_time() {
+    let logger = slog::Logger::root(slog::Discard, slog::o!());
+    let mut driver = Config::new(NodeId(1), vec![NodeId(1)]);
+    driver.snapshot_interval_entries = 5;
+    let config = NodeConfig { driver, tick_ms: Some(10), election_seed: Some(3) };
+    let mut store = MemStore::new();
+    let mut node: Node<u32> = Node::open(config, store.recover().unwrap(), &logger).unwrap();
+    // Turns on a synchronous store that keep every snapshot job.
+    type Jobs = Vec<crate::replica::SnapshotJob>;
+    fn turns(
+        node: &mut Node<u32>,
+        now_ms: u64,
+        store: &mut MemStore,
+        jobs: &mut Jobs,
+        answers: &mut Vec<(u32, Reply)>,
+    ) {
+        for _ in 0..20 {
+            let mut last = None;
+            node.turn(now_ms, &mut |action| match action {
+                Action::Write(write) => {
+                    store.write(&write.batch).unwrap();
+                    last = Some(write.n);
+                }
+                Action::EncodeSnapshot(job) => jobs.push(job),
+                Action::Reply { to, reply, .. } => answers.push((to, reply)),
+                _ => {}
+            })
+            .unwrap();
+            match last {
+                Some(n) => node.handle(now_ms, Event::Persisted(n)),
+                None if node.next_wake_ms(now_ms) > now_ms => break,
+                None => {}
+            }
+        }
+    }
+    let mut jobs = Vec::new();
+    let mut answers = Vec::new();
+    let mut now_ms = 0;
+    while !node.replica().unwrap().is_leader_ready() {
+        now_ms += 10;
+        turns(&mut node, now_ms, &mut store, &mut jobs, &mut answers);
+    }
+    for n in 0..30u32 {
+        node.handle(
+            now_ms,
+            Event::Request { conn: ConnId(1), reply_to: n, request: acquire(&format!("k{n}"), "X") },
+        );
+        turns(&mut node, now_ms, &mut store, &mut jobs, &mut answers);
+    }
+    // Every grant was answered while the first snapshot was out, and no
+    // second one was asked for meanwhile; the log is not compacted yet.
+    assert_eq!(answers.len(), 30);
+    assert!(answers.iter().all(|(_, reply)| reply.is_ok()));
+    assert_eq!(jobs.len(), 1, "a second snapshot was asked for while the first was out");
+    let status = node.replica().unwrap().status();
+    assert_eq!(status.snapshot_index, 0);
+    let job = jobs.pop().unwrap();
+    assert!(job.index < status.applied_index);
+    // The job's table is the table as of its index, not as it is now.
+    assert!(job.table.len() < node.replica().unwrap().table().len());
+    // A result nobody asked for changes nothing.
+    node.handle(now_ms, Event::SnapshotEncoded { index: job.index + 1, data: job.encode() });
+    turns(&mut node, now_ms, &mut store, &mut jobs, &mut answers);
+    assert_eq!(node.replica().unwrap().status().snapshot_index, 0);
+    // The real one is stored, and the next snapshot may be asked for.
+    let (index, locks) = (job.index, job.table.len());
+    node.handle(now_ms, Event::SnapshotEncoded { index, data: job.encode() });
+    turns(&mut node, now_ms, &mut store, &mut jobs, &mut answers);
+    let status = node.replica().unwrap().status();
+    assert_eq!(status.snapshot_index, index);
+    assert!(status.snapshot_bytes > 0);
+    assert_eq!(
+        fencelock_fsm::LockTable::restore(store.recover().unwrap().snapshot.get_data()).unwrap().len(),
+        locks
+    );
+    node.handle(now_ms, Event::Request { conn: ConnId(1), reply_to: 99, request: acquire("after", "X") });
+    turns(&mut node, now_ms, &mut store, &mut jobs, &mut answers);
+    assert_eq!(jobs.len(), 1, "no new snapshot after the first was stored");
+}
+
+/// One turn; the snapshot messages it hands out for decoding (not decoded).
+fn decodings_asked(node: &mut Node<u32>, now_ms: u64) -> Vec<raft::prelude::Message> {
+    let mut decodes = Vec::new();
+    node.turn(now_ms, &mut |action| {
+        if let Action::DecodeSnapshot(message) = action {
+            decodes.push(message);
+        }
+    })
+    .unwrap();
+    decodes
+}
+
+#[test]
+fn a_snapshot_from_the_leader_is_decoded_by_the_shell_and_installed_from_that_table() {
+    use raft::prelude::{ConfState, Message, MessageType, Snapshot};
+
+    let logger = slog::Logger::root(slog::Discard, slog::o!());
+    let voters = vec![NodeId(1), NodeId(2), NodeId(3)];
+    let config =
+        NodeConfig { driver: Config::new(NodeId(1), voters), tick_ms: Some(10), election_seed: Some(5) };
+    let mut store = MemStore::new();
+    let mut node: Node<u32> = Node::open(config, store.recover().unwrap(), &logger).unwrap();
+    // A new cluster: both peers answer, neither knows this node.
+    for peer in [2, 3] {
+        let report = crate::rejoin::PeerReport { knows_you: false, term: 0, last_index: 0 };
+        node.handle(0, Event::PeerHello { from: NodeId(peer), report });
+    }
+    turns_synced(&mut node, 0, &mut store);
+    assert!(node.replica().is_some(), "the node did not start");
+
+    // The leader's table: three locks.
+    let mut table = fencelock_fsm::LockTable::new();
+    for name in ["a", "b", "c"] {
+        table.apply(fencelock_types::Command::Grant {
+            key: Key::new(name.as_bytes().to_vec()).unwrap(),
+            lease_ms: LeaseMs::new(30_000).unwrap(),
+            owner: Owner::new(b"o".to_vec()).unwrap(),
+        });
+    }
+    let snapshot_message = |index: u64| {
+        let mut snapshot = Snapshot::default();
+        snapshot.set_data(table.snapshot().into());
+        snapshot.mut_metadata().index = index;
+        snapshot.mut_metadata().term = 1;
+        snapshot.mut_metadata().set_conf_state(ConfState::from((vec![1, 2, 3], vec![])));
+        let mut message = Message::default();
+        message.set_msg_type(MessageType::MsgSnapshot);
+        message.from = 2;
+        message.to = 1;
+        message.term = 1;
+        message.set_snapshot(snapshot);
+        message
+    };
+    node.handle(10, Event::PeerMessage(snapshot_message(10)));
+    // A second snapshot while the first is decoded is dropped: one decoding
+    // at a time.
+    node.handle(10, Event::PeerMessage(snapshot_message(12)));
+    let mut decodes = decodings_asked(&mut node, 10);
+    assert_eq!(decodes.len(), 1, "one decoding at a time");
+    assert_eq!(node.replica().unwrap().table().len(), 0, "installed before it was decoded");
+    // The shell decodes it (elsewhere) and hands it back: installed from
+    // that table.
+    let message = decodes.pop().unwrap();
+    let decoded = fencelock_fsm::LockTable::restore(message.get_snapshot().get_data());
+    node.handle(20, Event::SnapshotDecoded { message, table: decoded });
+    turns_synced(&mut node, 20, &mut store);
+    let replica = node.replica().unwrap();
+    assert_eq!(replica.table(), &table);
+    assert_eq!(replica.status().applied_index, 10);
+    assert_eq!(replica.stats().snapshots_installed, 1);
+    // A table that does not decode is refused, and the node takes the next.
+    node.handle(30, Event::PeerMessage(snapshot_message(20)));
+    let message = decodings_asked(&mut node, 30).pop().expect("a decoding was asked for");
+    node.handle(30, Event::SnapshotDecoded { message, table: Err(fencelock_fsm::SnapshotError::Checksum) });
+    turns_synced(&mut node, 30, &mut store);
+    assert_eq!(node.replica().unwrap().status().applied_index, 10);
+    assert!(node.replica().unwrap().stats().refused.get(crate::gate::Refusal::BadSnapshot) > 0);
+    // And the next snapshot is taken (the decoding is over).
+    node.handle(40, Event::PeerMessage(snapshot_message(30)));
+    turns_synced(&mut node, 40, &mut store);
+    assert_eq!(node.replica().unwrap().status().applied_index, 30);
 }

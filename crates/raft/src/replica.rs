@@ -41,6 +41,26 @@ pub struct Effects {
     /// What depends on one being durable (votes, append acknowledgements,
     /// the answers of entries it holds) stays in the replica until then.
     pub writes: Vec<Write>,
+    /// A snapshot to encode, off the thread that runs the replica if the
+    /// shell likes: hand the bytes to [`Replica::on_snapshot_encoded`].
+    pub encode: Option<SnapshotJob>,
+}
+
+/// The lock table as of log index `index`, to encode into a snapshot
+/// ([`LockTable::snapshot`]). The table is a clone that shares its nodes
+/// with the replica's: taking it cost nothing, and encoding it stalls
+/// nothing.
+#[derive(Debug)]
+pub struct SnapshotJob {
+    pub index: u64,
+    pub table: LockTable,
+}
+
+impl SnapshotJob {
+    /// Encodes the table: the slow part, for whichever thread.
+    pub fn encode(&self) -> Vec<u8> {
+        self.table.snapshot()
+    }
 }
 
 impl Effects {
@@ -51,6 +71,7 @@ impl Effects {
             && self.roles.is_empty()
             && self.grants.is_empty()
             && self.writes.is_empty()
+            && self.encode.is_none()
     }
 }
 
@@ -178,6 +199,11 @@ pub struct Replica {
 
     /// Peers that were sent a snapshot in this turn.
     snapshots_sent: Vec<u64>,
+    /// The snapshot being encoded ([`Effects::encode`]): its index and term.
+    encoding: Option<(u64, u64)>,
+    /// The table of a snapshot message that passed the gate, decoded once,
+    /// for its install: the snapshot's index and term, and the table.
+    decoded: Option<(u64, u64, LockTable)>,
     /// The peers it has had messages from, and its rejoin floor, if any.
     membership: Membership,
     /// A peer was heard from for the first time: the membership record
@@ -291,6 +317,8 @@ impl Replica {
             reads_before_ready: Vec::new(),
             reads_at_index: Vec::new(),
             snapshots_sent: Vec::new(),
+            encoding: None,
+            decoded: None,
             abstaining: membership.rejoin,
             membership,
             membership_dirty: false,
@@ -437,8 +465,41 @@ impl Replica {
 
     /// Feeds a raft message from a peer. Messages not for this node or not
     /// from one of its peers, and snapshots whose table does not restore,
-    /// are dropped.
+    /// are dropped. A snapshot's table is decoded here, on the caller's
+    /// thread, to check it and again to install it: a shell that would
+    /// rather not stall decodes it once elsewhere and calls
+    /// [`Replica::step_decoded`].
     pub fn step(&mut self, message: Message) {
+        self.step_gated(message, None);
+    }
+
+    /// Feeds a snapshot message whose table was decoded already
+    /// (`LockTable::restore` of its data, on another thread): checked like
+    /// any message, and the table kept for the install.
+    pub fn step_decoded(&mut self, message: Message, table: Result<LockTable, fencelock_fsm::SnapshotError>) {
+        let Ok(table) = table else {
+            return self.refuse(&message, gate::Refusal::BadSnapshot);
+        };
+        let metadata = message.get_snapshot().get_metadata();
+        let (index, term) = (metadata.index, metadata.term);
+        if self.step_gated(message, Some(&table)) {
+            self.decoded = Some((index, term, table));
+        }
+    }
+
+    fn refuse(&mut self, message: &Message, reason: gate::Refusal) {
+        self.stats.refused.count(reason);
+        if let Some(unlogged) = self.refusal_log.should_log(reason, self.now_ms) {
+            warn!(self.logger, "dropping a raft message that fails the gate";
+                "reason" => reason.name(), "type" => ?message.get_msg_type(), "from" => message.from,
+                "to" => message.to, "term" => message.term, "index" => message.index,
+                "dropped_unlogged_since_last" => unlogged);
+        }
+    }
+
+    /// Steps `message` if it passes the gate (with its snapshot's `table`,
+    /// decoded, for a snapshot); true if it did.
+    fn step_gated(&mut self, message: Message, table: Option<&LockTable>) -> bool {
         let raft = &self.raw.raft;
         let local = gate::Local {
             id: self.id,
@@ -451,15 +512,9 @@ impl Replica {
             last_token: self.table.last_token(),
             cluster_id: self.table.cluster_id(),
         };
-        if let Err(reason) = gate::check(&message, &local) {
-            self.stats.refused.count(reason);
-            if let Some(unlogged) = self.refusal_log.should_log(reason, self.now_ms) {
-                warn!(self.logger, "dropping a raft message that fails the gate";
-                    "reason" => reason.name(), "type" => ?message.get_msg_type(), "from" => message.from,
-                    "to" => message.to, "term" => message.term, "index" => message.index,
-                    "dropped_unlogged_since_last" => unlogged);
-            }
-            return;
+        if let Err(reason) = gate::check_with(&message, &local, table) {
+            self.refuse(&message, reason);
+            return false;
         }
         let mut message = message;
         if matches!(
@@ -505,9 +560,11 @@ impl Replica {
                 reject.reject_hint = last_index;
                 self.send(vec![reject]);
             }
-            return self.step_checked(message);
+            self.step_checked(message);
+            return true;
         }
-        self.step_checked(message)
+        self.step_checked(message);
+        true
     }
 
     fn step_checked(&mut self, message: Message) {
@@ -1153,9 +1210,14 @@ impl Replica {
     }
 
     fn install_snapshot(&mut self, snapshot: Snapshot) -> Result<(), FatalError> {
-        // Checked when the message arrived; a failure here is a bug or a
-        // corrupt store, and fatal.
-        let table = LockTable::restore(snapshot.get_data())?;
+        let metadata = snapshot.get_metadata();
+        let table = match self.decoded.take() {
+            // Decoded when its message arrived (maybe on another thread).
+            Some((index, term, table)) if index == metadata.index && term == metadata.term => table,
+            // Checked when the message arrived; a failure here is a bug or
+            // a corrupt store, and fatal.
+            _ => LockTable::restore(snapshot.get_data())?,
+        };
         assert!(
             table.last_token() >= self.table.last_token(),
             "a snapshot would move fencing tokens backwards: {:?} after {:?}",
@@ -1381,23 +1443,48 @@ impl Replica {
 
     /// Takes a snapshot and compacts the log every
     /// `snapshot_interval_entries` applied entries.
+    /// Every `snapshot_interval_entries` applied entries, asks for a
+    /// snapshot of the table ([`Effects::encode`]): a clone, which the shell
+    /// encodes wherever it likes; one at a time.
     fn maybe_snapshot(&mut self) -> Result<(), FatalError> {
         let applied = self.raw.raft.raft_log.applied;
         let cache = self.raw.store();
-        if applied < cache.snapshot_index() + self.config.snapshot_interval_entries {
+        if self.encoding.is_some() || applied < cache.snapshot_index() + self.config.snapshot_interval_entries
+        {
             return Ok(());
         }
+        // The table reflects `applied` exactly: entries apply only here.
+        debug_assert_eq!(self.table_index, applied);
         let term = raft::Storage::term(cache, applied)?;
+        self.encoding = Some((applied, term));
+        self.effects.encode = Some(SnapshotJob { index: applied, table: self.table.clone() });
+        Ok(())
+    }
+
+    /// The snapshot asked for at `index` ([`Effects::encode`]) is encoded:
+    /// it is stored, and the log before it compacted. One that a newer
+    /// snapshot (installed from the leader meanwhile) has overtaken is
+    /// dropped.
+    pub fn on_snapshot_encoded(&mut self, index: u64, data: Vec<u8>) {
+        let Some((asked, term)) = self.encoding.take_if(|(asked, _)| *asked == index) else {
+            debug!(self.logger, "dropping a snapshot that was not asked for"; "index" => index);
+            return;
+        };
+        let cache = self.raw.store();
+        if asked <= cache.snapshot_index() {
+            debug!(self.logger, "dropping a snapshot overtaken by a newer one"; "index" => asked);
+            return;
+        }
         let mut snapshot = Snapshot::default();
-        snapshot.set_data(self.table.snapshot().into());
+        snapshot.set_data(data.into());
         let metadata = snapshot.mut_metadata();
-        metadata.index = applied;
+        metadata.index = asked;
         metadata.term = term;
         metadata.set_conf_state(cache.conf_state().clone());
         // The stored commit must never fall behind the snapshot, or a restart
         // would find its hard state out of range.
         let mut hard_state = cache.hard_state().clone();
-        hard_state.commit = hard_state.commit.max(applied);
+        hard_state.commit = hard_state.commit.max(asked);
         self.write(WriteBatch {
             snapshot: Some(snapshot.clone()),
             install: false,
@@ -1405,9 +1492,8 @@ impl Replica {
             ..Default::default()
         });
         self.stats.snapshots_taken += 1;
-        debug!(self.logger, "snapshot taken"; "index" => applied, "term" => term, "locks" => self.table.len());
+        debug!(self.logger, "snapshot taken"; "index" => asked, "term" => term, "bytes" => snapshot.get_data().len());
         self.raw.mut_store().compact(snapshot);
-        Ok(())
     }
 }
 

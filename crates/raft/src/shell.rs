@@ -20,6 +20,7 @@ use crate::rejoin::PeerReport;
 use crate::replica::{GrantRef, NodeStatus, Stats};
 use crate::storage::{AsyncEngineStore, Durable, Persisted, StorageError, Write};
 use crate::types::{FatalError, NodeId, Query, Reply, RequestError};
+use crate::worker::{SnapshotWorker, Work};
 
 /// Delivers one reply to whoever asked: a channel, a client connection.
 /// Returns false when the asker is gone, which for a Grant makes a ghost
@@ -300,7 +301,7 @@ pub fn spawn(
     logger: &Logger,
 ) -> std::io::Result<JoinHandle<Result<Stats, FatalError>>> {
     let name = format!("fencelock-raft-{}", node.id().0);
-    let mut driver = Driver::new(node, disk, clock, logger);
+    let mut driver = Driver::new(node, disk, clock, logger)?;
     std::thread::Builder::new().name(name).spawn(move || {
         let result = run(&mut driver, &config, channels);
         driver.finish(&result);
@@ -314,9 +315,15 @@ fn run(driver: &mut Driver, config: &ShellConfig, channels: Channels) -> Result<
     let requests = channels.requests;
     let mut peers_in = channels.peers_in;
     let persisted = channels.persisted;
+    // Woken through the channel, not a waker: a clone to wait on.
+    let snapshots = driver.worker.results().clone();
     loop {
         let wait = driver.next_wake();
         select! {
+            recv(snapshots) -> done => match done {
+                Ok(done) => driver.handle(done.into_event()),
+                Err(_) => return Err(StorageError::Thread("the snapshot worker stopped".into()).into()),
+            },
             recv(channels.stop) -> _ => return Ok(driver.stats()),
             recv(requests) -> request => match request {
                 Ok(request) => driver.on_request(request),
@@ -367,6 +374,8 @@ pub struct Driver {
     node: Node<Responder>,
     disk: Box<dyn Disk>,
     clock: Box<dyn Clock>,
+    /// Encodes and decodes snapshots off the loop ([`crate::worker`]).
+    worker: SnapshotWorker,
     logger: Logger,
 }
 
@@ -377,14 +386,36 @@ impl std::fmt::Debug for Driver {
 }
 
 impl Driver {
+    /// The driver, with its snapshot worker's thread started.
     pub fn new(
         node: Node<Responder>,
         disk: impl Disk + 'static,
         clock: impl Clock + 'static,
         logger: &Logger,
-    ) -> Driver {
+    ) -> std::io::Result<Driver> {
         let logger = logger.new(slog::o!("node_id" => node.id().0));
-        Driver { node, disk: Box::new(disk), clock: Box::new(clock), logger }
+        let worker = SnapshotWorker::spawn(format!("fencelock-snapshot-{}", node.id().0))?;
+        Ok(Driver { node, disk: Box::new(disk), clock: Box::new(clock), worker, logger })
+    }
+
+    /// How the snapshot worker wakes the loop that runs this driver when
+    /// it has a result: that loop's next turn hands it to the node.
+    pub fn set_wake(&self, wake: impl Fn() + Send + Sync + 'static) {
+        self.worker.set_wake(Box::new(wake));
+    }
+
+    /// Hands the snapshot worker's results to the node; an error if the
+    /// worker is gone (it panicked).
+    fn take_worker_results(&mut self) -> Result<(), FatalError> {
+        loop {
+            match self.worker.results().try_recv() {
+                Ok(done) => self.handle(done.into_event()),
+                Err(crossbeam_channel::TryRecvError::Empty) => return Ok(()),
+                Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                    return Err(StorageError::Thread("the snapshot worker stopped".into()).into())
+                }
+            }
+        }
     }
 
     fn handle(&mut self, event: Event<Responder>) {
@@ -451,6 +482,7 @@ impl Driver {
 
     /// One turn; returns the last write made durable at once, if any.
     fn turn_once(&mut self, peers_out: &dyn PeerSink) -> Result<Option<u64>, FatalError> {
+        self.take_worker_results()?;
         let now_ms = self.clock.now_ms();
         // Grants whose answer found its asker gone, for the node after the
         // turn (never from inside it).
@@ -459,7 +491,14 @@ impl Driver {
         let mut durable = None;
         let mut failed = None;
         let disk = &mut self.disk;
+        let worker = &self.worker;
         self.node.turn(now_ms, &mut |action| match action {
+            Action::EncodeSnapshot(job) => {
+                worker.submit(Work::Encode(job));
+            }
+            Action::DecodeSnapshot(message) => {
+                worker.submit(Work::Decode(message));
+            }
             Action::Send(message) => {
                 peers_out.send(message);
                 sent = true;

@@ -134,7 +134,11 @@ impl<D: TestStore> Net<D> {
         for (replica, store) in self.replicas.iter_mut().zip(&mut self.stores) {
             loop {
                 replica.run_ready()?;
-                let effects = replica.take_effects();
+                let mut effects = replica.take_effects();
+                // Encoded at once, as a worker thread would, a moment later.
+                if let Some(job) = effects.encode.take() {
+                    replica.on_snapshot_encoded(job.index, job.encode());
+                }
                 let id = replica.status().id.0;
                 busy |= !effects.messages.is_empty() || !effects.replies.is_empty();
                 messages.extend(effects.messages);

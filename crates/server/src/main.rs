@@ -320,8 +320,18 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     }
     let stop = Arc::new(AtomicBool::new(false));
     let outcome = Arc::new(Mutex::new(None));
+    let driver = Driver::new(node, store, MonotonicClock::new(), logger)
+        .context("cannot start the snapshot worker thread")?;
+    // Snapshots are encoded and decoded on a thread of their own, which
+    // wakes the loop with each result.
+    let snapshot_waker = Arc::clone(&waker_slot);
+    driver.set_wake(move || {
+        if let Some(waker) = snapshot_waker.get() {
+            waker.wake();
+        }
+    });
     let core = NodeCore {
-        driver: Driver::new(node, store, MonotonicClock::new(), logger),
+        driver,
         greetings: greetings.clone(),
         cluster_id,
         requests: requests_rx,

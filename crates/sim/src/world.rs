@@ -59,6 +59,13 @@ pub(crate) enum Event {
         ask: Ask,
         request: ClientRequest,
     },
+    /// A snapshot the node handed out for encoding or decoding comes back
+    /// (the worker thread of a real shell), to the incarnation that asked.
+    Snapshot {
+        node: usize,
+        incarnation: u64,
+        event: Box<NodeEvent<Ask>>,
+    },
     /// A client's connection close reaches its node.
     Close {
         node: usize,
@@ -95,6 +102,9 @@ pub(crate) struct SimNode {
     pub conns: BTreeSet<u64>,
     /// Lost its disk and has not caught up since.
     pub recovering: bool,
+    /// Bumped at every start: work a crashed incarnation asked for is
+    /// dropped.
+    pub incarnation: u64,
 }
 
 pub struct World {
@@ -153,6 +163,7 @@ impl World {
                     wake_generation: 0,
                     wake_at: None,
                     persist_scheduled: false,
+                    incarnation: 0,
                     conns: BTreeSet::new(),
                     recovering: false,
                 }
@@ -255,6 +266,16 @@ impl World {
                 self.feed(to, NodeEvent::PeerMessage(*message))
             }
             Event::Hello { to, from } => self.hello(to, from),
+            Event::Snapshot { node, incarnation, event } => {
+                if incarnation != self.nodes[node].incarnation || self.nodes[node].node.is_none() {
+                    return Ok(());
+                }
+                if let Some(delay) = self.nodes[node].clock.paused(self.now_ms) {
+                    self.schedule(delay, Event::Snapshot { node, incarnation, event });
+                    return Ok(());
+                }
+                self.feed(node, *event)
+            }
             Event::Wake { node, generation } => {
                 if generation != self.nodes[node].wake_generation || self.nodes[node].node.is_none() {
                     return Ok(());
@@ -369,6 +390,7 @@ impl World {
         }
         let starting = opened.is_starting();
         self.nodes[node].node = Some(opened);
+        self.nodes[node].incarnation += 1;
         self.nodes[node].conns.clear();
         if starting {
             self.schedule_hellos(node);
@@ -378,6 +400,14 @@ impl World {
 
     /// The peers of a starting node connect to it, each opening with its
     /// hello; they try again (backoff) while it still waits.
+    /// Brings a snapshot's encoding or decoding back to `node` after a
+    /// random while (up to 300 ms).
+    fn schedule_snapshot(&mut self, node: usize, event: NodeEvent<Ask>) {
+        let delay = self.rng.range(0, 300);
+        let incarnation = self.nodes[node].incarnation;
+        self.schedule(delay, Event::Snapshot { node, incarnation, event: Box::new(event) });
+    }
+
     fn schedule_hellos(&mut self, node: usize) {
         for from in 0..self.nodes.len() {
             if from != node {
@@ -454,6 +484,16 @@ impl World {
                 Action::Started(start) => {
                     self.note(&format!("{} decided from its peers' hellos: {start:?}", node + 1));
                     self.checker.opened(node, &LockTable::new());
+                }
+                // The work is done at once; its result comes back a while
+                // later, as from a worker thread, while the node goes on.
+                Action::EncodeSnapshot(job) => {
+                    let event = NodeEvent::SnapshotEncoded { index: job.index, data: job.encode() };
+                    self.schedule_snapshot(node, event);
+                }
+                Action::DecodeSnapshot(message) => {
+                    let table = LockTable::restore(message.get_snapshot().get_data());
+                    self.schedule_snapshot(node, NodeEvent::SnapshotDecoded { message, table });
                 }
             }
         }
