@@ -1038,8 +1038,10 @@ fn write_out(connection: &mut Connection) -> io::Result<()> {
     if connection.written == connection.output.len() {
         connection.output.clear();
         connection.written = 0;
-    } else if connection.written > OUTPUT_PAUSE_BYTES {
-        // Keep the buffer from growing without bound on a slow reader.
+    } else if connection.written > OUTPUT_PAUSE_BYTES && connection.written * 2 > connection.output.len() {
+        // Keep the buffer from growing without bound on a slow reader, once
+        // the sent part is the larger half: each byte moves at most once on
+        // average.
         connection.output.drain(..connection.written);
         connection.written = 0;
     }

@@ -204,7 +204,8 @@ impl NodeLoop {
         )?;
         let shared = Arc::clone(&event_loop.shared);
         event_loop.core = Some(make_core(LoopWaker(Arc::clone(&shared))));
-        event_loop.peers = Some(Peers::new(peers, listener, route, client_addrs, logger.clone()));
+        let waker = LoopWaker(Arc::clone(&shared));
+        event_loop.peers = Some(Peers::new(peers, listener, route, client_addrs, waker, logger.clone()));
         info!(logger, "node listening"; "clients" => %client_addr, "peers" => %peer_addr);
         let loop_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new().name("fencelock-node".into()).spawn(move || {
@@ -382,6 +383,14 @@ pub(crate) struct Peers<M> {
     /// Incoming connections to read again next round: their budget ran out.
     again: Vec<Token>,
     scratch: Vec<u8>,
+    /// Messages over [`PART_BYTES`] (snapshots) are encoded on a thread of
+    /// their own, not the loop's: the peers with one being encoded, and
+    /// where the encoded frames come back.
+    encoding: BTreeSet<u64>,
+    encoded_tx: crossbeam_channel::Sender<(u64, Vec<u8>)>,
+    encoded: crossbeam_channel::Receiver<(u64, Vec<u8>)>,
+    /// Wakes the loop when an encoding is done.
+    waker: LoopWaker,
     logger: Logger,
 }
 
@@ -427,9 +436,11 @@ impl<M: Message> Peers<M> {
         listener: TcpListener,
         route: fn(&M) -> Route,
         client_addrs: ClientAddrs,
+        waker: LoopWaker,
         logger: Logger,
     ) -> Peers<M> {
         let now = Instant::now();
+        let (encoded_tx, encoded) = crossbeam_channel::unbounded();
         let outgoing = config
             .peers
             .iter()
@@ -461,6 +472,10 @@ impl<M: Message> Peers<M> {
             dirty: Vec::new(),
             again: Vec::new(),
             scratch: vec![0; 64 * 1024],
+            encoding: BTreeSet::new(),
+            encoded_tx,
+            encoded,
+            waker,
             logger,
         }
     }
@@ -481,6 +496,26 @@ impl<M: Message> Peers<M> {
         if unsent > 0 && unsent >= self.config.output_bytes_max {
             return false;
         }
+        if message.compute_size() as usize > PART_BYTES {
+            // A snapshot: encoding it takes a while, done elsewhere. One
+            // per peer at a time; raft sends another when it is needed.
+            if !self.encoding.insert(to) {
+                return false;
+            }
+            let (done, waker) = (self.encoded_tx.clone(), self.waker.clone());
+            let spawned = std::thread::Builder::new().name("fencelock-encode".into()).spawn(move || {
+                let mut frames = Vec::new();
+                encode_parts(&message, &mut frames, PART_BYTES);
+                if done.send((to, frames)).is_ok() {
+                    waker.wake();
+                }
+            });
+            if spawned.is_err() {
+                self.encoding.remove(&to);
+                return false;
+            }
+            return true;
+        }
         if unsent == 0 {
             self.dirty.push(to);
         }
@@ -488,8 +523,29 @@ impl<M: Message> Peers<M> {
         true
     }
 
+    /// Queues the large messages whose encoding is done.
+    fn take_encoded(&mut self) {
+        while let Ok((to, frames)) = self.encoded.try_recv() {
+            self.encoding.remove(&to);
+            let Some(outgoing) = self.outgoing.get_mut(&to) else { continue };
+            if matches!(outgoing.link, Link::Down { .. }) {
+                continue;
+            }
+            let unsent = outgoing.output.len() - outgoing.written;
+            if unsent == 0 {
+                // No copy: the frames become the output.
+                outgoing.output = frames;
+                outgoing.written = 0;
+                self.dirty.push(to);
+            } else {
+                outgoing.output.extend_from_slice(&frames);
+            }
+        }
+    }
+
     /// Writes every peer's queued output as far as its socket takes it.
     pub(crate) fn flush(&mut self, registry: &Registry) {
+        self.take_encoded();
         for peer in std::mem::take(&mut self.dirty) {
             self.write_out(registry, peer);
         }
@@ -536,7 +592,11 @@ impl<M: Message> Peers<M> {
         if outgoing.written == outgoing.output.len() {
             outgoing.output.clear();
             outgoing.written = 0;
-        } else if outgoing.written > 1 << 20 {
+        } else if outgoing.written > 1 << 20 && outgoing.written * 2 > outgoing.output.len() {
+            // Once the sent part is the larger half: each byte is moved at
+            // most once on average. (Draining after every write moved the
+            // rest of a 1.3 GB snapshot hundreds of times, for tens of
+            // seconds of a stalled loop.)
             outgoing.output.drain(..outgoing.written);
             outgoing.written = 0;
         }
@@ -969,8 +1029,10 @@ impl<M: Message> Peers<M> {
                         M::parse_from_bytes(body)
                     } else {
                         incoming.parts.extend_from_slice(body);
-                        let whole = std::mem::take(&mut incoming.parts);
-                        M::parse_from_bytes(&whole)
+                        // Parsed without a copy: the message's byte fields
+                        // (a snapshot's data) share the buffer.
+                        let whole = bytes::Bytes::from(std::mem::take(&mut incoming.parts));
+                        M::parse_from_carllerche_bytes(&whole)
                     };
                     match decoded {
                         Ok(message) => {

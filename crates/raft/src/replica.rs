@@ -1092,7 +1092,9 @@ impl Replica {
     /// Asks for a write; a follower's is urgent (it is on the path of
     /// every commit), a leader's runs in parallel with its followers'.
     fn write(&mut self, batch: WriteBatch) {
-        let urgent = self.raw.raft.state != StateRole::Leader;
+        // A follower's writes may be made at once on its own thread, when
+        // the disk is idle; never one with a snapshot, which may be large.
+        let urgent = self.raw.raft.state != StateRole::Leader && batch.snapshot.is_none();
         let write = self.disk.write(batch, urgent);
         self.effects.writes.push(write);
     }

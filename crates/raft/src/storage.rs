@@ -366,6 +366,10 @@ impl EngineStore {
             // A torn write at the tail (a crash mid-write) is dropped; it was
             // never synced, so nothing was acknowledged from it.
             recovery_mode: raft_engine::RecoveryMode::TolerateTailCorruption,
+            // No LZ4: entries are small, and compressing a snapshot of a
+            // large table held the I/O thread (and every write queued
+            // behind it) for seconds.
+            batch_compression_threshold: raft_engine::ReadableSize(0),
             ..Default::default()
         };
         let engine = raft_engine::Engine::open(config)?;
@@ -383,6 +387,10 @@ impl<F: raft_engine::env::FileSystem> EngineStore<F> {
         let config = raft_engine::Config {
             dir: dir.to_string_lossy().into_owned(),
             recovery_mode: raft_engine::RecoveryMode::TolerateTailCorruption,
+            // No LZ4: entries are small, and compressing a snapshot of a
+            // large table held the I/O thread (and every write queued
+            // behind it) for seconds.
+            batch_compression_threshold: raft_engine::ReadableSize(0),
             ..Default::default()
         };
         let engine = raft_engine::Engine::open_with_file_system(config, file_system)?;

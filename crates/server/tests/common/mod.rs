@@ -146,6 +146,11 @@ impl Cluster {
             .unwrap_or_else(|err| panic!("{err}: {}", self.logs()))
     }
 
+    /// Every node's whole log.
+    pub fn logs_all(&self) -> String {
+        self.nodes.iter().map(|node| self.log(node.id)).collect::<Vec<_>>().join("\n")
+    }
+
     /// The last lines of every node's log, for a failure message.
     pub fn logs(&self) -> String {
         self.layout.log_tails(15)
