@@ -7,8 +7,9 @@
 //! report to `target/suites/<suite>-<seed>/`. Every flag but `--release`
 //! passes through; `docs/suites.md` describes the suites.
 //!
-//! `cargo xtask ci` runs every suite briefly with the debug binaries its
-//! build step already made: the suites are bound by faults and timeouts,
+//! `cargo xtask ci` runs every suite briefly (then the kill suite over
+//! TLS, and the hostile-clients suite) with the debug binaries its build
+//! step already made: the suites are bound by faults and timeouts,
 //! not by CPU, so a release build would cost more minutes than it saves.
 
 use std::path::{Path, PathBuf};
@@ -32,7 +33,9 @@ Arguments: [NAME|all] [--duration 60s] [--seed N] [--nodes 3|5] [--converge-with
 
 Suites: kill, pause, partition, clock-skew, lose-data, client-resets, combined; or one fault alone:
 kill-leader, kill-random, kill-all, pause-leader, pause-holder, partition-halves,
-isolate-leader, bridge, clock-skew, lose-data, reset-clients. Reports go to target/suites/. See docs/suites.md.")]
+isolate-leader, bridge, clock-skew, lose-data, reset-clients. And `hostile` (not in `all`): floods of
+waiters, partial frames, idle connections and locks, a client that never reads, peer-port garbage and
+a log flood, beside well-behaved clients. Reports go to target/suites/. See docs/suites.md.")]
 pub struct Options {
     /// Build and run release binaries instead of debug ones
     #[arg(long)]
@@ -48,6 +51,9 @@ pub fn ci(root: &Path) -> Result<()> {
     run(root, Options { release: false, args })?;
     // The kill suite again, every node and client over TLS.
     let args = ["kill", "--tls", "--duration", CI_DURATION].map(str::to_owned).to_vec();
+    run(root, Options { release: false, args })?;
+    // Clients that break the rules (not part of `all`): about 25 s.
+    let args = ["hostile", "--duration", CI_DURATION].map(str::to_owned).to_vec();
     run(root, Options { release: false, args })
 }
 

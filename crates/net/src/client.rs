@@ -91,6 +91,20 @@ pub const INPUT_TOTAL_MAX: usize = 64 << 20;
 /// read their answers cannot make them add up to more than this.
 pub const OUTPUT_TOTAL_MAX: usize = 256 << 20;
 
+/// Connections the kernel queues for a listener before the loop accepts
+/// them (capped by `net.core.somaxconn`). mio asks for 128, which a burst of
+/// connections overflows: the overflow waits for the client's SYN retry
+/// (a second or more).
+pub const LISTEN_BACKLOG: i32 = 4096;
+
+/// Binds a listener with a [`LISTEN_BACKLOG`]-long accept queue.
+pub(crate) fn bind_listener(addr: SocketAddr) -> io::Result<TcpListener> {
+    let listener = TcpListener::bind(addr)?;
+    // Listening again changes the backlog of a listening socket.
+    rustix::net::listen(&listener, LISTEN_BACKLOG)?;
+    Ok(listener)
+}
+
 /// The most bytes taken from one socket in one read.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
 
@@ -355,7 +369,7 @@ impl<M: protobuf::Message> EventLoop<M> {
         logger: &Logger,
     ) -> io::Result<EventLoop<M>> {
         let poll = Poll::new()?;
-        let mut listener = TcpListener::bind(config.listen_addr)?;
+        let mut listener = bind_listener(config.listen_addr)?;
         poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
         let waker = Waker::new(poll.registry(), WAKER)?;
         let (outbox, inbox) = unbounded();

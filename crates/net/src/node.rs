@@ -195,7 +195,7 @@ impl NodeLoop {
         let logger = logger.new(slog::o!("node_id" => peers.node_id));
         let mut event_loop = EventLoop::<M>::bind(clients, handler, &logger)?;
         let client_addr = event_loop.local_addr()?;
-        let mut listener = TcpListener::bind(peers.listen_addr)?;
+        let mut listener = crate::client::bind_listener(peers.listen_addr)?;
         let peer_addr = listener.local_addr()?;
         event_loop.poll.registry().register(
             &mut listener,

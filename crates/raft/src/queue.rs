@@ -68,9 +68,14 @@ impl Pending {
 pub(crate) struct Requests {
     pending: BTreeMap<RequestId, Pending>,
     /// Per key, the requests that touch it, in acceptance order. The head is
-    /// the one in flight (or next to go).
+    /// the one in flight (or next to go). A request answered before its
+    /// turn is not searched for: it stays, stale, until it would head the
+    /// queue, and is skipped then (no longer pending), so that a burst of
+    /// requests on one key costs each O(1), not a scan of the queue. A head
+    /// is never stale.
     key_queues: BTreeMap<Key, VecDeque<RequestId>>,
-    /// Requests at the head of all their keys' queues, not yet proposed.
+    /// Requests at the head of all their keys' queues, not yet proposed. One
+    /// answered meanwhile stays, stale, and is skipped when popped.
     ready: VecDeque<RequestId>,
     /// Acquires waiting for a held key, FIFO per key: pending, in no key
     /// queue until they are handed the key.
@@ -192,13 +197,17 @@ impl Requests {
 
     /// The next request ready to propose: it heads every key it touches.
     pub fn pop_ready(&mut self) -> Option<RequestId> {
-        let id = self.ready.pop_front()?;
-        let pending = self.pending.get_mut(&id).expect("a request ready to propose is pending");
-        pending.queued = false;
-        Some(id)
+        loop {
+            let id = self.ready.pop_front()?;
+            // Answered since it was queued: stale.
+            let Some(pending) = self.pending.get_mut(&id).filter(|pending| pending.queued) else { continue };
+            pending.queued = false;
+            return Some(id);
+        }
     }
 
     pub fn has_ready(&self) -> bool {
+        // Stale entries count: a turn that finds only them does nothing.
         !self.ready.is_empty()
     }
 
@@ -222,9 +231,7 @@ impl Requests {
         if let Some(until_ms) = pending.wait_until_ms {
             self.deadlines.remove(&(until_ms, id));
         }
-        if pending.queued {
-            self.ready.retain(|ready| *ready != id);
-        }
+        // If it was ready, its entry there is stale now (see `ready`).
         for key in &pending.keys {
             if let Some(queue) = self.waiters.get_mut(key) {
                 queue.retain(|waiter| *waiter != id);
@@ -317,7 +324,14 @@ impl Requests {
         let mut next = Vec::new();
         for key in keys {
             let Some(queue) = self.key_queues.get_mut(key) else { continue };
-            queue.retain(|queued| *queued != id);
+            if queue.front() != Some(&id) {
+                // Behind the head: left stale (see `key_queues`).
+                continue;
+            }
+            queue.pop_front();
+            while queue.front().is_some_and(|head| !self.pending.contains_key(head)) {
+                queue.pop_front();
+            }
             match queue.front() {
                 Some(head) => next.push(*head),
                 None => {
@@ -457,6 +471,31 @@ mod tests {
         requests.remove(RequestId(2), &free);
         assert_eq!(requests.len(), 0);
         assert!(requests.key_queues.is_empty() && requests.ready.is_empty() && requests.waiters.is_empty());
+    }
+
+    #[test]
+    fn a_burst_on_one_key_answered_out_of_order_costs_no_scans_and_keeps_the_order() {
+        let mut requests = Requests::default();
+        let n = 20_000u64;
+        for id in 1..=n {
+            requests.insert(RequestId(id), Pending::new(vec![grant("hot")], false, None, None));
+        }
+        // Every other one is cancelled from the back: each leaves a stale
+        // entry behind the head instead of scanning the queue.
+        for id in (2..=n).rev().step_by(2) {
+            assert!(requests.remove(RequestId(id), &free).is_some());
+        }
+        // The rest go in order, one at a time, skipping the stale ones.
+        let mut gone = Vec::new();
+        while let Some(id) = requests.pop_ready() {
+            assert_eq!(requests.pop_ready(), None, "two requests on one key at once");
+            requests.propose(id, 1);
+            requests.remove(id, &free);
+            gone.push(id.0);
+        }
+        assert_eq!(gone, (1..=n).step_by(2).collect::<Vec<_>>());
+        assert_eq!(requests.len(), 0);
+        assert!(requests.key_queues.is_empty() && requests.ready.is_empty());
     }
 
     #[test]

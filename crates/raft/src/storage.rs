@@ -116,6 +116,8 @@ pub enum StorageError {
     Thread(String),
     #[error("write {got} handed to the store out of order (expected {expected})")]
     OutOfOrder { expected: u64, got: u64 },
+    #[error("snapshot file {path}: {err}")]
+    SnapshotFile { path: String, err: std::io::Error },
 }
 
 /// The in-memory raft log that raft-rs reads through [`raft::Storage`].
@@ -323,8 +325,16 @@ impl Durable for MemStore {
 ///
 /// Generic over raft-engine's file system only so that a test can count its
 /// fsyncs; everything else uses the default.
+///
+/// A snapshot's table is a file of its own in `<dir>/snapshots`
+/// (`snapshot-<index>-<term>.snap`, written, synced and renamed into place
+/// before the log names it); the log keeps its metadata only. raft-engine
+/// holds every value in memory and rewrites live ones when it purges, which
+/// for the table of a million locks (1.3 GB) cost that much memory again.
 pub struct EngineStore<F: raft_engine::env::FileSystem = raft_engine::env::DefaultFileSystem> {
     engine: raft_engine::Engine<F>,
+    /// Where snapshot files go.
+    snapshots: std::path::PathBuf,
     /// Local snapshots written since the last purge of obsolete log files.
     compactions_since_purge: u32,
 }
@@ -373,7 +383,7 @@ impl EngineStore {
             ..Default::default()
         };
         let engine = raft_engine::Engine::open(config)?;
-        Ok(EngineStore { engine, compactions_since_purge: 0 })
+        EngineStore::with_engine(engine, dir)
     }
 }
 
@@ -394,11 +404,56 @@ impl<F: raft_engine::env::FileSystem> EngineStore<F> {
             ..Default::default()
         };
         let engine = raft_engine::Engine::open_with_file_system(config, file_system)?;
-        Ok(EngineStore { engine, compactions_since_purge: 0 })
+        EngineStore::with_engine(engine, dir)
     }
 }
 
+/// The name of the file that holds the data of the snapshot at `index`.
+pub(crate) fn snapshot_file_name(index: u64, term: u64) -> String {
+    format!("snapshot-{index:020}-{term:020}.snap")
+}
+
+fn file_error(path: &Path) -> impl FnOnce(std::io::Error) -> StorageError + '_ {
+    move |err| StorageError::SnapshotFile { path: path.display().to_string(), err }
+}
+
 impl<F: raft_engine::env::FileSystem> EngineStore<F> {
+    fn with_engine(engine: raft_engine::Engine<F>, dir: &Path) -> Result<EngineStore<F>, StorageError> {
+        let snapshots = dir.join("snapshots");
+        std::fs::create_dir_all(&snapshots).map_err(file_error(&snapshots))?;
+        Ok(EngineStore { engine, snapshots, compactions_since_purge: 0 })
+    }
+
+    /// Writes a snapshot's data to its file, durably: a temporary file,
+    /// synced, renamed into place, and the directory synced.
+    fn write_snapshot_file(&self, snapshot: &Snapshot) -> Result<(), StorageError> {
+        use std::io::Write as _;
+        let metadata = snapshot.get_metadata();
+        let path = self.snapshots.join(snapshot_file_name(metadata.index, metadata.term));
+        let partial = path.with_extension("partial");
+        let mut file = std::fs::File::create(&partial).map_err(file_error(&partial))?;
+        file.write_all(snapshot.get_data()).map_err(file_error(&partial))?;
+        file.sync_all().map_err(file_error(&partial))?;
+        drop(file);
+        std::fs::rename(&partial, &path).map_err(file_error(&path))?;
+        std::fs::File::open(&self.snapshots)
+            .and_then(|dir| dir.sync_all())
+            .map_err(file_error(&self.snapshots))
+    }
+
+    /// Removes every snapshot file but the one of `keep` (index, term):
+    /// once the log names that one durably, the others are garbage. Best
+    /// effort; a file left behind is removed next time.
+    fn remove_other_snapshot_files(&self, keep: (u64, u64)) {
+        let keep = snapshot_file_name(keep.0, keep.1);
+        let Ok(files) = std::fs::read_dir(&self.snapshots) else { return };
+        for file in files.flatten() {
+            if file.file_name().to_str() != Some(keep.as_str()) {
+                let _ = std::fs::remove_file(file.path());
+            }
+        }
+    }
+
     /// Whether the store was never written ([`Recovered::is_blank`]),
     /// without reading the log.
     pub fn is_blank(&self) -> Result<bool, StorageError> {
@@ -416,7 +471,14 @@ impl<F: raft_engine::env::FileSystem> Durable for EngineStore<F> {
     fn recover(&mut self) -> Result<Recovered, StorageError> {
         let hard_state: HardState = self.engine.get_message(GROUP, HARD_STATE_KEY)?.unwrap_or_default();
         let conf_state: Option<ConfState> = self.engine.get_message(GROUP, CONF_STATE_KEY)?;
-        let snapshot: Snapshot = self.engine.get_message(GROUP, SNAPSHOT_KEY)?.unwrap_or_default();
+        let mut snapshot: Snapshot = self.engine.get_message(GROUP, SNAPSHOT_KEY)?.unwrap_or_default();
+        let metadata = snapshot.get_metadata();
+        // Stores written before snapshot files keep the data in the log.
+        if metadata.index > 0 && snapshot.get_data().is_empty() {
+            let path = self.snapshots.join(snapshot_file_name(metadata.index, metadata.term));
+            let data = std::fs::read(&path).map_err(file_error(&path))?;
+            snapshot.set_data(data.into());
+        }
         let mut entries = Vec::new();
         if let (Some(first), Some(last)) = (self.engine.first_index(GROUP), self.engine.last_index(GROUP)) {
             self.engine.fetch_entries_to::<EntryExt>(GROUP, first, last + 1, None, &mut entries)?;
@@ -453,8 +515,12 @@ impl<F: raft_engine::env::FileSystem> EngineStore<F> {
         }
         let mut log_batch = raft_engine::LogBatch::default();
         let mut compacted = false;
+        let mut written_file = None;
         if let Some(snapshot) = &batch.snapshot {
             let index = snapshot.get_metadata().index;
+            // The data first, in a file of its own; the log names it below.
+            self.write_snapshot_file(snapshot)?;
+            written_file = Some((index, snapshot.get_metadata().term));
             if batch.install {
                 // Drop the whole old log, including any suffix past the
                 // snapshot, then write the group's state afresh below.
@@ -472,10 +538,12 @@ impl<F: raft_engine::env::FileSystem> EngineStore<F> {
                 log_batch.add_command(GROUP, raft_engine::Command::Compact { index: index + 1 });
                 compacted = true;
             }
+            let mut metadata_only = Snapshot::default();
+            metadata_only.set_metadata(snapshot.get_metadata().clone());
             log_batch.put(
                 GROUP,
                 SNAPSHOT_KEY.to_vec(),
-                snapshot.write_to_bytes().map_err(corrupt_snapshot)?,
+                metadata_only.write_to_bytes().map_err(corrupt_snapshot)?,
             )?;
         }
         if !batch.entries.is_empty() {
@@ -490,7 +558,12 @@ impl<F: raft_engine::env::FileSystem> EngineStore<F> {
         if let Some(membership) = &batch.membership {
             log_batch.put(MEMBERSHIP_GROUP, MEMBERSHIP_KEY.to_vec(), membership.encode())?;
         }
-        self.engine.write(&mut log_batch, sync)?;
+        // A batch that names a new snapshot file is synced: the old files
+        // go once it is durable.
+        self.engine.write(&mut log_batch, sync || written_file.is_some())?;
+        if let Some(keep) = written_file {
+            self.remove_other_snapshot_files(keep);
+        }
         if compacted {
             self.compactions_since_purge += 1;
             if self.compactions_since_purge >= PURGE_EVERY_COMPACTIONS {

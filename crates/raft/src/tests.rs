@@ -519,6 +519,47 @@ fn the_engine_store_keeps_raft_log_semantics_across_reopen() {
 }
 
 #[test]
+fn snapshot_data_lives_in_a_file_of_its_own_and_only_the_latest_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = |index: u64, data: &[u8]| {
+        let mut snapshot = Snapshot::default();
+        snapshot.set_data(data.to_vec().into());
+        snapshot.mut_metadata().index = index;
+        snapshot.mut_metadata().term = 1;
+        snapshot.mut_metadata().set_conf_state(raft::prelude::ConfState::from((vec![1], vec![])));
+        snapshot
+    };
+    let files = || {
+        let mut names: Vec<String> = std::fs::read_dir(dir.path().join("snapshots"))
+            .unwrap()
+            .map(|file| file.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    };
+    let mut store = EngineStore::open(dir.path()).unwrap();
+    store
+        .write(&WriteBatch { entries: (1..=20).map(|i| entry(i, 1)).collect(), ..Default::default() })
+        .unwrap();
+    let big = vec![7u8; 1 << 20];
+    store.write(&WriteBatch { snapshot: Some(snapshot(5, &big)), ..Default::default() }).unwrap();
+    store.write(&WriteBatch { snapshot: Some(snapshot(10, b"newer")), ..Default::default() }).unwrap();
+    assert_eq!(files(), vec![crate::storage::snapshot_file_name(10, 1)]);
+    drop(store);
+    let mut store = EngineStore::open(dir.path()).unwrap();
+    let recovered = store.recover().unwrap();
+    assert_eq!(recovered.snapshot.get_metadata().index, 10);
+    assert_eq!(recovered.snapshot.get_data(), b"newer");
+    assert_eq!(recovered.entries.first().map(|entry| entry.index), Some(11));
+    drop(store);
+    // A snapshot file gone missing is a clear error, not an empty table.
+    std::fs::remove_file(dir.path().join("snapshots").join(&files()[0])).unwrap();
+    let err = EngineStore::open(dir.path()).unwrap().recover().unwrap_err();
+    assert!(matches!(err, StorageError::SnapshotFile { .. }), "{err}");
+    assert!(err.to_string().contains("snapshot-"), "{err}");
+}
+
+#[test]
 fn the_engine_store_tells_blank_without_reading_the_log() {
     let dir = tempfile::tempdir().unwrap();
     let open = || EngineStore::open(dir.path()).unwrap();

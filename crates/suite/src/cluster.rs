@@ -10,6 +10,7 @@
 //! Dropping the cluster kills whatever still runs (paused processes
 //! included: SIGKILL works on a stopped process).
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,6 +64,12 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn start(config: &ClusterConfig) -> Result<Cluster> {
+        Cluster::start_with_flags(config, &[])
+    }
+
+    /// As [`Cluster::start`], every node also given `flags` (after the
+    /// suite's timings; a flag may be given once).
+    pub fn start_with_flags(config: &ClusterConfig, flags: &[String]) -> Result<Cluster> {
         let mut spec = ClusterSpec::new(&config.server, &config.dir, config.nodes);
         spec.flags = [
             ("--tick-ms", TICK_MS.to_string()),
@@ -73,6 +80,7 @@ impl Cluster {
         ]
         .into_iter()
         .flat_map(|(flag, value)| [flag.to_owned(), value])
+        .chain(flags.iter().cloned())
         .collect();
         spec.tls = config.tls;
         let mut launch = fencelock_launch::Cluster::configure(spec)?;
@@ -122,6 +130,23 @@ impl Cluster {
 
     pub fn is_running(&self, id: u64) -> bool {
         self.launch.is_running(id)
+    }
+
+    /// The process id of node `id`, while it runs.
+    pub fn pid(&self, id: u64) -> Option<u32> {
+        self.launch.pid(id)
+    }
+
+    /// Each node's client address and its real peer address (where it
+    /// listens, behind its proxy), by id.
+    pub fn addrs(&self) -> Vec<(u64, SocketAddr, SocketAddr)> {
+        self.launch.layout().nodes().iter().map(|node| (node.id, node.client_addr, node.peer_addr)).collect()
+    }
+
+    /// Waits up to `within` for node `id` to answer `status`; an error at
+    /// once if any node's process has exited.
+    pub fn wait_until_answers(&mut self, id: u64, within: Duration) -> Result<()> {
+        Ok(self.launch.wait_until_answers(id, within)?)
     }
 
     /// kill -9, and reaps the process.

@@ -23,6 +23,7 @@ mod cluster;
 mod converge;
 mod hangup;
 mod history;
+mod hostile;
 mod nemesis;
 mod proxy;
 mod report;
@@ -50,7 +51,9 @@ struct Cli {
     /// `all`, a suite (kill, pause, partition, clock-skew, lose-data,
     /// client-resets, combined), or one fault alone (kill-leader,
     /// kill-random, kill-all, pause-leader, pause-holder, partition-halves,
-    /// isolate-leader, bridge, clock-skew, lose-data, reset-clients).
+    /// isolate-leader, bridge, clock-skew, lose-data, reset-clients); or
+    /// `hostile`: clients that break the rules, run on its own (not in
+    /// `all`).
     #[arg(default_value = "all")]
     name: String,
     /// The fencelockd binary.
@@ -100,6 +103,11 @@ fn run(cli: &Cli) -> Result<bool> {
             let kinds: Vec<&str> = suite.kinds.iter().map(|kind| kind.name()).collect();
             println!("{:<13} {} [{}]", suite.name, suite.about, kinds.join(", "));
         }
+        println!(
+            "{:<13} floods of waiters, partial frames, a client that never reads, idle connections, peer-port \
+             garbage, a lock-table flood and a log flood, beside well-behaved clients (not in `all`)",
+            "hostile"
+        );
         return Ok(true);
     }
     if !matches!(cli.nodes, 3 | 5) {
@@ -110,6 +118,19 @@ fn run(cli: &Cli) -> Result<bool> {
     }
     if !cli.server.exists() {
         bail!("{} does not exist: build it first (cargo build --bin fencelockd)", cli.server.display());
+    }
+    if cli.name == "hostile" {
+        let settings = Settings {
+            server: cli.server.clone(),
+            out: cli.out.clone(),
+            seed: cli.seed.unwrap_or_else(fresh_seed),
+            nodes: cli.nodes,
+            duration: cli.duration,
+            converge_within: cli.converge_within,
+            faketime: None,
+            tls: cli.tls,
+        };
+        return hostile::run(&settings);
     }
     let Some(suites) = run::select(&cli.name) else {
         bail!("no suite or fault named `{}`; `--list` shows them", cli.name);
