@@ -54,7 +54,29 @@ const ARROWS: &[(&str, &[&str])] = &[
 /// dependencies) each may build on.
 /// Besides what [`TYPES_CLOSURE`] brings.
 const PURE_CORES: &[(&str, &str, &[&str])] = &[
-    ("fencelock-fsm", "crates/fsm/src", &["crc32fast", "cfg-if"]),
+    // imbl: the lock table's persistent OrdMap, cloned in O(1) so that a
+    // snapshot is encoded off the node loop. Deterministic: its only
+    // randomness is a xoshiro generator seeded with 0 (imbl's Vector sort,
+    // unused here); getrandom and its platform crates come in as rand_core's
+    // optional OS source, which nothing in the core calls.
+    (
+        "fencelock-fsm",
+        "crates/fsm/src",
+        &[
+            "crc32fast",
+            "cfg-if",
+            "imbl",
+            "imbl-sized-chunks",
+            "archery",
+            "bitmaps",
+            "rand_core",
+            "rand_xoshiro",
+            "getrandom",
+            "libc",
+            "r-efi",
+            "wasi",
+        ],
+    ),
     ("fencelock-lease", "crates/lease/src", &[]),
 ];
 

@@ -63,7 +63,7 @@ mod snapshot;
 
 pub use snapshot::{SnapshotError, SNAPSHOT_VERSION};
 
-use imbl::{HashMap, OrdMap};
+use imbl::OrdMap;
 use std::ops::Bound;
 
 use fencelock_types::{
@@ -93,7 +93,7 @@ pub struct LockTable {
     cluster_id: Option<ClusterId>,
     /// Locks held per owner identity ([`Owner::identity`]), for quotas.
     /// Derived from `locks`: not in the snapshot.
-    identities: HashMap<Vec<u8>, usize>,
+    identities: OrdMap<Vec<u8>, usize>,
 }
 
 impl LockTable {

@@ -17,7 +17,7 @@
 
 use std::collections::BTreeSet;
 
-use imbl::{HashMap, OrdMap};
+use imbl::OrdMap;
 
 use fencelock_types::{pb, ClusterId, FencingToken, InvalidReason, Key, LeaseMs, Owner};
 use protobuf::Message;
@@ -158,7 +158,7 @@ impl LockTable {
             }
             locks.push((key, Lock { token, owner, lease_ms }));
         }
-        let mut identities: HashMap<Vec<u8>, usize> = HashMap::new();
+        let mut identities: OrdMap<Vec<u8>, usize> = OrdMap::new();
         for (_, lock) in &locks {
             match identities.get_mut(lock.owner.identity()) {
                 Some(count) => *count += 1,
