@@ -62,6 +62,11 @@ const PEER_BYTES_PER_ROUND: usize = if cfg!(test) { 64 * 1024 } else { 1 << 20 }
 /// [`PeerConfig::frame_bytes_max`], which must be at least this.
 pub const PART_BYTES: usize = if cfg!(test) { 512 } else { 8 << 20 };
 
+/// Messages to peers over this many bytes (snapshots) are encoded on a
+/// thread of their own, one per peer at a time (a second one meanwhile is
+/// dropped; raft sends again).
+const ENCODE_ELSEWHERE_BYTES: usize = if cfg!(test) { 8 * 1024 } else { 8 << 20 };
+
 /// Settings of the peer side of a node loop.
 #[derive(Clone, Debug)]
 pub struct PeerConfig {
@@ -496,7 +501,7 @@ impl<M: Message> Peers<M> {
         if unsent > 0 && unsent >= self.config.output_bytes_max {
             return false;
         }
-        if message.compute_size() as usize > PART_BYTES {
+        if message.compute_size() as usize > ENCODE_ELSEWHERE_BYTES {
             // A snapshot: encoding it takes a while, done elsewhere. One
             // per peer at a time; raft sends another when it is needed.
             if !self.encoding.insert(to) {
