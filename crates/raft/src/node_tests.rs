@@ -565,24 +565,24 @@ fn a_snapshot_from_the_leader_is_decoded_by_the_shell_and_installed_from_that_ta
             owner: Owner::new(b"o".to_vec()).unwrap(),
         });
     }
-    let snapshot_message = |index: u64| {
+    let snapshot_message = |index: u64, term: u64| {
         let mut snapshot = Snapshot::default();
         snapshot.set_data(table.snapshot().into());
         snapshot.mut_metadata().index = index;
-        snapshot.mut_metadata().term = 1;
+        snapshot.mut_metadata().term = term;
         snapshot.mut_metadata().set_conf_state(ConfState::from((vec![1, 2, 3], vec![])));
         let mut message = Message::default();
         message.set_msg_type(MessageType::MsgSnapshot);
         message.from = 2;
         message.to = 1;
-        message.term = 1;
+        message.term = term;
         message.set_snapshot(snapshot);
         message
     };
-    node.handle(10, Event::PeerMessage(snapshot_message(10)));
+    node.handle(10, Event::PeerMessage(snapshot_message(10, 1)));
     // A second snapshot while the first is decoded is dropped: one decoding
     // at a time.
-    node.handle(10, Event::PeerMessage(snapshot_message(12)));
+    node.handle(10, Event::PeerMessage(snapshot_message(12, 1)));
     let mut decodes = decodings_asked(&mut node, 10);
     assert_eq!(decodes.len(), 1, "one decoding at a time");
     assert_eq!(node.replica().unwrap().table().len(), 0, "installed before it was decoded");
@@ -596,15 +596,33 @@ fn a_snapshot_from_the_leader_is_decoded_by_the_shell_and_installed_from_that_ta
     assert_eq!(replica.table(), &table);
     assert_eq!(replica.status().applied_index, 10);
     assert_eq!(replica.stats().snapshots_installed, 1);
+    // A snapshot of an older term is ignored by raft: its decoded table is
+    // not kept (it could be large).
+    let mut heartbeat = Message::default();
+    heartbeat.set_msg_type(MessageType::MsgHeartbeat);
+    heartbeat.from = 3;
+    heartbeat.to = 1;
+    heartbeat.term = 2;
+    heartbeat.commit = 10;
+    node.handle(25, Event::PeerMessage(heartbeat));
+    turns_synced(&mut node, 25, &mut store);
+    assert_eq!(node.replica().unwrap().status().term, 2);
+    node.handle(25, Event::PeerMessage(snapshot_message(15, 1)));
+    let message = decodings_asked(&mut node, 25).pop().expect("a decoding was asked for");
+    let decoded = fencelock_fsm::LockTable::restore(message.get_snapshot().get_data());
+    node.handle(25, Event::SnapshotDecoded { message, table: decoded });
+    turns_synced(&mut node, 25, &mut store);
+    assert_eq!(node.replica().unwrap().status().applied_index, 10);
+    assert!(!node.replica().unwrap().holds_decoded_snapshot(), "a snapshot raft ignored is still held");
     // A table that does not decode is refused, and the node takes the next.
-    node.handle(30, Event::PeerMessage(snapshot_message(20)));
+    node.handle(30, Event::PeerMessage(snapshot_message(20, 2)));
     let message = decodings_asked(&mut node, 30).pop().expect("a decoding was asked for");
     node.handle(30, Event::SnapshotDecoded { message, table: Err(fencelock_fsm::SnapshotError::Checksum) });
     turns_synced(&mut node, 30, &mut store);
     assert_eq!(node.replica().unwrap().status().applied_index, 10);
     assert!(node.replica().unwrap().stats().refused.get(crate::gate::Refusal::BadSnapshot) > 0);
     // And the next snapshot is taken (the decoding is over).
-    node.handle(40, Event::PeerMessage(snapshot_message(30)));
+    node.handle(40, Event::PeerMessage(snapshot_message(30, 2)));
     turns_synced(&mut node, 40, &mut store);
     assert_eq!(node.replica().unwrap().status().applied_index, 30);
 }

@@ -666,6 +666,10 @@ impl Replica {
         self.propose_expiries();
         self.propose_ready_requests();
         self.handle_ready()?;
+        // A decoded snapshot is installed by the ready right after its
+        // message: one still here was not (raft ignored the message, say,
+        // for an old term), and may be a large table to let go of.
+        self.decoded = None;
         self.notice_role_change();
         for to in std::mem::take(&mut self.snapshots_sent) {
             // The transport does not report delivery. Saying "finished"
@@ -763,6 +767,12 @@ impl Replica {
             rejoining: self.abstaining.is_some(),
             cluster_id: self.table.cluster_id(),
         }
+    }
+
+    /// Whether a decoded snapshot table waits for its install (tests).
+    #[cfg(test)]
+    pub(crate) fn holds_decoded_snapshot(&self) -> bool {
+        self.decoded.is_some()
     }
 
     /// The cluster's id, once applied.
