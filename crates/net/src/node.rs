@@ -73,8 +73,8 @@ pub struct PeerConfig {
     pub node_id: u64,
     /// Where this node listens for peers.
     pub listen_addr: SocketAddr,
-    /// Every other node's peer address.
-    pub peers: BTreeMap<u64, SocketAddr>,
+    /// Every other node's peer address, changed as the membership changes.
+    pub peers: PeerBook,
     /// This node's client address, announced to peers in the hello.
     pub client_addr: String,
     /// The largest frame accepted from a peer. A larger message (a
@@ -93,6 +93,54 @@ pub struct PeerConfig {
     /// TLS between peers; `None`: plain TCP.
     pub tls: Option<PeerTls>,
 }
+
+/// The other nodes' peer addresses (`HOST:PORT`; a host name is resolved
+/// again at every connection, off the loop's thread), shared with whoever
+/// changes the membership: the loop connects to added peers, drops removed
+/// ones and reconnects to moved ones at its next round.
+#[derive(Clone, Debug, Default)]
+pub struct PeerBook(Arc<RwLock<BookInner>>);
+
+#[derive(Debug, Default)]
+struct BookInner {
+    version: u64,
+    peers: BTreeMap<u64, String>,
+}
+
+impl PeerBook {
+    pub fn new(peers: BTreeMap<u64, String>) -> PeerBook {
+        PeerBook(Arc::new(RwLock::new(BookInner { version: 1, peers })))
+    }
+
+    /// Replaces the addresses (a no-op when they are the same).
+    pub fn set(&self, peers: BTreeMap<u64, String>) {
+        let mut inner = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        if inner.peers != peers {
+            inner.peers = peers;
+            inner.version += 1;
+        }
+    }
+
+    pub fn get(&self) -> BTreeMap<u64, String> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).peers.clone()
+    }
+
+    pub fn contains(&self, id: u64) -> bool {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).peers.contains_key(&id)
+    }
+
+    fn len(&self) -> usize {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).peers.len()
+    }
+
+    fn version(&self) -> u64 {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).version
+    }
+}
+
+/// How long a host name may take to resolve before the attempt counts as
+/// failed (the lookup's thread may linger; its answer is then ignored).
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The TLS configurations of a node's peer side (from
 /// `fencelock_tls::NodeTls`).
@@ -394,13 +442,23 @@ pub(crate) struct Peers<M> {
     encoding: BTreeSet<u64>,
     encoded_tx: crossbeam_channel::Sender<(u64, Vec<u8>)>,
     encoded: crossbeam_channel::Receiver<(u64, Vec<u8>)>,
-    /// Wakes the loop when an encoding is done.
+    /// Wakes the loop when an encoding or a lookup is done.
     waker: LoopWaker,
+    /// The version of the peer book the outgoing connections follow.
+    book_version: u64,
+    /// Host name lookups' answers: the peer, the attempt, the address.
+    resolved_tx: crossbeam_channel::Sender<(u64, u64, io::Result<SocketAddr>)>,
+    resolved: crossbeam_channel::Receiver<(u64, u64, io::Result<SocketAddr>)>,
+    /// Draws the reconnect backoff's jitter.
+    jitter: u64,
     logger: Logger,
 }
 
 struct Outgoing {
-    addr: SocketAddr,
+    /// `HOST:PORT`, as the peer book has it.
+    addr: String,
+    /// Counts connection attempts: a lookup's late answer names an old one.
+    attempt: u64,
     link: Link,
     /// The hello of the current connection named this node's cluster.
     named: bool,
@@ -414,10 +472,41 @@ struct Outgoing {
     logger: Logger,
 }
 
+impl Outgoing {
+    /// A peer not connected yet, to connect to at once.
+    fn new(peer: u64, addr: &str, config: &PeerConfig, logger: &Logger) -> Outgoing {
+        Outgoing {
+            addr: addr.to_owned(),
+            attempt: 0,
+            link: Link::Down { retry_at: Instant::now() },
+            named: false,
+            expiry: None,
+            output: Vec::new(),
+            written: 0,
+            backoff: config.reconnect_backoff_min,
+            logger: logger.new(slog::o!("peer" => peer)),
+        }
+    }
+}
+
 enum Link {
-    Down { retry_at: Instant },
-    Connecting { wire: Wire, token: Token, since: Instant },
-    Up { wire: Wire, token: Token, since: Instant },
+    Down {
+        retry_at: Instant,
+    },
+    /// Waiting for the lookup of the peer's host name.
+    Resolving {
+        since: Instant,
+    },
+    Connecting {
+        wire: Wire,
+        token: Token,
+        since: Instant,
+    },
+    Up {
+        wire: Wire,
+        token: Token,
+        since: Instant,
+    },
 }
 
 struct Incoming {
@@ -444,31 +533,18 @@ impl<M: Message> Peers<M> {
         waker: LoopWaker,
         logger: Logger,
     ) -> Peers<M> {
-        let now = Instant::now();
         let (encoded_tx, encoded) = crossbeam_channel::unbounded();
-        let outgoing = config
-            .peers
-            .iter()
-            .map(|(&peer, &addr)| {
-                let outgoing = Outgoing {
-                    addr,
-                    link: Link::Down { retry_at: now },
-                    named: false,
-                    expiry: None,
-                    output: Vec::new(),
-                    written: 0,
-                    backoff: config.reconnect_backoff_min,
-                    logger: logger.new(slog::o!("peer" => peer)),
-                };
-                (peer, outgoing)
-            })
-            .collect();
-        Peers {
+        let (resolved_tx, resolved) = crossbeam_channel::unbounded();
+        let jitter = {
+            use std::hash::{BuildHasher, Hasher};
+            std::collections::hash_map::RandomState::new().build_hasher().finish() | 1
+        };
+        let mut peers = Peers {
             config,
             listener,
             route,
             client_addrs,
-            outgoing,
+            outgoing: BTreeMap::new(),
             named: false,
             throttle: crate::throttle::Throttle::default(),
             by_token: HashMap::new(),
@@ -481,7 +557,54 @@ impl<M: Message> Peers<M> {
             encoded_tx,
             encoded,
             waker,
+            book_version: 0,
+            resolved_tx,
+            resolved,
+            jitter,
             logger,
+        };
+        peers.follow_book(None);
+        peers
+    }
+
+    /// Brings the outgoing connections in line with the peer book: new
+    /// peers are connected to at once, removed ones dropped, moved ones
+    /// reconnected at their new address.
+    fn follow_book(&mut self, registry: Option<&Registry>) {
+        let version = self.config.peers.version();
+        if version == self.book_version {
+            return;
+        }
+        self.book_version = version;
+        let book = self.config.peers.get();
+        let now = Instant::now();
+        let gone: Vec<u64> = self.outgoing.keys().filter(|peer| !book.contains_key(peer)).copied().collect();
+        for peer in gone {
+            if let Some(mut outgoing) = self.outgoing.remove(&peer) {
+                info!(outgoing.logger, "peer removed: disconnecting");
+                if let Some(registry) = registry {
+                    Self::close_link(registry, &mut self.by_token, &mut outgoing, now);
+                }
+            }
+        }
+        for (&peer, addr) in &book {
+            if peer == self.config.node_id {
+                continue;
+            }
+            match self.outgoing.get_mut(&peer) {
+                Some(outgoing) if outgoing.addr == *addr => {}
+                Some(outgoing) => {
+                    info!(outgoing.logger, "peer moved: reconnecting"; "from" => &outgoing.addr, "to" => addr);
+                    let mut moved =
+                        std::mem::replace(outgoing, Outgoing::new(peer, addr, &self.config, &self.logger));
+                    if let Some(registry) = registry {
+                        Self::close_link(registry, &mut self.by_token, &mut moved, now);
+                    }
+                }
+                None => {
+                    self.outgoing.insert(peer, Outgoing::new(peer, addr, &self.config, &self.logger));
+                }
+            }
         }
     }
 
@@ -493,7 +616,7 @@ impl<M: Message> Peers<M> {
     pub(crate) fn send(&mut self, message: M) -> bool {
         let to = (self.route)(&message).to;
         let Some(outgoing) = self.outgoing.get_mut(&to) else { return false };
-        if matches!(outgoing.link, Link::Down { .. }) {
+        if matches!(outgoing.link, Link::Down { .. } | Link::Resolving { .. }) {
             // Stale by the time the peer is back: raft sends fresh ones.
             return false;
         }
@@ -533,7 +656,7 @@ impl<M: Message> Peers<M> {
         while let Ok((to, frames)) = self.encoded.try_recv() {
             self.encoding.remove(&to);
             let Some(outgoing) = self.outgoing.get_mut(&to) else { continue };
-            if matches!(outgoing.link, Link::Down { .. }) {
+            if matches!(outgoing.link, Link::Down { .. } | Link::Resolving { .. }) {
                 continue;
             }
             let unsent = outgoing.output.len() - outgoing.written;
@@ -623,7 +746,14 @@ impl<M: Message> Peers<M> {
         if stable {
             outgoing.backoff = self.config.reconnect_backoff_min;
         }
-        let retry_at = Instant::now() + outgoing.backoff;
+        // Jittered, between half the backoff and all of it: nodes that lost
+        // a peer together do not call it back in step.
+        self.jitter ^= self.jitter << 13;
+        self.jitter ^= self.jitter >> 7;
+        self.jitter ^= self.jitter << 17;
+        let half = outgoing.backoff / 2;
+        let spread = half.as_micros().max(1) as u64;
+        let retry_at = Instant::now() + half + Duration::from_micros(self.jitter % spread);
         if !stable {
             outgoing.backoff = (outgoing.backoff * 2).min(max);
         }
@@ -658,7 +788,7 @@ impl<M: Message> Peers<M> {
         self.named = true;
         let now = Instant::now();
         for outgoing in self.outgoing.values_mut() {
-            if !outgoing.named && !matches!(outgoing.link, Link::Down { .. }) {
+            if !outgoing.named && matches!(outgoing.link, Link::Connecting { .. } | Link::Up { .. }) {
                 debug!(outgoing.logger, "reconnecting to name the cluster in the hello");
                 Self::close_link(registry, &mut self.by_token, outgoing, now);
             }
@@ -675,6 +805,7 @@ impl<M: Message> Peers<M> {
             .values()
             .filter_map(|outgoing| match &outgoing.link {
                 Link::Down { retry_at } => Some(*retry_at),
+                Link::Resolving { since } => Some(*since + RESOLVE_TIMEOUT),
                 Link::Connecting { since, .. } => Some(*since + CONNECT_TIMEOUT),
                 Link::Up { .. } => outgoing.expiry,
             })
@@ -684,6 +815,8 @@ impl<M: Message> Peers<M> {
 
     /// Opens the connections that are due, gives up on slow ones.
     pub(crate) fn on_time(&mut self, registry: &Registry, now: Instant) {
+        self.follow_book(Some(registry));
+        self.take_resolved(registry);
         self.rename(registry);
         let due: Vec<(Token, String)> = self
             .incoming
@@ -706,8 +839,12 @@ impl<M: Message> Peers<M> {
             let Some(outgoing) = self.outgoing.get(&peer) else { continue };
             match &outgoing.link {
                 Link::Down { retry_at } if *retry_at <= now => self.connect(registry, peer),
+                Link::Resolving { since } if *since + RESOLVE_TIMEOUT <= now => {
+                    debug!(outgoing.logger, "cannot resolve peer"; "addr" => &outgoing.addr, "error" => "timed out");
+                    self.go_down(registry, peer);
+                }
                 Link::Connecting { since, .. } if *since + CONNECT_TIMEOUT <= now => {
-                    debug!(outgoing.logger, "cannot reach peer"; "addr" => %outgoing.addr, "error" => "timed out");
+                    debug!(outgoing.logger, "cannot reach peer"; "addr" => &outgoing.addr, "error" => "timed out");
                     self.go_down(registry, peer);
                 }
                 Link::Up { .. } if outgoing.expiry.is_some_and(|expiry| expiry <= now) => {
@@ -719,13 +856,58 @@ impl<M: Message> Peers<M> {
         }
     }
 
+    /// Opens a connection to the peer: at once to an IP address, after a
+    /// lookup (on a thread of its own) for a host name.
     fn connect(&mut self, registry: &Registry, peer: u64) {
+        let Some(outgoing) = self.outgoing.get_mut(&peer) else { return };
+        outgoing.attempt += 1;
+        if let Ok(addr) = outgoing.addr.parse::<SocketAddr>() {
+            return self.open(registry, peer, addr);
+        }
+        let (name, attempt) = (outgoing.addr.clone(), outgoing.attempt);
+        let (done, waker) = (self.resolved_tx.clone(), self.waker.clone());
+        let spawned = std::thread::Builder::new().name("fencelock-resolve".into()).spawn(move || {
+            use std::net::ToSocketAddrs;
+            let found = name.to_socket_addrs().and_then(|mut addrs| {
+                addrs.next().ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address for the name"))
+            });
+            if done.send((peer, attempt, found)).is_ok() {
+                waker.wake();
+            }
+        });
+        match spawned {
+            Ok(_) => outgoing.link = Link::Resolving { since: Instant::now() },
+            Err(err) => {
+                warn!(outgoing.logger, "cannot start a host name lookup"; "error" => %err);
+                self.go_down(registry, peer);
+            }
+        }
+    }
+
+    /// Connects to the peers whose host name lookup answered.
+    fn take_resolved(&mut self, registry: &Registry) {
+        while let Ok((peer, attempt, found)) = self.resolved.try_recv() {
+            let Some(outgoing) = self.outgoing.get(&peer) else { continue };
+            if outgoing.attempt != attempt || !matches!(outgoing.link, Link::Resolving { .. }) {
+                continue;
+            }
+            match found {
+                Ok(addr) => self.open(registry, peer, addr),
+                Err(err) => {
+                    debug!(outgoing.logger, "cannot resolve peer"; "addr" => &outgoing.addr, "error" => %err);
+                    self.go_down(registry, peer);
+                }
+            }
+        }
+    }
+
+    fn open(&mut self, registry: &Registry, peer: u64, addr: SocketAddr) {
         let token = self.token();
         let Some(outgoing) = self.outgoing.get_mut(&peer) else { return };
-        let mut stream = match TcpStream::connect(outgoing.addr) {
+        let mut stream = match TcpStream::connect(addr) {
             Ok(stream) => stream,
             Err(err) => {
-                debug!(outgoing.logger, "cannot reach peer"; "addr" => %outgoing.addr, "error" => %err);
+                debug!(outgoing.logger, "cannot reach peer"; "addr" => &outgoing.addr, "error" => %err);
                 self.go_down(registry, peer);
                 return;
             }
@@ -891,7 +1073,7 @@ impl<M: Message> Peers<M> {
             Link::Connecting { wire, token, .. } => {
                 let stream = wire.stream();
                 if let Ok(Some(err)) | Err(err) = stream.take_error() {
-                    debug!(outgoing.logger, "cannot reach peer"; "addr" => %outgoing.addr, "error" => %err);
+                    debug!(outgoing.logger, "cannot reach peer"; "addr" => &outgoing.addr, "error" => %err);
                     self.go_down(registry, peer);
                     return;
                 }
@@ -899,7 +1081,7 @@ impl<M: Message> Peers<M> {
                     Ok(_) => {}
                     Err(err) if err.kind() == io::ErrorKind::NotConnected => return,
                     Err(err) => {
-                        debug!(outgoing.logger, "cannot reach peer"; "addr" => %outgoing.addr, "error" => %err);
+                        debug!(outgoing.logger, "cannot reach peer"; "addr" => &outgoing.addr, "error" => %err);
                         self.go_down(registry, peer);
                         return;
                     }
@@ -912,7 +1094,7 @@ impl<M: Message> Peers<M> {
                     return;
                 };
                 outgoing.link = Link::Up { wire, token, since: Instant::now() };
-                info!(outgoing.logger, "connected to peer"; "addr" => %outgoing.addr);
+                info!(outgoing.logger, "connected to peer"; "addr" => &outgoing.addr);
                 self.write_out(registry, peer);
             }
             Link::Up { wire, .. } => {
@@ -942,7 +1124,7 @@ impl<M: Message> Peers<M> {
                 // waited for it goes now.
                 self.write_out(registry, peer);
             }
-            Link::Down { .. } => {}
+            Link::Down { .. } | Link::Resolving { .. } => {}
         }
     }
 
@@ -973,7 +1155,9 @@ impl<M: Message> Peers<M> {
                         Ok(None) => break,
                         Ok(Some((hello, used))) => {
                             at += used;
-                            if !self.config.peers.contains_key(&hello.node_id) {
+                            if hello.node_id == self.config.node_id
+                                || !self.config.peers.contains(hello.node_id)
+                            {
                                 return Err(Some(format!("hello from node {}, not a peer", hello.node_id)));
                             }
                             if self.config.tls.is_some() {

@@ -13,7 +13,7 @@ use fencelock_types::client_pb::{ErrorCode, PeerHello, Request, Response, Status
 
 use crate::{
     read_frame, write_frame, ClientAddrs, ClientConfig, ClientListener, Core, Greetings, Handler, Heard,
-    NodeIo, NodeLoop, PeerConfig, ResponseSink, Route, Turn,
+    NodeIo, NodeLoop, PeerBook, PeerConfig, ResponseSink, Route, Turn,
 };
 
 fn logger() -> slog::Logger {
@@ -379,6 +379,8 @@ pub(crate) struct TestNode {
     pub(crate) hold_ms: Arc<AtomicU64>,
     pub(crate) client_addrs: ClientAddrs,
     pub(crate) greetings: Greetings,
+    /// The other nodes' addresses, to change while the node runs.
+    pub(crate) book: PeerBook,
 }
 
 impl TestNode {
@@ -439,7 +441,13 @@ pub(crate) fn node_with(
     let peers = PeerConfig {
         node_id: id,
         listen_addr: addrs[&id],
-        peers: addrs.iter().filter(|(peer, _)| **peer != id).map(|(peer, addr)| (*peer, *addr)).collect(),
+        peers: PeerBook::new(
+            addrs
+                .iter()
+                .filter(|(peer, _)| **peer != id)
+                .map(|(peer, addr)| (*peer, addr.to_string()))
+                .collect(),
+        ),
         client_addr: format!("client-of-{id}"),
         frame_bytes_max: 1024,
         message_bytes_max: 64 * 1024,
@@ -450,6 +458,7 @@ pub(crate) fn node_with(
         tls: tls.map(|tls| crate::PeerTls { accept: tls.peer_server.into(), dial: tls.peer_client.into() }),
     };
     let greetings = peers.greetings.clone();
+    let book = peers.peers.clone();
     let client_addrs = ClientAddrs::new();
     let node = NodeLoop::start(
         clients,
@@ -471,6 +480,7 @@ pub(crate) fn node_with(
         hold_ms,
         client_addrs,
         greetings,
+        book,
     }
 }
 
@@ -541,6 +551,55 @@ fn peers_exchange_messages_and_learn_client_addresses_despite_garbage() {
     write_frame(&mut client, &status_request(5)).unwrap();
     let answer: Response = read_frame(&mut client, 1 << 20).unwrap();
     assert_eq!(answer.id, 5);
+}
+
+#[test]
+fn a_peer_named_by_host_name_is_resolved_and_reached() {
+    let addrs: BTreeMap<u64, SocketAddr> = [(1, free_addr()), (2, free_addr())].into_iter().collect();
+    let one = node(1, &addrs, 1 << 20);
+    let two = node(2, &addrs, 1 << 20);
+    one.book.set([(2, format!("localhost:{}", addrs[&2].port()))].into_iter().collect());
+    // Node 1 now dials "localhost" (resolved off the loop); what it had
+    // sent before may or may not have arrived, so only fresh ones count.
+    assert_eq!(deliver((1, &one), 2, "by name", &two).role, "by name");
+    // A name that does not resolve is retried, and costs nothing else.
+    one.book.set([(2, "no-such-host.invalid:7001".to_owned())].into_iter().collect());
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(deliver((2, &two), 1, "still served", &one).role, "still served");
+    one.book.set([(2, addrs[&2].to_string())].into_iter().collect());
+    assert_eq!(deliver((1, &one), 2, "back by address", &two).role, "back by address");
+}
+
+#[test]
+fn peers_added_to_the_book_are_reached_and_removed_ones_are_refused() {
+    let addrs: BTreeMap<u64, SocketAddr> =
+        [(1, free_addr()), (2, free_addr()), (3, free_addr())].into_iter().collect();
+    let two_only: BTreeMap<u64, SocketAddr> =
+        addrs.iter().filter(|(id, _)| **id != 3).map(|(id, a)| (*id, *a)).collect();
+    let one = node(1, &two_only, 1 << 20);
+    let three = node(3, &addrs, 1 << 20);
+    assert!(!one.send(msg(1, 3, "not a peer yet")), "a message for a stranger was queued");
+    // Node 3 is not in node 1's book: its hello to node 1 is refused.
+    three.send(msg(3, 1, "refused"));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(one.inbound.try_recv().is_err(), "a message from a node not in the book arrived");
+    one.book.set(addrs.iter().filter(|(id, _)| **id != 1).map(|(id, a)| (*id, a.to_string())).collect());
+    assert_eq!(deliver((1, &one), 3, "welcome", &three).role, "welcome");
+    assert_eq!(deliver((3, &three), 1, "thanks", &one).role, "thanks");
+    // Removed again: nothing more goes to it, and its connection is refused.
+    one.book.set(two_only.iter().filter(|(id, _)| **id != 1).map(|(id, a)| (*id, a.to_string())).collect());
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!one.send(msg(1, 3, "gone")));
+    while one.inbound.try_recv().is_ok() {}
+    // Node 3's connection to node 1 stays open until it reconnects; a new
+    // one is refused at its hello.
+    let mut rogue = connect(addrs[&1]);
+    write_frame(&mut rogue, &PeerHello { node_id: 3, client_addr: "x".into(), ..Default::default() })
+        .unwrap();
+    let mut rest = Vec::new();
+    assert_eq!(rogue.read_to_end(&mut rest).unwrap(), 0, "closed");
+    one.stop();
+    three.stop();
 }
 
 #[test]

@@ -187,6 +187,9 @@ pub enum Action<T> {
 
 /// How often a starting node logs whom it still waits for.
 const STARTING_REPORT_EVERY_MS: u64 = 5_000;
+/// The tick length assumed for a node ticked by its shell, to tell how
+/// recently it heard from a peer.
+const DEFAULT_TICK_MS: u64 = 50;
 /// How soon a starting node looks at its hellos again.
 const STARTING_POLL_MS: u64 = 20;
 
@@ -211,6 +214,8 @@ pub struct Node<T> {
     rng: Option<SplitMix64>,
     /// A snapshot message is out for decoding ([`Action::DecodeSnapshot`]).
     decoding: bool,
+    /// When each peer's last raft message came, on the node's clock.
+    last_heard: BTreeMap<u64, u64>,
     logger: Logger,
 }
 
@@ -240,6 +245,7 @@ impl<T> Node<T> {
             pending: Vec::new(),
             next_tick_ms: None,
             decoding: false,
+            last_heard: BTreeMap::new(),
             logger,
         };
         if blank && node.config.driver.voters.len() > 1 {
@@ -287,6 +293,7 @@ impl<T> Node<T> {
             Event::PeerMessage(message) => {
                 // A starting node drops them: raft sends again.
                 let Phase::Running(replica) = &mut self.phase else { return };
+                self.last_heard.insert(message.from, now_ms);
                 match message.get_msg_type() {
                     // While a snapshot is decoded, the appends that would
                     // find the log behind it (and have the leader send it
@@ -410,7 +417,7 @@ impl<T> Node<T> {
         let id = self.config.driver.id;
         let peers: BTreeSet<u64> =
             self.config.driver.voters.iter().map(|voter| voter.0).filter(|voter| *voter != id.0).collect();
-        let start = rejoin::decide(&peers, &self.heard);
+        let start = rejoin::decide(&peers, &self.heard, self.config.driver.initial_cluster_state);
         match start {
             Start::Wait => {
                 if let Phase::Starting { next_report_ms, .. } = &mut self.phase {
@@ -507,6 +514,38 @@ impl<T> Node<T> {
     /// `None` while the node is starting.
     pub fn status(&self) -> Option<NodeStatus> {
         self.replica().map(Replica::status)
+    }
+
+    /// The status at `now_ms`, with the members heard from within an
+    /// election timeout; while the node is starting, the peers it waits for.
+    pub fn report(&self, now_ms: u64) -> NodeStatus {
+        let id = self.config.driver.id;
+        let Phase::Running(replica) = &self.phase else {
+            let mut voters: Vec<u64> = self.config.driver.voters.iter().map(|voter| voter.0).collect();
+            voters.sort_unstable();
+            let waiting_for =
+                voters.iter().filter(|peer| **peer != id.0 && !self.heard.contains_key(peer)).copied();
+            return NodeStatus {
+                waiting_for: waiting_for.collect(),
+                voters,
+                starting: true,
+                ..NodeStatus::blank(id)
+            };
+        };
+        let mut status = replica.status();
+        let tick_ms = self.config.tick_ms.unwrap_or(DEFAULT_TICK_MS);
+        let window_ms = tick_ms.saturating_mul(self.config.driver.election_ticks as u64);
+        status.reachable = std::iter::once(id.0)
+            .chain(
+                self.last_heard
+                    .iter()
+                    .filter(|(_, heard_ms)| now_ms.saturating_sub(**heard_ms) <= window_ms)
+                    .map(|(peer, _)| *peer),
+            )
+            .collect::<BTreeSet<u64>>()
+            .into_iter()
+            .collect();
+        status
     }
 
     pub fn stats(&self) -> Stats {

@@ -297,13 +297,14 @@ fn a_waiting_acquire_whose_connection_closes_is_forgotten_and_never_granted() {
 #[test]
 fn a_starting_node_refuses_clients_and_waits_for_its_peers() {
     let logger = slog::Logger::root(slog::Discard, slog::o!());
-    let config = NodeConfig {
-        driver: Config::new(NodeId(1), vec![NodeId(1), NodeId(2), NodeId(3)]),
-        tick_ms: Some(10),
-        election_seed: None,
-    };
+    let mut driver = Config::new(NodeId(1), vec![NodeId(1), NodeId(2), NodeId(3)]);
+    driver.initial_cluster_state = crate::rejoin::ClusterState::Existing;
+    let config = NodeConfig { driver, tick_ms: Some(10), election_seed: None };
     let mut node: Node<u32> = Node::open(config, Default::default(), &logger).unwrap();
     assert!(node.is_starting());
+    let report = node.report(0);
+    assert!(report.starting);
+    assert_eq!(report.waiting_for, vec![2, 3]);
     node.handle(
         0,
         Event::Request {
@@ -318,10 +319,11 @@ fn a_starting_node_refuses_clients_and_waits_for_its_peers() {
         actions.as_slice(),
         [Action::Reply { to: 1, reply: Err(crate::RequestError::NotLeader { leader_hint: None }), .. }]
     ));
-    // One peer says it is new too: not enough.
+    // One peer says it is new too: not enough in an existing cluster.
     node.handle(1, Event::PeerHello { from: NodeId(2), report: Default::default() });
     node.turn(1, &mut |_| {}).unwrap();
     assert!(node.is_starting());
+    assert_eq!(node.report(1).waiting_for, vec![3]);
     // A hello from a node that is not a voter counts for nothing.
     node.handle(2, Event::PeerHello { from: NodeId(9), report: Default::default() });
     node.turn(2, &mut |_| {}).unwrap();
@@ -337,6 +339,39 @@ fn a_starting_node_refuses_clients_and_waits_for_its_peers() {
     .unwrap();
     assert_eq!(started, Some(crate::rejoin::Start::Fresh));
     assert!(!node.is_starting());
+    assert!(!node.report(3).starting);
+}
+
+#[test]
+fn a_node_of_a_new_cluster_starts_once_a_majority_is_up_and_reports_whom_it_reaches() {
+    let logger = slog::Logger::root(slog::Discard, slog::o!());
+    let config = NodeConfig {
+        driver: Config::new(NodeId(1), vec![NodeId(1), NodeId(2), NodeId(3)]),
+        tick_ms: Some(10),
+        election_seed: None,
+    };
+    let mut node: Node<u32> = Node::open(config, Default::default(), &logger).unwrap();
+    node.turn(0, &mut |_| {}).unwrap();
+    assert!(node.is_starting(), "alone is no majority");
+    node.handle(1, Event::PeerHello { from: NodeId(3), report: Default::default() });
+    node.turn(1, &mut |_| {}).unwrap();
+    assert!(!node.is_starting(), "two blank nodes of three found the cluster");
+    let report = node.report(1);
+    assert_eq!(report.voters, vec![1, 2, 3]);
+    assert_eq!(report.reachable, vec![1]);
+    assert!(!report.has_quorum());
+    // A message from a peer: it is reachable for an election timeout.
+    let mut heartbeat = raft::prelude::Message::default();
+    heartbeat.set_msg_type(raft::prelude::MessageType::MsgHeartbeat);
+    heartbeat.from = 3;
+    heartbeat.to = 1;
+    heartbeat.term = 1;
+    node.handle(2, Event::PeerMessage(heartbeat));
+    let report = node.report(2);
+    assert_eq!(report.reachable, vec![1, 3]);
+    assert!(report.has_quorum());
+    let election_ms = 10 * Config::new(NodeId(1), vec![]).election_ticks as u64;
+    assert_eq!(node.report(2 + election_ms + 1).reachable, vec![1], "heard too long ago");
 }
 
 #[test]

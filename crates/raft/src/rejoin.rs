@@ -12,6 +12,10 @@
 //!
 //! - every peer answered and none knows it: a new cluster, it bootstraps as
 //!   a voter ([`Start::Fresh`]);
+//! - with [`ClusterState::New`] (the operator says the cluster is new): a
+//!   majority of the cluster, itself counted, answered, and every answer is
+//!   blank (no term, no log, does not know it): it bootstraps too, so that a
+//!   new cluster starts once a majority is up;
 //! - some peer knows it, and a majority of the cluster not counting itself
 //!   answered: it lost its data. It rejoins ([`Start::Rejoin`]): it takes
 //!   entries and acknowledges them like any follower, but neither votes nor
@@ -64,6 +68,24 @@ pub struct PeerReport {
     pub last_index: u64,
 }
 
+/// What the operator says of the cluster a node with an empty store starts
+/// in (`--initial-cluster-state`, as etcd has it). A node with data ignores
+/// it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ClusterState {
+    /// A new cluster: it starts once a majority of its nodes is up and
+    /// finds only blank peers. The risk the operator takes: were this node
+    /// in fact one that lost its data, with the peers that hold the
+    /// cluster's history all down and blank ones up, it would found a
+    /// second cluster (whose id the old nodes refuse; its tokens start
+    /// above the old ones, from the wall clock).
+    #[default]
+    New,
+    /// A cluster that runs already: a blank node founds nothing unless
+    /// every peer answered and none knows it, and rejoins one that does.
+    Existing,
+}
+
 /// How a node that found its store empty starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Start {
@@ -77,7 +99,7 @@ pub enum Start {
 
 /// Decides how a blank node starts from its peers' reports. `peers` are
 /// the other voters; reports from anyone else are ignored.
-pub fn decide(peers: &BTreeSet<u64>, reports: &BTreeMap<u64, PeerReport>) -> Start {
+pub fn decide(peers: &BTreeSet<u64>, reports: &BTreeMap<u64, PeerReport>, state: ClusterState) -> Start {
     let answered: Vec<&PeerReport> =
         reports.iter().filter(|(id, _)| peers.contains(id)).map(|(_, report)| report).collect();
     let cluster_size = peers.len() + 1;
@@ -93,10 +115,16 @@ pub fn decide(peers: &BTreeSet<u64>, reports: &BTreeMap<u64, PeerReport>) -> Sta
         return Start::Wait;
     }
     if answered.len() == peers.len() {
-        Start::Fresh
-    } else {
-        Start::Wait
+        return Start::Fresh;
     }
+    // A majority of the cluster, this node counted, and all of it blank: a
+    // peer that took part in any election (even a lone pre-vote round does
+    // not move the term) or holds any entry would have said so.
+    let blank = |report: &&PeerReport| !report.knows_you && report.term == 0 && report.last_index == 0;
+    if state == ClusterState::New && answered.len() + 1 > cluster_size / 2 && answered.iter().all(blank) {
+        return Start::Fresh;
+    }
+    Start::Wait
 }
 
 /// What a rejoining node's raft state says, for [`caught_up`].
@@ -221,31 +249,65 @@ mod tests {
     fn a_new_cluster_needs_every_peer_to_answer() {
         let three = peers(&[2, 3]);
         let mut reports = BTreeMap::new();
-        assert_eq!(decide(&three, &reports), Start::Wait);
+        assert_eq!(decide(&three, &reports, ClusterState::Existing), Start::Wait);
         reports.insert(2, report(false, 0, 0));
-        assert_eq!(decide(&three, &reports), Start::Wait, "node 3 may be the one that knows us");
+        assert_eq!(
+            decide(&three, &reports, ClusterState::Existing),
+            Start::Wait,
+            "node 3 may be the one that knows us"
+        );
         reports.insert(3, report(false, 4, 9));
-        assert_eq!(decide(&three, &reports), Start::Fresh);
+        assert_eq!(decide(&three, &reports, ClusterState::Existing), Start::Fresh);
         // A single node has nobody to ask.
-        assert_eq!(decide(&BTreeSet::new(), &BTreeMap::new()), Start::Fresh);
+        assert_eq!(decide(&BTreeSet::new(), &BTreeMap::new(), ClusterState::Existing), Start::Fresh);
         // Reports from strangers count for nothing.
         let stranger: BTreeMap<u64, PeerReport> = [(9, report(false, 0, 0))].into_iter().collect();
-        assert_eq!(decide(&peers(&[2]), &stranger), Start::Wait);
+        assert_eq!(decide(&peers(&[2]), &stranger, ClusterState::New), Start::Wait);
     }
 
     #[test]
     fn a_lost_store_rejoins_once_a_majority_without_it_answered() {
         let five = peers(&[2, 3, 4, 5]);
         let mut reports: BTreeMap<u64, PeerReport> = [(2, report(true, 7, 40))].into_iter().collect();
-        assert_eq!(decide(&five, &reports), Start::Wait);
+        assert_eq!(decide(&five, &reports, ClusterState::New), Start::Wait);
         reports.insert(3, report(false, 9, 35));
-        assert_eq!(decide(&five, &reports), Start::Wait, "2 of 5 is no majority");
+        assert_eq!(decide(&five, &reports, ClusterState::New), Start::Wait, "2 of 5 is no majority");
         reports.insert(4, report(false, 8, 52));
-        assert_eq!(decide(&five, &reports), Start::Rejoin(Floor { term: 9, last_index: 52 }));
+        assert_eq!(
+            decide(&five, &reports, ClusterState::New),
+            Start::Rejoin(Floor { term: 9, last_index: 52 })
+        );
         // In a cluster of three, both others must answer.
         let three = peers(&[2, 3]);
         let one: BTreeMap<u64, PeerReport> = [(3, report(true, 2, 5))].into_iter().collect();
-        assert_eq!(decide(&three, &one), Start::Wait);
+        assert_eq!(decide(&three, &one, ClusterState::New), Start::Wait);
+    }
+
+    #[test]
+    fn a_new_cluster_starts_with_a_majority_of_blank_nodes_and_an_existing_one_waits_for_all() {
+        let five = peers(&[2, 3, 4, 5]);
+        let blank = report(false, 0, 0);
+        let mut reports: BTreeMap<u64, PeerReport> = [(2, blank)].into_iter().collect();
+        assert_eq!(decide(&five, &reports, ClusterState::New), Start::Wait, "2 of 5");
+        reports.insert(3, blank);
+        assert_eq!(decide(&five, &reports, ClusterState::New), Start::Fresh, "3 of 5, all blank");
+        assert_eq!(decide(&five, &reports, ClusterState::Existing), Start::Wait);
+        // A peer with any history: the cluster runs (or ran), and this node
+        // may be one that lost its data. It waits, to rejoin or to hear
+        // from everyone.
+        for history in [report(false, 1, 0), report(false, 0, 3)] {
+            let mut reports = reports.clone();
+            reports.insert(4, history);
+            assert_eq!(decide(&five, &reports, ClusterState::New), Start::Wait, "{history:?}");
+        }
+        // Two of three nodes of a new cluster.
+        let three = peers(&[2, 3]);
+        let one: BTreeMap<u64, PeerReport> = [(3, blank)].into_iter().collect();
+        assert_eq!(decide(&three, &one, ClusterState::New), Start::Fresh);
+        assert_eq!(decide(&three, &one, ClusterState::Existing), Start::Wait);
+        // A peer that knows this node: a lost store, whatever the flag.
+        let knows: BTreeMap<u64, PeerReport> = [(3, report(true, 0, 0))].into_iter().collect();
+        assert_eq!(decide(&three, &knows, ClusterState::New), Start::Wait);
     }
 
     #[test]

@@ -143,6 +143,62 @@ pub struct NodeStatus {
     pub rejoining: bool,
     /// The cluster's id, once this node has applied it.
     pub cluster_id: Option<ClusterId>,
+    /// The voters of the configuration this node knows, the outgoing ones
+    /// while a change is under way (joint consensus), and its learners; in
+    /// id order.
+    pub voters: Vec<u64>,
+    pub voters_outgoing: Vec<u64>,
+    pub learners: Vec<u64>,
+    /// The members this node had a raft message from within the last
+    /// election timeout, itself included (filled in by the node; a leader
+    /// hears from every member that can reach it, a follower only from its
+    /// leader).
+    pub reachable: Vec<u64>,
+    /// While the node waits, with a blank store, for its peers to say how
+    /// it starts: the peers it has not heard from (`starting` is set).
+    pub waiting_for: Vec<u64>,
+    pub starting: bool,
+}
+
+impl NodeStatus {
+    /// A follower's status with nothing known yet: what a node reports
+    /// while it starts.
+    pub fn blank(id: NodeId) -> NodeStatus {
+        NodeStatus {
+            id,
+            role: Role::Follower,
+            term: 0,
+            leader: None,
+            leader_ready: false,
+            commit_index: 0,
+            applied_index: 0,
+            last_index: 0,
+            snapshot_index: 0,
+            snapshot_bytes: 0,
+            locks: 0,
+            last_token: None,
+            pending_requests: 0,
+            rejoining: false,
+            cluster_id: None,
+            voters: Vec::new(),
+            voters_outgoing: Vec::new(),
+            learners: Vec::new(),
+            reachable: vec![id.0],
+            waiting_for: Vec::new(),
+            starting: false,
+        }
+    }
+
+    /// Whether the voters this node reaches (itself included) are a
+    /// majority of every half of its configuration: as a leader, whether it
+    /// can commit.
+    pub fn has_quorum(&self) -> bool {
+        let majority = |voters: &[u64]| {
+            voters.is_empty()
+                || voters.iter().filter(|voter| self.reachable.contains(voter)).count() > voters.len() / 2
+        };
+        !self.voters.is_empty() && majority(&self.voters) && majority(&self.voters_outgoing)
+    }
 }
 
 /// Request ids with this bit set are the leader's own (Expire, ghost
@@ -745,6 +801,7 @@ impl Replica {
 
     pub fn status(&self) -> NodeStatus {
         let raft = &self.raw.raft;
+        let conf = raft.prs().conf().to_conf_state();
         NodeStatus {
             id: self.id,
             role: match raft.state {
@@ -766,6 +823,12 @@ impl Replica {
             pending_requests: self.requests.clients() + self.reads.len(),
             rejoining: self.abstaining.is_some(),
             cluster_id: self.table.cluster_id(),
+            voters: sorted(conf.voters.iter()),
+            voters_outgoing: sorted(conf.voters_outgoing.iter()),
+            learners: sorted(conf.learners.iter().chain(&conf.learners_next)),
+            reachable: Vec::new(),
+            waiting_for: Vec::new(),
+            starting: false,
         }
     }
 
@@ -1553,4 +1616,9 @@ fn read_request_id(context: &[u8]) -> RequestId {
     let n = context.len().min(8);
     bytes[..n].copy_from_slice(&context[..n]);
     RequestId(u64::from_le_bytes(bytes))
+}
+
+/// The ids, each once, in order.
+fn sorted<'a>(ids: impl Iterator<Item = &'a u64>) -> Vec<u64> {
+    ids.copied().collect::<BTreeSet<u64>>().into_iter().collect()
 }

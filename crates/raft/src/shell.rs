@@ -190,9 +190,10 @@ pub enum Request {
     Status {
         reply: Sender<NodeStatus>,
     },
-    /// Like `Status`, delivered to a callback on the driver thread: for
-    /// callers that must not block waiting, such as an event loop. `None`
-    /// while the node is starting.
+    /// The node's report ([`Node::report`]: with the members it reaches, or,
+    /// while it starts, whom it waits for), delivered to a callback on the
+    /// driver thread: for callers that must not block waiting, such as an
+    /// event loop. `None` when the driver is gone.
     StatusTo {
         deliver: StatusCallback,
     },
@@ -205,8 +206,8 @@ pub enum Request {
     Table {
         reply: Sender<(u64, Vec<u8>)>,
     },
-    /// The status and the counters since start, at once: for metrics.
-    /// Nothing is sent while the node is starting.
+    /// The node's report and the counters since start, at once: for
+    /// metrics and health checks.
     Metrics {
         reply: Sender<(NodeStatus, Stats)>,
     },
@@ -570,7 +571,9 @@ impl Driver {
                 }
                 return;
             }
-            Request::StatusTo { deliver } => return deliver.deliver(self.node.status()),
+            Request::StatusTo { deliver } => {
+                return deliver.deliver(Some(self.node.report(self.clock.now_ms())))
+            }
             Request::Table { reply } => {
                 if let Some(replica) = self.node.replica() {
                     let _ = reply.send((replica.status().applied_index, replica.table().snapshot()));
@@ -578,9 +581,8 @@ impl Driver {
                 return;
             }
             Request::Metrics { reply } => {
-                if let Some(status) = self.node.status() {
-                    let _ = reply.send((status, self.node.stats()));
-                }
+                // The metrics (and /ready) see a starting node too.
+                let _ = reply.send((self.node.report(self.clock.now_ms()), self.node.stats()));
                 return;
             }
         };

@@ -1010,11 +1010,13 @@ fn a_node_that_lost_its_data_rejoins_without_a_vote_until_caught_up() {
     let mut reports = std::collections::BTreeMap::new();
     reports.insert(2, report_of(&mut net, 2, 3));
     assert!(!reports[&2].knows_you);
-    assert_eq!(decide(&peers, &reports), Start::Wait);
+    assert_eq!(decide(&peers, &reports, crate::rejoin::ClusterState::New), Start::Wait);
     // Node 1 comes back: it knows node 3, so node 3 rejoins.
     net.down.clear();
     reports.insert(1, report_of(&mut net, 1, 3));
-    let Start::Rejoin(floor) = decide(&peers, &reports) else { panic!("{reports:?}") };
+    let Start::Rejoin(floor) = decide(&peers, &reports, crate::rejoin::ClusterState::New) else {
+        panic!("{reports:?}")
+    };
     let store = reopen_blank(&mut net, 3, Some(floor));
     assert!(net.node(3).status().rejoining);
 

@@ -75,6 +75,8 @@ pub struct Config {
     /// fencelockd draws one at random at every start; the default, for
     /// tests, is made from the node id.
     pub cluster_id: ClusterId,
+    /// How a node with a blank store starts (see [`crate::rejoin::decide`]).
+    pub initial_cluster_state: crate::rejoin::ClusterState,
     /// The token floor this node founds a cluster with (see
     /// [`Command::Bootstrap`](fencelock_types::Command)): fencelockd sets
     /// its wall clock in microseconds since the epoch at start, so that a
@@ -112,6 +114,7 @@ impl Config {
                 ClusterId::new(bytes)
             },
             token_floor: 0,
+            initial_cluster_state: crate::rejoin::ClusterState::New,
         }
     }
 

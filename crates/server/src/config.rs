@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
+use fencelock_raft::rejoin::ClusterState;
 use fencelock_raft::{Config as DriverConfig, NodeId};
 use serde::Deserialize;
 
@@ -32,11 +33,29 @@ pub struct Flags {
     #[arg(long)]
     pub id: Option<u64>,
     /// Every node's peer address, this node's included: 1=HOST:PORT,2=HOST:PORT,...
+    /// HOST is an IP address or a host name (resolved again at every
+    /// connection). This node listens on its own.
     #[arg(long)]
     pub peers: Option<String>,
-    /// Where clients connect to this node.
+    /// Where clients connect to this node: IP:PORT or HOST:PORT (resolved
+    /// once, at start).
     #[arg(long)]
-    pub client_addr: Option<SocketAddr>,
+    pub client_addr: Option<String>,
+    /// The address clients are told to reach this node at (leader hints,
+    /// `fencelock status`); default: --client-addr. Needed when
+    /// --client-addr is 0.0.0.0 or [::].
+    #[arg(long, value_name = "HOST:PORT")]
+    pub advertise_client_addr: Option<String>,
+    /// The address other nodes are told to reach this node's peer port at;
+    /// default: this node's entry in --peers.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub advertise_peer_addr: Option<String>,
+    /// How a node whose data directory is empty starts: `new` founds the
+    /// cluster once a majority of --peers is up and blank; `existing` waits
+    /// for every peer, and rejoins a cluster that knows it. Ignored once the
+    /// node has data. Default new.
+    #[arg(long, value_enum)]
+    pub initial_cluster_state: Option<InitialClusterState>,
     /// Where this node keeps its raft log and snapshots.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
@@ -140,6 +159,22 @@ pub struct Flags {
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
+pub enum InitialClusterState {
+    #[default]
+    New,
+    Existing,
+}
+
+/// `peers` in the file: the flag's text, or a table of id to address.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum PeersSetting {
+    Text(String),
+    Table(BTreeMap<String, String>),
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     #[default]
     Text,
@@ -151,8 +186,11 @@ pub enum LogFormat {
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     id: Option<u64>,
-    peers: Option<String>,
-    client_addr: Option<SocketAddr>,
+    peers: Option<PeersSetting>,
+    client_addr: Option<String>,
+    advertise_client_addr: Option<String>,
+    advertise_peer_addr: Option<String>,
+    initial_cluster_state: Option<InitialClusterState>,
     data_dir: Option<PathBuf>,
     log_format: Option<LogFormat>,
     log_level: Option<String>,
@@ -189,8 +227,15 @@ struct FileConfig {
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
     pub id: u64,
-    pub peers: BTreeMap<u64, SocketAddr>,
+    /// Every node's peer address as given (`HOST:PORT`), this one's included.
+    pub peers: BTreeMap<u64, String>,
+    /// Where this node listens for peers: its own entry, resolved.
+    pub peer_listen_addr: SocketAddr,
+    /// Where it listens for clients, resolved.
     pub client_addr: SocketAddr,
+    /// What clients and peers are told.
+    pub advertise_client_addr: String,
+    pub advertise_peer_addr: String,
     pub data_dir: PathBuf,
     pub log_format: LogFormat,
     pub log_level: slog::Level,
@@ -230,15 +275,33 @@ impl ServerConfig {
 
     fn merge(flags: &Flags, file: FileConfig) -> Result<ServerConfig> {
         let id = flags.id.or(file.id).unwrap_or(1);
-        let peers_text = flags.peers.clone().or(file.peers).unwrap_or_else(|| format!("{id}=127.0.0.1:7001"));
-        let peers = parse_peers(&peers_text)?;
-        if !peers.contains_key(&id) {
-            bail!("--id {id} is not among --peers ({peers_text})");
-        }
-        let client_addr = flags
-            .client_addr
-            .or(file.client_addr)
-            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7101)));
+        let peers = match (flags.peers.clone(), file.peers) {
+            (Some(text), _) | (None, Some(PeersSetting::Text(text))) => parse_peers(&text)?,
+            (None, Some(PeersSetting::Table(table))) => peers_from_table(table)?,
+            (None, None) => parse_peers(&format!("{id}=127.0.0.1:7001"))?,
+        };
+        let Some(own_peer_text) = peers.get(&id).cloned() else {
+            bail!("--id {id} is not among --peers ({})", peers_text(&peers));
+        };
+        let peer_listen_addr = resolve(&own_peer_text).context("this node's own address in --peers")?;
+        let client_text =
+            flags.client_addr.clone().or(file.client_addr).unwrap_or_else(|| "127.0.0.1:7101".into());
+        let client_text = host_port(&client_text).context("--client-addr")?;
+        let client_addr = resolve(&client_text).context("--client-addr")?;
+        let advertise_client_addr = match flags.advertise_client_addr.clone().or(file.advertise_client_addr) {
+            Some(text) => host_port(&text).context("--advertise-client-addr")?,
+            None if client_addr.ip().is_unspecified() => bail!(
+                "--client-addr {client_text} listens on every interface, and clients cannot be told to reach \
+                 it there: pass --advertise-client-addr HOST:PORT, the address clients should use"
+            ),
+            None => client_text,
+        };
+        let advertise_peer_addr = match flags.advertise_peer_addr.clone().or(file.advertise_peer_addr) {
+            Some(text) => host_port(&text).context("--advertise-peer-addr")?,
+            None => own_peer_text,
+        };
+        let initial_cluster_state =
+            flags.initial_cluster_state.or(file.initial_cluster_state).unwrap_or_default();
         let data_dir = match flags.data_dir.clone().or(file.data_dir) {
             Some(dir) => dir,
             None => default_data_dir(id, &|name| std::env::var(name).ok(), Path::new(LEGACY_DATA_DIR))?,
@@ -261,6 +324,10 @@ impl ServerConfig {
 
         let voters = peers.keys().map(|id| NodeId(*id)).collect();
         let mut driver = DriverConfig::new(NodeId(id), voters);
+        driver.initial_cluster_state = match initial_cluster_state {
+            InitialClusterState::New => ClusterState::New,
+            InitialClusterState::Existing => ClusterState::Existing,
+        };
         driver.election_ticks = (election_ms / tick_ms) as usize;
         driver.heartbeat_ticks = (heartbeat_ms / tick_ms) as usize;
         driver.lease_ms_min = flags.lease_min_ms.or(file.lease_min_ms).unwrap_or(2_000);
@@ -316,11 +383,11 @@ impl ServerConfig {
         };
         let metrics_addr = flags.metrics_addr.or(file.metrics_addr);
         if let Some(addr) = metrics_addr {
-            if addr == client_addr || Some(&addr) == peers.get(&id) {
+            if addr == client_addr || addr == peer_listen_addr {
                 bail!("metrics_addr {addr} is also this node's client or peer address");
             }
         }
-        let own_peer_addr = peers[&id];
+        let own_peer_addr = peer_listen_addr;
         let certs_dir = flags.certs_dir.clone().or(file.certs_dir);
         // With TLS, only /metrics is plain.
         let plain = certs_dir.is_none();
@@ -357,7 +424,10 @@ impl ServerConfig {
             exposed,
             id,
             peers,
+            peer_listen_addr,
             client_addr,
+            advertise_client_addr,
+            advertise_peer_addr,
             data_dir,
             log_format,
             log_level,
@@ -417,17 +487,29 @@ fn read_file(path: &Path) -> Result<FileConfig> {
     toml::from_str(&text).with_context(|| format!("config file {} is not valid", path.display()))
 }
 
-/// Parses `1=127.0.0.1:7001,2=127.0.0.1:7002`.
-pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, SocketAddr>> {
-    let mut peers = BTreeMap::new();
+/// Parses `1=127.0.0.1:7001,2=node-2.example:7002`.
+pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, String>> {
+    let mut pairs = Vec::new();
     for part in text.split(',').map(str::trim).filter(|part| !part.is_empty()) {
         let (id, addr) = part.split_once('=').ok_or_else(|| anyhow!("peer `{part}` is not ID=HOST:PORT"))?;
-        let id: u64 = id.trim().parse().with_context(|| format!("peer id `{id}` is not a number"))?;
+        pairs.push((id.trim().to_owned(), addr.trim().to_owned()));
+    }
+    peers_from_pairs(pairs)
+}
+
+/// The file's `[peers]` table: `1 = "node-1.example:7001"`.
+fn peers_from_table(table: BTreeMap<String, String>) -> Result<BTreeMap<u64, String>> {
+    peers_from_pairs(table.into_iter().collect())
+}
+
+fn peers_from_pairs(pairs: Vec<(String, String)>) -> Result<BTreeMap<u64, String>> {
+    let mut peers = BTreeMap::new();
+    for (id, addr) in pairs {
+        let id: u64 = id.parse().with_context(|| format!("peer id `{id}` is not a number"))?;
         if id == 0 {
             bail!("peer id 0 is reserved");
         }
-        let addr: SocketAddr =
-            addr.trim().parse().with_context(|| format!("peer address `{addr}` is not HOST:PORT"))?;
+        let addr = host_port(&addr).with_context(|| format!("peer {id}"))?;
         if peers.insert(id, addr).is_some() {
             bail!("peer id {id} appears twice");
         }
@@ -436,6 +518,42 @@ pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, SocketAddr>> {
         bail!("--peers names no node");
     }
     Ok(peers)
+}
+
+fn peers_text(peers: &BTreeMap<u64, String>) -> String {
+    peers.iter().map(|(id, addr)| format!("{id}={addr}")).collect::<Vec<_>>().join(",")
+}
+
+/// Checks that `text` is `IP:PORT`, `[IPv6]:PORT` or `HOST:PORT` with a
+/// plausible host name, and returns it trimmed.
+pub fn host_port(text: &str) -> Result<String> {
+    let text = text.trim();
+    if text.parse::<SocketAddr>().is_ok() {
+        return Ok(text.to_owned());
+    }
+    let bad = || anyhow!("address `{text}` is not HOST:PORT");
+    let (host, port) = text.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    let label_ok = |label: &str| {
+        !label.is_empty()
+            && label.len() <= 63
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+            && label.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_')
+    };
+    if port == 0 || host.len() > 253 || !host.split('.').all(label_ok) {
+        return Err(bad());
+    }
+    Ok(text.to_owned())
+}
+
+/// Resolves `HOST:PORT` to its first address.
+fn resolve(text: &str) -> Result<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    text.to_socket_addrs()
+        .with_context(|| format!("cannot resolve `{text}`"))?
+        .next()
+        .ok_or_else(|| anyhow!("`{text}` resolves to no address"))
 }
 
 fn parse_level(text: &str) -> Result<slog::Level> {
@@ -523,7 +641,17 @@ mod tests {
             (vec!["--election-ms", "75"], "multiple"),
             (vec!["--log-level", "loud"], "log level"),
             (vec!["--metrics-addr", "127.0.0.1:7101"], "metrics_addr"),
-            (vec!["--client-addr", "0.0.0.0:7101"], "not a loopback address"),
+            (
+                vec!["--client-addr", "0.0.0.0:7101", "--advertise-client-addr", "n1:7101"],
+                "not a loopback address",
+            ),
+            (vec!["--client-addr", "0.0.0.0:7101", "--insecure"], "--advertise-client-addr"),
+            (vec!["--peers", "1=bad host:7001"], "not HOST:PORT"),
+            (vec!["--peers", "1=localhost:0"], "not HOST:PORT"),
+            (vec!["--peers", "1=localhost:7001,2=-:7002"], "peer 2"),
+            (vec!["--peers", "1=no-such-host.invalid:7001"], "cannot resolve"),
+            (vec!["--client-addr", "localhost"], "not HOST:PORT"),
+            (vec!["--advertise-peer-addr", "x y:1"], "--advertise-peer-addr"),
             (vec!["--peers", "1=10.1.2.3:7001"], "peer address 10.1.2.3:7001 is not a loopback"),
             (vec!["--metrics-addr", "[::]:9100"], "--insecure"),
             (vec!["--max-locks", "0"], "max_locks must be positive"),
@@ -537,7 +665,10 @@ mod tests {
 
     #[test]
     fn plain_tcp_beyond_loopback_needs_insecure_and_other_nodes_addresses_do_not_count() {
-        let config = ServerConfig::load(&flags(&["--client-addr", "0.0.0.0:7101", "--insecure"])).unwrap();
+        let args =
+            ["--client-addr", "0.0.0.0:7101", "--insecure", "--advertise-client-addr", "n1.example:7101"];
+        let config = ServerConfig::load(&flags(&args)).unwrap();
+        assert_eq!(config.advertise_client_addr, "n1.example:7101");
         assert_eq!(config.exposed, vec![("client_addr", "0.0.0.0:7101".parse().unwrap())]);
         // Other nodes' peer addresses are where this one connects, not binds.
         let config = ServerConfig::load(&flags(&["--peers", "1=127.0.0.1:7001,2=10.1.2.3:7002"])).unwrap();
@@ -545,7 +676,16 @@ mod tests {
         let config = ServerConfig::load(&flags(&["--client-addr", "127.0.0.2:7101"])).unwrap();
         assert!(config.exposed.is_empty());
         // TLS ports may bind anywhere; /metrics stays plain.
-        let args = ["--client-addr", "0.0.0.0:7101", "--peers", "1=10.1.2.3:7001", "--certs-dir", "certs"];
+        let args = [
+            "--client-addr",
+            "0.0.0.0:7101",
+            "--advertise-client-addr",
+            "n1:7101",
+            "--peers",
+            "1=10.1.2.3:7001",
+            "--certs-dir",
+            "certs",
+        ];
         let config = ServerConfig::load(&flags(&args)).unwrap();
         assert!(config.exposed.is_empty());
         assert!(
@@ -553,8 +693,47 @@ mod tests {
         );
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("fencelock.toml");
-        std::fs::write(&path, "client_addr = \"0.0.0.0:7101\"\ninsecure = true\n").unwrap();
+        std::fs::write(
+            &path,
+            "client_addr = \"0.0.0.0:7101\"\nadvertise_client_addr = \"n1:7101\"\ninsecure = true\n",
+        )
+        .unwrap();
         assert!(ServerConfig::load(&flags(&["--config", path.to_str().unwrap()])).is_ok());
+    }
+
+    #[test]
+    fn host_names_advertised_addresses_and_the_initial_cluster_state() {
+        let args = ["--id", "2", "--peers", "1=localhost:7001,2=localhost:7002,3=n3.example:7003"];
+        let config = ServerConfig::load(&flags(&args)).unwrap();
+        assert_eq!(config.peers[&3], "n3.example:7003", "kept as given, resolved at each connection");
+        assert!(config.peer_listen_addr.ip().is_loopback() && config.peer_listen_addr.port() == 7002);
+        assert_eq!(config.advertise_peer_addr, "localhost:7002");
+        assert_eq!(config.advertise_client_addr, "127.0.0.1:7101");
+        assert_eq!(config.driver.initial_cluster_state, ClusterState::New);
+        let args = ["--client-addr", "localhost:7201", "--initial-cluster-state", "existing"];
+        let config = ServerConfig::load(&flags(&args)).unwrap();
+        assert_eq!(config.advertise_client_addr, "localhost:7201");
+        assert!(config.client_addr.ip().is_loopback());
+        assert_eq!(config.driver.initial_cluster_state, ClusterState::Existing);
+        let args = ["--advertise-peer-addr", "[::1]:7001", "--advertise-client-addr", "lb.example:443"];
+        let config = ServerConfig::load(&flags(&args)).unwrap();
+        assert_eq!(
+            (config.advertise_peer_addr.as_str(), config.advertise_client_addr.as_str()),
+            ("[::1]:7001", "lb.example:443")
+        );
+        // In the file, peers may be a table.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fencelock.toml");
+        let text = "id = 3\ninitial_cluster_state = \"existing\"\n[peers]\n1 = \"localhost:7001\"\n3 = \"127.0.0.1:7003\"\n";
+        std::fs::write(&path, text).unwrap();
+        let config = ServerConfig::load(&flags(&["--config", path.to_str().unwrap()])).unwrap();
+        assert_eq!(config.peers.len(), 2);
+        assert_eq!(config.peers[&1], "localhost:7001");
+        assert_eq!(config.driver.initial_cluster_state, ClusterState::Existing);
+        std::fs::write(&path, "[peers]\nfirst = \"localhost:7001\"\n").unwrap();
+        let err = ServerConfig::load(&flags(&["--config", path.to_str().unwrap()])).unwrap_err();
+        assert!(format!("{err:#}").contains("not a number"), "{err:#}");
+        assert!(Flags::try_parse_from(["fencelockd", "--initial-cluster-state", "maybe"]).is_err());
     }
 
     #[test]

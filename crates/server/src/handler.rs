@@ -4,7 +4,6 @@
 //! error code.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crossbeam_channel::Sender;
@@ -44,8 +43,9 @@ pub struct ClientHandler {
 /// Who this node is, and where every node's clients connect.
 pub struct Identity {
     pub node_id: u64,
-    pub client_addr: SocketAddr,
-    pub peers: BTreeMap<u64, SocketAddr>,
+    /// What clients are told to reach this node at.
+    pub client_addr: String,
+    pub peers: BTreeMap<u64, String>,
     pub directory: Arc<dyn Directory>,
 }
 
@@ -496,27 +496,50 @@ impl Identity {
             snapshot_bytes: status.snapshot_bytes,
             locks: status.locks as u64,
             last_token: status.last_token.map_or(0, FencingToken::get),
-            members: self
-                .peers
-                .iter()
-                .map(|(id, peer_addr)| proto::Member {
-                    id: *id,
-                    peer_addr: if admin { peer_addr.to_string() } else { String::new() },
-                    client_addr: self.client_addr_of(*id).unwrap_or_default(),
-                    ..Default::default()
-                })
-                .collect(),
+            members: self.members(status, admin).into(),
             rejoining: status.rejoining,
             cluster_id: status.cluster_id.map(|id| id.to_string()).unwrap_or_default(),
+            starting: status.starting,
+            waiting_for: status.waiting_for.clone(),
+            quorum: status.has_quorum(),
             ..Default::default()
         }
+    }
+
+    /// The members this node knows: the voters and learners of its
+    /// configuration, else (while it starts) the configured peers.
+    fn members(&self, status: &NodeStatus, admin: bool) -> Vec<proto::Member> {
+        let mut roles: BTreeMap<u64, &'static str> = BTreeMap::new();
+        for id in status.learners.iter() {
+            roles.insert(*id, "learner");
+        }
+        for id in status.voters.iter().chain(&status.voters_outgoing) {
+            roles.insert(*id, "voter");
+        }
+        if roles.is_empty() {
+            roles = self.peers.keys().map(|id| (*id, "voter")).collect();
+        }
+        roles
+            .into_iter()
+            .map(|(id, role)| proto::Member {
+                id,
+                peer_addr: match self.peers.get(&id) {
+                    Some(addr) if admin => addr.to_string(),
+                    _ => String::new(),
+                },
+                client_addr: self.client_addr_of(id).unwrap_or_default(),
+                reachable: status.reachable.contains(&id),
+                role: role.to_owned(),
+                ..Default::default()
+            })
+            .collect()
     }
 
     /// Where node `id`'s clients connect: this node's from its config,
     /// others' from what they announced when they connected.
     fn client_addr_of(&self, id: u64) -> Option<String> {
         if id == self.node_id {
-            return Some(self.client_addr.to_string());
+            return Some(self.client_addr.clone());
         }
         self.directory.client_addr(id)
     }

@@ -29,8 +29,8 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use crossbeam_channel::{bounded, select, tick, unbounded, Receiver, Sender};
 use fencelock_net::{
-    ClientAddrs, ClientConfig, Core, Greetings, LoopWaker, NodeIo, NodeLoop, PeerConfig, PeerTls, Reloadable,
-    Route, Turn,
+    ClientAddrs, ClientConfig, Core, Greetings, LoopWaker, NodeIo, NodeLoop, PeerBook, PeerConfig, PeerTls,
+    Reloadable, Route, Turn,
 };
 use fencelock_raft::rejoin::PeerReport;
 use fencelock_raft::shell::{Driver, MonotonicClock, PeerSink, Request};
@@ -69,10 +69,15 @@ fn main() -> ExitCode {
             }
         }
         println!(
-            "configuration ok: node {} of {:?}, clients on {}{}",
+            "configuration ok: node {} of {:?}, clients on {} (advertised as {}), peers on {} (advertised as {}), \
+             initial cluster state {:?}{}",
             config.id,
             config.peers,
             config.client_addr,
+            config.advertise_client_addr,
+            config.peer_listen_addr,
+            config.advertise_peer_addr,
+            config.driver.initial_cluster_state,
             if config.certs_dir.is_some() { ", TLS on both ports" } else { "" }
         );
         return ExitCode::SUCCESS;
@@ -341,17 +346,19 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         outcome: Arc::clone(&outcome),
     };
 
-    let own_peer_addr = config.peers[&config.id];
+    let own_peer_addr = config.peer_listen_addr;
     let peer_config = PeerConfig {
         node_id: config.id,
         listen_addr: own_peer_addr,
-        peers: config
-            .peers
-            .iter()
-            .filter(|(id, _)| **id != config.id)
-            .map(|(id, addr)| (*id, *addr))
-            .collect(),
-        client_addr: config.client_addr.to_string(),
+        peers: PeerBook::new(
+            config
+                .peers
+                .iter()
+                .filter(|(id, _)| **id != config.id)
+                .map(|(id, addr)| (*id, addr.clone()))
+                .collect(),
+        ),
+        client_addr: config.advertise_client_addr.clone(),
         // Twice a part: messages over PART_BYTES (snapshots) come in parts.
         frame_bytes_max: 2 * fencelock_net::PART_BYTES,
         message_bytes_max: config.max_snapshot_bytes,
@@ -364,8 +371,16 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     let client_addrs = ClientAddrs::new();
     let identity = Identity {
         node_id: config.id,
-        client_addr: config.client_addr,
-        peers: config.peers.clone(),
+        client_addr: config.advertise_client_addr.clone(),
+        // This node's own entry is what it advertises.
+        peers: config
+            .peers
+            .iter()
+            .map(|(id, addr)| {
+                let addr = if *id == config.id { &config.advertise_peer_addr } else { addr };
+                (*id, addr.clone())
+            })
+            .collect(),
         directory: Arc::new(PeerDirectory(client_addrs.clone())),
     };
     let handler = Arc::new(ClientHandler {

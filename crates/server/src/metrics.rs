@@ -323,6 +323,7 @@ mod tests {
             pending_requests: 2,
             rejoining: false,
             cluster_id: None,
+            ..NodeStatus::blank(fencelock_raft::NodeId(3))
         };
         let mut stats = Stats { grants_applied: 12, syncs: 30, ..Stats::default() };
         stats.refused.count(Refusal::BadTerm);
