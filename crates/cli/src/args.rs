@@ -8,9 +8,11 @@ use clap::{Args, Parser, Subcommand};
 pub const EXIT_CODES_HELP: &str = "\
 Exit codes:
   0  done
-  1  error (cluster unreachable, bad arguments, refused request)
+  1  error (cluster unreachable, bad arguments, refused request; `status`:
+     no endpoint answered)
   2  not obtained: the lock is held by another owner or the wait timed out;
-     also `check` answering no, and `release` or `renew` of a lock not held
+     also `check` answering no, `release` or `renew` of a lock not held,
+     and `status` finding no leader or a leader without a quorum
   3  the lock was lost while CMD ran (`lock` stopped CMD)
   `lock` otherwise exits with CMD's exit code (128+N if CMD died of signal N).";
 
@@ -81,6 +83,14 @@ pub enum Command {
     /// List held locks whose keys start with PREFIX.
     List(ListArgs),
     /// Ask every endpoint for its view of the cluster.
+    ///
+    /// The first line sums the cluster up from the leader's own answer
+    /// (if no endpoint is the leader, the leader the answers name is asked
+    /// too): `leader: ID (ADDR)  reachable: R/N members  quorum: yes|no`,
+    /// or `leader: none ...`. One line per endpoint follows (a blank node
+    /// still waiting for its peers says `starting (waiting for peers 2,
+    /// 3)`), then the members. Exits 1 when no endpoint answers, and 2 when
+    /// no leader answers or the leader reaches no quorum of voters.
     Status,
     /// Make the certificates of a cluster: its CA, each node's, each
     /// user's. They go into --certs-dir, where fencelockd and fencelock
@@ -241,6 +251,9 @@ mod tests {
         let help = Cli::command().render_long_help().to_string();
         assert!(help.contains("Exit codes:"), "{help}");
         assert!(help.contains("3  the lock was lost"), "{help}");
+        assert!(help.contains("`status` finding no leader"), "{help}");
+        let status = Cli::command().find_subcommand_mut("status").unwrap().render_long_help().to_string();
+        assert!(status.contains("quorum: yes|no") && status.contains("Exits 1 when"), "{status}");
     }
 
     #[test]

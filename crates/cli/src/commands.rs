@@ -2,11 +2,12 @@
 //! JSON.
 
 use anyhow::{Context, Result};
-use fencelock_client::{Client, ClientConfig, ClientError, LockInfo, TlsConfig};
+use fencelock_client::{Client, ClientConfig, ClientError, LockInfo, NodeStatus, TlsConfig};
 
 use crate::args::{AcquireArgs, CheckArgs, Cli, GetArgs, ListArgs, ReleaseArgs, RenewArgs};
 use crate::output::{
-    acquire_json, check_json, get_json, human, list_json, release_json, renew_json, status_json, Exit,
+    acquire_json, check_json, get_json, human, list_json, release_json, renew_json, status_json,
+    status_notes, Exit, Summary,
 };
 
 /// Builds the client from the global options.
@@ -125,25 +126,27 @@ pub fn list(cli: &Cli, args: &ListArgs) -> Result<Exit> {
     Ok(Exit::Done)
 }
 
-/// Asks every endpoint, not just one, so that a split view shows. Exits 1
-/// only when no endpoint answers.
+/// Asks every endpoint, not just one, so that a split view shows, and sums
+/// the cluster up from the leader's answer first: if no endpoint is the
+/// leader, it asks the leader the answers name. Exits 1 when no endpoint
+/// answers, 2 when no leader answers or the leader has no quorum.
 pub fn status(cli: &Cli) -> Result<Exit> {
     let client = connect(cli)?;
-    let answers: Vec<_> = cli
-        .endpoints
-        .iter()
-        .map(|endpoint| {
-            let answer = client.status(endpoint).map_err(|error| match error {
-                // One node, not the cluster, failed to answer.
-                ClientError::Unavailable(reason) => reason,
-                other => other.to_string(),
-            });
-            (endpoint.clone(), answer)
+    let ask = |endpoint: &str| {
+        client.status(endpoint).map_err(|error| match error {
+            // One node, not the cluster, failed to answer.
+            ClientError::Unavailable(reason) => reason,
+            other => other.to_string(),
         })
-        .collect();
+    };
+    let answers: Vec<(String, Result<NodeStatus, String>)> =
+        cli.endpoints.iter().map(|endpoint| (endpoint.clone(), ask(endpoint))).collect();
+    let leader = leader_answer(&cli.endpoints, &answers, ask);
+    let summary = Summary::of(answers.iter().filter_map(|(_, answer)| answer.as_ref().ok()).chain(&leader));
     if cli.json {
-        print_json(&status_json(&answers));
+        print_json(&status_json(&answers, &summary));
     } else {
+        println!("{}", summary.line());
         for (endpoint, answer) in &answers {
             match answer {
                 Ok(node) => println!(
@@ -154,25 +157,34 @@ pub fn status(cli: &Cli) -> Result<Exit> {
                     node.leader_id,
                     node.commit_index,
                     node.applied_index,
-                    if node.rejoining {
-                        " rejoining (lost its data; not voting until caught up)"
-                    } else {
-                        ""
-                    }
+                    status_notes(node),
                 ),
                 Err(error) => println!("{endpoint}  error: {error}"),
             }
         }
-        if let Some(first) = answers.iter().find_map(|(_, answer)| answer.as_ref().ok()) {
-            if !first.cluster_id.is_empty() {
-                println!("cluster: {}", first.cluster_id);
+        // The members as the leader knows them (it alone hears from all),
+        // else as the first node to answer does.
+        let leader_view = answers
+            .iter()
+            .filter_map(|(_, answer)| answer.as_ref().ok())
+            .chain(&leader)
+            .find(|node| summary.leader == Some(node.node_id) && node.role == "leader");
+        let first = answers.iter().find_map(|(_, answer)| answer.as_ref().ok());
+        if let Some(view) = leader_view.or(first) {
+            if !view.cluster_id.is_empty() {
+                println!("cluster: {}", view.cluster_id);
             }
             println!("members:");
-            for member in &first.members {
+            for member in &view.members {
                 let client_addr = if member.client_addr.is_empty() { "?" } else { &member.client_addr };
                 // Peer addresses are shown to admins only, over TLS.
                 let peer_addr = if member.peer_addr.is_empty() { "(admins only)" } else { &member.peer_addr };
-                println!("  {}  peer={peer_addr} client={client_addr}", member.id);
+                let learner = if member.role == "learner" { "  learner" } else { "" };
+                // A follower hears from its leader only: only the leader's
+                // view says who is out of reach.
+                let unreachable =
+                    if leader_view.is_some() && !member.reachable { "  unreachable" } else { "" };
+                println!("  {}  peer={peer_addr} client={client_addr}{learner}{unreachable}", member.id);
             }
         }
     }
@@ -182,7 +194,39 @@ pub fn status(cli: &Cli) -> Result<Exit> {
         eprintln!("fencelock: no endpoint answered");
         return Ok(Exit::Failed);
     }
+    if !summary.serves() {
+        eprintln!(
+            "fencelock: {}",
+            if summary.leader.is_some() { "the leader has no quorum" } else { "no leader answered" }
+        );
+        return Ok(Exit::NoQuorum);
+    }
     Ok(Exit::Done)
+}
+
+/// The leader's own answer when no endpoint answered as the leader of the
+/// latest term the answers know, but one names that leader's address:
+/// asked there.
+fn leader_answer(
+    endpoints: &[String],
+    answers: &[(String, Result<NodeStatus, String>)],
+    ask: impl Fn(&str) -> Result<NodeStatus, String>,
+) -> Option<NodeStatus> {
+    let answered: Vec<&NodeStatus> = answers.iter().filter_map(|(_, answer)| answer.as_ref().ok()).collect();
+    let hint = answered
+        .iter()
+        .filter(|node| node.leader_id != 0 && !node.leader_addr.is_empty())
+        .max_by_key(|node| node.term)?;
+    // A leader of that term or later answered already (one of an older
+    // term, cut off, has not stepped down yet: ask the newer one).
+    if answered.iter().any(|node| node.role == "leader" && node.term >= hint.term) {
+        return None;
+    }
+    if endpoints.contains(&hint.leader_addr) {
+        // Asked already, and it did not answer as the leader.
+        return None;
+    }
+    ask(&hint.leader_addr).ok().filter(|node| node.role == "leader")
 }
 
 /// One lock on one line: `KEY token=T owner=O lease=10s`.
@@ -194,4 +238,64 @@ fn describe(info: &LockInfo) -> String {
         String::from_utf8_lossy(&info.owner),
         human(std::time::Duration::from_millis(info.lease_ms))
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::*;
+
+    fn node(id: u64, role: &str, term: u64, leader_id: u64) -> NodeStatus {
+        NodeStatus {
+            node_id: id,
+            role: role.into(),
+            term,
+            leader_id,
+            leader_addr: if leader_id == 0 { String::new() } else { format!("h:710{leader_id}") },
+            commit_index: 0,
+            applied_index: 0,
+            last_index: 0,
+            snapshot_index: 0,
+            snapshot_bytes: 0,
+            locks: 0,
+            last_token: 0,
+            members: vec![],
+            rejoining: false,
+            cluster_id: String::new(),
+            starting: false,
+            waiting_for: vec![],
+            quorum: true,
+        }
+    }
+
+    /// What `leader_answer` asked, and its answer.
+    fn leader_of(endpoints: &[&str], answers: Vec<Result<NodeStatus, String>>) -> (Vec<String>, Option<u64>) {
+        let endpoints: Vec<String> = endpoints.iter().map(|endpoint| (*endpoint).to_owned()).collect();
+        let answers: Vec<_> = endpoints.iter().cloned().zip(answers).collect();
+        let asked = RefCell::new(Vec::new());
+        let ask = |addr: &str| {
+            asked.borrow_mut().push(addr.to_owned());
+            Ok(node(addr.strip_prefix("h:710").unwrap_or("0").parse().unwrap_or(0), "leader", 5, 0))
+        };
+        let leader = leader_answer(&endpoints, &answers, ask).map(|leader| leader.node_id);
+        (asked.into_inner(), leader)
+    }
+
+    #[test]
+    fn the_leader_is_asked_at_its_hint_only_when_no_endpoint_is_it() {
+        // Only followers given: their leader is asked.
+        let followers = vec![Ok(node(2, "follower", 5, 1)), Err("refused".into())];
+        assert_eq!(leader_of(&["h:7102", "h:7103"], followers), (vec!["h:7101".to_owned()], Some(1)));
+        // The leader is among the answers: nothing more to ask.
+        let with_leader = vec![Ok(node(1, "leader", 5, 1)), Ok(node(2, "follower", 5, 1))];
+        assert_eq!(leader_of(&["h:7101", "h:7102"], with_leader), (vec![], None));
+        // A leader of an older term, cut off: the newer one is asked.
+        let stale = vec![Ok(node(3, "leader", 4, 3)), Ok(node(2, "follower", 5, 1))];
+        assert_eq!(leader_of(&["h:7103", "h:7102"], stale), (vec!["h:7101".to_owned()], Some(1)));
+        // The hint is an endpoint that did not answer as leader, or no hint.
+        let down = vec![Err("refused".into()), Ok(node(2, "follower", 5, 1))];
+        assert_eq!(leader_of(&["h:7101", "h:7102"], down), (vec![], None));
+        assert_eq!(leader_of(&["h:7102"], vec![Ok(node(2, "candidate", 6, 0))]), (vec![], None));
+    }
 }

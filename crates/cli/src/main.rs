@@ -14,8 +14,9 @@
 //!
 //! Exit codes: 0 done; 1 error (cluster unreachable, bad arguments, refused
 //! request); 2 not obtained (held by another owner, the wait timed out,
-//! `check` answering no, `release` or `renew` of a lock not held); 3 the lock
-//! was lost while `lock`'s command ran. Otherwise `lock` exits with its
+//! `check` answering no, `release` or `renew` of a lock not held; `status`
+//! with nodes answering but no leader, or a leader without a quorum); 3 the
+//! lock was lost while `lock`'s command ran. Otherwise `lock` exits with its
 //! command's code (128+N if the command died of signal N).
 
 mod args;

@@ -6,6 +6,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use fencelock_client::{ClientError, Grant, LockInfo, NodeStatus};
+use serde::Serialize;
 use serde_json::{json, Value};
 
 /// Exit code: an error (unreachable cluster, bad arguments, refusal).
@@ -14,6 +15,10 @@ pub const EXIT_ERROR: u8 = 1;
 pub const EXIT_NOT_OBTAINED: u8 = 2;
 /// Exit code: the lock was lost while the command ran.
 pub const EXIT_LOST: u8 = 3;
+/// Exit code of `status` when nodes answered but the cluster cannot serve:
+/// no leader answered, or the leader has no quorum. The same as "not
+/// obtained": the question was asked and the answer is no.
+pub const EXIT_NO_QUORUM: u8 = 2;
 
 /// How a command that did not fail ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +31,9 @@ pub enum Exit {
     /// Failed, with the output already printed (`status` when no node
     /// answered).
     Failed,
+    /// `status`: nodes answered, but no leader did, or the leader has no
+    /// quorum.
+    NoQuorum,
 }
 
 impl Exit {
@@ -36,6 +44,7 @@ impl Exit {
             Exit::Lost => EXIT_LOST,
             Exit::Child(code) => code,
             Exit::Failed => EXIT_ERROR,
+            Exit::NoQuorum => EXIT_NO_QUORUM,
         }
     }
 }
@@ -129,12 +138,110 @@ pub fn list_json(prefix: &str, locks: &[LockInfo]) -> Value {
     json!({ "prefix": prefix, "locks": locks })
 }
 
-/// `fencelock status`: `{"nodes": [...]}`, one object per endpoint: the
-/// endpoint and either every status field (`node_id`, `role`, `term`,
-/// `leader_id`, `leader_addr`, `commit_index`, `applied_index`,
-/// `last_index`, `snapshot_index`, `snapshot_bytes`, `locks`, `last_token`,
-/// `members`, `rejoining`) or `error`.
-pub fn status_json(nodes: &[(String, Result<NodeStatus, String>)]) -> Value {
+/// The cluster as `fencelock status` sums it up: from the leader's own
+/// answer, since only the leader hears from every member (a follower hears
+/// only from its leader).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Summary {
+    /// The leader's id; `None` when no leader answered.
+    pub leader: Option<u64>,
+    /// The leader's client address, as it tells clients.
+    pub leader_addr: Option<String>,
+    /// Members the leader heard from within an election timeout, itself
+    /// included; without a leader, as many as the answer that reaches the
+    /// most says.
+    pub reachable: usize,
+    pub members: usize,
+    /// The leader reaches a majority of the voters: it can commit. Never
+    /// true without a leader.
+    pub quorum: bool,
+}
+
+impl Summary {
+    /// Sums up `answers`: the leader of the highest term among them, or
+    /// without one the answer that reaches the most members.
+    pub fn of<'a>(answers: impl IntoIterator<Item = &'a NodeStatus>) -> Summary {
+        let answers: Vec<&NodeStatus> = answers.into_iter().collect();
+        let reached = |status: &NodeStatus| status.members.iter().filter(|member| member.reachable).count();
+        let leader = answers.iter().filter(|status| status.role == "leader").max_by_key(|status| status.term);
+        match leader {
+            Some(leader) => {
+                let own_addr = leader.members.iter().find(|member| member.id == leader.node_id);
+                let addr = match own_addr.map(|member| member.client_addr.as_str()) {
+                    Some(addr) if !addr.is_empty() => addr,
+                    _ => leader.leader_addr.as_str(),
+                };
+                Summary {
+                    leader: Some(leader.node_id),
+                    leader_addr: Some(addr.to_owned()).filter(|addr| !addr.is_empty()),
+                    reachable: reached(leader),
+                    members: leader.members.len(),
+                    quorum: leader.quorum,
+                }
+            }
+            None => {
+                // `max_by_key` takes the last of equals: the first is wanted.
+                let widest = answers.iter().rev().max_by_key(|status| reached(status));
+                Summary {
+                    leader: None,
+                    leader_addr: None,
+                    reachable: widest.map_or(0, |status| reached(status)),
+                    members: widest.map_or(0, |status| status.members.len()),
+                    quorum: false,
+                }
+            }
+        }
+    }
+
+    /// A leader answered, and it has a quorum.
+    pub fn serves(&self) -> bool {
+        self.leader.is_some() && self.quorum
+    }
+
+    /// `leader: 1 (h:7101)  reachable: 3/3 members  quorum: yes`, or
+    /// `leader: none  ...`.
+    pub fn line(&self) -> String {
+        let leader = match (self.leader, &self.leader_addr) {
+            (Some(id), Some(addr)) => format!("{id} ({addr})"),
+            (Some(id), None) => id.to_string(),
+            (None, _) => "none".to_owned(),
+        };
+        format!(
+            "leader: {leader}  reachable: {}/{} members  quorum: {}",
+            self.reachable,
+            self.members,
+            if self.quorum { "yes" } else { "no" }
+        )
+    }
+}
+
+/// What a node's status line adds after its indexes: ` rejoining (...)`,
+/// ` starting (waiting for peers 2, 3)`, or nothing.
+pub fn status_notes(status: &NodeStatus) -> String {
+    let mut notes = String::new();
+    if status.rejoining {
+        notes.push_str(" rejoining (lost its data; not voting until caught up)");
+    }
+    if status.starting {
+        notes.push_str(" starting");
+        if !status.waiting_for.is_empty() {
+            let peers: Vec<String> = status.waiting_for.iter().map(u64::to_string).collect();
+            notes.push_str(&format!(" (waiting for peers {})", peers.join(", ")));
+        }
+    }
+    notes
+}
+
+/// `fencelock status`: `{"nodes": [...], "summary": {...}}`. `nodes` has
+/// one object per endpoint: the endpoint and either every status field
+/// (`node_id`, `role`, `term`, `leader_id`, `leader_addr`, `commit_index`,
+/// `applied_index`, `last_index`, `snapshot_index`, `snapshot_bytes`,
+/// `locks`, `last_token`, `members` (each `id`, `peer_addr`, `client_addr`,
+/// `reachable`, `role`), `rejoining`, `cluster_id`, `starting`,
+/// `waiting_for`, `quorum`) or `error`. `summary` is the [`Summary`]:
+/// `leader` (null when none answered), `leader_addr`, `reachable`,
+/// `members`, `quorum`.
+pub fn status_json(nodes: &[(String, Result<NodeStatus, String>)], summary: &Summary) -> Value {
     let nodes: Vec<Value> = nodes
         .iter()
         .map(|(endpoint, answer)| {
@@ -146,7 +253,7 @@ pub fn status_json(nodes: &[(String, Result<NodeStatus, String>)]) -> Value {
             node
         })
         .collect();
-    json!({ "nodes": nodes })
+    json!({ "nodes": nodes, "summary": summary })
 }
 
 /// A lease as a human reads it: `10s`, `1m 30s`, `500ms`.
@@ -235,11 +342,21 @@ mod tests {
         assert_eq!((lost["exit_code"].clone(), lost["lost"].clone()), (json!(3), json!(true)));
     }
 
-    #[test]
-    fn status_lists_every_node_with_an_error_for_unreachable_ones() {
-        let status = NodeStatus {
-            node_id: 1,
-            role: "leader".into(),
+    fn member(id: u64, reachable: bool) -> Member {
+        Member {
+            id,
+            peer_addr: format!("h:720{id}"),
+            client_addr: format!("h:710{id}"),
+            reachable,
+            role: "voter".into(),
+        }
+    }
+
+    /// Node `id`'s answer in a cluster of three led by node 1.
+    fn node(id: u64, role: &str, reachable: &[u64]) -> NodeStatus {
+        NodeStatus {
+            node_id: id,
+            role: role.into(),
             term: 4,
             leader_id: 1,
             leader_addr: "h:7101".into(),
@@ -250,19 +367,77 @@ mod tests {
             snapshot_bytes: 0,
             locks: 2,
             last_token: 5,
-            members: vec![Member { id: 1, peer_addr: "h:7201".into(), client_addr: "h:7101".into() }],
-            rejoining: true,
+            members: (1..=3).map(|member_id| member(member_id, reachable.contains(&member_id))).collect(),
+            rejoining: false,
             cluster_id: "0123456789abcdef0123456789abcdef".into(),
-        };
-        let value = status_json(&[
-            ("h:7101".into(), Ok(status)),
-            ("h:7102".into(), Err("connection refused".into())),
-        ]);
+            starting: false,
+            waiting_for: vec![],
+            quorum: reachable.len() >= 2,
+        }
+    }
+
+    #[test]
+    fn status_lists_every_node_with_an_error_for_unreachable_ones() {
+        let status = NodeStatus { rejoining: true, ..node(1, "leader", &[1, 2, 3]) };
+        let summary = Summary::of([&status]);
+        let value = status_json(
+            &[("h:7101".into(), Ok(status)), ("h:7102".into(), Err("connection refused".into()))],
+            &summary,
+        );
         assert_eq!(value["nodes"][0]["endpoint"], json!("h:7101"));
         assert_eq!(value["nodes"][0]["role"], json!("leader"));
         assert_eq!(value["nodes"][0]["members"][0]["peer_addr"], json!("h:7201"));
+        assert_eq!(value["nodes"][0]["members"][0]["reachable"], json!(true));
+        assert_eq!(value["nodes"][0]["members"][0]["role"], json!("voter"));
         assert_eq!(value["nodes"][0]["rejoining"], json!(true));
         assert_eq!(value["nodes"][0]["cluster_id"], json!("0123456789abcdef0123456789abcdef"));
+        assert_eq!(
+            (&value["nodes"][0]["starting"], &value["nodes"][0]["waiting_for"], &value["nodes"][0]["quorum"]),
+            (&json!(false), &json!([]), &json!(true))
+        );
         assert_eq!(value["nodes"][1], json!({"endpoint": "h:7102", "error": "connection refused"}));
+        assert_eq!(
+            value["summary"],
+            json!({"leader": 1, "leader_addr": "h:7101", "reachable": 3, "members": 3, "quorum": true})
+        );
+    }
+
+    #[test]
+    fn the_summary_is_the_leaders_view() {
+        // A follower hears only from its leader; the leader hears from all.
+        let follower = node(2, "follower", &[1, 2]);
+        let leader = node(1, "leader", &[1, 2, 3]);
+        let summary = Summary::of([&follower, &leader]);
+        assert_eq!(summary.line(), "leader: 1 (h:7101)  reachable: 3/3 members  quorum: yes");
+        assert!(summary.serves());
+        // A leader of an older term, cut off, loses to the newer one.
+        let stale = NodeStatus { term: 3, ..node(3, "leader", &[3]) };
+        assert_eq!(Summary::of([&stale, &leader]).leader, Some(1));
+        // A leader that hears from itself alone.
+        let alone = Summary::of([&node(1, "leader", &[1])]);
+        assert_eq!(alone.line(), "leader: 1 (h:7101)  reachable: 1/3 members  quorum: no");
+        assert!(!alone.serves());
+        // No leader answered: the widest view, and no quorum.
+        let candidate =
+            NodeStatus { leader_id: 0, leader_addr: String::new(), ..node(2, "candidate", &[2, 3]) };
+        let none = Summary::of([&NodeStatus { quorum: false, ..node(3, "follower", &[3]) }, &candidate]);
+        assert_eq!(none.line(), "leader: none  reachable: 2/3 members  quorum: no");
+        assert!(!none.serves());
+        assert_eq!(
+            serde_json::to_value(&none).unwrap(),
+            json!({"leader": null, "leader_addr": null, "reachable": 2, "members": 3, "quorum": false})
+        );
+        assert_eq!(Summary::of([]).line(), "leader: none  reachable: 0/0 members  quorum: no");
+        assert_eq!(Exit::NoQuorum.code(), 2);
+    }
+
+    #[test]
+    fn a_node_line_says_rejoining_or_starting_and_whom_it_waits_for() {
+        assert_eq!(status_notes(&node(2, "follower", &[1, 2])), "");
+        let starting = NodeStatus { starting: true, waiting_for: vec![2, 3], ..node(1, "follower", &[1]) };
+        assert_eq!(status_notes(&starting), " starting (waiting for peers 2, 3)");
+        assert_eq!(status_notes(&NodeStatus { waiting_for: vec![], ..starting }), " starting");
+        let rejoining = NodeStatus { rejoining: true, ..node(2, "follower", &[1, 2]) };
+        assert_eq!(status_notes(&rejoining), " rejoining (lost its data; not voting until caught up)");
     }
 }

@@ -47,6 +47,12 @@ pub struct Member {
     pub peer_addr: String,
     /// Empty when the answering node does not know it yet.
     pub client_addr: String,
+    /// The answering node had a raft message from this member within the
+    /// last election timeout (always true of itself). A leader hears from
+    /// every member that can reach it; a follower only from its leader.
+    pub reachable: bool,
+    /// `voter` or `learner`.
+    pub role: String,
 }
 
 /// One node's view of itself and the cluster.
@@ -75,6 +81,13 @@ pub struct NodeStatus {
     pub rejoining: bool,
     /// The cluster's id (32 hex digits); empty until the node has learnt it.
     pub cluster_id: String,
+    /// The node started with an empty data directory and waits for the
+    /// peers in `waiting_for` before it knows how it starts.
+    pub starting: bool,
+    pub waiting_for: Vec<u64>,
+    /// The voters this node reaches, itself included, are a majority. On
+    /// the leader: whether it can commit.
+    pub quorum: bool,
 }
 
 impl From<client_pb::StatusResponse> for NodeStatus {
@@ -99,10 +112,15 @@ impl From<client_pb::StatusResponse> for NodeStatus {
                     id: member.id,
                     peer_addr: member.peer_addr,
                     client_addr: member.client_addr,
+                    reachable: member.reachable,
+                    role: member.role,
                 })
                 .collect(),
             rejoining: status.rejoining,
             cluster_id: status.cluster_id,
+            starting: status.starting,
+            waiting_for: status.waiting_for,
+            quorum: status.quorum,
         }
     }
 }

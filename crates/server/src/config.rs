@@ -23,7 +23,8 @@ use crate::access::{Access, RuleConfig};
     about = "The fencelock server: a replicated lock service with fencing tokens.",
     after_help = "With no flags it runs a single-node service: peers 1=127.0.0.1:7001, clients on \
                   127.0.0.1:7101, data in ~/.local/share/fencelock/node-1 ($XDG_DATA_HOME/fencelock/node-1 if set).\n\nA node whose data directory is empty asks its \
-                  peers first: a new cluster starts once every node is up, and a node that lost its data \
+                  peers first: with --initial-cluster-state new (the default) a cluster starts once a majority of \
+                  its nodes is up and blank, and a node that lost its data \
                   rejoins without a vote until it has caught up.\n\nSIGHUP reloads the certificates of --certs-dir \
                   (docs/security.md).\n\nExit codes: 0 clean shutdown (SIGINT or \
                   SIGTERM, or --config-check passed); 1 bad configuration or a fatal error."
@@ -140,7 +141,10 @@ pub struct Flags {
     /// and owners). Default 2147483648 (2 GiB).
     #[arg(long)]
     pub max_snapshot_bytes: Option<usize>,
-    /// Serve Prometheus metrics at http://ADDR/metrics (off unless set).
+    /// Serve Prometheus metrics at http://ADDR/metrics, and the probes
+    /// /health (200 while the node loop answers) and /ready (200 once it
+    /// knows a leader with a quorum and has applied what it knows is
+    /// committed; 503 otherwise). Off unless set.
     #[arg(long)]
     pub metrics_addr: Option<SocketAddr>,
     /// Serve both ports over TLS with the certificates in DIR (`ca.crt`,
@@ -412,10 +416,14 @@ impl ServerConfig {
         };
         let insecure = flags.insecure || file.insecure.unwrap_or(false);
         if let (Some((name, addr)), false) = (exposed.first(), insecure) {
+            let risk = match *name {
+                "metrics_addr" => "anyone who reaches it can read this node's metrics, lock counts included",
+                _ => "anyone who reaches it could act as a peer or a client",
+            };
             bail!(
-                "this node's {name} {addr} is not a loopback address: fencelockd serves plain TCP without \
-                 authentication, so anyone who reaches it could act as a peer or a client. Bind to 127.0.0.1, \
-                 or pass --insecure (insecure = true in the file) on a network you trust; see docs/security.md"
+                "this node's {name} {addr} is not a loopback address: fencelockd serves it as plain TCP without \
+                 authentication, so {risk}. Bind to 127.0.0.1, or pass --insecure (insecure = true in the file) \
+                 on a network you trust; see docs/security.md"
             );
         }
         Ok(ServerConfig {

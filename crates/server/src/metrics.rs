@@ -1,13 +1,20 @@
-//! The optional Prometheus endpoint (`--metrics-addr`): `GET /metrics` on a
-//! thread of its own, in the text exposition format. It asks the node loop
-//! for the node's status and counters on each scrape (one channel message
-//! and a wake-up), and adds raft-engine's own metrics (its write and fsync
-//! latency histograms), which raft-engine keeps in the default registry.
+//! The optional metrics port (`--metrics-addr`), on a thread of its own:
+//!
+//! - `GET /metrics`: Prometheus metrics in the text exposition format. It
+//!   asks the node loop for the node's status and counters on each scrape
+//!   (one channel message and a wake-up), and adds raft-engine's own
+//!   metrics (its write and fsync latency histograms), which raft-engine
+//!   keeps in the default registry.
+//! - `GET /health`: `200 ok` while the process serves, that is while its
+//!   node loop answers that same round trip in time; else 503.
+//! - `GET /ready`: 200 when this node can serve clients now (see
+//!   [`readiness`]); else 503 with one line saying why.
 //!
 //! It serves one connection at a time, each bounded in size and time: a
-//! scraper that stalls or speaks nonsense gets an error or a closed socket,
-//! and never reaches the node loop.
+//! scraper or prober that stalls or speaks nonsense gets an error or a
+//! closed socket, and never reaches the node loop.
 
+use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
@@ -25,10 +32,12 @@ use slog::{debug, warn, Logger};
 const REQUEST_BYTES_MAX: usize = 8 * 1024;
 /// How long a scraper may take to send its request or read the answer.
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long a scrape waits for the node loop.
+/// How long a scrape or probe waits for the node loop. A loop that takes
+/// longer does not serve: `/health` and `/ready` answer 503.
 const LOOP_ANSWER_WITHIN: Duration = Duration::from_secs(1);
 
-/// Serves `/metrics` on `listener` from a thread named `fencelock-metrics`.
+/// Serves the metrics port on `listener` from a thread named
+/// `fencelock-metrics`.
 pub fn spawn(
     listener: TcpListener,
     node_id: u64,
@@ -49,9 +58,16 @@ pub fn spawn(
                         continue;
                     }
                 };
-                let mut scrape = || metrics.scrape(&requests, &waker);
-                if let Err(err) = answer(stream, &mut scrape) {
-                    debug!(logger, "metrics: a scrape failed"; "error" => %err);
+                let mut serve = |path| {
+                    let node = ask_node(&requests, || waker.wake());
+                    match path {
+                        Path::Metrics => Reply::exposition(metrics.scrape(node.as_ref())),
+                        Path::Health => health(node.as_ref().map(|(status, _)| status)),
+                        Path::Ready => ready(node.as_ref().map(|(status, _)| status)),
+                    }
+                };
+                if let Err(err) = answer(stream, &mut serve) {
+                    debug!(logger, "metrics: a request failed"; "error" => %err);
                 }
             }
         })
@@ -59,9 +75,173 @@ pub fn spawn(
     Ok(())
 }
 
-/// Reads one request from `stream` and answers it: the scrape for
-/// `GET /metrics`, an error status for anything else.
-fn answer(mut stream: TcpStream, scrape: &mut dyn FnMut() -> Vec<u8>) -> io::Result<()> {
+/// Whether a node with `status` can serve clients now: it has started, is
+/// not rejoining, knows a leader, and has applied what it knows committed;
+/// a leader also reaches a quorum of voters and has applied an entry of
+/// its own term (until then it answers no reads).
+pub fn readiness(status: &NodeStatus) -> Result<(), NotReady> {
+    if status.starting {
+        return Err(NotReady::Starting { waiting_for: status.waiting_for.clone() });
+    }
+    if status.rejoining {
+        return Err(NotReady::Rejoining);
+    }
+    if status.leader.is_none() {
+        return Err(NotReady::NoLeader);
+    }
+    if status.role == Role::Leader {
+        if !status.has_quorum() {
+            // Name the half of the configuration that lacks its majority
+            // (while it changes, there are two).
+            let reached =
+                |voters: &[u64]| voters.iter().filter(|voter| status.reachable.contains(voter)).count();
+            let incoming = reached(&status.voters);
+            return Err(if incoming > status.voters.len() / 2 {
+                NotReady::NoQuorum {
+                    reached: reached(&status.voters_outgoing),
+                    voters: status.voters_outgoing.len(),
+                    outgoing: true,
+                }
+            } else {
+                NotReady::NoQuorum { reached: incoming, voters: status.voters.len(), outgoing: false }
+            });
+        }
+        if !status.leader_ready {
+            return Err(NotReady::LeaderWarmingUp);
+        }
+    }
+    if status.applied_index < status.commit_index {
+        return Err(NotReady::Behind {
+            applied_index: status.applied_index,
+            commit_index: status.commit_index,
+        });
+    }
+    Ok(())
+}
+
+/// Why [`readiness`] said no (or the node loop did not answer): the body
+/// of `/ready`'s 503, after `not ready: `.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotReady {
+    /// The node loop did not answer within [`LOOP_ANSWER_WITHIN`], or has
+    /// stopped.
+    NoAnswer,
+    /// A blank node waiting for its peers' hellos: those not heard yet.
+    Starting {
+        waiting_for: Vec<u64>,
+    },
+    Rejoining,
+    NoLeader,
+    /// A leader that heard from `reached` of its `voters` (the outgoing
+    /// ones, while the configuration changes, if those lack a majority)
+    /// within an election timeout, itself included: it cannot commit.
+    NoQuorum {
+        reached: usize,
+        voters: usize,
+        outgoing: bool,
+    },
+    /// A leader that has not applied an entry of its term yet.
+    LeaderWarmingUp,
+    Behind {
+        applied_index: u64,
+        commit_index: u64,
+    },
+}
+
+impl fmt::Display for NotReady {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotReady::NoAnswer => {
+                write!(f, "the node loop did not answer within {}ms", LOOP_ANSWER_WITHIN.as_millis())
+            }
+            NotReady::Starting { waiting_for } if waiting_for.is_empty() => write!(f, "starting"),
+            NotReady::Starting { waiting_for } => {
+                let peers: Vec<String> = waiting_for.iter().map(u64::to_string).collect();
+                write!(f, "starting, waiting for peers {}", peers.join(", "))
+            }
+            NotReady::Rejoining => write!(f, "rejoining: it lost its data and catches up without a vote"),
+            NotReady::NoLeader => write!(f, "no leader known"),
+            NotReady::NoQuorum { reached, voters, outgoing } => {
+                let which = if *outgoing { "outgoing voters" } else { "voters" };
+                write!(f, "leader without a quorum: it hears from {reached} of {voters} {which}")
+            }
+            NotReady::LeaderWarmingUp => write!(f, "leader has not applied an entry of its term yet"),
+            NotReady::Behind { applied_index, commit_index } => {
+                write!(f, "applied index {applied_index} is behind commit index {commit_index}")
+            }
+        }
+    }
+}
+
+/// The paths served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    Metrics,
+    Health,
+    Ready,
+}
+
+impl Path {
+    /// The path a request target names, its query ignored.
+    fn of(target: &str) -> Option<Path> {
+        match target.split('?').next() {
+            Some("/metrics") => Some(Path::Metrics),
+            Some("/health") => Some(Path::Health),
+            Some("/ready") => Some(Path::Ready),
+            _ => None,
+        }
+    }
+}
+
+/// One HTTP answer.
+#[derive(Debug, PartialEq, Eq)]
+struct Reply {
+    status: &'static str,
+    content_type: String,
+    body: Vec<u8>,
+}
+
+const OK: &str = "200 OK";
+const UNAVAILABLE: &str = "503 Service Unavailable";
+
+impl Reply {
+    fn text(status: &'static str, body: impl Into<String>) -> Reply {
+        Reply { status, content_type: "text/plain; charset=utf-8".to_owned(), body: body.into().into_bytes() }
+    }
+
+    fn exposition(body: Vec<u8>) -> Reply {
+        Reply { status: OK, content_type: TextEncoder::new().format_type().to_owned(), body }
+    }
+}
+
+/// `/health`: the process serves when its node loop answered in time.
+fn health(status: Option<&NodeStatus>) -> Reply {
+    match status {
+        Some(_) => Reply::text(OK, "ok\n"),
+        None => Reply::text(UNAVAILABLE, format!("unavailable: {}\n", NotReady::NoAnswer)),
+    }
+}
+
+/// `/ready`: [`readiness`] of the node's status, or no answer.
+fn ready(status: Option<&NodeStatus>) -> Reply {
+    match status.map_or(Err(NotReady::NoAnswer), readiness) {
+        Ok(()) => Reply::text(OK, "ready\n"),
+        Err(why) => Reply::text(UNAVAILABLE, format!("not ready: {why}\n")),
+    }
+}
+
+/// Asks the node loop for its status and counters; `None` when it does not
+/// answer within [`LOOP_ANSWER_WITHIN`] or has stopped.
+fn ask_node(requests: &Sender<Request>, wake: impl FnOnce()) -> Option<(NodeStatus, Stats)> {
+    let (tx, rx) = bounded(1);
+    requests.send(Request::Metrics { reply: tx }).ok()?;
+    wake();
+    rx.recv_timeout(LOOP_ANSWER_WITHIN).ok()
+}
+
+/// Reads one request from `stream` and answers it: `serve`'s answer for a
+/// `GET` of a path served here, an error status for anything else.
+fn answer(mut stream: TcpStream, serve: &mut dyn FnMut(Path) -> Reply) -> io::Result<()> {
     stream.set_read_timeout(Some(IO_TIMEOUT))?;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
     let mut head = Vec::new();
@@ -76,30 +256,26 @@ fn answer(mut stream: TcpStream, scrape: &mut dyn FnMut() -> Vec<u8>) -> io::Res
     let line = head.split(|byte| *byte == b'\n').next().unwrap_or_default();
     let line = String::from_utf8_lossy(line);
     let mut parts = line.trim_end().split(' ');
-    let (status, body) = match (parts.next(), parts.next(), parts.next(), parts.next()) {
+    let reply = match (parts.next(), parts.next(), parts.next(), parts.next()) {
         (Some("GET"), Some(target), Some(version), None) if version.starts_with("HTTP/1.") => {
-            if target.split('?').next() == Some("/metrics") {
-                ("200 OK", scrape())
-            } else {
-                ("404 Not Found", b"only /metrics is served here\n".to_vec())
+            match Path::of(target) {
+                Some(path) => serve(path),
+                None => Reply::text("404 Not Found", "only /metrics, /health and /ready are served here\n"),
             }
         }
         (Some(_), Some(_), Some(version), None) if version.starts_with("HTTP/1.") => {
-            ("405 Method Not Allowed", b"only GET /metrics is served here\n".to_vec())
+            Reply::text("405 Method Not Allowed", "only GET is served here\n")
         }
-        _ => ("400 Bad Request", b"not an HTTP/1 request\n".to_vec()),
-    };
-    let content_type = if status.starts_with("200") {
-        TextEncoder::new().format_type().to_owned()
-    } else {
-        "text/plain; charset=utf-8".to_owned()
+        _ => Reply::text("400 Bad Request", "not an HTTP/1 request\n"),
     };
     write!(
         stream,
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
+        "HTTP/1.1 {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        reply.status,
+        reply.content_type,
+        reply.body.len()
     )?;
-    stream.write_all(&body)?;
+    stream.write_all(&reply.body)?;
     stream.flush()
 }
 
@@ -107,6 +283,8 @@ fn answer(mut stream: TcpStream, scrape: &mut dyn FnMut() -> Vec<u8>) -> io::Res
 struct Metrics {
     registry: Registry,
     up: IntGauge,
+    ready: IntGauge,
+    quorum: IntGauge,
     is_leader: IntGauge,
     rejoining: IntGauge,
     term: IntGauge,
@@ -180,6 +358,16 @@ impl Metrics {
                 "fencelock_up",
                 "1 when the node's replica answered this scrape, 0 while it starts or stops.",
             )?,
+            ready: gauge(
+                "fencelock_ready",
+                "1 when this node can serve clients now, as GET /ready answers 200; 0 otherwise.",
+            )?,
+            quorum: gauge(
+                "fencelock_quorum",
+                "1 when the voters this node heard from within an election timeout, itself \
+                 included, are a majority: on the leader, whether it can commit (a follower \
+                 hears only from its leader).",
+            )?,
             is_leader: gauge("fencelock_is_leader", "1 on the leader.")?,
             rejoining: gauge(
                 "fencelock_rejoining",
@@ -209,19 +397,15 @@ impl Metrics {
         })
     }
 
-    /// Asks the node loop for its status and counters, and encodes them
-    /// with raft-engine's metrics.
-    fn scrape(&mut self, requests: &Sender<Request>, waker: &LoopWaker) -> Vec<u8> {
-        let (tx, rx) = bounded(1);
-        let answer = if requests.send(Request::Metrics { reply: tx }).is_ok() {
-            waker.wake();
-            rx.recv_timeout(LOOP_ANSWER_WITHIN).ok()
-        } else {
-            None
-        };
-        match answer {
-            Some((status, stats)) => self.set(&status, &stats),
-            None => self.up.set(0),
+    /// Sets the metrics from the node loop's answer, if it came, and
+    /// encodes them with raft-engine's metrics.
+    fn scrape(&mut self, node: Option<&(NodeStatus, Stats)>) -> Vec<u8> {
+        match node {
+            Some((status, stats)) => self.set(status, stats),
+            None => {
+                self.up.set(0);
+                self.ready.set(0);
+            }
         }
         let mut families = self.registry.gather();
         families.extend(prometheus::gather());
@@ -234,7 +418,10 @@ impl Metrics {
 
     fn set(&mut self, status: &NodeStatus, stats: &Stats) {
         let int = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
-        self.up.set(1);
+        // A starting node's loop answers, but it has no replica yet.
+        self.up.set(i64::from(!status.starting));
+        self.ready.set(i64::from(readiness(status).is_ok()));
+        self.quorum.set(i64::from(status.has_quorum()));
         self.is_leader.set(i64::from(status.role == Role::Leader));
         self.rejoining.set(i64::from(status.rejoining));
         self.term.set(int(status.term));
@@ -263,9 +450,12 @@ impl Metrics {
 mod tests {
     use super::*;
 
+    use fencelock_raft::NodeId;
+
     /// Runs `answer` on one connection that sends `request` (then ends its
-    /// side, with `end`), and returns what came back.
-    fn exchange_with(request: &[u8], end: bool) -> String {
+    /// side, with `end`), for a node loop that answered with `node` (or
+    /// not), and returns what came back.
+    fn exchange_with(request: &[u8], end: bool, node: Option<&NodeStatus>) -> String {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let request = request.to_vec();
@@ -280,28 +470,156 @@ mod tests {
             answer
         });
         let (stream, _) = listener.accept().unwrap();
-        answer(stream, &mut || b"fencelock_up 1\n".to_vec()).unwrap();
+        let mut serve = |path| match path {
+            Path::Metrics => Reply::exposition(b"fencelock_up 1\n".to_vec()),
+            Path::Health => health(node),
+            Path::Ready => ready(node),
+        };
+        answer(stream, &mut serve).unwrap();
         client.join().unwrap()
     }
 
     fn exchange(request: &[u8]) -> String {
-        exchange_with(request, true)
+        exchange_with(request, true, Some(&serving()))
+    }
+
+    /// A follower of node 1 in a cluster of three, caught up.
+    fn serving() -> NodeStatus {
+        NodeStatus {
+            term: 3,
+            leader: Some(NodeId(1)),
+            commit_index: 10,
+            applied_index: 10,
+            voters: vec![1, 2, 3],
+            reachable: vec![1, 2],
+            ..NodeStatus::blank(NodeId(2))
+        }
     }
 
     #[test]
-    fn only_get_metrics_is_answered_with_the_scrape() {
+    fn only_get_of_a_served_path_is_answered() {
         let ok = exchange(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
         assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
+        assert!(ok.contains("Content-Type: text/plain; version=0.0.4"), "{ok}");
         assert!(ok.contains("Content-Length: 15\r\n") && ok.ends_with("\r\n\r\nfencelock_up 1\n"), "{ok}");
         assert!(exchange(b"GET /metrics?x=1 HTTP/1.0\r\n\r\n").starts_with("HTTP/1.1 200"));
-        assert!(exchange(b"GET / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
-        assert!(exchange(b"POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
+        let health = exchange(b"GET /health HTTP/1.1\r\n\r\n");
+        assert!(health.starts_with("HTTP/1.1 200 OK\r\n") && health.ends_with("\r\n\r\nok\n"), "{health}");
+        let ready = exchange(b"GET /ready?verbose HTTP/1.0\r\n\r\n");
+        assert!(ready.starts_with("HTTP/1.1 200 OK\r\n") && ready.ends_with("\r\n\r\nready\n"), "{ready}");
+        assert!(ready.contains("Content-Type: text/plain; charset=utf-8\r\n"), "{ready}");
+        for other in [
+            &b"GET / HTTP/1.1\r\n\r\n"[..],
+            b"GET /healthz HTTP/1.1\r\n\r\n",
+            b"GET /ready/ HTTP/1.1\r\n\r\n",
+        ] {
+            assert!(exchange(other).starts_with("HTTP/1.1 404"), "{other:?}");
+        }
+        for post in [&b"POST /metrics HTTP/1.1\r\n\r\n"[..], b"HEAD /health HTTP/1.1\r\n\r\n"] {
+            assert!(exchange(post).starts_with("HTTP/1.1 405"), "{post:?}");
+        }
         for garbage in [&b"\x00\xff\r\n\r\n"[..], b"", b"GET /metrics\r\n\r\n"] {
             assert!(exchange(garbage).starts_with("HTTP/1.1 400"), "{garbage:?}");
         }
         // A head that never ends is cut at 8 KiB and answered, without
         // waiting for the rest.
-        assert!(exchange_with(&[b'x'; REQUEST_BYTES_MAX], false).starts_with("HTTP/1.1 400"));
+        assert!(exchange_with(&[b'x'; REQUEST_BYTES_MAX], false, None).starts_with("HTTP/1.1 400"));
+    }
+
+    #[test]
+    fn health_and_ready_answer_503_when_the_node_loop_does_not_answer() {
+        let health = exchange_with(b"GET /health HTTP/1.1\r\n\r\n", true, None);
+        assert!(health.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{health}");
+        assert!(
+            health.ends_with("\r\n\r\nunavailable: the node loop did not answer within 1000ms\n"),
+            "{health}"
+        );
+        let ready = exchange_with(b"GET /ready HTTP/1.1\r\n\r\n", true, None);
+        assert!(ready.starts_with("HTTP/1.1 503 "), "{ready}");
+        assert!(
+            ready.ends_with("\r\n\r\nnot ready: the node loop did not answer within 1000ms\n"),
+            "{ready}"
+        );
+        // A starting node serves (health) but is not ready, and says why in
+        // one line.
+        let starting = NodeStatus { starting: true, waiting_for: vec![2, 3], ..NodeStatus::blank(NodeId(1)) };
+        assert!(
+            exchange_with(b"GET /health HTTP/1.1\r\n\r\n", true, Some(&starting)).starts_with("HTTP/1.1 200")
+        );
+        let ready = exchange_with(b"GET /ready HTTP/1.1\r\n\r\n", true, Some(&starting));
+        assert!(ready.starts_with("HTTP/1.1 503 "), "{ready}");
+        assert!(ready.ends_with("\r\n\r\nnot ready: starting, waiting for peers 2, 3\n"), "{ready}");
+    }
+
+    #[test]
+    fn the_node_loop_is_asked_with_a_deadline() {
+        // A loop that answers.
+        let (requests, taken) = crossbeam_channel::bounded::<Request>(1);
+        let answering = std::thread::spawn(move || {
+            if let Ok(Request::Metrics { reply }) = taken.recv() {
+                reply.send((serving(), Stats::default())).unwrap();
+            }
+        });
+        let mut woken = false;
+        assert_eq!(ask_node(&requests, || woken = true).map(|(status, _)| status), Some(serving()));
+        assert!(woken);
+        answering.join().unwrap();
+        // A loop that has stopped: no answer, at once.
+        assert!(ask_node(&requests, || ()).is_none());
+        // A loop that takes the request and never answers: no answer, once
+        // the deadline has passed.
+        let (requests, taken) = crossbeam_channel::bounded::<Request>(1);
+        assert!(ask_node(&requests, || ()).is_none());
+        drop(taken);
+    }
+
+    #[test]
+    fn ready_means_started_led_caught_up_and_on_the_leader_a_quorum() {
+        let follower = serving();
+        assert_eq!(readiness(&follower), Ok(()));
+        let leader = NodeStatus {
+            role: Role::Leader,
+            leader: Some(NodeId(2)),
+            leader_ready: true,
+            reachable: vec![2, 3],
+            ..follower.clone()
+        };
+        assert_eq!(readiness(&leader), Ok(()));
+        let cases = [
+            (
+                NodeStatus { starting: true, waiting_for: vec![2, 3], ..NodeStatus::blank(NodeId(1)) },
+                "starting, waiting for peers 2, 3",
+            ),
+            (NodeStatus { starting: true, ..NodeStatus::blank(NodeId(1)) }, "starting"),
+            (
+                NodeStatus { rejoining: true, ..follower.clone() },
+                "rejoining: it lost its data and catches up without a vote",
+            ),
+            (NodeStatus { leader: None, ..follower.clone() }, "no leader known"),
+            (
+                NodeStatus { applied_index: 9, ..follower.clone() },
+                "applied index 9 is behind commit index 10",
+            ),
+            (
+                NodeStatus { leader_ready: false, ..leader.clone() },
+                "leader has not applied an entry of its term yet",
+            ),
+            (
+                NodeStatus { reachable: vec![2], ..leader.clone() },
+                "leader without a quorum: it hears from 1 of 3 voters",
+            ),
+            // Joint consensus: a majority of the outgoing voters too.
+            (
+                NodeStatus { voters_outgoing: vec![2, 4, 5], ..leader.clone() },
+                "leader without a quorum: it hears from 1 of 3 outgoing voters",
+            ),
+        ];
+        for (status, why) in cases {
+            assert_eq!(readiness(&status).map_err(|not| not.to_string()), Err(why.to_owned()), "{status:?}");
+        }
+        // A follower hears only from its leader: quorum is the leader's to
+        // judge.
+        assert_eq!(readiness(&NodeStatus { reachable: vec![2], ..follower }), Ok(()));
     }
 
     #[test]
@@ -323,6 +641,7 @@ mod tests {
             pending_requests: 2,
             rejoining: false,
             cluster_id: None,
+            voters: vec![3],
             ..NodeStatus::blank(fencelock_raft::NodeId(3))
         };
         let mut stats = Stats { grants_applied: 12, syncs: 30, ..Stats::default() };
@@ -340,8 +659,28 @@ mod tests {
             "fencelock_term{node_id=\"3\"} 7",
             "fencelock_last_token{node_id=\"3\"} 12",
             "fencelock_up{node_id=\"3\"} 1",
+            "fencelock_ready{node_id=\"3\"} 0",
+            "fencelock_quorum{node_id=\"3\"} 1",
             "fencelock_raft_messages_refused_total{reason=\"bad_term\",node_id=\"3\"} 1",
             "fencelock_raft_messages_refused_total{reason=\"forbidden_type\",node_id=\"3\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
+        }
+        // Caught up: ready. Then a scrape the loop did not answer, and one
+        // of a starting node (its loop answers, it has no replica yet).
+        let caught_up = NodeStatus { applied_index: 40, ..status };
+        let text = String::from_utf8(metrics.scrape(Some(&(caught_up, stats)))).unwrap();
+        assert!(text.lines().any(|l| l == "fencelock_ready{node_id=\"3\"} 1"), "{text}");
+        let text = String::from_utf8(metrics.scrape(None)).unwrap();
+        for line in ["fencelock_up{node_id=\"3\"} 0", "fencelock_ready{node_id=\"3\"} 0"] {
+            assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
+        }
+        let starting = NodeStatus { starting: true, ..NodeStatus::blank(fencelock_raft::NodeId(3)) };
+        let text = String::from_utf8(metrics.scrape(Some(&(starting, Stats::default())))).unwrap();
+        for line in [
+            "fencelock_up{node_id=\"3\"} 0",
+            "fencelock_ready{node_id=\"3\"} 0",
+            "fencelock_quorum{node_id=\"3\"} 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
         }

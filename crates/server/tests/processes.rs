@@ -307,32 +307,6 @@ fn a_node_whose_data_was_lost_rejoins_an_idle_cluster_with_no_client_writes() {
 }
 
 #[test]
-fn a_new_cluster_starts_once_every_node_has_answered() {
-    let mut cluster = Cluster::configure(3);
-    cluster.launch(1);
-    cluster.launch(2);
-    let client = cluster.client();
-    // Two blank nodes cannot tell a new cluster from one whose third node
-    // alone knew them: they wait, and say so. Once each has the other's
-    // hello, all they could decide from is in hand; a little later, they
-    // must still be waiting.
-    let deadline = Instant::now() + DEADLINE;
-    while !(cluster.log(1).contains("peer: 2") && cluster.log(2).contains("peer: 1")) {
-        assert!(Instant::now() < deadline, "nodes 1 and 2 never connected: {}", cluster.logs());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::thread::sleep(Duration::from_millis(500));
-    for id in [1, 2] {
-        assert!(client.status(cluster.client_addr(id)).is_err(), "node {id} started without node 3");
-    }
-    cluster.launch(3);
-    let leader = cluster.leader(&client);
-    assert!((1..=3).contains(&leader));
-    assert!(client.acquire(b"first", Duration::from_secs(60), Duration::ZERO).is_ok());
-    assert!(cluster.log(1).contains("asking the peers whether this node was a member"), "{}", cluster.log(1));
-}
-
-#[test]
 fn metrics_are_served_over_http_and_follow_the_locks() {
     let mut cluster = Cluster::configure(1);
     let metrics_addr = format!("127.0.0.1:{}", free_port());
@@ -400,10 +374,30 @@ fn a_bad_configuration_is_refused_with_exit_code_1_and_config_check_passes_a_goo
     let good = run(&["--id", "2", "--peers", "1=127.0.0.1:7001,2=127.0.0.1:7002", "--config-check"]);
     assert!(good.status.success(), "{good:?}");
     // Plain TCP beyond loopback needs --insecure.
-    let exposed = run(&["--client-addr", "0.0.0.0:7101", "--config-check"]);
+    let exposed = run(&[
+        "--client-addr",
+        "0.0.0.0:7101",
+        "--advertise-client-addr",
+        "127.0.0.1:7101",
+        "--config-check",
+    ]);
     assert_eq!(exposed.status.code(), Some(1), "{exposed:?}");
     assert!(String::from_utf8_lossy(&exposed.stderr).contains("--insecure"), "{exposed:?}");
-    let insecure = run(&["--client-addr", "0.0.0.0:7101", "--insecure", "--config-check"]);
+    // ... and an address to hand out in leader hints, which 0.0.0.0 is not.
+    let unadvertised = run(&["--client-addr", "0.0.0.0:7101", "--insecure", "--config-check"]);
+    assert_eq!(unadvertised.status.code(), Some(1), "{unadvertised:?}");
+    assert!(
+        String::from_utf8_lossy(&unadvertised.stderr).contains("--advertise-client-addr"),
+        "{unadvertised:?}"
+    );
+    let insecure = run(&[
+        "--client-addr",
+        "0.0.0.0:7101",
+        "--insecure",
+        "--advertise-client-addr",
+        "127.0.0.1:7101",
+        "--config-check",
+    ]);
     assert!(insecure.status.success(), "{insecure:?}");
 }
 
