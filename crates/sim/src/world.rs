@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use fencelock_fsm::LockTable;
 use fencelock_raft::{
-    Action, ClientRequest, Config, ConnId, Event as NodeEvent, GrantRef, Node, NodeConfig, NodeId, Reply,
-    Role, RoleChange,
+    rejoin::ClusterState, Action, ClientRequest, Config, ConnId, Event as NodeEvent, GrantRef, Node,
+    NodeConfig, NodeId, Reply, Role, RoleChange,
 };
 use raft::prelude::Message;
 
@@ -381,6 +381,11 @@ impl World {
             .map_err(|err| format!("the disk of {} does not read back: {err}", node + 1))?;
         let opened = Node::open(config, recovered, &logger)
             .map_err(|err| format!("node {} does not reopen: {err}", node + 1))?;
+        // The operator's procedure (docs/operations.md): `new` for a node's
+        // first start only, `existing` from then on, so that a node whose
+        // disk is lost later can never found a second cluster with other
+        // blank nodes.
+        self.nodes[node].config.initial_cluster_state = ClusterState::Existing;
         let disk = if self.nodes[node].disk.is_async() { "asynchronous" } else { "synchronous" };
         if let Some(replica) = opened.replica() {
             self.checker.opened(node, replica.table());
