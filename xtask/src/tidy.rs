@@ -38,6 +38,8 @@ const ARROWS: &[(&str, &[&str])] = &[
             "fencelock-raft",
             "fencelock-net",
             "fencelock-tls",
+            // `fencelockd --join` asks the cluster to add it, as a client.
+            "fencelock-client",
         ],
     ),
     ("fencelock-bench", &["fencelock-types", "fencelock-net", "fencelock-client", "fencelock-tls"]),

@@ -97,6 +97,17 @@ pub enum Command {
     /// look for them.
     #[command(subcommand)]
     Cert(CertCommand),
+    /// Back up the lock table: `snapshot save FILE` (restore with
+    /// `fencelockd --restore FILE`).
+    #[command(subcommand)]
+    Snapshot(crate::snapshot::SnapshotCommand),
+    /// The cluster's members: `member list`, `member add ID PEER_ADDR
+    /// CLIENT_ADDR`, `member remove ID`, `member promote ID`.
+    #[command(subcommand)]
+    Member(crate::members::MemberCommand),
+    /// Leadership: `leader transfer ID`.
+    #[command(subcommand)]
+    Leader(crate::members::LeaderCommand),
 }
 
 // The subcommands' names are the contract (`fencelock cert create-ca`...).

@@ -10,6 +10,7 @@
 //! fencelock release jobs/x --token 42
 //! fencelock status --endpoints h1:7101,h2:7101,h3:7101
 //! fencelock cert create-ca --certs-dir certs                 # then create-node, create-client
+//! fencelock snapshot save backup.flkt                       # fencelockd --restore backup.flkt
 //! ```
 //!
 //! Exit codes: 0 done; 1 error (cluster unreachable, bad arguments, refused
@@ -23,7 +24,9 @@ mod args;
 mod cert;
 mod commands;
 mod lock;
+mod members;
 mod output;
+mod snapshot;
 
 use std::process::ExitCode;
 
@@ -66,5 +69,8 @@ fn run(cli: &Cli) -> Result<Exit> {
         Command::List(args) => commands::list(cli, args),
         Command::Status => commands::status(cli),
         Command::Cert(command) => cert::run(cli, command),
+        Command::Snapshot(command) => snapshot::run(cli, command),
+        Command::Member(command) => members::run(cli, command),
+        Command::Leader(command) => members::run_leader(cli, command),
     }
 }

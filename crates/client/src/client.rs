@@ -75,7 +75,7 @@ pub(crate) struct Renewal {
 }
 
 /// How one attempt (one request to one node) ended.
-enum Attempt {
+pub(crate) enum Attempt {
     Done(Response_oneof_kind),
     /// `NOT_LEADER` naming the leader's client address.
     Redirect {
@@ -333,7 +333,7 @@ impl Inner {
         Ok(Renewal { results, sent, lease: granted })
     }
 
-    fn call_simple(&self, kind: Request_oneof_kind) -> Result<Response_oneof_kind, ClientError> {
+    pub(crate) fn call_simple(&self, kind: Request_oneof_kind) -> Result<Response_oneof_kind, ClientError> {
         let timeout = self.request_timeout;
         self.call(|| (kind.clone(), timeout), self.retry_for).map(|(kind, _)| kind)
     }
@@ -343,9 +343,18 @@ impl Inner {
     /// attempt that got it was sent.
     fn call(
         &self,
-        mut make: impl FnMut() -> (Request_oneof_kind, Duration),
+        make: impl FnMut() -> (Request_oneof_kind, Duration),
         budget: Duration,
     ) -> Result<(Response_oneof_kind, Instant), ClientError> {
+        self.call_to(make, budget).map(|(kind, sent, _)| (kind, sent))
+    }
+
+    /// [`Inner::call`], also returning the endpoint that answered.
+    pub(crate) fn call_to(
+        &self,
+        mut make: impl FnMut() -> (Request_oneof_kind, Duration),
+        budget: Duration,
+    ) -> Result<(Response_oneof_kind, Instant, String), ClientError> {
         let deadline = Instant::now() + budget;
         let mut target = self.start_endpoint();
         // Where "the next endpoint" continues from; a leader address outside
@@ -370,8 +379,8 @@ impl Inner {
             let (kind, attempt_timeout) = make();
             let pause = match self.attempt(&target, kind, attempt_timeout.min(left.max(ATTEMPT_MIN))) {
                 Attempt::Done(kind) => {
-                    *lock(&self.preferred) = Some(target);
-                    return Ok((kind, sent));
+                    *lock(&self.preferred) = Some(target.clone());
+                    return Ok((kind, sent, target));
                 }
                 Attempt::Fail(error) => return Err(error),
                 Attempt::Redirect { leader, reason } if leader != target => {
@@ -413,7 +422,7 @@ impl Inner {
 
     /// One request to one node, connecting first if needed, all within
     /// `timeout`.
-    fn attempt(&self, addr: &str, kind: Request_oneof_kind, timeout: Duration) -> Attempt {
+    pub(crate) fn attempt(&self, addr: &str, kind: Request_oneof_kind, timeout: Duration) -> Attempt {
         let started = Instant::now();
         let connection = match self.connection(addr, timeout) {
             Ok(connection) => connection,
@@ -520,7 +529,7 @@ fn classify(addr: &str, response: Response) -> Attempt {
     }
 }
 
-fn unexpected(call: &str, kind: &Response_oneof_kind) -> ClientError {
+pub(crate) fn unexpected(call: &str, kind: &Response_oneof_kind) -> ClientError {
     let got = match kind {
         Response_oneof_kind::acquire(_) => "acquire",
         Response_oneof_kind::release(_) => "release",
@@ -529,6 +538,9 @@ fn unexpected(call: &str, kind: &Response_oneof_kind) -> ClientError {
         Response_oneof_kind::check(_) => "check",
         Response_oneof_kind::list(_) => "list",
         Response_oneof_kind::status(_) => "status",
+        Response_oneof_kind::backup(_) => "backup",
+        Response_oneof_kind::member(_) => "member",
+        Response_oneof_kind::leader_transfer(_) => "leader transfer",
     };
     ClientError::Internal(format!("a {call} request was answered with a {got} response"))
 }

@@ -34,18 +34,22 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod backup;
 mod client;
 mod config;
 mod connection;
 mod error;
 mod guard;
+mod members;
 mod renewer;
 mod types;
 
+pub use backup::BackupInfo;
 pub use client::Client;
 pub use config::{ClientConfig, TlsConfig, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY_FOR};
 pub use error::ClientError;
 pub use guard::LockGuard;
+pub use members::Membership;
 pub use types::{Grant, LockInfo, Member, NodeStatus};
 
 #[cfg(test)]

@@ -51,8 +51,21 @@ pub struct Member {
     /// last election timeout (always true of itself). A leader hears from
     /// every member that can reach it; a follower only from its leader.
     pub reachable: bool,
-    /// `voter` or `learner`.
+    /// `voter` or `learner` (`voter (joining)`, `voter (leaving)` while a
+    /// joint change is under way).
     pub role: String,
+}
+
+impl From<fencelock_types::client_pb::Member> for Member {
+    fn from(member: fencelock_types::client_pb::Member) -> Member {
+        Member {
+            id: member.id,
+            peer_addr: member.peer_addr,
+            client_addr: member.client_addr,
+            reachable: member.reachable,
+            role: member.role,
+        }
+    }
 }
 
 /// One node's view of itself and the cluster.
@@ -105,17 +118,7 @@ impl From<client_pb::StatusResponse> for NodeStatus {
             snapshot_bytes: status.snapshot_bytes,
             locks: status.locks,
             last_token: status.last_token,
-            members: status
-                .members
-                .into_iter()
-                .map(|member| Member {
-                    id: member.id,
-                    peer_addr: member.peer_addr,
-                    client_addr: member.client_addr,
-                    reachable: member.reachable,
-                    role: member.role,
-                })
-                .collect(),
+            members: status.members.into_iter().map(Member::from).collect(),
             rejoining: status.rejoining,
             cluster_id: status.cluster_id,
             starting: status.starting,

@@ -21,6 +21,9 @@
 //! - Lock outcomes are values in [`ApplyResult`]; `apply` never fails and
 //!   never panics on a command, however it was decoded. Bytes that are not a
 //!   valid command give [`ApplyResult::Invalid`], the same on every replica.
+//! - The member directory (where each member added by a membership change is
+//!   reached) is data the replica records as it applies those changes; the
+//!   table never interprets it. It travels in the snapshot.
 //! - Leases are lengths here, not deadlines: this crate never reads a clock.
 //!   A lock leaves the table only by a committed Release or Expire.
 //!
@@ -61,7 +64,7 @@
 
 mod snapshot;
 
-pub use snapshot::{SnapshotError, SNAPSHOT_VERSION};
+pub use snapshot::{SnapshotError, MEMBER_ADDR_MAX, SNAPSHOT_VERSION};
 
 use imbl::OrdMap;
 use std::ops::Bound;
@@ -80,6 +83,14 @@ pub struct Lock {
     pub lease_ms: LeaseMs,
 }
 
+/// Where a member is reached: its peer port and its client port, each
+/// `HOST:PORT`, as the membership change that added it said.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberAddrs {
+    pub peer_addr: String,
+    pub client_addr: String,
+}
+
 /// The replicated lock table.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LockTable {
@@ -94,6 +105,8 @@ pub struct LockTable {
     /// Locks held per owner identity ([`Owner::identity`]), for quotas.
     /// Derived from `locks`: not in the snapshot.
     identities: OrdMap<Vec<u8>, usize>,
+    /// The member directory, by node id.
+    members: OrdMap<u64, MemberAddrs>,
 }
 
 impl LockTable {
@@ -186,6 +199,35 @@ impl LockTable {
     /// The last token issued, `None` before the first grant.
     pub fn last_token(&self) -> Option<FencingToken> {
         self.last_token
+    }
+
+    /// Records where member `id` is reached (a membership change applied).
+    pub fn set_member(&mut self, id: u64, addrs: MemberAddrs) {
+        self.members.insert(id, addrs);
+    }
+
+    /// Forgets member `id` (its removal applied).
+    pub fn remove_member(&mut self, id: u64) {
+        self.members.remove(&id);
+    }
+
+    /// Where member `id` is reached, if a membership change said.
+    pub fn member(&self, id: u64) -> Option<&MemberAddrs> {
+        self.members.get(&id)
+    }
+
+    /// The member directory, by ascending id.
+    pub fn members(&self) -> impl Iterator<Item = (u64, &MemberAddrs)> + '_ {
+        self.members.iter().map(|(id, addrs)| (*id, addrs))
+    }
+
+    /// This table as a new cluster starts from it (`fencelockd --restore`):
+    /// the locks and the token counter, without the old cluster's id (the
+    /// new cluster's first leader names it, and raises the counter to its
+    /// token floor) and without its member directory (the new cluster's
+    /// members are its own).
+    pub fn for_restore(&self) -> LockTable {
+        LockTable { cluster_id: None, members: OrdMap::new(), ..self.clone() }
     }
 
     fn grant(&mut self, key: Key, lease_ms: LeaseMs, owner: Owner) -> ApplyResult {

@@ -22,7 +22,11 @@ use imbl::OrdMap;
 use fencelock_types::{pb, ClusterId, FencingToken, InvalidReason, Key, LeaseMs, Owner};
 use protobuf::Message;
 
-use crate::{Lock, LockTable};
+use crate::{Lock, LockTable, MemberAddrs};
+
+/// The longest member address a snapshot may hold (a host name of 253
+/// bytes, a colon and a port, with room to spare).
+pub const MEMBER_ADDR_MAX: usize = 300;
 
 /// The snapshot format version this build writes. It reads this one only.
 pub const SNAPSHOT_VERSION: u16 = 1;
@@ -57,6 +61,8 @@ pub enum SnapshotError {
     TokenPastLast { index: usize, token: FencingToken },
     #[error("the cluster id is not {} bytes", fencelock_types::CLUSTER_ID_LEN)]
     BadClusterId,
+    #[error("member record {index} is invalid: {reason}")]
+    InvalidMember { index: usize, reason: &'static str },
 }
 
 impl LockTable {
@@ -123,6 +129,15 @@ impl LockTable {
         if let Some(id) = &self.cluster_id {
             out.write_bytes(3, id.as_bytes())?;
         }
+        for (id, addrs) in &self.members {
+            let record = pb::MemberRecord {
+                id: *id,
+                peer_addr: addrs.peer_addr.clone(),
+                client_addr: addrs.client_addr.clone(),
+                ..Default::default()
+            };
+            out.write_message(4, &record)?;
+        }
         out.flush()
     }
 
@@ -167,7 +182,25 @@ impl LockTable {
                 }
             }
         }
-        Ok(LockTable { locks: OrdMap::from_iter(locks), last_token, cluster_id, identities })
+        let mut members = OrdMap::new();
+        for (index, record) in snapshot.members.into_iter().enumerate() {
+            let invalid = |reason| SnapshotError::InvalidMember { index, reason };
+            if record.id == 0 {
+                return Err(invalid("node id 0"));
+            }
+            if members.keys().next_back().is_some_and(|last| *last >= record.id) {
+                return Err(invalid("out of id order"));
+            }
+            let addr_ok = |addr: &str| !addr.is_empty() && addr.len() <= MEMBER_ADDR_MAX;
+            if !addr_ok(&record.peer_addr) || !addr_ok(&record.client_addr) {
+                return Err(invalid("an address is empty or too long"));
+            }
+            members.insert(
+                record.id,
+                MemberAddrs { peer_addr: record.peer_addr, client_addr: record.client_addr },
+            );
+        }
+        Ok(LockTable { locks: OrdMap::from_iter(locks), last_token, cluster_id, identities, members })
     }
 }
 

@@ -7,7 +7,7 @@ use fencelock_types::{
 use proptest::prelude::*;
 use protobuf::Message;
 
-use crate::{LockTable, SnapshotError};
+use crate::{LockTable, MemberAddrs, SnapshotError};
 
 fn key(name: &str) -> Key {
     Key::new(name.as_bytes().to_vec()).unwrap()
@@ -404,6 +404,85 @@ fn the_first_cluster_id_stays_and_snapshots_keep_it() {
 }
 
 #[test]
+fn a_table_for_restore_keeps_locks_and_counter_and_drops_cluster_id_and_members() {
+    let mut table = sample_table();
+    table.apply(Command::Bootstrap { cluster_id: ClusterId::new([7; 16]), token_floor: 500 });
+    let granted_after = granted(&mut table, "e", "o4");
+    table.set_member(4, crate::MemberAddrs { peer_addr: "n4:7001".into(), client_addr: "n4:7101".into() });
+    let seed = table.for_restore();
+    assert_eq!(seed.cluster_id(), None);
+    assert_eq!(seed.members().count(), 0);
+    assert_eq!(seed.last_token(), Some(granted_after));
+    let locks =
+        |t: &LockTable| t.list(b"", usize::MAX).map(|(k, l)| (k.clone(), l.clone())).collect::<Vec<_>>();
+    assert_eq!(locks(&seed), locks(&table));
+    assert_eq!(seed.len(), 4);
+    assert_eq!(seed.locks_of(b"o1"), table.locks_of(b"o1"));
+    // It survives its own snapshot (what a restored node stores).
+    let restored = LockTable::restore(&seed.snapshot()).unwrap();
+    assert_eq!(restored, seed);
+    // The original is untouched.
+    assert_eq!(table.cluster_id(), Some(ClusterId::new([7; 16])));
+    assert_eq!(table.members().count(), 1);
+    // The new cluster's Bootstrap names it and raises the counter above
+    // the saved one only if its floor is higher.
+    let mut founded = seed.clone();
+    founded.apply(Command::Bootstrap { cluster_id: ClusterId::new([8; 16]), token_floor: 1 });
+    assert_eq!(founded.last_token(), Some(granted_after));
+    assert_eq!(founded.cluster_id(), Some(ClusterId::new([8; 16])));
+    let mut floored = seed;
+    floored.apply(Command::Bootstrap { cluster_id: ClusterId::new([9; 16]), token_floor: 10_000 });
+    assert_eq!(granted(&mut floored, "f", "o5").get(), 10_001);
+}
+
+#[test]
+fn the_member_directory_travels_in_the_snapshot_and_bad_records_are_refused() {
+    let mut table = sample_table();
+    let addrs = |peer: &str, client: &str| MemberAddrs { peer_addr: peer.into(), client_addr: client.into() };
+    let before = table.snapshot();
+    table.set_member(4, addrs("node-4:7001", "node-4:7101"));
+    table.set_member(2, addrs("10.0.0.2:7001", "10.0.0.2:7101"));
+    table.set_member(4, addrs("node-4b:7001", "node-4b:7101"));
+    let restored = LockTable::restore(&table.snapshot()).unwrap();
+    assert_eq!(restored, table);
+    let members: Vec<(u64, &MemberAddrs)> = restored.members().collect();
+    assert_eq!(
+        members,
+        vec![(2, &addrs("10.0.0.2:7001", "10.0.0.2:7101")), (4, &addrs("node-4b:7001", "node-4b:7101"))]
+    );
+    table.remove_member(4);
+    table.remove_member(2);
+    // A table whose directory is empty again encodes as before it had one.
+    assert_eq!(table.snapshot(), before);
+
+    let record = |id, peer: &str, client: &str| pb::MemberRecord {
+        id,
+        peer_addr: peer.into(),
+        client_addr: client.into(),
+        ..Default::default()
+    };
+    let body =
+        |members: Vec<pb::MemberRecord>| pb::TableSnapshot { members: members.into(), ..Default::default() };
+    assert!(
+        LockTable::restore(&framed(&body(vec![record(1, "a:1", "a:2"), record(2, "b:1", "b:2")]))).is_ok()
+    );
+    let long = "h".repeat(crate::MEMBER_ADDR_MAX + 1);
+    for (members, index) in [
+        (vec![record(0, "a:1", "a:2")], 0),
+        (vec![record(2, "a:1", "a:2"), record(1, "b:1", "b:2")], 1),
+        (vec![record(1, "a:1", "a:2"), record(1, "b:1", "b:2")], 1),
+        (vec![record(1, "", "a:2")], 0),
+        (vec![record(1, "a:1", &long)], 0),
+    ] {
+        let refused = LockTable::restore(&framed(&body(members)));
+        assert!(
+            matches!(refused, Err(SnapshotError::InvalidMember { index: at, .. }) if at == index),
+            "{refused:?}"
+        );
+    }
+}
+
+#[test]
 fn snapshot_header_errors_are_specific() {
     let bytes = sample_table().snapshot();
     let mut magic = bytes.clone();
@@ -581,22 +660,38 @@ fn arb_snapshot_body() -> impl Strategy<Value = pb::TableSnapshot> {
     );
     let tokens = prop::collection::btree_set(arb_varint(63), 0..=20);
     let cluster_id = prop::option::of(any::<[u8; 16]>());
-    (records, tokens, arb_varint(20), cluster_id).prop_map(|(records, tokens, extra, cluster_id)| {
-        let last_token = tokens.iter().max().map_or(extra, |max| max + extra);
-        let locks = records
-            .into_iter()
-            .zip(tokens.into_iter().rev())
-            .map(|((key, (owner, lease_ms)), token)| pb::LockRecord {
-                key,
-                token,
-                owner,
-                lease_ms,
-                ..Default::default()
-            })
-            .collect();
-        let cluster_id = cluster_id.map_or_else(Vec::new, |id| id.to_vec());
-        pb::TableSnapshot { last_token, locks, cluster_id, ..Default::default() }
-    })
+    let members = prop::collection::btree_map(
+        arb_varint(64),
+        ("[a-z0-9.-]{1,40}:[0-9]{1,5}", "[a-z0-9.]{1,40}:[0-9]{1,5}"),
+        0..6,
+    );
+    (records, tokens, arb_varint(20), cluster_id, members).prop_map(
+        |(records, tokens, extra, cluster_id, members)| {
+            let last_token = tokens.iter().max().map_or(extra, |max| max + extra);
+            let locks = records
+                .into_iter()
+                .zip(tokens.into_iter().rev())
+                .map(|((key, (owner, lease_ms)), token)| pb::LockRecord {
+                    key,
+                    token,
+                    owner,
+                    lease_ms,
+                    ..Default::default()
+                })
+                .collect();
+            let cluster_id = cluster_id.map_or_else(Vec::new, |id| id.to_vec());
+            let members = members
+                .into_iter()
+                .map(|(id, (peer_addr, client_addr))| pb::MemberRecord {
+                    id,
+                    peer_addr,
+                    client_addr,
+                    ..Default::default()
+                })
+                .collect();
+            pb::TableSnapshot { last_token, locks, cluster_id, members, ..Default::default() }
+        },
+    )
 }
 
 proptest! {

@@ -36,7 +36,8 @@ pub const ENTRIES_MAX: usize = 1 << 20;
 pub enum Refusal {
     /// Addressed to another node.
     NotForThisNode,
-    /// From this node itself, or from a node that is not a voter.
+    /// From this node itself, or from a node that is not a member of its
+    /// configuration.
     NotAPeer,
     /// A type peers never send: local ones (`MsgHup`, `MsgBeat`...), and
     /// proposals, read requests and leadership transfers, which fencelock
@@ -48,7 +49,8 @@ pub enum Refusal {
     /// An index past [`INDEX_MAX`], or an append whose entries do not
     /// follow its index one by one with terms in order, or too many.
     BadEntries,
-    /// A log entry fencelock never proposes (a membership change).
+    /// A log entry fencelock never proposes: a version-1 conf change, or a
+    /// version-2 one that does not decode or is out of bounds.
     ForbiddenEntry,
     /// An acknowledgement of an index past this node's last one (or a
     /// rejection hinting past it, or asking for a snapshot).
@@ -57,8 +59,8 @@ pub enum Refusal {
     /// its own log is not yet durable (raft-rs would assert), a
     /// `MsgTimeoutNow` not from its leader in its term.
     NotNow,
-    /// A snapshot that does not restore, whose voters are not this
-    /// cluster's, that is not ahead of this node's commit, or whose
+    /// A snapshot that does not restore, whose configuration raft-rs could
+    /// not restore, that is not ahead of this node's commit, or whose
     /// fencing tokens are behind this node's.
     BadSnapshot,
 }
@@ -228,8 +230,10 @@ pub fn check_with(message: &Message, local: &Local<'_>, table: Option<&LockTable
             return Err(Refusal::BadTerm);
         }
         previous_term = entry.term;
-        if entry.get_entry_type() != EntryType::EntryNormal {
-            return Err(Refusal::ForbiddenEntry);
+        match entry.get_entry_type() {
+            EntryType::EntryNormal => {}
+            EntryType::EntryConfChangeV2 if conf_change_decodes(entry) => {}
+            _ => return Err(Refusal::ForbiddenEntry),
         }
     }
     match kind {
@@ -266,18 +270,8 @@ fn check_snapshot(message: &Message, local: &Local<'_>, table: Option<&LockTable
         return Err(Refusal::BadTerm);
     }
     // raft-rs restores the snapshot's configuration and dies on one it
-    // cannot; fencelock's voters never change.
-    let conf_state = metadata.get_conf_state();
-    let mut voters = conf_state.voters.clone();
-    voters.sort_unstable();
-    let mut ours: Vec<u64> = local.voters.iter().map(|voter| voter.0).collect();
-    ours.sort_unstable();
-    if voters != ours
-        || !conf_state.learners.is_empty()
-        || !conf_state.voters_outgoing.is_empty()
-        || !conf_state.learners_next.is_empty()
-        || conf_state.auto_leave
-    {
+    // cannot.
+    if !conf_state_restores(metadata.get_conf_state()) {
         return Err(Refusal::BadSnapshot);
     }
     let restored;
@@ -296,6 +290,99 @@ fn check_snapshot(message: &Message, local: &Local<'_>, table: Option<&LockTable
         return Err(Refusal::BadSnapshot);
     }
     Ok(())
+}
+
+/// The most members a configuration may name: far beyond any real
+/// cluster, and a bound on the work of checking one.
+pub const MEMBERS_MAX: usize = 64;
+
+/// Whether a conf-change entry is one fencelock proposes: a `ConfChangeV2`
+/// of at most [`MEMBERS_MAX`] changes, none of node 0, and a context that is
+/// a `ConfChangeContext` (or empty: raft-rs's own entry that leaves a joint
+/// configuration). Whether raft takes the change is decided when it
+/// applies, alike on every replica.
+fn conf_change_decodes(entry: &raft::prelude::Entry) -> bool {
+    use protobuf::Message as _;
+    let Ok(change) = raft::prelude::ConfChangeV2::parse_from_bytes(&entry.data) else { return false };
+    let context_ok = entry.context.is_empty()
+        || fencelock_types::pb::ConfChangeContext::parse_from_bytes(&entry.context)
+            .is_ok_and(|context| context.members.len() <= MEMBERS_MAX);
+    context_ok
+        && change.get_changes().len() <= MEMBERS_MAX
+        && change.get_changes().iter().all(|single| single.node_id != 0)
+}
+
+/// Whether raft-rs can restore `conf_state` (it dies on one it cannot):
+/// the same steps as its own restore, on an empty tracker.
+pub fn conf_state_restores(conf_state: &raft::prelude::ConfState) -> bool {
+    use raft::prelude::{ConfChangeSingle, ConfChangeType};
+    let single =
+        |node_id: u64, change_type: ConfChangeType| raft_proto::new_conf_change_single(node_id, change_type);
+    let named = conf_state.voters.len()
+        + conf_state.learners.len()
+        + conf_state.voters_outgoing.len()
+        + conf_state.learners_next.len();
+    if conf_state.voters.is_empty() || named > 4 * MEMBERS_MAX {
+        return false;
+    }
+    let all = || {
+        conf_state
+            .voters
+            .iter()
+            .chain(&conf_state.learners)
+            .chain(&conf_state.voters_outgoing)
+            .chain(&conf_state.learners_next)
+    };
+    if all().any(|id| *id == 0) {
+        return false;
+    }
+    let outgoing: Vec<ConfChangeSingle> =
+        conf_state.voters_outgoing.iter().map(|id| single(*id, ConfChangeType::AddNode)).collect();
+    let incoming: Vec<ConfChangeSingle> = conf_state
+        .voters_outgoing
+        .iter()
+        .map(|id| single(*id, ConfChangeType::RemoveNode))
+        .chain(conf_state.voters.iter().map(|id| single(*id, ConfChangeType::AddNode)))
+        .chain(
+            conf_state
+                .learners
+                .iter()
+                .chain(&conf_state.learners_next)
+                .map(|id| single(*id, ConfChangeType::AddLearnerNode)),
+        )
+        .collect();
+    let mut tracker = raft::ProgressTracker::new(1);
+    let mut apply = |changes: &[ConfChangeSingle], joint: bool| -> bool {
+        let changed = match joint {
+            true => raft::Changer::new(&tracker).enter_joint(conf_state.auto_leave, changes),
+            false => raft::Changer::new(&tracker).simple(changes),
+        };
+        match changed {
+            Ok((conf, changes)) => {
+                tracker.apply_conf(conf, changes, 1);
+                true
+            }
+            Err(_) => false,
+        }
+    };
+    let restored = if outgoing.is_empty() {
+        incoming.iter().all(|change| apply(std::slice::from_ref(change), false))
+    } else {
+        outgoing.iter().all(|change| apply(std::slice::from_ref(change), false)) && apply(&incoming, true)
+    };
+    // And it restores to what it says (a voter named a learner too would
+    // quietly become one).
+    let sorted = |ids: &[u64]| {
+        let mut ids = ids.to_vec();
+        ids.sort_unstable();
+        ids
+    };
+    let got = tracker.conf().to_conf_state();
+    restored
+        && sorted(&got.voters) == sorted(&conf_state.voters)
+        && sorted(&got.learners) == sorted(&conf_state.learners)
+        && sorted(&got.voters_outgoing) == sorted(&conf_state.voters_outgoing)
+        && sorted(&got.learners_next) == sorted(&conf_state.learners_next)
 }
 
 #[cfg(test)]

@@ -193,14 +193,77 @@ fn entries_that_do_not_follow_their_index_in_order_are_refused() {
 }
 
 #[test]
-fn a_membership_change_entry_is_refused() {
-    for kind in [EntryType::EntryConfChange, EntryType::EntryConfChangeV2] {
+fn only_decodable_version_2_membership_changes_pass() {
+    use protobuf::Message as _;
+    use raft::prelude::{ConfChangeSingle, ConfChangeType, ConfChangeV2};
+    let with = |kind: EntryType, data: Vec<u8>, context: Vec<u8>| {
         let mut change = append();
         let mut entry = entry(11, 3);
         entry.set_entry_type(kind);
+        entry.data = data.into();
+        entry.context = context.into();
         change.set_entries(vec![entry].into());
-        assert_eq!(check(&change, &local()), Err(Refusal::ForbiddenEntry), "{kind:?}");
-    }
+        check(&change, &local())
+    };
+    let change_of = |ids: &[u64]| {
+        let mut change = ConfChangeV2::default();
+        let singles: Vec<ConfChangeSingle> = ids
+            .iter()
+            .map(|id| raft_proto::new_conf_change_single(*id, ConfChangeType::AddLearnerNode))
+            .collect();
+        change.set_changes(singles.into());
+        change.write_to_bytes().unwrap()
+    };
+    let context = fencelock_types::pb::ConfChangeContext::default().write_to_bytes().unwrap();
+    assert_eq!(with(EntryType::EntryConfChangeV2, change_of(&[4]), context.clone()), Ok(()));
+    // raft-rs's own entry to leave a joint configuration: empty.
+    assert_eq!(with(EntryType::EntryConfChangeV2, Vec::new(), Vec::new()), Ok(()));
+    // Version 1, never proposed; garbage; node 0; too many changes; a
+    // context that is not one.
+    assert_eq!(with(EntryType::EntryConfChange, Vec::new(), Vec::new()), Err(Refusal::ForbiddenEntry));
+    assert_eq!(with(EntryType::EntryConfChangeV2, vec![0xff; 7], Vec::new()), Err(Refusal::ForbiddenEntry));
+    assert_eq!(with(EntryType::EntryConfChangeV2, change_of(&[0]), Vec::new()), Err(Refusal::ForbiddenEntry));
+    let many: Vec<u64> = (1..=super::MEMBERS_MAX as u64 + 1).collect();
+    assert_eq!(
+        with(EntryType::EntryConfChangeV2, change_of(&many), Vec::new()),
+        Err(Refusal::ForbiddenEntry)
+    );
+    assert_eq!(
+        with(EntryType::EntryConfChangeV2, change_of(&[4]), vec![0xff; 9]),
+        Err(Refusal::ForbiddenEntry)
+    );
+}
+
+#[test]
+fn a_snapshot_configuration_raft_could_not_restore_is_refused() {
+    use raft::prelude::ConfState;
+    let conf = |voters: Vec<u64>, learners: Vec<u64>, outgoing: Vec<u64>, learners_next: Vec<u64>| {
+        let mut conf = ConfState::from((voters, learners));
+        conf.voters_outgoing = outgoing;
+        conf.learners_next = learners_next;
+        conf
+    };
+    // What membership changes make.
+    assert!(super::conf_state_restores(&conf(vec![1, 2, 3], vec![], vec![], vec![])));
+    assert!(super::conf_state_restores(&conf(vec![1, 2, 3], vec![4, 5], vec![], vec![])));
+    assert!(super::conf_state_restores(&conf(vec![1, 2, 4], vec![], vec![1, 2, 3], vec![])));
+    assert!(super::conf_state_restores(&conf(vec![1, 2], vec![], vec![1, 2, 3], vec![3])));
+    // No voters; node 0; a voter that is a learner too; a learner-next not
+    // an outgoing voter; too many members.
+    assert!(!super::conf_state_restores(&conf(vec![], vec![4], vec![], vec![])));
+    assert!(!super::conf_state_restores(&conf(vec![0, 1], vec![], vec![], vec![])));
+    assert!(!super::conf_state_restores(&conf(vec![1, 2], vec![2], vec![], vec![])));
+    assert!(!super::conf_state_restores(&conf(vec![1, 2], vec![], vec![], vec![3])));
+    let many: Vec<u64> = (1..=4 * super::MEMBERS_MAX as u64 + 1).collect();
+    assert!(!super::conf_state_restores(&conf(many, vec![], vec![], vec![])));
+
+    let mut learner_and_voter = snapshot(5, vec![1, 2, 3]);
+    learner_and_voter.mut_snapshot().mut_metadata().mut_conf_state().learners = vec![3];
+    assert_eq!(check(&learner_and_voter, &local()), Err(Refusal::BadSnapshot));
+    // A grown cluster's snapshot passes.
+    let mut grown = snapshot(5, vec![1, 2, 3, 4]);
+    grown.mut_snapshot().mut_metadata().mut_conf_state().learners = vec![5];
+    assert_eq!(check(&grown, &local()), Ok(()));
 }
 
 #[test]
@@ -256,12 +319,8 @@ fn a_snapshot_that_would_erase_locks_or_move_tokens_back_is_refused() {
     // Tokens behind this node's 5: a forged empty table.
     assert_eq!(check(&snapshot(0, vec![1, 2, 3]), &local()), Err(Refusal::BadSnapshot));
     assert_eq!(check(&snapshot(4, vec![1, 2, 3]), &local()), Err(Refusal::BadSnapshot));
-    // Another cluster's voters, or learners raft-rs would try to restore.
-    assert_eq!(check(&snapshot(5, vec![1, 2]), &local()), Err(Refusal::BadSnapshot));
-    assert_eq!(check(&snapshot(5, vec![1, 2, 3, 4]), &local()), Err(Refusal::BadSnapshot));
-    let mut learners = snapshot(5, vec![1, 2, 3]);
-    learners.mut_snapshot().mut_metadata().mut_conf_state().learners = vec![4];
-    assert_eq!(check(&learners, &local()), Err(Refusal::BadSnapshot));
+    // A configuration raft-rs could not restore.
+    assert_eq!(check(&snapshot(5, vec![]), &local()), Err(Refusal::BadSnapshot));
     // Not ahead of the commit index.
     let mut old = snapshot(5, vec![1, 2, 3]);
     old.mut_snapshot().mut_metadata().index = 8;

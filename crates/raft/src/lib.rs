@@ -59,14 +59,14 @@ mod worker;
 
 pub use node::{Action, ClientRequest, Event, Node, NodeConfig};
 pub use registry::{Answered, ConnId, Registry};
-pub use replica::{Effects, GrantRef, NodeStatus, Replica, Role, Stats};
+pub use replica::{Effects, GrantRef, NodeStatus, Replica, Role, Stats, PROMOTE_LAG_MAX, TRANSFER_WAIT_MS};
 pub use storage::{
     AsyncEngineStore, Durable, EngineStore, LogCache, MemStore, Persisted, Recovered, StorageError, Write,
     WriteBatch,
 };
 pub use types::{
-    AppliedEvent, Config, ConfigError, FatalError, NodeId, Query, Quota, Reply, RequestError, RequestId,
-    Response, RoleChange,
+    AppliedEvent, Config, ConfigError, FatalError, Member, MemberChange, MemberRole, NodeId, Query, Quota,
+    Reply, RequestError, RequestId, Response, RoleChange,
 };
 
 #[cfg(test)]

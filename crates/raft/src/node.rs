@@ -76,7 +76,9 @@ use crate::registry::{Answered, ConnId, Registry};
 use crate::rejoin::{self, PeerReport, Start};
 use crate::replica::{Effects, GrantRef, NodeStatus, Replica, SnapshotJob, Stats};
 use crate::storage::{Recovered, Write};
-use crate::types::{AppliedEvent, Config, FatalError, NodeId, Query, Reply, RequestError, RoleChange};
+use crate::types::{
+    AppliedEvent, Config, FatalError, Member, MemberChange, NodeId, Query, Reply, RequestError, RoleChange,
+};
 
 /// A node's settings.
 #[derive(Clone, Debug)]
@@ -104,6 +106,10 @@ pub enum ClientRequest {
     Read(Query),
     /// A read of this node's applied table, at once: it may be stale.
     ReadLocal(Query),
+    /// A membership change, on the leader.
+    ChangeMembers(MemberChange),
+    /// Hand leadership to this voter, on the leader.
+    TransferLeader(NodeId),
 }
 
 /// An input to the node. `T` is where an answer goes (a connection's
@@ -248,7 +254,11 @@ impl<T> Node<T> {
             last_heard: BTreeMap::new(),
             logger,
         };
-        if blank && node.config.driver.voters.len() > 1 {
+        if blank && node.config.driver.joining {
+            info!(node.logger, "empty store: joining the cluster as a learner";
+                "members" => ?node.config.driver.voters.iter().map(|voter| voter.0).collect::<Vec<_>>());
+            node.start(recovered, None)?;
+        } else if blank && node.config.driver.voters.len() > 1 {
             info!(node.logger, "empty store: asking the peers whether this node was a member before");
         } else {
             node.start(recovered, None)?;
@@ -357,6 +367,8 @@ impl<T> Node<T> {
                 replica.acquire(id, key, lease_ms, owner, wait_ms)
             }
             ClientRequest::Read(query) => replica.read(id, query),
+            ClientRequest::ChangeMembers(change) => replica.change_members(id, change),
+            ClientRequest::TransferLeader(to) => replica.transfer(id, to),
             ClientRequest::ReadLocal(_) => unreachable!("answered above"),
         }
     }
@@ -518,6 +530,17 @@ impl<T> Node<T> {
 
     /// The status at `now_ms`, with the members heard from within an
     /// election timeout; while the node is starting, the peers it waits for.
+    /// The members of the configuration this node applied (none while it
+    /// starts), and a number that moves whenever they change.
+    pub fn members(&self) -> Option<(u64, Vec<Member>)> {
+        self.replica().map(|replica| (replica.conf_version(), replica.members()))
+    }
+
+    /// The number that moves whenever [`Node::members`] change.
+    pub fn conf_version(&self) -> Option<u64> {
+        self.replica().map(Replica::conf_version)
+    }
+
     pub fn report(&self, now_ms: u64) -> NodeStatus {
         let id = self.config.driver.id;
         let Phase::Running(replica) = &self.phase else {

@@ -9,9 +9,14 @@ use fencelock_types::{
     decode_batch, encode_batch, pb, ApplyResult, ClusterId, Command, FencingToken, Key, LeaseMs, Owner,
 };
 use protobuf::Message as _;
-use raft::prelude::{ConfChange, ConfChangeV2, ConfState, Entry, EntryType, Message, MessageType, Snapshot};
+use raft::prelude::{ConfState, Entry, EntryType, Message, MessageType, Snapshot};
 use raft::{RawNode, SnapshotStatus, StateRole};
 use slog::{debug, info, warn, Logger};
+
+#[path = "membership.rs"]
+mod membership;
+
+pub use membership::{PROMOTE_LAG_MAX, TRANSFER_WAIT_MS};
 
 use crate::gate::{self, RefusalLog, Refusals};
 use crate::queue::{Pending, Requests};
@@ -274,6 +279,21 @@ pub struct Replica {
     effects: Effects,
     stats: Stats,
     refusal_log: RefusalLog,
+    /// The membership change this leader proposed and has not applied.
+    member_request: Option<RequestId>,
+    /// The leadership transfer waiting for its answer.
+    transfer: Option<membership::Transfer>,
+    /// The nodes the gate takes raft messages from
+    /// ([`membership::peers_of`]).
+    peers: Vec<NodeId>,
+    /// Bumped at every configuration change.
+    conf_version: u64,
+    /// A snapshot is wanted before the interval is up (a new member must
+    /// start from one: the initial configuration is in no log entry).
+    snapshot_wanted: bool,
+    /// This node applied its own removal, at this index, written by this
+    /// write: it stops once that write is durable.
+    removed: Option<(u64, u64)>,
 }
 
 impl std::fmt::Debug for Replica {
@@ -312,12 +332,17 @@ impl Replica {
             first_writes.push(disk.write(batch, false));
             membership_written_at = disk.submitted;
         }
-        if recovered.conf_state.is_none() {
+        if recovered.conf_state.is_none() && !config.joining {
             let conf_state = ConfState::from((config.voters.iter().map(|v| v.0).collect::<Vec<_>>(), vec![]));
             let batch = WriteBatch { conf_state: Some(conf_state.clone()), ..Default::default() };
             first_writes.push(disk.write(batch, false));
             recovered.conf_state = Some(conf_state);
         }
+        let conf_state = recovered.conf_state.clone().unwrap_or_default();
+        if conf_state != ConfState::default() && !membership::holds(&conf_state, config.id.0) {
+            return Err(FatalError::Removed { index: recovered.snapshot.get_metadata().index });
+        }
+        let peers = membership::peers_of(&conf_state, &config.voters);
         let table = if recovered.snapshot.get_metadata().index == 0 {
             LockTable::new()
         } else {
@@ -384,6 +409,12 @@ impl Replica {
             effects: Effects { writes: first_writes, ..Effects::default() },
             stats: Stats::default(),
             refusal_log: RefusalLog::default(),
+            member_request: None,
+            transfer: None,
+            peers,
+            conf_version: 0,
+            snapshot_wanted: false,
+            removed: None,
         };
         replica.check_rejoined();
         Ok(replica)
@@ -559,7 +590,7 @@ impl Replica {
         let raft = &self.raw.raft;
         let local = gate::Local {
             id: self.id,
-            voters: &self.config.voters,
+            voters: &self.peers,
             term: raft.term,
             leader: raft.leader_id,
             last_index: raft.raft_log.last_index(),
@@ -586,6 +617,12 @@ impl Replica {
             // appends commit the same entries a moment later.
             message.commit = 0;
             message.commit_term = 0;
+        }
+        if self.refuse_append_while_joining(&message) {
+            return true;
+        }
+        if self.restart_replication(&message) {
+            return true;
         }
         if self.membership.known.insert(message.from) {
             self.membership_dirty = true;
@@ -620,6 +657,42 @@ impl Replica {
             return true;
         }
         self.step_checked(message);
+        true
+    }
+
+    /// On the leader: the answer a follower gives a heartbeat that commits
+    /// past its log (see [`Replica::step_gated`]), a rejection at
+    /// [`gate::INDEX_MAX`] hinting at its last index. It lost entries it
+    /// had acknowledged (its data directory): raft-rs would never send
+    /// them again (it never backs off below what it counts as matched), so
+    /// the count is lowered to the follower's log and replication starts
+    /// again from there. Lowering it only slows commits, never speeds them.
+    /// True when the message was this answer.
+    fn restart_replication(&mut self, message: &Message) -> bool {
+        let raft = &mut self.raw.raft;
+        if raft.state != StateRole::Leader
+            || message.get_msg_type() != MessageType::MsgAppendResponse
+            || !message.reject
+            || message.index != gate::INDEX_MAX
+            || message.term != raft.term
+        {
+            return false;
+        }
+        let from = message.from;
+        let lowered = match raft.mut_prs().get_mut(from) {
+            Some(progress) if message.reject_hint < progress.matched => {
+                let matched = progress.matched;
+                progress.matched = message.reject_hint;
+                progress.become_probe();
+                Some(matched)
+            }
+            _ => None,
+        };
+        if let Some(matched) = lowered {
+            warn!(self.logger, "a follower no longer holds entries it acknowledged: replicating again from its log's end";
+                "from" => from, "acknowledged" => matched, "its_last_index" => message.reject_hint);
+            raft.send_append(from);
+        }
         true
     }
 
@@ -716,12 +789,20 @@ impl Replica {
     /// are made (what may not is held until [`Replica::on_persisted`]).
     /// An error is fatal: drop the replica.
     pub fn run_ready(&mut self) -> Result<(), FatalError> {
+        if let Some((index, write)) = self.removed {
+            if self.disk.durable >= write {
+                return Err(FatalError::Removed { index });
+            }
+        }
         self.notice_role_change();
         self.time_out_waiters();
+        self.check_transfer();
         self.ask_parked_reads();
         self.propose_expiries();
         self.propose_ready_requests();
         self.handle_ready()?;
+        self.notice_role_change();
+        self.check_transfer();
         // A decoded snapshot is installed by the ready right after its
         // message: one still here was not (raft ignored the message, say,
         // for an old term), and may be a large table to let go of.
@@ -746,6 +827,7 @@ impl Replica {
     pub fn has_ready(&self) -> bool {
         self.raw.has_ready()
             || !self.effects.is_empty()
+            || self.removed.is_some_and(|(_, write)| self.disk.durable >= write)
             || self.leader_ready && (self.requests.has_ready() || !self.reads_before_ready.is_empty())
     }
 
@@ -1157,6 +1239,7 @@ impl Replica {
         for id in std::mem::take(&mut self.reads).into_keys() {
             self.reply(id, Err(RequestError::NotLeader { leader_hint }));
         }
+        self.fail_member_requests();
         self.reads_at_index.clear();
         self.reads_before_ready.clear();
         self.last_expiry_scan_ms = None;
@@ -1306,7 +1389,9 @@ impl Replica {
         // Which grant each lock is, is not in a snapshot: a ghost release
         // from before finds no match and is dropped (the lease runs out).
         self.grant_index.clear();
+        let conf_state = snapshot.get_metadata().get_conf_state().clone();
         self.raw.mut_store().install_snapshot(snapshot);
+        self.conf_changed(&conf_state);
         self.stats.snapshots_installed += 1;
         self.restore_leases();
         self.effects.applied.push((index, AppliedEvent::Restored));
@@ -1318,8 +1403,11 @@ impl Replica {
             match entry.get_entry_type() {
                 EntryType::EntryNormal if entry.data.is_empty() => {}
                 EntryType::EntryNormal => self.apply_commands(&entry),
-                EntryType::EntryConfChange => self.apply_conf_change::<ConfChange>(&entry)?,
-                EntryType::EntryConfChangeV2 => self.apply_conf_change::<ConfChangeV2>(&entry)?,
+                // Never proposed; refused by the gate. Skipped alike everywhere.
+                EntryType::EntryConfChange => {
+                    warn!(self.logger, "skipping a version-1 conf change"; "index" => entry.index)
+                }
+                EntryType::EntryConfChangeV2 => self.apply_conf_change_v2(&entry)?,
             }
             self.stats.entries_applied += 1;
             self.table_index = entry.index;
@@ -1346,28 +1434,6 @@ impl Replica {
                     self.requests.insert_first(id, Pending::new(vec![bootstrap], true, None, None));
                 }
             }
-        }
-        Ok(())
-    }
-
-    /// Applies a conf-change entry of either version. One that does not
-    /// decode, or that raft refuses, is logged and skipped alike on every
-    /// replica.
-    fn apply_conf_change<C>(&mut self, entry: &Entry) -> Result<(), FatalError>
-    where
-        C: raft_proto::ConfChangeI + protobuf::Message + Default,
-    {
-        let mut change = C::default();
-        if let Err(err) = change.merge_from_bytes(&entry.data) {
-            warn!(self.logger, "undecodable conf change"; "index" => entry.index, "error" => %err);
-            return Ok(());
-        }
-        match self.raw.apply_conf_change(&change) {
-            Ok(conf_state) => {
-                self.write(WriteBatch { conf_state: Some(conf_state.clone()), ..Default::default() });
-                self.raw.mut_store().set_conf_state(conf_state);
-            }
-            Err(err) => warn!(self.logger, "conf change refused"; "error" => %err),
         }
         Ok(())
     }
@@ -1499,6 +1565,8 @@ impl Replica {
             Query::List { prefix, limit } => Response::List(
                 self.table.list(&prefix, limit).map(|(key, lock)| (key.clone(), lock.clone())).collect(),
             ),
+            Query::Table => Response::Table { table: self.table.clone(), index: self.table_index },
+            Query::Members => self.members_response(),
         }
     }
 
@@ -1524,10 +1592,12 @@ impl Replica {
     fn maybe_snapshot(&mut self) -> Result<(), FatalError> {
         let applied = self.raw.raft.raft_log.applied;
         let cache = self.raw.store();
-        if self.encoding.is_some() || applied < cache.snapshot_index() + self.config.snapshot_interval_entries
-        {
+        let due = applied >= cache.snapshot_index() + self.config.snapshot_interval_entries
+            || self.snapshot_wanted && applied > cache.snapshot_index();
+        if self.encoding.is_some() || !due {
             return Ok(());
         }
+        self.snapshot_wanted = false;
         // The table reflects `applied` exactly: entries apply only here.
         debug_assert_eq!(self.table_index, applied);
         let term = raft::Storage::term(cache, applied)?;

@@ -76,6 +76,9 @@ struct Net<D: TestStore> {
     blocked: BTreeSet<(u64, i32)>,
     /// Nodes that neither send nor receive, as if stopped.
     down: BTreeSet<u64>,
+    /// Nodes stopped by a fatal error (removed from the cluster): they
+    /// take no more turns.
+    stopped: Vec<(u64, FatalError)>,
     replies: Vec<(u64, RequestId, crate::Reply)>,
 }
 
@@ -115,7 +118,14 @@ impl<D: TestStore + Clone> Net<D> {
                 Replica::open(config, store.clone().recover().unwrap(), &logger()).unwrap()
             })
             .collect();
-        Net { replicas, stores, blocked: BTreeSet::new(), down: BTreeSet::new(), replies: Vec::new() }
+        Net {
+            replicas,
+            stores,
+            blocked: BTreeSet::new(),
+            down: BTreeSet::new(),
+            stopped: Vec::new(),
+            replies: Vec::new(),
+        }
     }
 }
 
@@ -131,9 +141,20 @@ impl<D: TestStore> Net<D> {
     fn turn(&mut self) -> Result<bool, FatalError> {
         let mut messages = Vec::new();
         let mut busy = false;
-        for (replica, store) in self.replicas.iter_mut().zip(&mut self.stores) {
+        for (at, (replica, store)) in self.replicas.iter_mut().zip(&mut self.stores).enumerate() {
+            let id = at as u64 + 1;
+            if self.stopped.iter().any(|(stopped, _)| *stopped == id) {
+                continue;
+            }
             loop {
-                replica.run_ready()?;
+                match replica.run_ready() {
+                    Err(removed @ FatalError::Removed { .. }) => {
+                        self.stopped.push((id, removed));
+                        self.down.insert(id);
+                        break;
+                    }
+                    other => other?,
+                }
                 let mut effects = replica.take_effects();
                 // Encoded at once, as a worker thread would, a moment later.
                 if let Some(job) = effects.encode.take() {
@@ -1574,3 +1595,6 @@ fn a_waiter_over_its_quota_is_answered_and_the_key_goes_to_the_next() {
     assert!(applied_token(net.take_reply(RequestId(4))) > holder);
     assert_eq!(net.node(3).table().holder(b"hot").unwrap().owner, owner("patient"));
 }
+
+#[path = "membership_tests.rs"]
+mod membership;

@@ -2,7 +2,7 @@
 //! request ids, the settings, requests and their answers, what applied,
 //! role changes, and the errors that stop a node.
 
-use fencelock_fsm::Lock;
+use fencelock_fsm::{Lock, LockTable};
 use fencelock_types::{ApplyResult, ClusterId, FencingToken, Key, LeaseMs};
 
 use crate::storage::StorageError;
@@ -77,6 +77,11 @@ pub struct Config {
     pub cluster_id: ClusterId,
     /// How a node with a blank store starts (see [`crate::rejoin::decide`]).
     pub initial_cluster_state: crate::rejoin::ClusterState,
+    /// The node joins a running cluster that added it as a learner
+    /// (`fencelockd --join`): a blank store starts with no configuration
+    /// and learns it from the leader; `voters` are then the members the
+    /// cluster named, the only nodes it takes raft messages from until then.
+    pub joining: bool,
     /// The token floor this node founds a cluster with (see
     /// [`Command::Bootstrap`](fencelock_types::Command)): fencelockd sets
     /// its wall clock in microseconds since the epoch at start, so that a
@@ -115,6 +120,7 @@ impl Config {
             },
             token_floor: 0,
             initial_cluster_state: crate::rejoin::ClusterState::New,
+            joining: false,
         }
     }
 
@@ -140,7 +146,7 @@ impl Config {
         if self.id.0 == 0 {
             return invalid("node id 0 is reserved".into());
         }
-        if !self.voters.contains(&self.id) {
+        if !self.joining && !self.voters.contains(&self.id) {
             return invalid(format!("node {} is not among the voters {:?}", self.id.0, self.voters));
         }
         let mut voters = self.voters.clone();
@@ -200,6 +206,11 @@ pub enum Query {
     Check { key: Key, token: FencingToken },
     /// Up to `limit` locks whose keys start with `prefix`, in key order.
     List { prefix: Vec<u8>, limit: usize },
+    /// The whole table (a backup): a clone, O(1), for the asker to encode
+    /// off the node's thread.
+    Table,
+    /// The members of the configuration.
+    Members,
 }
 
 /// A successful answer to a request.
@@ -210,6 +221,73 @@ pub enum Response {
     Holder(Option<Lock>),
     Check(bool),
     List(Vec<(Key, Lock)>),
+    /// The table, as applied up to `index`.
+    Table {
+        table: LockTable,
+        index: u64,
+    },
+    /// The membership, as applied up to `index` (after a change: the
+    /// change's own entry).
+    Members {
+        members: Vec<Member>,
+        index: u64,
+    },
+    /// Leadership moved to this voter.
+    Transferred {
+        leader: NodeId,
+    },
+}
+
+/// A change of the cluster's membership: one raft conf change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemberChange {
+    /// Adds a node that takes the log but does not vote. `known`: where
+    /// the other members are reached, as the asking node knows (its
+    /// `--peers`): recorded for members the directory does not name yet
+    /// (those of the initial cluster), so that every member, the new one
+    /// included, finds them in the replicated directory.
+    AddLearner {
+        id: NodeId,
+        peer_addr: String,
+        client_addr: String,
+        known: Vec<(NodeId, fencelock_fsm::MemberAddrs)>,
+    },
+    /// Makes a learner that has caught up a voter.
+    Promote(NodeId),
+    /// Removes a voter or a learner.
+    Remove(NodeId),
+}
+
+/// What a member is in the configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberRole {
+    Voter,
+    Learner,
+    /// A voter of the incoming configuration only, while a joint change is
+    /// under way.
+    VoterJoining,
+    /// A voter of the outgoing configuration only.
+    VoterLeaving,
+}
+
+impl MemberRole {
+    pub fn name(self) -> &'static str {
+        match self {
+            MemberRole::Voter => "voter",
+            MemberRole::Learner => "learner",
+            MemberRole::VoterJoining => "voter (joining)",
+            MemberRole::VoterLeaving => "voter (leaving)",
+        }
+    }
+}
+
+/// A member of the cluster, with where it is reached when a membership
+/// change said (members of the initial `--peers` are not in the directory).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub id: NodeId,
+    pub role: MemberRole,
+    pub addrs: Option<fencelock_fsm::MemberAddrs>,
 }
 
 /// The answer to a request.
@@ -255,6 +333,17 @@ pub enum RequestError {
     /// The node stopped before answering.
     #[error("node stopped")]
     Stopped,
+    /// A membership change that cannot be made: an unknown member, an id
+    /// taken with other addresses, the last voter. Nothing was proposed.
+    #[error("{0}")]
+    BadMemberChange(String),
+    /// A membership change that cannot be made now (another is under way,
+    /// the learner has not caught up); nothing was proposed. Retryable.
+    #[error("{0}")]
+    MemberChangeBusy(String),
+    /// A leadership transfer that did not complete.
+    #[error("{0}")]
+    TransferFailed(String),
     /// A bug: a reply of the wrong shape, for example.
     #[error("internal error: {0}")]
     Internal(String),
@@ -330,4 +419,8 @@ pub enum FatalError {
     Snapshot(#[from] fencelock_fsm::SnapshotError),
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// This node is not a member of the configuration it applied (or that
+    /// its store holds): it was removed from the cluster.
+    #[error("this node was removed from the cluster (the configuration at index {index} does not hold it)")]
+    Removed { index: u64 },
 }

@@ -27,7 +27,8 @@ use crate::access::{Access, RuleConfig};
                   its nodes is up and blank, and a node that lost its data \
                   rejoins without a vote until it has caught up.\n\nSIGHUP reloads the certificates of --certs-dir \
                   (docs/security.md).\n\nExit codes: 0 clean shutdown (SIGINT or \
-                  SIGTERM, or --config-check passed); 1 bad configuration or a fatal error."
+                  SIGTERM, or --config-check passed); 1 bad configuration or a fatal error; 3 this node was removed \
+                  from the cluster (fencelock member remove)."
 )]
 pub struct Flags {
     /// This node's id (1 and up), one of those in --peers.
@@ -159,6 +160,22 @@ pub struct Flags {
     /// Check the configuration, print it, and exit.
     #[arg(long)]
     pub config_check: bool,
+    /// Seed a new cluster from a backup (`fencelock snapshot save FILE`):
+    /// run every node of the new cluster once with the same FILE and the
+    /// same --peers, each on an empty data directory. The cluster starts
+    /// with the backup's locks, gets a new cluster id, and issues tokens
+    /// above the backup's counter and above its first leader's clock. A
+    /// data directory that holds data is refused: drop --restore once the
+    /// node has started. Flag only (not in the TOML file).
+    #[arg(long, value_name = "FILE")]
+    pub restore: Option<PathBuf>,
+    /// Join a running cluster: on an empty data directory, ask the cluster
+    /// at these client endpoints (HOST:PORT,...) to add this node as a
+    /// learner (at --advertise-peer-addr and --advertise-client-addr), then
+    /// to promote it to voter once it has caught up. --peers need only name
+    /// this node. A node that holds data already starts from it. Flag only.
+    #[arg(long, value_name = "ENDPOINTS")]
+    pub join: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
@@ -265,6 +282,10 @@ pub struct ServerConfig {
     /// The addresses this node serves plain TCP on that are not loopback
     /// (allowed by `insecure`; the server warns of each at start).
     pub exposed: Vec<(&'static str, SocketAddr)>,
+    /// The backup to seed this node's empty store with (`--restore`).
+    pub restore: Option<PathBuf>,
+    /// The cluster to join (`--join`): client endpoints.
+    pub join: Option<Vec<String>>,
 }
 
 impl ServerConfig {
@@ -451,6 +472,20 @@ impl ServerConfig {
             max_snapshot_bytes,
             wait_max_ms,
             metrics_addr,
+            restore: flags.restore.clone(),
+            join: match &flags.join {
+                None => None,
+                Some(text) => {
+                    let endpoints = text
+                        .split(',')
+                        .map(|endpoint| host_port(endpoint.trim()).context("--join"))
+                        .collect::<Result<Vec<String>>>()?;
+                    if flags.restore.is_some() {
+                        bail!("--join and --restore exclude each other: a restored cluster is a new one");
+                    }
+                    Some(endpoints)
+                }
+            },
         })
     }
 }

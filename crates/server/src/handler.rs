@@ -9,13 +9,16 @@ use std::sync::Arc;
 use crossbeam_channel::Sender;
 use fencelock_net::{error_response, Handler, ResponseSink};
 use fencelock_raft::shell::{Request as DriverRequest, Responder, StatusCallback};
-use fencelock_raft::{ClientRequest, ConnId, NodeId, NodeStatus, Query, Reply, RequestError, Response, Role};
+use fencelock_raft::{
+    ClientRequest, ConnId, MemberChange, NodeId, NodeStatus, Query, Reply, RequestError, Response, Role,
+};
 use fencelock_types::client_pb::{
     self as proto, ErrorCode, Request_oneof_kind as Kind, Response_oneof_kind as Out,
 };
 use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner};
 
 use crate::access::{Access, Right};
+use crate::backup::Backups;
 
 /// The most locks one list answers.
 const LIST_LIMIT_MAX: u32 = 10_000;
@@ -38,6 +41,8 @@ pub struct ClientHandler {
     /// Requests queued for the node loop past which the listener stops
     /// reading requests until the loop's next turn takes some.
     pub queued_max: usize,
+    /// The backups this node serves ([`crate::backup`]).
+    pub backups: Arc<Backups>,
 }
 
 /// Who this node is, and where every node's clients connect.
@@ -87,6 +92,36 @@ impl Handler for ClientHandler {
                     sink,
                 );
                 Ok(())
+            }
+            Kind::backup(backup) => self.backup(backup, user, sink),
+            Kind::member_list(_) => self.membership(None, user, sink),
+            Kind::member_add(add) => {
+                let change = match (host_port(&add.peer_addr), host_port(&add.client_addr)) {
+                    (Ok(()), Ok(())) if add.id != 0 => Ok(MemberChange::AddLearner {
+                        id: NodeId(add.id),
+                        peer_addr: add.peer_addr,
+                        client_addr: add.client_addr,
+                        known: self.identity.known_members(),
+                    }),
+                    (Err(why), _) => Err(format!("peer address {:?}: {why}", add.peer_addr)),
+                    (_, Err(why)) => Err(format!("client address {:?}: {why}", add.client_addr)),
+                    _ => Err("node id 0 is reserved".to_string()),
+                };
+                match change {
+                    Ok(change) => self.membership(Some(ClientRequest::ChangeMembers(change)), user, sink),
+                    Err(why) => Err(invalid(sink, why)),
+                }
+            }
+            Kind::member_promote(promote) => {
+                let change = MemberChange::Promote(NodeId(promote.id));
+                self.membership(Some(ClientRequest::ChangeMembers(change)), user, sink)
+            }
+            Kind::member_remove(remove) => {
+                let change = MemberChange::Remove(NodeId(remove.id));
+                self.membership(Some(ClientRequest::ChangeMembers(change)), user, sink)
+            }
+            Kind::leader_transfer(transfer) => {
+                self.membership(Some(ClientRequest::TransferLeader(NodeId(transfer.id))), user, sink)
             }
         };
         if let Err((sink, code, message)) = result {
@@ -411,6 +446,59 @@ impl ClientHandler {
         Ok(())
     }
 
+    /// A backup's request, served by [`Backups`]; admins only over TLS.
+    fn backup(
+        &self,
+        backup: proto::BackupRequest,
+        user: Option<&str>,
+        sink: ResponseSink,
+    ) -> Result<(), Refusal> {
+        if let Some(user) = user.filter(|user| !self.access.as_ref().is_some_and(|a| a.is_admin(user))) {
+            let message =
+                format!("permission denied: user {user} is not an admin, and backups are for admins");
+            return Err(denied(sink, message));
+        }
+        let conn = ConnId(sink.connection());
+        let identity = Arc::clone(&self.identity);
+        let leader_addr = move |leader: Option<NodeId>| identity.client_addr_of(leader?.0);
+        self.backups.serve(backup, sink, leader_addr, |reply| {
+            self.client(conn, ClientRequest::Read(Query::Table), reply)
+        });
+        Ok(())
+    }
+
+    /// A membership request (`None`: the list) or a leadership transfer,
+    /// for admins only under TLS; answered with the membership, or the new
+    /// leader.
+    fn membership(
+        &self,
+        request: Option<ClientRequest>,
+        user: Option<&str>,
+        sink: ResponseSink,
+    ) -> Result<(), Refusal> {
+        if let Some(user) = user.filter(|user| !self.access.as_ref().is_some_and(|a| a.is_admin(user))) {
+            let message =
+                format!("permission denied: user {user} is not an admin, and membership is for admins");
+            return Err(denied(sink, message));
+        }
+        let conn = ConnId(sink.connection());
+        let identity = Arc::clone(&self.identity);
+        let reply = self.responder(sink, move |reply| match reply? {
+            Response::Members { members, index } => Ok(Out::member(proto::MemberResponse {
+                members: members.iter().map(|member| identity.member(member)).collect(),
+                index,
+                ..Default::default()
+            })),
+            Response::Transferred { leader } => Ok(Out::leader_transfer(proto::LeaderTransferResponse {
+                leader_id: leader.0,
+                ..Default::default()
+            })),
+            other => Err(unexpected(&other)),
+        });
+        self.client(conn, request.unwrap_or(ClientRequest::Read(Query::Members)), reply);
+        Ok(())
+    }
+
     fn read(&self, conn: ConnId, linearizable: bool, query: Query, reply: Responder) {
         let request = if linearizable { ClientRequest::Read(query) } else { ClientRequest::ReadLocal(query) };
         self.client(conn, request, reply);
@@ -506,6 +594,40 @@ impl Identity {
         }
     }
 
+    /// Where this node knows the members of its --peers are reached (their
+    /// client addresses from their hellos), for a membership change to
+    /// record.
+    fn known_members(&self) -> Vec<(NodeId, fencelock_fsm::MemberAddrs)> {
+        self.peers
+            .iter()
+            .filter_map(|(id, peer_addr)| {
+                let client_addr = self.client_addr_of(*id)?;
+                Some((NodeId(*id), fencelock_fsm::MemberAddrs { peer_addr: peer_addr.clone(), client_addr }))
+            })
+            .collect()
+    }
+
+    /// One member as a membership answer shows it: the addresses a
+    /// membership change recorded, else this node's --peers and what the
+    /// member's hello said.
+    fn member(&self, member: &fencelock_raft::Member) -> proto::Member {
+        let id = member.id.0;
+        let (peer_addr, client_addr) = match &member.addrs {
+            Some(addrs) => (addrs.peer_addr.clone(), addrs.client_addr.clone()),
+            None => (
+                self.peers.get(&id).cloned().unwrap_or_default(),
+                self.client_addr_of(id).unwrap_or_default(),
+            ),
+        };
+        proto::Member {
+            id,
+            peer_addr,
+            client_addr,
+            role: member.role.name().to_owned(),
+            ..Default::default()
+        }
+    }
+
     /// The members this node knows: the voters and learners of its
     /// configuration, else (while it starts) the configured peers.
     fn members(&self, status: &NodeStatus, admin: bool) -> Vec<proto::Member> {
@@ -571,6 +693,26 @@ fn not_yours(locks: &[(&Key, FencingToken)]) -> Failure {
     Failure::Denied(format!("permission denied: another user's lock: {}", locks.join(", ")))
 }
 
+/// Whether `addr` is HOST:PORT (a host name or an IP address, a port
+/// above 0), the form member addresses take.
+fn host_port(addr: &str) -> Result<(), String> {
+    let (host, port) = addr.rsplit_once(':').ok_or("not HOST:PORT")?;
+    let host = host.strip_prefix('[').and_then(|host| host.strip_suffix(']')).unwrap_or(host);
+    let port_ok = port.parse::<u16>().is_ok_and(|port| port > 0);
+    let host_ok = !host.is_empty()
+        && addr.len() <= fencelock_fsm::MEMBER_ADDR_MAX
+        && (host.parse::<std::net::IpAddr>().is_ok()
+            || host.split('.').all(|label| {
+                !label.is_empty()
+                    && label.len() <= 63
+                    && label.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'-')
+            }));
+    match (host_ok, port_ok) {
+        (true, true) => Ok(()),
+        _ => Err("not HOST:PORT (a host name or IP address, and a port from 1 to 65535)".into()),
+    }
+}
+
 /// The stable error code for each driver error.
 pub fn error_to_response(
     id: u64,
@@ -581,7 +723,10 @@ pub fn error_to_response(
         RequestError::NotLeader { .. } => ErrorCode::NOT_LEADER,
         RequestError::LeadershipLost { .. } => ErrorCode::TIMEOUT,
         RequestError::Dropped | RequestError::Overloaded | RequestError::Stopped => ErrorCode::UNAVAILABLE,
-        RequestError::LeaseOutOfBounds { .. } => ErrorCode::INVALID_ARGUMENT,
+        RequestError::LeaseOutOfBounds { .. } | RequestError::BadMemberChange(_) => {
+            ErrorCode::INVALID_ARGUMENT
+        }
+        RequestError::MemberChangeBusy(_) | RequestError::TransferFailed(_) => ErrorCode::UNAVAILABLE,
         RequestError::TooManyWaiters { .. } | RequestError::QuotaExceeded(_) => ErrorCode::RESOURCE_EXHAUSTED,
         RequestError::Held { .. } | RequestError::WaitTimedOut { .. } | RequestError::Internal(_) => {
             ErrorCode::INTERNAL
@@ -595,4 +740,22 @@ pub fn error_to_response(
         }
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_port;
+
+    #[test]
+    fn member_addresses_are_host_port_and_nonsense_is_refused() {
+        for good in ["127.0.0.1:7001", "[::1]:7001", "lock-4.example.com:7101", "localhost:1"] {
+            assert_eq!(host_port(good), Ok(()), "{good}");
+        }
+        let long = format!("{}:7001", "a".repeat(fencelock_fsm::MEMBER_ADDR_MAX));
+        for bad in
+            ["", "7001", "host:", "host:0", "host:65536", ":7001", "a b:1", "x..y:1", "-:", long.as_str()]
+        {
+            assert!(host_port(bad).is_err(), "{bad:?}");
+        }
+    }
 }

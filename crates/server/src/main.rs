@@ -15,11 +15,15 @@
 //! was already synced.
 
 mod access;
+mod backup;
 mod config;
 mod handler;
+mod join;
 mod metrics;
+mod restore;
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -86,12 +90,26 @@ fn main() -> ExitCode {
     match run(&config, &logger) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
+            let removed = err
+                .chain()
+                .any(|cause| matches!(cause.downcast_ref::<FatalError>(), Some(FatalError::Removed { .. })));
+            if removed {
+                // Not a failure to restart from: exit code 3, which the
+                // systemd unit does not restart (RestartPreventExitStatus).
+                crit!(logger, "fencelockd stopped: this node was removed from the cluster"; "error" => format!("{err:#}"));
+                eprintln!("fencelockd: this node was removed from the cluster; it serves no more ({err:#})");
+                return ExitCode::from(EXIT_REMOVED);
+            }
             crit!(logger, "fencelockd stopped"; "error" => format!("{err:#}"));
             eprintln!("fencelockd: {err:#}");
             ExitCode::from(1)
         }
     }
 }
+
+/// The exit code of a node that stops because it was removed from the
+/// cluster (or finds itself removed at start).
+const EXIT_REMOVED: u8 = 3;
 
 fn build_logger(config: &ServerConfig) -> (Logger, slog_async::AsyncGuard) {
     let drain: Box<dyn Drain<Ok = (), Err = slog::Never> + Send> = match config.log_format {
@@ -124,6 +142,16 @@ struct NodeCore {
     drain_max: usize,
     stop: Arc<AtomicBool>,
     outcome: Arc<Mutex<Option<Result<Stats, FatalError>>>>,
+    /// The peers the transport connects to and takes hellos from: the
+    /// members of the configuration the node applied.
+    book: PeerBook,
+    /// Peer addresses of members the replicated directory does not name
+    /// (the initial cluster's, from --peers or the join answer).
+    initial_peers: BTreeMap<u64, String>,
+    /// The configuration the book was last set from.
+    conf_version: Option<u64>,
+    id: u64,
+    logger: Logger,
 }
 
 impl Core<Message> for NodeCore {
@@ -183,6 +211,7 @@ impl NodeCore {
             self.driver.on_request(request);
         }
         self.driver.turn(&LoopSink(RefCell::new(io)))?;
+        self.follow_members();
         let (term, last_index, known) = self.driver.node().hello_state();
         self.greetings.set_own(term, last_index, &known);
         self.name_cluster();
@@ -195,6 +224,37 @@ impl NodeCore {
 }
 
 impl NodeCore {
+    /// Sets the peer book from the configuration whenever it changes: a
+    /// member added is connected to, one removed is dropped.
+    fn follow_members(&mut self) {
+        let version = self.driver.node().conf_version();
+        if version.is_none() || version == self.conf_version {
+            return;
+        }
+        self.conf_version = version;
+        let Some((_, members)) = self.driver.node().members() else { return };
+        // A joining node learns its configuration with its first snapshot:
+        // until then it keeps the members the cluster named.
+        if members.is_empty() {
+            return;
+        }
+        let mut peers = BTreeMap::new();
+        for member in members.into_iter().filter(|member| member.id.0 != self.id) {
+            let addr = member
+                .addrs
+                .map(|addrs| addrs.peer_addr)
+                .or_else(|| self.initial_peers.get(&member.id.0).cloned());
+            match addr {
+                Some(addr) => {
+                    peers.insert(member.id.0, addr);
+                }
+                None => warn!(self.logger, "no peer address known for a member: not connecting to it";
+                    "member" => member.id.0),
+            }
+        }
+        self.book.set(peers);
+    }
+
     /// Tells the hellos the cluster's id once the node knows it.
     fn name_cluster(&mut self) {
         let cluster_id = self.driver.node().cluster_id();
@@ -273,8 +333,28 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     };
     let raft_dir = config.data_dir.join("raft");
     std::fs::create_dir_all(&raft_dir).with_context(|| format!("cannot create {}", raft_dir.display()))?;
-    let store = EngineStore::open(&raft_dir)
+    let mut store = EngineStore::open(&raft_dir)
         .with_context(|| format!("cannot open the raft log in {}", raft_dir.display()))?;
+    let mut peers = config.peers.clone();
+    let mut joining = false;
+    // A voter whose data was lost, found by --join: it waits for its
+    // peers' hellos and rejoins.
+    let mut rejoining = false;
+    if let Some(endpoints) = &config.join {
+        if store.is_blank().context("cannot read the raft log")? {
+            let joined = join::ask_to_join(config, endpoints, logger)?;
+            peers = joined.peers;
+            joining = !joined.voter_already;
+            rejoining = joined.voter_already;
+        } else {
+            info!(logger, "--join: this node holds data already, and starts from it");
+        }
+    }
+    if let Some(file) = &config.restore {
+        let voters = config.peers.keys().copied().collect();
+        let seed = restore::Seed { file, voters, data_dir: &config.data_dir, node_id: config.id };
+        restore::restore(&mut store, &seed, logger)?;
+    }
     // Unbounded: the loop that drains it is the one that fills it, so a
     // full channel would stop it for good. The listener stops reading
     // requests once it holds QUEUED_MAX (`Handler::ready`); what passes that
@@ -299,6 +379,13 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     // The name this node gives the cluster should it be the first leader
     // of a cluster without one.
     let mut driver_config = config.driver.clone();
+    if joining || rejoining {
+        driver_config.joining = joining;
+        driver_config.voters = peers.keys().map(|id| NodeId(*id)).collect();
+    }
+    if rejoining {
+        driver_config.initial_cluster_state = fencelock_raft::rejoin::ClusterState::Existing;
+    }
     let mut cluster_id = [0; fencelock_types::CLUSTER_ID_LEN];
     getrandom::getrandom(&mut cluster_id)
         .context("cannot draw a cluster id from the system's random source")?;
@@ -335,7 +422,15 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
             waker.wake();
         }
     });
+    let book = PeerBook::new(
+        peers.iter().filter(|(id, _)| **id != config.id).map(|(id, addr)| (*id, addr.clone())).collect(),
+    );
     let core = NodeCore {
+        book: book.clone(),
+        initial_peers: peers.clone(),
+        conf_version: None,
+        id: config.id,
+        logger: logger.clone(),
         driver,
         greetings: greetings.clone(),
         cluster_id,
@@ -350,14 +445,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     let peer_config = PeerConfig {
         node_id: config.id,
         listen_addr: own_peer_addr,
-        peers: PeerBook::new(
-            config
-                .peers
-                .iter()
-                .filter(|(id, _)| **id != config.id)
-                .map(|(id, addr)| (*id, addr.clone()))
-                .collect(),
-        ),
+        peers: book,
         client_addr: config.advertise_client_addr.clone(),
         // Twice a part: messages over PART_BYTES (snapshots) come in parts.
         frame_bytes_max: 2 * fencelock_net::PART_BYTES,
@@ -373,8 +461,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         node_id: config.id,
         client_addr: config.advertise_client_addr.clone(),
         // This node's own entry is what it advertises.
-        peers: config
-            .peers
+        peers: peers
             .iter()
             .map(|(id, addr)| {
                 let addr = if *id == config.id { &config.advertise_peer_addr } else { addr };
@@ -389,6 +476,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         access: config.access.clone(),
         wait_max_ms: config.wait_max_ms,
         queued_max: QUEUED_MAX,
+        backups: Arc::new(backup::Backups::new(logger.clone())),
     });
     let client_config = ClientConfig {
         listen_addr: config.client_addr,
@@ -430,6 +518,10 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         warn!(logger, "serving plain TCP beyond loopback (--insecure): anyone who reaches this address can act \
                        as a peer or a client";
             "address" => %addr, "which" => *name);
+    }
+
+    if let Some(endpoints) = &config.join {
+        join::spawn_promoter(config, endpoints.clone(), Arc::clone(&stop), logger.clone())?;
     }
 
     let (signal_tx, signal_rx) = bounded(4);

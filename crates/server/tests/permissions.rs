@@ -112,6 +112,14 @@ fn users_act_on_their_own_locks_and_prefixes_and_admins_force() {
     let seen = ops.status(&endpoint).unwrap();
     assert_eq!(seen.members[0].peer_addr, cluster.peer_addr(1));
 
+    // Membership and leadership are for admins.
+    denied(alice.member_list(), "membership is for admins");
+    denied(alice.member_add(7, "127.0.0.1:7", "127.0.0.1:8"), "membership is for admins");
+    denied(alice.member_remove(1), "membership is for admins");
+    denied(alice.leader_transfer(1), "membership is for admins");
+    let listed: Vec<u64> = ops.member_list().unwrap().members.iter().map(|member| member.id).collect();
+    assert_eq!(listed, seen.members.iter().map(|member| member.id).collect::<Vec<_>>());
+
     // The same answers through the CLI.
     let endpoints = cluster.endpoints().join(",");
     let as_user = |name: &str, args: &[&str]| {

@@ -1,0 +1,293 @@
+//! Membership changes on real `fencelockd` processes: a cluster grows from
+//! three nodes to five with `--join` and shrinks back to three with
+//! `fencelock member remove`, and a killed node is replaced by a new one at
+//! a new address, all under continuous locking. Every acknowledged lock is
+//! still held at the end, and tokens are unique and increasing.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{fencelock, free_port, DEADLINE};
+use fencelock_client::{Client, ClientConfig};
+
+/// A `fencelockd` started here, killed when dropped.
+struct Daemon {
+    child: Child,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Daemon {
+    /// Waits for the process to exit on its own.
+    fn exited(&mut self, within: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+}
+
+fn start(dir: &Path, id: u64, peers: &str, client: &str, extra: &[&str]) -> Daemon {
+    let log = std::fs::File::create(dir.join(format!("node-{id}.log"))).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_fencelockd"))
+        .args(["--id", &id.to_string(), "--peers", peers, "--client-addr", client])
+        .arg("--data-dir")
+        .arg(dir.join(format!("data-{id}")))
+        .args(["--tick-ms", "20", "--election-ms", "200", "--heartbeat-ms", "40", "--lease-min-ms", "1000"])
+        .args(["--snapshot-interval-entries", "50"])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    Daemon { child }
+}
+
+fn logs(dir: &Path) -> String {
+    (1..=6)
+        .filter_map(|id| Some((id, std::fs::read_to_string(dir.join(format!("node-{id}.log"))).ok()?)))
+        .map(|(id, log)| {
+            let tail: Vec<&str> = log.lines().rev().take(12).collect();
+            format!("node {id}:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
+        })
+        .collect::<Vec<_>>()
+        .join("\n---\n")
+}
+
+fn client(endpoints: Vec<String>) -> Client {
+    let mut config = ClientConfig::new(endpoints);
+    config.request_timeout = Duration::from_secs(2);
+    config.retry_for = DEADLINE;
+    Client::connect(config).unwrap()
+}
+
+/// Locks taken one after another on distinct keys until stopped: the
+/// acknowledged ones, in order.
+struct Locker {
+    stop: Arc<AtomicBool>,
+    taken: Arc<Mutex<Vec<(String, u64)>>>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Locker {
+    fn start(endpoints: Vec<String>) -> Locker {
+        let stop = Arc::new(AtomicBool::new(false));
+        let taken = Arc::new(Mutex::new(Vec::new()));
+        let (flag, record) = (Arc::clone(&stop), Arc::clone(&taken));
+        let thread = std::thread::spawn(move || {
+            let client = client(endpoints);
+            let mut n = 0;
+            while !flag.load(Ordering::SeqCst) {
+                n += 1;
+                let key = format!("grow/{n}");
+                // A failed call (a leader change mid-way) is retried as a
+                // new key: only acknowledged locks are promised.
+                if let Ok(guard) = client.acquire(&key, Duration::from_secs(120), Duration::ZERO) {
+                    record.lock().unwrap().push((key, guard.token()));
+                    std::mem::forget(guard);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        Locker { stop, taken, thread }
+    }
+
+    fn count(&self) -> usize {
+        self.taken.lock().unwrap().len()
+    }
+
+    /// Waits until `more` locks past the current count were acknowledged.
+    fn wait_for(&self, more: usize, dir: &Path) {
+        let target = self.count() + more;
+        let deadline = Instant::now() + DEADLINE;
+        while self.count() < target {
+            assert!(Instant::now() < deadline, "locking stalled at {}: {}", self.count(), logs(dir));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops, and checks every acknowledged lock: tokens increasing in the
+    /// order they were acknowledged, and each lock still held under its
+    /// token.
+    fn finish(self, check: &Client) -> usize {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.join().unwrap();
+        let taken = self.taken.lock().unwrap().clone();
+        for pair in taken.windows(2) {
+            assert!(pair[0].1 < pair[1].1, "tokens went backwards or repeated: {pair:?}");
+        }
+        for (key, token) in &taken {
+            assert!(check.check(key, *token).unwrap(), "acknowledged lock {key} (token {token}) was lost");
+        }
+        taken.len()
+    }
+}
+
+/// Waits until the leader lists exactly `voters` as voters and no learner.
+fn wait_for_voters(client: &Client, voters: &[u64], dir: &Path) {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let listed = client.member_list();
+        if let Ok(membership) = &listed {
+            let ids: Vec<u64> =
+                membership.members.iter().filter(|m| m.role == "voter").map(|m| m.id).collect();
+            if ids == voters && membership.members.len() == voters.len() {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "voters never became {voters:?}: {listed:?}\n{}", logs(dir));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn addr() -> String {
+    format!("127.0.0.1:{}", free_port())
+}
+
+#[test]
+fn a_cluster_grows_from_three_to_five_and_shrinks_back_to_three_under_locking() {
+    let dir = tempfile::tempdir().unwrap();
+    let peer_addrs: Vec<String> = (0..5).map(|_| addr()).collect();
+    let client_addrs: Vec<String> = (0..5).map(|_| addr()).collect();
+    let peers = (0..3).map(|at| format!("{}={}", at + 1, peer_addrs[at])).collect::<Vec<_>>().join(",");
+    let mut daemons: Vec<Daemon> =
+        (0..3).map(|at| start(dir.path(), at as u64 + 1, &peers, &client_addrs[at], &[])).collect();
+    let admin = client(client_addrs.clone());
+    wait_for_voters(&admin, &[1, 2, 3], dir.path());
+    let locker = Locker::start(client_addrs.clone());
+    locker.wait_for(20, dir.path());
+
+    // Two new nodes join, each naming only itself in --peers.
+    let seeds = client_addrs[..3].join(",");
+    for id in [4u64, 5] {
+        let at = (id - 1) as usize;
+        let own = format!("{id}={}", peer_addrs[at]);
+        daemons.push(start(dir.path(), id, &own, &client_addrs[at], &["--join", &seeds]));
+    }
+    wait_for_voters(&admin, &[1, 2, 3, 4, 5], dir.path());
+    locker.wait_for(20, dir.path());
+
+    // Shrink back to three by removing two of the founders (one may lead:
+    // leadership moves first). The removed nodes stop, with exit code 3.
+    for id in [1u64, 2] {
+        let removed =
+            fencelock(&["--endpoints", &client_addrs.join(","), "member", "remove", &id.to_string()]);
+        assert!(removed.status.success(), "{removed:?}\n{}", logs(dir.path()));
+        let status = daemons[(id - 1) as usize].exited(DEADLINE);
+        assert_eq!(
+            status.and_then(|status| status.code()),
+            Some(3),
+            "node {id} did not stop: {}",
+            logs(dir.path())
+        );
+        locker.wait_for(10, dir.path());
+    }
+    wait_for_voters(&admin, &[3, 4, 5], dir.path());
+    let log = std::fs::read_to_string(dir.path().join("node-1.log")).unwrap();
+    assert!(log.contains("removed from the cluster"), "{log}");
+    locker.wait_for(20, dir.path());
+    let taken = locker.finish(&admin);
+    assert!(taken >= 90, "{taken} locks");
+    // The CLI lists the members, as JSON too.
+    let listed = fencelock(&["--endpoints", &client_addrs[2..].join(","), "--json", "member", "list"]);
+    assert!(listed.status.success(), "{listed:?}");
+    let json: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(json["members"].as_array().map(Vec::len), Some(3), "{json}");
+}
+
+#[test]
+fn a_killed_node_is_replaced_by_a_new_one_at_a_new_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let peer_addrs: Vec<String> = (0..4).map(|_| addr()).collect();
+    let client_addrs: Vec<String> = (0..4).map(|_| addr()).collect();
+    let peers = (0..3).map(|at| format!("{}={}", at + 1, peer_addrs[at])).collect::<Vec<_>>().join(",");
+    let mut daemons: Vec<Daemon> =
+        (0..3).map(|at| start(dir.path(), at as u64 + 1, &peers, &client_addrs[at], &[])).collect();
+    let admin = client(client_addrs.clone());
+    wait_for_voters(&admin, &[1, 2, 3], dir.path());
+    let locker = Locker::start(client_addrs.clone());
+    locker.wait_for(20, dir.path());
+    // The machine of node 3 dies.
+    let dead = daemons.remove(2);
+    drop(dead);
+    locker.wait_for(10, dir.path());
+    // The two-command replacement: remove the dead node, start the new
+    // one with --join.
+    let endpoints = client_addrs[..2].join(",");
+    let removed = fencelock(&["--endpoints", &endpoints, "member", "remove", "3"]);
+    assert!(removed.status.success(), "{removed:?}\n{}", logs(dir.path()));
+    daemons.push(start(
+        dir.path(),
+        4,
+        &format!("4={}", peer_addrs[3]),
+        &client_addrs[3],
+        &["--join", &endpoints],
+    ));
+    wait_for_voters(&admin, &[1, 2, 4], dir.path());
+    locker.wait_for(20, dir.path());
+    let taken = locker.finish(&admin);
+    assert!(taken >= 50, "{taken} locks");
+    // The new node serves: it holds the table, and follows the leader.
+    let status = admin.status(&client_addrs[3]).unwrap();
+    assert!(status.locks as usize >= taken, "{status:?}");
+    assert_ne!(status.leader_id, 0);
+    // A second add of another node at the same peer address is refused.
+    let clash = fencelock(&["--endpoints", &endpoints, "member", "add", "9", &peer_addrs[3], "127.0.0.1:1"]);
+    assert_eq!(clash.status.code(), Some(1), "{clash:?}");
+    assert!(String::from_utf8_lossy(&clash.stderr).contains("member 4"), "{clash:?}");
+}
+
+#[test]
+fn a_joined_voter_that_lost_its_data_rejoins_without_a_vote_instead_of_joining_anew() {
+    let dir = tempfile::tempdir().unwrap();
+    let peer_addrs: Vec<String> = (0..4).map(|_| addr()).collect();
+    let client_addrs: Vec<String> = (0..4).map(|_| addr()).collect();
+    let peers = (0..3).map(|at| format!("{}={}", at + 1, peer_addrs[at])).collect::<Vec<_>>().join(",");
+    let mut daemons: Vec<Daemon> =
+        (0..3).map(|at| start(dir.path(), at as u64 + 1, &peers, &client_addrs[at], &[])).collect();
+    let admin = client(client_addrs.clone());
+    wait_for_voters(&admin, &[1, 2, 3], dir.path());
+    let seeds = client_addrs[..3].join(",");
+    let own = format!("4={}", peer_addrs[3]);
+    let join = ["--join", seeds.as_str()];
+    daemons.push(start(dir.path(), 4, &own, &client_addrs[3], &join));
+    wait_for_voters(&admin, &[1, 2, 3, 4], dir.path());
+    let before = admin.acquire("rejoin/before", Duration::from_secs(120), Duration::ZERO).unwrap();
+    // Node 4's disk is lost: kill -9, its data directory gone, started
+    // again with the same command.
+    drop(daemons.pop());
+    std::fs::remove_dir_all(dir.path().join("data-4")).unwrap();
+    daemons.push(start(dir.path(), 4, &own, &client_addrs[3], &join));
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let status = admin.status(&client_addrs[3]);
+        if status.as_ref().is_ok_and(|status| !status.starting && !status.rejoining && status.locks >= 1) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "node 4 never rejoined: {status:?}\n{}", logs(dir.path()));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = std::fs::read_to_string(dir.path().join("node-4.log")).unwrap();
+    assert!(log.contains("its data was lost"), "{log}");
+    let after = admin.acquire("rejoin/after", Duration::from_secs(120), Duration::ZERO).unwrap();
+    assert!(after.token() > before.token());
+    assert!(admin.check("rejoin/before", before.token()).unwrap());
+    wait_for_voters(&admin, &[1, 2, 3, 4], dir.path());
+}
