@@ -20,7 +20,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::cargo;
 
-/// Each suite's run in `cargo xtask ci`: seven suites (clock skew is skipped
+/// Each suite's run in `cargo xtask ci`: eight suites (clock skew is skipped
 /// where libfaketime is missing), about 25 s of wall time each with the
 /// cluster's start, healing and checking.
 const CI_DURATION: &str = "15s";
@@ -32,9 +32,9 @@ const CI_DURATION: &str = "15s";
 #[command(after_help = "\
 Arguments: [NAME|all] [--duration 60s] [--seed N] [--nodes 3|5] [--converge-within 20s] [--list]
 
-Suites: kill, pause, partition, clock-skew, lose-data, client-resets, combined; or one fault alone:
-kill-leader, kill-random, kill-all, pause-leader, pause-holder, partition-halves,
-isolate-leader, bridge, clock-skew, lose-data, reset-clients. And `hostile` (not in `all`): floods of
+Suites: kill, pause, partition, clock-skew, lose-data, client-resets, membership, combined; or one
+fault alone: kill-leader, kill-random, kill-all, pause-leader, pause-holder, partition-halves,
+isolate-leader, bridge, clock-skew, lose-data, reset-clients, grow-shrink, replace-node. And `hostile` (not in `all`): floods of
 waiters, partial frames, idle connections and locks, a client that never reads, peer-port garbage and
 a log flood, beside well-behaved clients. Reports go to target/suites/. See docs/suites.md.")]
 pub struct Options {

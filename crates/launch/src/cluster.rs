@@ -6,7 +6,7 @@ use std::fs;
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -71,6 +71,27 @@ pub struct NodeSpec {
     pub flags: Vec<String>,
     /// Extra environment (libfaketime's, for a clock at another rate).
     pub env: Vec<(String, String)>,
+    /// Added to the running cluster ([`Layout::add_node`]): its `--peers`
+    /// names only itself (it learns the members by joining), and the
+    /// initial nodes' `--peers` do not name it.
+    pub joined: bool,
+}
+
+impl NodeSpec {
+    /// Node `id` in `dir`, on two free ports, with no flags of its own.
+    fn fresh(dir: &Path, id: u64, joined: bool) -> Result<NodeSpec, LaunchError> {
+        Ok(NodeSpec {
+            id,
+            peer_addr: free_addr()?,
+            advertised_peer_addr: None,
+            client_addr: free_addr()?,
+            data_dir: dir.join(format!("node-{id}")),
+            log: dir.join(format!("node-{id}.log")),
+            flags: Vec::new(),
+            env: Vec::new(),
+            joined,
+        })
+    }
 }
 
 /// Where every node of a cluster listens and keeps its files, and how each
@@ -94,18 +115,7 @@ impl Layout {
     pub fn new(spec: ClusterSpec) -> Result<Layout, LaunchError> {
         fs::create_dir_all(&spec.dir).map_err(|source| LaunchError::file("create", &spec.dir, source))?;
         let nodes = (1..=spec.nodes)
-            .map(|id| {
-                Ok(NodeSpec {
-                    id,
-                    peer_addr: free_addr()?,
-                    advertised_peer_addr: None,
-                    client_addr: free_addr()?,
-                    data_dir: spec.dir.join(format!("node-{id}")),
-                    log: spec.dir.join(format!("node-{id}.log")),
-                    flags: Vec::new(),
-                    env: Vec::new(),
-                })
-            })
+            .map(|id| NodeSpec::fresh(&spec.dir, id, false))
             .collect::<Result<_, LaunchError>>()?;
         let tls = if spec.tls { Some(make_certs(&spec.dir.join("certs"), spec.nodes)?) } else { None };
         let mut flags = spec.flags;
@@ -156,12 +166,28 @@ impl Layout {
         self.nodes.iter().map(|node| node.client_addr.to_string()).collect()
     }
 
+    /// A node for the running cluster, with the next id and ports of its
+    /// own, not started: its flags (`--join`, say) are the caller's to set.
+    /// Without TLS only: the certificates are made for the initial nodes.
+    pub fn add_node(&mut self) -> Result<u64, LaunchError> {
+        if self.tls.is_some() {
+            return Err(LaunchError::Certificates("a node added to a TLS cluster has no certificate".into()));
+        }
+        let id = self.nodes.iter().map(|node| node.id).max().unwrap_or(0) + 1;
+        self.nodes.push(NodeSpec::fresh(&self.dir, id, true)?);
+        Ok(id)
+    }
+
     /// The `--peers` of node `id`: its own peer address, where it listens,
     /// and the address every other node is advertised at. Only the ids must
-    /// agree between nodes; the addresses are each node's own business.
+    /// agree between nodes; the addresses are each node's own business. The
+    /// initial nodes name the initial nodes; a node added later names only
+    /// itself.
     pub fn peers_of(&self, id: u64) -> String {
+        let joined = self.node(id).is_ok_and(|node| node.joined);
         self.nodes
             .iter()
+            .filter(|node| if joined { node.id == id } else { !node.joined })
             .map(|node| {
                 let addr = match node.advertised_peer_addr {
                     Some(advertised) if node.id != id => advertised,
@@ -294,8 +320,35 @@ impl Cluster {
         Ok(())
     }
 
+    /// Adds a node to the layout ([`Layout::add_node`]), not started.
+    pub fn add_node(&mut self) -> Result<u64, LaunchError> {
+        let id = self.layout.add_node()?;
+        self.processes.push(None);
+        Ok(id)
+    }
+
     pub fn is_running(&self, id: u64) -> bool {
         self.process(id).is_some()
+    }
+
+    /// Waits up to `within` for node `id`'s process to exit on its own (a
+    /// removed node does) and reaps it; `None` if it still runs.
+    pub fn wait_exit(&mut self, id: u64, within: Duration) -> Result<Option<ExitStatus>, LaunchError> {
+        let deadline = Instant::now() + within;
+        loop {
+            let slot = self.slot(id)?;
+            let process = slot.as_mut().ok_or(LaunchError::NotRunning(id))?;
+            if let Some(status) =
+                process.try_wait().map_err(|source| LaunchError::Wait { node: id, source })?
+            {
+                *slot = None;
+                return Ok(Some(status));
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn is_paused(&self, id: u64) -> bool {
@@ -453,6 +506,42 @@ mod tests {
         fs::write(&path, format!("#!/bin/sh\necho \"$@\" >&2\necho \"FAKE=$FAKE\" >&2\n{end}\n")).unwrap();
         fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
         path
+    }
+
+    #[test]
+    fn an_added_node_names_only_itself_and_its_exit_is_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = ClusterSpec::new(fake_server(dir.path(), Some(3)), dir.path().join("cluster"), 3);
+        let mut cluster = Cluster::configure(spec).unwrap();
+        let id = cluster.add_node().unwrap();
+        assert_eq!((id, cluster.ids()), (4, vec![1, 2, 3, 4]));
+        let layout = cluster.layout();
+        let added = layout.node(4).unwrap();
+        assert!(added.joined && added.data_dir.ends_with("node-4"));
+        assert_eq!(layout.peers_of(4), format!("4={}", added.peer_addr));
+        for initial in 1..=3 {
+            let peers = layout.peers_of(initial);
+            assert_eq!(peers.split(',').count(), 3, "{peers}");
+            assert!(!peers.contains("4="), "{peers}");
+        }
+        assert!(matches!(cluster.wait_exit(4, Duration::ZERO), Err(LaunchError::NotRunning(4))));
+        cluster.launch(4).unwrap();
+        let status = cluster.wait_exit(4, Duration::from_secs(10)).unwrap().unwrap();
+        assert_eq!(status.code(), Some(3));
+        assert!(!cluster.is_running(4));
+        // Reaped: it can start again.
+        cluster.launch(4).unwrap();
+        assert!(cluster.wait_exit(4, Duration::from_secs(10)).unwrap().is_some());
+    }
+
+    #[test]
+    fn a_node_cannot_be_added_to_a_tls_cluster() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = ClusterSpec::new(fake_server(dir.path(), None), dir.path().join("cluster"), 1);
+        spec.tls = true;
+        let mut cluster = Cluster::configure(spec).unwrap();
+        assert!(matches!(cluster.add_node(), Err(LaunchError::Certificates(_))));
+        assert_eq!(cluster.ids(), vec![1]);
     }
 
     #[test]

@@ -9,10 +9,17 @@
 //! addresses), so every byte between nodes passes through the suite.
 //! Dropping the cluster kills whatever still runs (paused processes
 //! included: SIGKILL works on a stopped process).
+//!
+//! The membership can change while the cluster runs: [`Cluster::join`]
+//! starts a node that joins with `--join` (behind a proxy of its own), and
+//! [`Cluster::remove`] removes a member with `member remove` and reaps its
+//! process, which must exit with code 3. A removed node is retired: it keeps
+//! its log but is no longer among [`Cluster::ids`], and nothing restarts it.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -35,6 +42,21 @@ pub const STATUS_TIMEOUT: Duration = Duration::from_millis(300);
 
 /// How long [`Cluster::stop`] lets the nodes stop cleanly before SIGKILL.
 const STOP_WITHIN: Duration = Duration::from_secs(10);
+
+/// How long a joining node may take to be added, catch up and be promoted
+/// to voter.
+pub const JOIN_WITHIN: Duration = Duration::from_secs(30);
+
+/// How long a removed node may take to stop, once its removal applied.
+const REMOVED_EXIT_WITHIN: Duration = Duration::from_secs(15);
+
+/// The exit code of a node removed from the cluster (fencelockd's
+/// `EXIT_REMOVED`).
+pub const EXIT_REMOVED: i32 = 3;
+
+/// The members to watch, by id with their client addresses: shared with
+/// the monitor thread, which polls them while the membership changes.
+pub type Watched = Arc<Mutex<Vec<(u64, String)>>>;
 
 /// How a cluster is started.
 #[derive(Clone, Debug)]
@@ -60,6 +82,9 @@ pub struct Cluster {
     pub rules: Arc<Rules>,
     /// A client used only for `status`, with a short timeout.
     status_client: Client,
+    /// Nodes removed from the cluster: never restarted, not among `ids`.
+    retired: BTreeSet<u64>,
+    watched: Watched,
 }
 
 impl Cluster {
@@ -105,15 +130,140 @@ impl Cluster {
         for id in launch.ids() {
             launch.launch(id)?;
         }
-        Ok(Cluster { launch, proxies, rules, status_client })
+        let watched = Arc::new(Mutex::new(launch.ids().into_iter().zip(launch.endpoints()).collect()));
+        Ok(Cluster { launch, proxies, rules, status_client, retired: BTreeSet::new(), watched })
     }
 
+    /// The members: every node but those removed.
     pub fn ids(&self) -> Vec<u64> {
-        self.launch.ids()
+        self.launch.ids().into_iter().filter(|id| !self.retired.contains(id)).collect()
     }
 
+    /// The members' client addresses, in the order of [`Cluster::ids`].
     pub fn endpoints(&self) -> Vec<String> {
-        self.launch.endpoints()
+        self.members().map(|node| node.client_addr.to_string()).collect()
+    }
+
+    /// The members, kept up to date as they change, for a thread that
+    /// polls them.
+    pub fn watched(&self) -> Watched {
+        Arc::clone(&self.watched)
+    }
+
+    fn members(&self) -> impl Iterator<Item = &fencelock_launch::NodeSpec> {
+        self.launch.layout().nodes().iter().filter(|node| !self.retired.contains(&node.id))
+    }
+
+    fn update_watched(&self) {
+        let members = self.ids().into_iter().zip(self.endpoints()).collect();
+        *self.watched.lock().unwrap_or_else(PoisonError::into_inner) = members;
+    }
+
+    /// A member's id by its rank among the members (`rank` modulo their
+    /// number): how a fault drawn from the seed names a node whose id the
+    /// membership changes may have retired.
+    pub fn member_at(&self, rank: u64) -> Option<u64> {
+        let ids = self.ids();
+        let len = u64::try_from(ids.len()).ok().filter(|len| *len > 0)?;
+        ids.get(usize::try_from(rank % len).ok()?).copied()
+    }
+
+    /// `id` if it is a member; otherwise the member at its rank.
+    pub fn resolve(&self, id: u64) -> Option<u64> {
+        if self.ids().contains(&id) {
+            Some(id)
+        } else {
+            self.member_at(id.saturating_sub(1))
+        }
+    }
+
+    /// Whether node `id` was one of the nodes the cluster started with (the
+    /// workload's clients know the cluster by their addresses).
+    pub fn is_initial(&self, id: u64) -> bool {
+        self.launch.layout().node(id).is_ok_and(|node| !node.joined)
+    }
+
+    /// A client for membership calls, on the members' addresses.
+    fn admin_client(&self) -> Result<Client> {
+        let mut config = crate::tls::client_config(self.endpoints());
+        config.request_timeout = Duration::from_secs(2);
+        config.retry_for = Duration::from_secs(10);
+        config.owner = Some(crate::tls::owner("suite-admin").into_bytes());
+        Ok(Client::connect(config)?)
+    }
+
+    /// Starts a new node with `--join` (the members' client addresses),
+    /// behind a proxy of its own, and waits until the cluster lists it as
+    /// a voter: added as a learner, caught up, promoted. Returns its id.
+    pub fn join(&mut self) -> Result<u64> {
+        let endpoints = self.endpoints().join(",");
+        let id = self.launch.add_node()?;
+        let node = self.launch.layout_mut().node_mut(id)?;
+        let proxy = PeerProxy::start(id, node.peer_addr, Arc::clone(&self.rules))?;
+        node.advertised_peer_addr = Some(proxy.listen_addr());
+        node.flags =
+            vec!["--join".into(), endpoints, "--advertise-peer-addr".into(), proxy.listen_addr().to_string()];
+        self.proxies.push(proxy);
+        self.launch.launch(id)?;
+        self.update_watched();
+        let admin = self.admin_client()?;
+        let deadline = Instant::now() + JOIN_WITHIN;
+        loop {
+            let listed = admin.member_list().ok();
+            if listed.is_some_and(|list| list.members.iter().any(|m| m.id == id && m.role == "voter")) {
+                return Ok(id);
+            }
+            if let Some(status) = self.launch.wait_exit(id, Duration::ZERO)? {
+                bail!("node {id} exited ({status}) while joining; {}", self.log_tails(8));
+            }
+            if Instant::now() >= deadline {
+                bail!("node {id} was not a voter within {JOIN_WITHIN:?}; {}", self.log_tails(8));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Removes member `id` with `member remove` (retried by the client
+    /// across leader changes; removing the leader hands leadership over
+    /// first). A running node must then stop by itself with exit code 3; a
+    /// stopped one stays stopped. Either way it is retired.
+    pub fn remove(&mut self, id: u64) -> Result<()> {
+        let admin = self.admin_client()?;
+        let is_member =
+            |list: &fencelock_client::Membership| list.members.iter().any(|member| member.id == id);
+        match admin.member_remove(id) {
+            Ok(listed) if is_member(&listed) => {
+                bail!("node {id} is still a member after its removal: {:?}", listed.members)
+            }
+            Ok(_) => {}
+            // No definite answer (a leader lost mid-change): the list says
+            // whether it applied.
+            Err(err) => {
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while admin.member_list().map_or(true, |list| is_member(&list)) {
+                    if Instant::now() >= deadline {
+                        return Err(anyhow::Error::new(err).context(format!("member remove {id}")));
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+        self.retired.insert(id);
+        self.update_watched();
+        if !self.launch.is_running(id) {
+            return Ok(());
+        }
+        if self.launch.is_paused(id) {
+            self.launch.resume(id)?;
+        }
+        match self.launch.wait_exit(id, REMOVED_EXIT_WITHIN)? {
+            Some(status) if status.code() == Some(EXIT_REMOVED) => Ok(()),
+            Some(status) => bail!("removed node {id} exited with {status}, not code {EXIT_REMOVED}"),
+            None => {
+                self.launch.kill9(id)?;
+                bail!("removed node {id} still ran {REMOVED_EXIT_WITHIN:?} after its removal")
+            }
+        }
     }
 
     /// Starts node `id`'s process (again), on its data directory.
@@ -181,10 +331,7 @@ impl Cluster {
     /// Each running node's status, one short attempt each; `None` for a
     /// node that did not answer.
     pub fn statuses(&self) -> Vec<(u64, Option<NodeStatus>)> {
-        self.launch
-            .layout()
-            .nodes()
-            .iter()
+        self.members()
             .map(|node| {
                 let status = if self.launch.is_running(node.id) && !self.launch.is_paused(node.id) {
                     self.status_client.status(&node.client_addr.to_string()).ok()
@@ -249,9 +396,10 @@ impl Cluster {
         }
     }
 
-    /// Removes the nodes' data directories (their logs stay).
+    /// Removes the nodes' data directories, retired ones' too (their logs
+    /// stay).
     pub fn remove_data(&self) {
-        for id in self.ids() {
+        for id in self.launch.ids() {
             let _ = self.launch.layout().wipe(id);
         }
     }
@@ -274,6 +422,8 @@ impl Cluster {
                     "client_addr": node.client_addr.to_string(),
                     "peer_addr": node.peer_addr.to_string(),
                     "proxy_addr": proxy.listen_addr().to_string(),
+                    "joined": node.joined,
+                    "removed": self.retired.contains(&node.id),
                 })
             })
             .collect()

@@ -49,9 +49,10 @@ use crate::run::Settings;
 )]
 struct Cli {
     /// `all`, a suite (kill, pause, partition, clock-skew, lose-data,
-    /// client-resets, combined), or one fault alone (kill-leader,
-    /// kill-random, kill-all, pause-leader, pause-holder, partition-halves,
-    /// isolate-leader, bridge, clock-skew, lose-data, reset-clients); or
+    /// client-resets, membership, combined), or one fault alone
+    /// (kill-leader, kill-random, kill-all, pause-leader, pause-holder,
+    /// partition-halves, isolate-leader, bridge, clock-skew, lose-data,
+    /// reset-clients, grow-shrink, replace-node); or
     /// `hostile`: clients that break the rules, run on its own (not in
     /// `all`).
     #[arg(default_value = "all")]
@@ -143,8 +144,8 @@ fn run(cli: &Cli) -> Result<bool> {
             .collect();
         if !cannot.is_empty() {
             bail!(
-                "--tls does not go with partitions or client resets (the proxies read peer hellos, the resets \
-                 speak plain TCP): {}",
+                "--tls does not go with partitions, client resets or membership changes (the proxies read peer \
+                 hellos, the resets speak plain TCP, an added node has no certificate): {}",
                 cannot.join(", ")
             );
         }

@@ -46,6 +46,12 @@ pub enum FaultKind {
     /// Every client hangs up right after sending each acquire, before its
     /// answer, and retries the same acquire as the protocol says.
     ResetClients,
+    /// A new node joins (`--join`) and is promoted; after the hold a member
+    /// drawn from the seed (the leader, perhaps) is removed.
+    GrowShrink,
+    /// kill -9 of a member drawn from the seed, its removal, and a new node
+    /// at a new address joining in its place.
+    ReplaceNode,
 }
 
 impl FaultKind {
@@ -59,10 +65,17 @@ impl FaultKind {
                 | FaultKind::IsolateLeader
                 | FaultKind::Bridge
                 | FaultKind::ResetClients
+                | FaultKind::GrowShrink
+                | FaultKind::ReplaceNode
         )
     }
 
-    pub const ALL: [FaultKind; 11] = [
+    /// Whether the fault changes the membership.
+    pub fn changes_membership(self) -> bool {
+        matches!(self, FaultKind::GrowShrink | FaultKind::ReplaceNode)
+    }
+
+    pub const ALL: [FaultKind; 13] = [
         FaultKind::KillLeader,
         FaultKind::KillRandom,
         FaultKind::KillAll,
@@ -74,6 +87,8 @@ impl FaultKind {
         FaultKind::ClockSkew,
         FaultKind::LoseData,
         FaultKind::ResetClients,
+        FaultKind::GrowShrink,
+        FaultKind::ReplaceNode,
     ];
 
     pub fn name(self) -> &'static str {
@@ -89,6 +104,8 @@ impl FaultKind {
             FaultKind::ClockSkew => "clock-skew",
             FaultKind::LoseData => "lose-data",
             FaultKind::ResetClients => "reset-clients",
+            FaultKind::GrowShrink => "grow-shrink",
+            FaultKind::ReplaceNode => "replace-node",
         }
     }
 
@@ -111,6 +128,9 @@ impl FaultKind {
             FaultKind::ClockSkew => (4_000, 8_000),
             // Long enough for a few hundred abandoned acquires.
             FaultKind::ResetClients => (2_000, 5_000),
+            // The strike (a join, a catch-up, a promotion) takes seconds
+            // itself; the hold covers it and some locking with the new node.
+            FaultKind::GrowShrink | FaultKind::ReplaceNode => (4_000, 7_000),
         }
     }
 }
@@ -148,6 +168,15 @@ pub enum Fault {
         node: u64,
     },
     ResetClients,
+    /// The member removed after the hold is the one at `victim_rank`
+    /// (modulo the members' number) among the members by id.
+    GrowShrink {
+        victim_rank: u64,
+    },
+    /// The member killed and replaced is the one at `victim_rank`.
+    ReplaceNode {
+        victim_rank: u64,
+    },
 }
 
 impl Fault {
@@ -164,6 +193,8 @@ impl Fault {
             Fault::ClockSkew { .. } => FaultKind::ClockSkew,
             Fault::LoseData { .. } => FaultKind::LoseData,
             Fault::ResetClients => FaultKind::ResetClients,
+            Fault::GrowShrink { .. } => FaultKind::GrowShrink,
+            Fault::ReplaceNode { .. } => FaultKind::ReplaceNode,
         }
     }
 
@@ -192,7 +223,8 @@ pub fn quiet_ms(duration_ms: u64) -> u64 {
 
 /// The schedule of a run: faults of `kinds`, one at a time, dealt from a
 /// shuffled deck so that a short run still sees each kind once when it has
-/// room, separated by short quiet gaps.
+/// room (membership changes first in each deck), separated by short quiet
+/// gaps.
 pub fn schedule(
     kinds: &[FaultKind],
     nodes: u64,
@@ -213,6 +245,9 @@ pub fn schedule(
         if deck.is_empty() {
             deck = kinds.to_vec();
             rng.shuffle(&mut deck);
+            // Membership changes are dealt first (the deck is dealt from
+            // its end): they take longest, and a short run sees each.
+            deck.sort_by_key(|kind| kind.changes_membership());
         }
         let Some(kind) = deck.pop() else { break };
         let (low, high) = kind.hold_range();
@@ -235,6 +270,8 @@ fn draw(kind: FaultKind, ids: &[u64], clients: usize, rng: &mut SplitMix64) -> F
         FaultKind::KillAll => Fault::KillAll,
         FaultKind::PauseLeader => Fault::PauseLeader,
         FaultKind::ResetClients => Fault::ResetClients,
+        FaultKind::GrowShrink => Fault::GrowShrink { victim_rank: rng.below(16) },
+        FaultKind::ReplaceNode => Fault::ReplaceNode { victim_rank: rng.below(16) },
         FaultKind::PauseHolder => Fault::PauseHolder {
             client: rng.below(clients.max(1) as u64) as usize,
             extra_ms: rng.between(300, 1_500),
@@ -467,15 +504,34 @@ fn strike(
             cluster.kill9(id)
         }
         Fault::KillNode { node } => {
-            record.nodes = vec![*node];
-            record.leader_lost = leader == Some(*node);
-            cluster.kill9(*node)
+            let node = member(cluster, *node)?;
+            record.nodes = vec![node];
+            record.leader_lost = leader == Some(node);
+            cluster.kill9(node)
         }
         Fault::LoseData { node } => {
-            record.nodes = vec![*node];
-            record.leader_lost = leader == Some(*node);
-            cluster.kill9(*node)?;
-            cluster.wipe(*node)
+            let node = member(cluster, *node)?;
+            record.nodes = vec![node];
+            record.leader_lost = leader == Some(node);
+            cluster.kill9(node)?;
+            cluster.wipe(node)
+        }
+        Fault::GrowShrink { .. } => {
+            let joined = cluster.join()?;
+            record.nodes = vec![joined];
+            Ok(())
+        }
+        Fault::ReplaceNode { victim_rank } => {
+            let victim = victim(cluster, *victim_rank)?;
+            record.nodes = vec![victim];
+            record.leader_lost = leader == Some(victim);
+            cluster.kill9(victim)?;
+            cluster.remove(victim)?;
+            let joined = cluster.join()?;
+            record.nodes.push(joined);
+            record.note =
+                Some(format!("node {victim} killed and removed, node {joined} joined in its place"));
+            Ok(())
         }
         Fault::KillAll => {
             record.nodes = cluster.ids();
@@ -588,11 +644,22 @@ fn heal(
             }
             Ok(())
         }
-        Fault::LoseData { node } => {
-            cluster.launch(*node)?;
+        Fault::GrowShrink { victim_rank } => {
+            let victim = victim(cluster, *victim_rank)?;
+            let was_leader = cluster.leader().map(|(id, _)| id) == Some(victim);
+            cluster.remove(victim)?;
+            let joined = record.nodes.first().map_or_else(|| "none".to_owned(), u64::to_string);
+            let leader = if was_leader { " (the leader)" } else { "" };
+            eprintln!("  grow-shrink: node {joined} joined; node {victim}{leader} removed");
+            Ok(())
+        }
+        Fault::ReplaceNode { .. } => Ok(()),
+        Fault::LoseData { .. } => {
+            let Some(&node) = record.nodes.first() else { return Ok(()) };
+            cluster.launch(node)?;
             // The next fault waits until the node has caught up: two nodes of
             // three rejoining at once could never elect (docs/suites.md).
-            cluster.wait_for_rejoin(*node, REJOIN_WITHIN)
+            cluster.wait_for_rejoin(node, REJOIN_WITHIN)
         }
         Fault::PauseHolder { .. } => Ok(()),
         Fault::ResetClients => {
@@ -610,6 +677,30 @@ fn heal(
             Ok(())
         }
     }
+}
+
+/// Member `id`, or the member at its rank once membership changes have
+/// retired it.
+fn member(cluster: &Cluster, id: u64) -> anyhow::Result<u64> {
+    cluster.resolve(id).ok_or_else(|| anyhow::anyhow!("no member left"))
+}
+
+/// The member at `rank` to remove; but never one of the last two of the
+/// initial nodes, whose addresses are the workload clients' endpoints (a
+/// client configured with three addresses keeps two that answer).
+fn victim(cluster: &Cluster, rank: u64) -> anyhow::Result<u64> {
+    let drawn = cluster.member_at(rank).ok_or_else(|| anyhow::anyhow!("no member left"))?;
+    let ids = cluster.ids();
+    let initial = ids.iter().filter(|id| cluster.is_initial(**id)).count();
+    if !cluster.is_initial(drawn) || initial > 2 {
+        return Ok(drawn);
+    }
+    let joined: Vec<u64> = ids.into_iter().filter(|id| !cluster.is_initial(*id)).collect();
+    let len = u64::try_from(joined.len()).unwrap_or(0);
+    if len == 0 {
+        anyhow::bail!("no member to remove: only the last two initial nodes are left");
+    }
+    Ok(joined[usize::try_from(rank % len).unwrap_or(0)])
 }
 
 /// How long a node that lost its data may take to rejoin and catch up.
@@ -657,6 +748,21 @@ mod tests {
         }
         assert!(a.first().is_some_and(|step| step.at_ms == quiet));
         assert!(a.iter().all(|step| step.at_ms + step.hold_ms <= 60_000 - quiet));
+    }
+
+    #[test]
+    fn membership_changes_are_dealt_first_so_a_short_run_sees_them() {
+        let kinds = [FaultKind::GrowShrink, FaultKind::ReplaceNode, FaultKind::KillRandom];
+        for seed in 0..50 {
+            let steps = schedule(&kinds, 3, 8, 15_000, &mut SplitMix64::new(seed));
+            let first: Vec<FaultKind> = steps.iter().take(2).map(|step| step.fault.kind()).collect();
+            assert_eq!(first.len(), 2, "seed {seed}: {steps:?}");
+            assert!(first.iter().all(|kind| kind.changes_membership()), "seed {seed}: {first:?}");
+            assert_ne!(first[0], first[1], "seed {seed}");
+        }
+        // Victims are drawn from the seed too.
+        let a = schedule(&kinds, 3, 8, 60_000, &mut SplitMix64::new(1));
+        assert_eq!(a, schedule(&kinds, 3, 8, 60_000, &mut SplitMix64::new(1)));
     }
 
     #[test]

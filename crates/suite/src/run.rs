@@ -6,7 +6,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
@@ -37,6 +37,10 @@ pub fn suites() -> Vec<Suite> {
         about: about.to_owned(),
         kinds: kinds.to_vec(),
     };
+    // The membership changes stay out of the combined suite: partitions,
+    // bridges and clock skew name nodes by the initial ids.
+    let combined: Vec<FaultKind> =
+        FaultKind::ALL.into_iter().filter(|kind| !kind.changes_membership()).collect();
     vec![
         suite(
             "kill",
@@ -68,7 +72,12 @@ pub fn suites() -> Vec<Suite> {
             "clients hang up on each acquire before its answer and retry it on another connection",
             &[ResetClients],
         ),
-        suite("combined", "every fault above, dealt in a seeded order", &FaultKind::ALL),
+        suite(
+            "membership",
+            "nodes join, are promoted and removed, and a killed node is replaced, mixed with kill -9",
+            &[GrowShrink, ReplaceNode, KillRandom],
+        ),
+        suite("combined", "every fault above but the membership changes, dealt in a seeded order", &combined),
     ]
 }
 
@@ -211,7 +220,7 @@ pub fn run(suite: &Suite, settings: &Settings) -> Result<Verdict> {
     let endpoints = cluster.endpoints();
     let clients = workload::spawn(&workload_config, &endpoints, &shared, deadline, &mut workload_rng)?;
     let stop_monitor = Arc::new(AtomicBool::new(false));
-    let monitor = spawn_monitor(&endpoints, &cluster.ids(), &shared, deadline, &stop_monitor)?;
+    let monitor = spawn_monitor(&endpoints, cluster.watched(), &shared, deadline, &stop_monitor)?;
 
     let faketime = settings.faketime.clone();
     let skew = move |rate: f64| faketime.as_deref().map(|lib| skew_env(lib, rate));
@@ -249,6 +258,20 @@ pub fn run(suite: &Suite, settings: &Settings) -> Result<Verdict> {
         skew_windows: &skew_windows,
     };
     let mut checks = checker::check(&input);
+    let membership_failures: Vec<String> = records
+        .iter()
+        .filter(|record| record.kind.changes_membership())
+        .filter_map(|record| record.error.as_ref().map(|error| format!("{}: {error}", record.kind.name())))
+        .collect();
+    if kinds.iter().any(|kind| kind.changes_membership()) {
+        checks.push(Check {
+            name: "membership",
+            about: "every join, promotion and removal was done, and every removed node stopped with code 3",
+            enforced: true,
+            violations: membership_failures.len(),
+            examples: membership_failures.into_iter().take(5).collect(),
+        });
+    }
     if let Some(error) = heal_error {
         checks.push(Check {
             name: "heal",
@@ -333,7 +356,7 @@ pub fn run(suite: &Suite, settings: &Settings) -> Result<Verdict> {
 /// Polls every node's status until `deadline` or `stop`, recording who led.
 fn spawn_monitor(
     endpoints: &[String],
-    ids: &[u64],
+    watched: cluster::Watched,
     shared: &Arc<Shared>,
     deadline: Instant,
     stop: &Arc<AtomicBool>,
@@ -343,7 +366,6 @@ fn spawn_monitor(
     config.retry_for = Duration::ZERO;
     config.owner = Some(crate::tls::owner("suite-monitor").into_bytes());
     let client = Client::connect(config)?;
-    let nodes: Vec<(u64, String)> = ids.iter().copied().zip(endpoints.iter().cloned()).collect();
     let shared = Arc::clone(shared);
     let stop = Arc::clone(stop);
     std::thread::Builder::new()
@@ -351,6 +373,7 @@ fn spawn_monitor(
         .spawn(move || {
             let mut samples = Vec::new();
             while Instant::now() < deadline && !stop.load(Ordering::SeqCst) {
+                let nodes = watched.lock().unwrap_or_else(PoisonError::into_inner).clone();
                 let statuses: Vec<_> =
                     nodes.iter().map(|(id, endpoint)| (*id, client.status(endpoint).ok())).collect();
                 // Stamped when the last answer is in: a paused node makes a
@@ -380,8 +403,20 @@ mod tests {
         let all = select("all").unwrap();
         assert_eq!(
             all.iter().map(|suite| suite.name.as_str()).collect::<Vec<_>>(),
-            ["kill", "pause", "partition", "clock-skew", "lose-data", "client-resets", "combined"]
+            [
+                "kill",
+                "pause",
+                "partition",
+                "clock-skew",
+                "lose-data",
+                "client-resets",
+                "membership",
+                "combined"
+            ]
         );
+        let combined = &all[all.len() - 1].kinds;
+        assert!(combined.iter().all(|kind| !kind.changes_membership()));
+        assert_eq!(combined.len(), FaultKind::ALL.len() - 2);
         // Every fault kind belongs to some suite besides the combined one.
         for kind in FaultKind::ALL {
             assert!(all[..all.len() - 1].iter().any(|suite| suite.kinds.contains(&kind)), "{kind:?}");
