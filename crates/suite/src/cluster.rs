@@ -119,6 +119,9 @@ impl Cluster {
             let node = launch.layout_mut().node_mut(id)?;
             let proxy = PeerProxy::start(id, node.peer_addr, Arc::clone(&rules))?;
             node.advertised_peer_addr = Some(proxy.listen_addr());
+            // What the member directory records for it, so that a node that
+            // joins later reaches it through its proxy too.
+            node.flags = vec!["--advertise-peer-addr".into(), proxy.listen_addr().to_string()];
             node.env = config.node_env.get(index).cloned().unwrap_or_default();
             proxies.push(proxy);
         }
