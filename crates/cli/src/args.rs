@@ -14,7 +14,9 @@ Exit codes:
      also `check` answering no, `release` or `renew` of a lock not held,
      and `status` finding no leader or a leader without a quorum
   3  the lock was lost while CMD ran (`lock` stopped CMD)
-  `lock` otherwise exits with CMD's exit code (128+N if CMD died of signal N).";
+  `lock` otherwise exits with CMD's exit code (128+N if CMD died of signal N);
+  `lock --conflict-exit-code N` and `--lost-exit-code N` replace its 2 and 3,
+  so that they cannot be taken for CMD's own.";
 
 /// fencelock: take, release and inspect locks in a fencelock cluster.
 #[derive(Debug, Parser)]
@@ -26,7 +28,8 @@ pub struct Cli {
         global = true,
         env = "FENCELOCK_ENDPOINTS",
         value_delimiter = ',',
-        default_value = "127.0.0.1:7101"
+        default_value = "127.0.0.1:7101",
+        value_parser = parse_endpoint
     )]
     pub endpoints: Vec<String>,
 
@@ -167,9 +170,22 @@ pub struct LockArgs {
     /// How long to wait for the lock if another owner holds it.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
     pub wait: Duration,
-    /// How long CMD may take to stop after SIGTERM before it is killed.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
-    pub grace: Duration,
+    /// How long CMD may take to stop after SIGTERM before it is killed
+    /// [default: a third of --ttl, so that a stopped CMD is gone well
+    /// before another holder can be granted the lock].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub grace: Option<Duration>,
+    /// Exit with N, not 2, when the lock is not obtained (held by another
+    /// owner, or the wait timed out), as flock's -E does.
+    #[arg(long, value_name = "N", default_value_t = crate::output::EXIT_NOT_OBTAINED)]
+    pub conflict_exit_code: u8,
+    /// Exit with N, not 3, when the lock is lost while CMD runs.
+    #[arg(long, value_name = "N", default_value_t = crate::output::EXIT_LOST)]
+    pub lost_exit_code: u8,
+    /// Write the JSON result to FILE. Without it, --json writes the result
+    /// to stderr: stdout is CMD's alone.
+    #[arg(long, value_name = "FILE")]
+    pub json_file: Option<std::path::PathBuf>,
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -185,10 +201,13 @@ pub struct AcquireArgs {
     #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
     pub wait: Duration,
     /// The owner identity; acquiring again with the same owner returns the
-    /// same token. Default: a fresh one. Over TLS (--certs-dir) an owner is
-    /// the user's: OWNER is taken as USER/OWNER unless it is USER or
-    /// already starts with USER/.
-    #[arg(long)]
+    /// same token, so a retried `acquire` gets the lock it may already
+    /// have. Default: USER@HOST (the login name and the host name), the
+    /// same on every run; set it per job when two jobs of one user on one
+    /// host must not share a lock. Over TLS (--certs-dir) an owner is the
+    /// user's: OWNER is taken as USER/OWNER unless it is USER or already
+    /// starts with USER/.
+    #[arg(long, env = "FENCELOCK_OWNER")]
     pub owner: Option<String>,
 }
 
@@ -242,6 +261,51 @@ fn token_parser() -> clap::builder::RangedU64ValueParser<u64> {
     clap::value_parser!(u64).range(1..)
 }
 
+impl LockArgs {
+    /// `--grace`, or a third of the lease.
+    pub fn grace(&self) -> Duration {
+        self.grace.unwrap_or(self.ttl / 3)
+    }
+}
+
+/// One endpoint, HOST:PORT: a host name, an IPv4 address or an IPv6
+/// address in brackets, then a port from 1 to 65535. Checked when the
+/// arguments are parsed, so that a typo fails at once instead of being
+/// retried for --retry-for.
+pub fn parse_endpoint(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    let bad = |why: &str| format!("`{text}` is not HOST:PORT: {why}");
+    let (host, port) = text.rsplit_once(':').ok_or_else(|| bad("no port"))?;
+    match port.parse::<u16>() {
+        Ok(port) if port > 0 => {}
+        _ => return Err(bad("the port is not a number from 1 to 65535")),
+    }
+    if let Some(inner) = host.strip_prefix('[').and_then(|host| host.strip_suffix(']')) {
+        if inner.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(bad("not an IPv6 address between the brackets"));
+        }
+    } else if host.parse::<std::net::Ipv4Addr>().is_err() && !is_host_name(host) {
+        return Err(bad(
+            "the host is neither a host name nor an IP address (an IPv6 address goes in brackets)",
+        ));
+    }
+    Ok(text.to_owned())
+}
+
+/// Letters, digits and `-` in dot-separated labels of 1 to 63 characters,
+/// none starting or ending with `-`; 253 characters at most.
+fn is_host_name(host: &str) -> bool {
+    !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'-')
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
@@ -250,6 +314,72 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("fencelock").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn endpoints_are_checked_when_parsed() {
+        for good in ["127.0.0.1:7101", "lock-1.example.com:7101", "localhost:1", "[::1]:7101", " h:65535"] {
+            assert_eq!(parse_endpoint(good), Ok(good.trim().to_owned()), "{good}");
+        }
+        for (bad, why) in [
+            ("127.0.0.1", "no port"),
+            ("h:0", "the port"),
+            ("h:65536", "the port"),
+            ("h:71o1", "the port"),
+            (":7101", "neither a host name"),
+            ("::1:7101", "neither a host name"),
+            ("[::g]:7101", "IPv6"),
+            ("bad_host:7101", "neither a host name"),
+            ("-h:7101", "neither a host name"),
+            ("a..b:7101", "neither a host name"),
+            ("", "no port"),
+        ] {
+            let error = parse_endpoint(bad).unwrap_err();
+            assert!(error.contains(why) && error.contains(&format!("`{}`", bad.trim())), "{bad}: {error}");
+        }
+        let long = format!("{}:1", "a".repeat(64));
+        assert!(parse_endpoint(&long).is_err());
+        // Through clap: each of the comma-separated endpoints, a trailing
+        // comma included.
+        assert!(parse(&["--endpoints", "a:1,b:2", "status"]).is_ok());
+        let error = parse(&["--endpoints", "a:1,b", "status"]).unwrap_err().to_string();
+        assert!(error.contains("`b` is not HOST:PORT: no port"), "{error}");
+        assert!(parse(&["--endpoints", "a:1,", "status"]).is_err());
+    }
+
+    #[test]
+    fn lock_grace_defaults_to_a_third_of_the_lease_and_exit_codes_can_be_chosen() {
+        let Command::Lock(lock) = parse(&["lock", "k", "--", "true"]).unwrap().command else { panic!() };
+        assert_eq!(lock.grace(), Duration::from_secs(10) / 3);
+        assert_eq!((lock.conflict_exit_code, lock.lost_exit_code, lock.json_file), (2, 3, None));
+        let Command::Lock(lock) = parse(&[
+            "lock",
+            "k",
+            "--ttl",
+            "30s",
+            "--conflict-exit-code",
+            "75",
+            "--lost-exit-code",
+            "76",
+            "--json-file",
+            "out.json",
+            "--",
+            "true",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!()
+        };
+        assert_eq!(lock.grace(), Duration::from_secs(10));
+        assert_eq!((lock.conflict_exit_code, lock.lost_exit_code), (75, 76));
+        assert_eq!(lock.json_file.as_deref(), Some(std::path::Path::new("out.json")));
+        let Command::Lock(lock) = parse(&["lock", "k", "--grace", "1s", "--", "true"]).unwrap().command
+        else {
+            panic!()
+        };
+        assert_eq!(lock.grace(), Duration::from_secs(1));
+        assert!(parse(&["lock", "k", "--lost-exit-code", "256", "--", "true"]).is_err());
     }
 
     #[test]
@@ -287,7 +417,7 @@ mod tests {
         assert_eq!(lock.key, "jobs/x");
         assert_eq!(lock.ttl, Duration::from_millis(500));
         assert_eq!(lock.wait, Duration::from_secs(30));
-        assert_eq!(lock.grace, Duration::from_secs(10));
+        assert_eq!(lock.grace(), Duration::from_millis(500) / 3);
         assert_eq!(lock.command, vec!["sh", "-c", "exit 3"]);
     }
 

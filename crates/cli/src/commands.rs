@@ -34,6 +34,24 @@ fn owner_of(cli: &Cli, owner: &str) -> Vec<u8> {
     }
 }
 
+/// `acquire`'s owner without `--owner` or `FENCELOCK_OWNER`: USER@HOST,
+/// the same on every run, so that a retried `acquire` is answered with the
+/// lock it may have got already (same token) rather than "held".
+fn default_owner() -> String {
+    let uid = nix::unistd::getuid();
+    let user = std::env::var("USER")
+        .ok()
+        .filter(|user| !user.is_empty())
+        .or_else(|| nix::unistd::User::from_uid(uid).ok().flatten().map(|user| user.name))
+        .unwrap_or_else(|| format!("uid-{uid}"));
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|host| host.into_string().ok())
+        .filter(|host| !host.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("{user}@{host}")
+}
+
 /// Prints `value` as one line of JSON.
 pub fn print_json(value: &serde_json::Value) {
     println!("{value}");
@@ -41,10 +59,7 @@ pub fn print_json(value: &serde_json::Value) {
 
 pub fn acquire(cli: &Cli, args: &AcquireArgs) -> Result<Exit> {
     let client = connect(cli)?;
-    let owner = match &args.owner {
-        Some(owner) => owner_of(cli, owner),
-        None => client.owner().to_vec(),
-    };
+    let owner = owner_of(cli, &args.owner.clone().unwrap_or_else(default_owner));
     // No guard: this process exits right away, and the lock must outlive it.
     let grant = client
         .acquire_raw(&owner, &args.key, args.ttl, args.wait)

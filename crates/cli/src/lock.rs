@@ -8,6 +8,10 @@
 //! holds the lock. SIGTERM and SIGHUP sent to fencelock are passed on to CMD,
 //! and fencelock waits for CMD before releasing; SIGINT from a terminal
 //! already reaches CMD (same process group), so fencelock only survives it.
+//!
+//! Its own outcomes have exit codes the user may choose
+//! (`--conflict-exit-code`, `--lost-exit-code`) so that they are not taken
+//! for CMD's, and its JSON goes to stderr or `--json-file`: stdout is CMD's.
 
 use std::process::{Child, ExitStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,8 +23,8 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 use crate::args::{Cli, LockArgs};
-use crate::commands::{connect, print_json};
-use crate::output::{child_exit_code, lock_json, Exit};
+use crate::commands::connect;
+use crate::output::{child_exit_code, error_json, lock_json, Exit};
 
 /// How often the child and the lock are looked at.
 const POLL: Duration = Duration::from_millis(50);
@@ -57,9 +61,19 @@ impl Forwarded {
 pub fn run(cli: &Cli, args: &LockArgs) -> Result<Exit> {
     let (program, program_args) = args.command.split_first().context("no command given")?;
     let client = connect(cli)?;
-    let guard = client
-        .acquire(&args.key, args.ttl, args.wait)
-        .with_context(|| format!("cannot acquire {}", args.key))?;
+    let guard = match client.acquire(&args.key, args.ttl, args.wait) {
+        Ok(guard) => guard,
+        Err(error) if error.is_not_obtained() => {
+            let error = anyhow::Error::new(error).context(format!("cannot acquire {}", args.key));
+            eprintln!("fencelock: {error:#}");
+            let mut json = error_json(&error);
+            json["exit_code"] = args.conflict_exit_code.into();
+            emit_json(cli, args, &json)?;
+            return Ok(Exit::Code(args.conflict_exit_code));
+        }
+        Err(error) => return Err(error).with_context(|| format!("cannot acquire {}", args.key)),
+    };
+    let lost = Exit::Code(args.lost_exit_code);
     let token = guard.token();
     // Installed before CMD starts, so that no signal can kill fencelock
     // while CMD runs unsupervised.
@@ -84,11 +98,9 @@ pub fn run(cli: &Cli, args: &LockArgs) -> Result<Exit> {
         if guard.is_lost() {
             let reason = guard.lost_reason().unwrap_or_else(|| "lost".to_owned());
             eprintln!("fencelock: lost the lock on {} ({reason}); stopping the command", args.key);
-            stop(&mut child, args.grace)?;
-            if cli.json {
-                print_json(&lock_json(&args.key, token, guard.lease(), Exit::Lost, Some(&reason)));
-            }
-            return Ok(Exit::Lost);
+            stop(&mut child, args.grace())?;
+            emit_json(cli, args, &lock_json(&args.key, token, guard.lease(), lost, Some(&reason)))?;
+            return Ok(lost);
         }
         std::thread::sleep(POLL);
     };
@@ -96,10 +108,8 @@ pub fn run(cli: &Cli, args: &LockArgs) -> Result<Exit> {
     if guard.is_lost() {
         let reason = guard.lost_reason().unwrap_or_else(|| "lost".to_owned());
         eprintln!("fencelock: lost the lock on {} before the command finished ({reason})", args.key);
-        if cli.json {
-            print_json(&lock_json(&args.key, token, guard.lease(), Exit::Lost, Some(&reason)));
-        }
-        return Ok(Exit::Lost);
+        emit_json(cli, args, &lock_json(&args.key, token, guard.lease(), lost, Some(&reason)))?;
+        return Ok(lost);
     }
     let lease = guard.lease();
     if let Err(error) = guard.release() {
@@ -109,10 +119,23 @@ pub fn run(cli: &Cli, args: &LockArgs) -> Result<Exit> {
         );
     }
     let exit = Exit::Child(child_exit_code(status));
-    if cli.json {
-        print_json(&lock_json(&args.key, token, lease, exit, None));
-    }
+    emit_json(cli, args, &lock_json(&args.key, token, lease, exit, None))?;
     Ok(exit)
+}
+
+/// Writes `lock`'s JSON result where it goes: to `--json-file` if given,
+/// else to stderr with `--json`; never to stdout, which is CMD's.
+pub fn emit_json(cli: &Cli, args: &LockArgs, value: &serde_json::Value) -> Result<()> {
+    match &args.json_file {
+        Some(path) => std::fs::write(path, format!("{value}\n"))
+            .with_context(|| format!("cannot write the JSON result to {}", path.display())),
+        None => {
+            if cli.json {
+                eprintln!("{value}");
+            }
+            Ok(())
+        }
+    }
 }
 
 /// SIGTERM, up to `grace` to exit, then SIGKILL.

@@ -18,7 +18,9 @@
 //! `check` answering no, `release` or `renew` of a lock not held; `status`
 //! with nodes answering but no leader, or a leader without a quorum); 3 the
 //! lock was lost while `lock`'s command ran. Otherwise `lock` exits with its
-//! command's code (128+N if the command died of signal N).
+//! command's code (128+N if the command died of signal N); its
+//! `--conflict-exit-code` and `--lost-exit-code` replace 2 and 3, and its
+//! JSON goes to stderr or `--json-file`, never to its command's stdout.
 
 mod args;
 mod cert;
@@ -50,8 +52,15 @@ fn main() -> ExitCode {
         Ok(exit) => ExitCode::from(exit.code()),
         Err(error) => {
             eprintln!("fencelock: {error:#}");
-            if cli.json {
-                commands::print_json(&error_json(&error));
+            match &cli.command {
+                // `lock`'s stdout is its command's.
+                Command::Lock(args) => {
+                    if let Err(sink) = lock::emit_json(&cli, args, &error_json(&error)) {
+                        eprintln!("fencelock: {sink:#}");
+                    }
+                }
+                _ if cli.json => commands::print_json(&error_json(&error)),
+                _ => {}
             }
             ExitCode::from(error_exit_code(&error))
         }

@@ -25,7 +25,6 @@ pub const EXIT_NO_QUORUM: u8 = 2;
 pub enum Exit {
     Done,
     NotObtained,
-    Lost,
     /// `lock` passes on its command's exit code.
     Child(u8),
     /// Failed, with the output already printed (`status` when no node
@@ -34,6 +33,9 @@ pub enum Exit {
     /// `status`: nodes answered, but no leader did, or the leader has no
     /// quorum.
     NoQuorum,
+    /// A code the user chose (`lock --conflict-exit-code`,
+    /// `--lost-exit-code`).
+    Code(u8),
 }
 
 impl Exit {
@@ -41,10 +43,10 @@ impl Exit {
         match self {
             Exit::Done => 0,
             Exit::NotObtained => EXIT_NOT_OBTAINED,
-            Exit::Lost => EXIT_LOST,
             Exit::Child(code) => code,
             Exit::Failed => EXIT_ERROR,
             Exit::NoQuorum => EXIT_NO_QUORUM,
+            Exit::Code(code) => code,
         }
     }
 }
@@ -297,7 +299,10 @@ mod tests {
             anyhow::Error::new(ClientError::Unavailable("no leader".into())).context("cannot get k");
         assert_eq!(error_exit_code(&unavailable), 1);
         assert_eq!(error_exit_code(&anyhow::anyhow!("cannot run the command")), 1);
-        assert_eq!([Exit::Done, Exit::NotObtained, Exit::Lost, Exit::Child(7)].map(Exit::code), [0, 2, 3, 7]);
+        assert_eq!(
+            [Exit::Done, Exit::NotObtained, Exit::Code(EXIT_LOST), Exit::Child(7)].map(Exit::code),
+            [0, 2, 3, 7]
+        );
     }
 
     #[test]
@@ -338,7 +343,7 @@ mod tests {
             renew_json("a", 3, Duration::from_secs(1), true),
             json!({"key": "a", "token": 3, "lease_ms": 1000, "renewed": true})
         );
-        let lost = lock_json("a", 3, Duration::from_secs(1), Exit::Lost, Some("gone"));
+        let lost = lock_json("a", 3, Duration::from_secs(1), Exit::Code(EXIT_LOST), Some("gone"));
         assert_eq!((lost["exit_code"].clone(), lost["lost"].clone()), (json!(3), json!(true)));
     }
 

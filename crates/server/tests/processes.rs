@@ -79,6 +79,73 @@ fn the_client_and_the_cli_acquire_and_release() {
 }
 
 #[test]
+fn the_cli_keeps_its_owner_across_retries_and_lock_keeps_its_own_exit_codes_and_json_apart() {
+    let cluster = Cluster::start(3);
+    let client = cluster.client();
+    cluster.leader(&client);
+
+    // A retried `acquire` (the script ran again) gets the same token: the
+    // default owner is USER@HOST, the same on every run.
+    let first = cli(&cluster, &["--json", "acquire", "jobs/retry", "--ttl", "30s"]);
+    assert!(first.status.success(), "{first:?}");
+    let first: serde_json::Value = serde_json::from_slice(&first.stdout).unwrap();
+    let owner = first["owner"].as_str().unwrap().to_owned();
+    assert!(owner.contains('@') && !owner.starts_with('@') && !owner.ends_with('@'), "{first}");
+    let again = cli(&cluster, &["--json", "acquire", "jobs/retry", "--ttl", "30s"]);
+    assert!(again.status.success(), "{again:?}");
+    let again: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(
+        (&again["token"], &again["existing"], &again["owner"]),
+        (&first["token"], &true.into(), &first["owner"])
+    );
+    // FENCELOCK_OWNER names another owner: held, exit code 2.
+    let other = Command::new(cli_binary())
+        .args(["--endpoints", &cluster.endpoints().join(","), "acquire", "jobs/retry", "--ttl", "30s"])
+        .env("FENCELOCK_OWNER", "another-job")
+        .output()
+        .unwrap();
+    assert_eq!(other.status.code(), Some(2), "{other:?}");
+
+    // A malformed endpoint is refused as the arguments are parsed, before
+    // any connection (so not after --retry-for), and says which one.
+    let typo = Command::new(cli_binary())
+        .args(["--endpoints", &format!("{},127.0.0.1:71o1", cluster.endpoints()[0]), "status"])
+        .output()
+        .unwrap();
+    assert_eq!(typo.status.code(), Some(1), "{typo:?}");
+    let stderr = String::from_utf8_lossy(&typo.stderr);
+    assert!(stderr.contains("`127.0.0.1:71o1` is not HOST:PORT"), "{stderr}");
+    assert!(typo.stdout.is_empty(), "{typo:?}");
+
+    // `lock` on a key held by another owner: --conflict-exit-code, and the
+    // JSON on stderr, stdout left to CMD (which never ran).
+    let held = cli(
+        &cluster,
+        &["--json", "lock", "jobs/retry", "--wait", "0s", "--conflict-exit-code", "75", "--", "echo", "ran"],
+    );
+    assert_eq!(held.status.code(), Some(75), "{held:?}");
+    assert!(held.stdout.is_empty(), "{held:?}");
+    let stderr = String::from_utf8_lossy(&held.stderr);
+    let json_line = stderr.lines().find(|line| line.starts_with('{')).unwrap();
+    let json: serde_json::Value = serde_json::from_str(json_line).unwrap();
+    assert_eq!((&json["kind"], &json["exit_code"]), (&"held".into(), &75.into()), "{json}");
+
+    // A job that writes to stdout and exits 2: its stdout and its code are
+    // its own, and the result goes to --json-file.
+    let result = cluster.dir.path().join("lock.json");
+    let result_arg = result.to_str().unwrap();
+    let done = cli(
+        &cluster,
+        &["--json", "lock", "jobs/free", "--json-file", result_arg, "--", "sh", "-c", "echo out; exit 2"],
+    );
+    assert_eq!(done.status.code(), Some(2), "{done:?}");
+    assert_eq!(String::from_utf8_lossy(&done.stdout), "out\n");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
+    assert_eq!((&json["exit_code"], &json["lost"]), (&2.into(), &false.into()), "{json}");
+    assert!(json["token"].as_u64().unwrap() > first["token"].as_u64().unwrap(), "{json}");
+}
+
+#[test]
 fn the_client_carries_on_after_kill_9_of_the_leader_and_the_node_catches_up() {
     let mut cluster = Cluster::start(3);
     let client = cluster.client();
@@ -178,11 +245,15 @@ fn fencelock_lock_exports_the_token_and_stops_its_child_when_the_lock_is_lost() 
 
     // A child that would run for a minute, and a cluster that goes away.
     let pid_file = cluster.dir.path().join("child.pid");
+    let result = cluster.dir.path().join("result.json");
     let script = format!("echo $$ > {}; exec sleep 60", pid_file.display());
     let mut lock = Command::new(cli_binary())
         .arg("--endpoints")
         .arg(cluster.endpoints().join(","))
-        .args(["lock", "jobs/long", "--ttl", "2s", "--grace", "1s", "--", "sh", "-c", &script])
+        .args(["lock", "jobs/long", "--ttl", "2s", "--grace", "1s", "--lost-exit-code", "76"])
+        .arg("--json-file")
+        .arg(&result)
+        .args(["--", "sh", "-c", &script])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -205,7 +276,9 @@ fn fencelock_lock_exports_the_token_and_stops_its_child_when_the_lock_is_lost() 
         assert!(Instant::now() < deadline, "fencelock lock did not notice the lost lock");
         std::thread::sleep(Duration::from_millis(50));
     };
-    assert_eq!(status.code(), Some(3));
+    assert_eq!(status.code(), Some(76));
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
+    assert_eq!((&json["exit_code"], &json["lost"]), (&76.into(), &true.into()), "{json}");
     // The child is gone: signal 0 finds no such process.
     let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child_pid), None).is_ok();
     assert!(!alive, "the child outlived the lock");
