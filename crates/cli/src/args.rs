@@ -68,9 +68,12 @@ pub struct Cli {
 pub enum Command {
     /// Run CMD while holding KEY: acquire, run, keep renewed, release.
     ///
-    /// CMD gets FENCELOCK_KEY and FENCELOCK_TOKEN in its environment. If the
-    /// lock is lost while CMD runs, CMD gets SIGTERM, then SIGKILL after
-    /// --grace, and fencelock exits with 3.
+    /// CMD gets FENCELOCK_KEY and FENCELOCK_TOKEN in its environment and
+    /// runs in a process group of its own. If the lock is lost while CMD
+    /// runs, or fencelock is killed, the whole group gets SIGTERM, then
+    /// SIGKILL after --grace, and fencelock exits with 3
+    /// (--lost-exit-code). What CMD leaves running in its group is stopped
+    /// before the release.
     Lock(LockArgs),
     /// Acquire KEY and print its fencing token. The lock is not renewed nor
     /// released: it lasts until --ttl runs out or `release` is called.

@@ -2,29 +2,38 @@
 //!
 //! The lock is acquired first (waiting up to `--wait`), then CMD runs with
 //! `FENCELOCK_KEY` and `FENCELOCK_TOKEN` set, while the client's background
-//! renewer keeps the lease going. When CMD exits the lock is released and its
-//! exit code passed on. If the lock is lost while CMD runs, CMD is stopped
-//! (SIGTERM, then SIGKILL after `--grace`): it must not go on believing it
-//! holds the lock. SIGTERM and SIGHUP sent to fencelock are passed on to CMD,
-//! and fencelock waits for CMD before releasing; SIGINT from a terminal
-//! already reaches CMD (same process group), so fencelock only survives it.
+//! renewer keeps the lease going. CMD runs in a process group of its own
+//! (the job: CMD and whatever it starts). When CMD exits, whatever it left
+//! in its group is stopped, then the lock is released and CMD's exit code
+//! passed on. If the lock is lost while CMD runs, the whole group is
+//! stopped (SIGTERM, then SIGKILL after `--grace`): nothing of the job may
+//! go on believing it holds the lock. If `fencelock` itself dies, its
+//! watchdog stops the group (`crate::watchdog`).
+//!
+//! SIGTERM, SIGHUP and SIGINT sent to fencelock are passed on to the group,
+//! and fencelock waits for CMD before releasing. In a terminal, the job's
+//! group is made the terminal's foreground group while it runs, so that CMD
+//! reads the terminal and Ctrl-C reaches it directly, as it would without
+//! fencelock.
 //!
 //! Its own outcomes have exit codes the user may choose
 //! (`--conflict-exit-code`, `--lost-exit-code`) so that they are not taken
 //! for CMD's, and its JSON goes to stderr or `--json-file`: stdout is CMD's.
 
-use std::process::{Child, ExitStatus};
+use std::io::IsTerminal;
+use std::os::unix::process::CommandExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
-use nix::sys::signal::{kill, Signal};
+use nix::sys::signal::{killpg, SigSet, Signal};
 use nix::unistd::Pid;
 
 use crate::args::{Cli, LockArgs};
 use crate::commands::connect;
 use crate::output::{child_exit_code, error_json, lock_json, Exit};
+use crate::watchdog::{group_alive, stop_group, Watchdog};
 
 /// How often the child and the lock are looked at.
 const POLL: Duration = Duration::from_millis(50);
@@ -47,13 +56,49 @@ impl Forwarded {
         Ok(Forwarded { flags })
     }
 
-    fn forward(&self, child: &Child) {
+    /// Passes the signals fencelock got on to the job's group. (A Ctrl-C
+    /// in a terminal reaches the job directly, its group being the
+    /// foreground one, and not fencelock.)
+    fn forward(&self, group: Pid) {
         for (signal, flag) in &self.flags {
-            // The terminal sends SIGINT to the whole foreground group, CMD
-            // included; sending it again would look like a second Ctrl-C.
-            if flag.swap(false, Ordering::SeqCst) && *signal != Signal::SIGINT {
-                let _ = send(child, *signal);
+            if flag.swap(false, Ordering::SeqCst) {
+                let _ = killpg(group, *signal);
             }
+        }
+    }
+}
+
+/// The terminal handed to the job's group while it runs, when fencelock
+/// runs in the foreground of one; given back when dropped.
+struct Foreground {
+    own: Option<Pid>,
+}
+
+impl Foreground {
+    fn hand_to(group: Pid) -> Foreground {
+        let stdin = std::io::stdin();
+        if !stdin.is_terminal() || nix::unistd::tcgetpgrp(&stdin).ok() != Some(nix::unistd::getpgrp()) {
+            return Foreground { own: None };
+        }
+        // A process that sets the foreground group while not in it gets
+        // SIGTTOU unless it blocks it (as shells do): fencelock is not in
+        // the job's group once it has handed the terminal over.
+        let mut ttou = SigSet::empty();
+        ttou.add(Signal::SIGTTOU);
+        if ttou.thread_block().is_err() || nix::unistd::tcsetpgrp(&stdin, group).is_err() {
+            return Foreground { own: None };
+        }
+        // CMD may have read the terminal before it was its own, and been
+        // stopped for it (SIGTTIN).
+        let _ = killpg(group, Signal::SIGCONT);
+        Foreground { own: Some(nix::unistd::getpgrp()) }
+    }
+}
+
+impl Drop for Foreground {
+    fn drop(&mut self) {
+        if let Some(own) = self.own.take() {
+            let _ = nix::unistd::tcsetpgrp(std::io::stdin(), own);
         }
     }
 }
@@ -82,28 +127,52 @@ pub fn run(cli: &Cli, args: &LockArgs) -> Result<Exit> {
         .args(program_args)
         .env("FENCELOCK_KEY", &args.key)
         .env("FENCELOCK_TOKEN", token.to_string())
+        .process_group(0)
         .spawn()
         .with_context(|| format!("cannot run {program}"))?;
+    // The job's group is its first process's id.
+    let group = Pid::from_raw(i32::try_from(child.id()).context("the command's pid is out of range")?);
+    let watchdog = match Watchdog::start(group, args.grace()) {
+        Ok(watchdog) => watchdog,
+        Err(error) => {
+            stop_group(group, args.grace(), Some(&mut child));
+            return Err(error);
+        }
+    };
+    let foreground = Foreground::hand_to(group);
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
             Ok(None) => {}
             Err(error) => {
-                let _ = child.kill();
-                let _ = child.wait();
+                stop_group(group, args.grace(), Some(&mut child));
                 return Err(error).context("cannot wait for the command");
             }
         }
-        forwarded.forward(&child);
+        forwarded.forward(group);
         if guard.is_lost() {
+            drop(foreground);
             let reason = guard.lost_reason().unwrap_or_else(|| "lost".to_owned());
             eprintln!("fencelock: lost the lock on {} ({reason}); stopping the command", args.key);
-            stop(&mut child, args.grace())?;
+            if stop_group(group, args.grace(), Some(&mut child)) {
+                eprintln!(
+                    "fencelock: the command did not stop within {}; killed it",
+                    humantime::format_duration(args.grace())
+                );
+            }
+            watchdog.dismiss();
             emit_json(cli, args, &lock_json(&args.key, token, guard.lease(), lost, Some(&reason)))?;
             return Ok(lost);
         }
         std::thread::sleep(POLL);
     };
+    drop(foreground);
+    // What CMD left running in its group does not outlive the lock.
+    if group_alive(group) {
+        eprintln!("fencelock: the command left processes in its group; stopping them before the release");
+        stop_group(group, args.grace(), None);
+    }
+    watchdog.dismiss();
     // A loss noticed only now still happened while CMD ran.
     if guard.is_lost() {
         let reason = guard.lost_reason().unwrap_or_else(|| "lost".to_owned());
@@ -136,29 +205,4 @@ pub fn emit_json(cli: &Cli, args: &LockArgs, value: &serde_json::Value) -> Resul
             Ok(())
         }
     }
-}
-
-/// SIGTERM, up to `grace` to exit, then SIGKILL.
-fn stop(child: &mut Child, grace: Duration) -> Result<ExitStatus> {
-    if send(child, Signal::SIGTERM).is_ok() {
-        let deadline = Instant::now() + grace;
-        while Instant::now() < deadline {
-            if let Some(status) = child.try_wait().context("cannot wait for the command")? {
-                return Ok(status);
-            }
-            std::thread::sleep(POLL.min(deadline.saturating_duration_since(Instant::now())));
-        }
-        eprintln!(
-            "fencelock: the command did not stop within {}; killing it",
-            humantime::format_duration(grace)
-        );
-    }
-    // Std's kill is SIGKILL, and harmless if the child exited meanwhile.
-    let _ = child.kill();
-    child.wait().context("cannot wait for the command")
-}
-
-fn send(child: &Child, signal: Signal) -> Result<()> {
-    let pid = i32::try_from(child.id()).context("child pid out of range")?;
-    kill(Pid::from_raw(pid), signal).with_context(|| format!("cannot send {signal} to the command"))
 }

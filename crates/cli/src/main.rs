@@ -29,6 +29,7 @@ mod lock;
 mod members;
 mod output;
 mod snapshot;
+mod watchdog;
 
 use std::process::ExitCode;
 
@@ -39,6 +40,12 @@ use crate::args::{Cli, Command};
 use crate::output::{error_exit_code, error_json, Exit, EXIT_ERROR};
 
 fn main() -> ExitCode {
+    // `fencelock lock`'s watchdog, started by it, not by users.
+    if std::env::args_os().nth(1).is_some_and(|first| first == watchdog::WATCHDOG_COMMAND) {
+        let rest: Vec<String> =
+            std::env::args_os().skip(2).map(|arg| arg.to_string_lossy().into_owned()).collect();
+        return watchdog::run(&rest);
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => {

@@ -245,8 +245,11 @@ fn fencelock_lock_exports_the_token_and_stops_its_child_when_the_lock_is_lost() 
 
     // A child that would run for a minute, and a cluster that goes away.
     let pid_file = cluster.dir.path().join("child.pid");
+    let grandchild_file = cluster.dir.path().join("grandchild.pid");
     let result = cluster.dir.path().join("result.json");
-    let script = format!("echo $$ > {}; exec sleep 60", pid_file.display());
+    // A shell and its child, as `sh -c` jobs are: the whole job must stop.
+    let script =
+        format!("echo $$ > {}; sleep 60 & echo $! > {}; wait", pid_file.display(), grandchild_file.display());
     let mut lock = Command::new(cli_binary())
         .arg("--endpoints")
         .arg(cluster.endpoints().join(","))
@@ -264,7 +267,8 @@ fn fencelock_lock_exports_the_token_and_stops_its_child_when_the_lock_is_lost() 
         assert!(Instant::now() < deadline, "the child never started");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let child_pid: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    let child_pid = read_pid(&pid_file);
+    let grandchild_pid = read_pid(&grandchild_file);
     for id in 1..=3 {
         cluster.kill(id);
     }
@@ -279,9 +283,85 @@ fn fencelock_lock_exports_the_token_and_stops_its_child_when_the_lock_is_lost() 
     assert_eq!(status.code(), Some(76));
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
     assert_eq!((&json["exit_code"], &json["lost"]), (&76.into(), &true.into()), "{json}");
-    // The child is gone: signal 0 finds no such process.
-    let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child_pid), None).is_ok();
-    assert!(!alive, "the child outlived the lock");
+    // The child and its own child are gone.
+    assert!(!alive(child_pid), "the child outlived the lock");
+    wait_gone(grandchild_pid, "the grandchild outlived the lock");
+}
+
+/// The pid a job wrote to `file`, once it has.
+fn read_pid(file: &std::path::Path) -> i32 {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Ok(pid) = std::fs::read_to_string(file).unwrap_or_default().trim().parse() {
+            return pid;
+        }
+        assert!(Instant::now() < deadline, "no pid in {}", file.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether process `pid` runs: it exists and is not a zombie (an orphan
+/// that exited is reaped by init, or not at all in some containers).
+fn alive(pid: i32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // "PID (COMM) STATE ...": the state follows the last ')'.
+    stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X']))
+}
+
+fn wait_gone(pid: i32, what: &str) {
+    let deadline = Instant::now() + DEADLINE;
+    while alive(pid) {
+        assert!(Instant::now() < deadline, "{what} (pid {pid})");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_job_is_stopped_whole_when_fencelock_is_killed_and_leaves_nothing_behind_when_it_ends() {
+    let cluster = Cluster::start(3);
+    let client = cluster.client();
+    cluster.leader(&client);
+
+    // `fencelock lock` killed with SIGKILL: its watchdog stops the job,
+    // the shell and the shell's child.
+    let pid_file = cluster.dir.path().join("job.pid");
+    let grandchild_file = cluster.dir.path().join("job-child.pid");
+    let script =
+        format!("echo $$ > {}; sleep 60 & echo $! > {}; wait", pid_file.display(), grandchild_file.display());
+    let mut lock = Command::new(cli_binary())
+        .args([
+            "--endpoints",
+            &cluster.endpoints().join(","),
+            "lock",
+            "jobs/k9",
+            "--ttl",
+            "30s",
+            "--grace",
+            "1s",
+        ])
+        .args(["--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let job = read_pid(&pid_file);
+    let grandchild = read_pid(&grandchild_file);
+    assert!(alive(job) && alive(grandchild));
+    lock.kill().unwrap();
+    lock.wait().unwrap();
+    wait_gone(job, "the job outlived fencelock");
+    wait_gone(grandchild, "the job's child outlived fencelock");
+
+    // A job that leaves a process behind and exits: what it left is
+    // stopped before the release, and its exit code passes on.
+    let left_file = cluster.dir.path().join("left.pid");
+    let script = format!("sleep 60 & echo $! > {}; exit 4", left_file.display());
+    let done = cli(&cluster, &["lock", "jobs/left", "--ttl", "5s", "--", "sh", "-c", &script]);
+    assert_eq!(done.status.code(), Some(4), "{done:?}");
+    assert!(String::from_utf8_lossy(&done.stderr).contains("left processes in its group"), "{done:?}");
+    wait_gone(read_pid(&left_file), "a process the job left outlived the lock");
+    assert_eq!(client.get(b"jobs/left", true).unwrap(), None, "the lock was not released");
 }
 
 #[test]
