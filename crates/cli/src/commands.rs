@@ -2,7 +2,7 @@
 //! JSON.
 
 use anyhow::{Context, Result};
-use fencelock_client::{Client, ClientConfig, ClientError, LockInfo, NodeStatus, TlsConfig};
+use fencelock_client::{Client, ClientConfig, ClientError, LockInfo, NodeStatus, Released, TlsConfig};
 
 use crate::args::{AcquireArgs, CheckArgs, Cli, GetArgs, ListArgs, ReleaseArgs, RenewArgs};
 use crate::output::{
@@ -74,33 +74,34 @@ pub fn acquire(cli: &Cli, args: &AcquireArgs) -> Result<Exit> {
 
 pub fn release(cli: &Cli, args: &ReleaseArgs) -> Result<Exit> {
     let client = connect(cli)?;
-    let released = match args.token {
-        Some(token) if !args.force => client.release(&args.key, token),
-        _ => client.force_release(&args.key),
+    let outcome = match args.token {
+        Some(token) if !args.force => client.release_outcome(&args.key, token),
+        _ => client.force_release(&args.key).map(|released| Released { released, holder_token: None }),
     }
     .with_context(|| format!("cannot release {}", args.key))?;
     if cli.json {
-        print_json(&release_json(&args.key, args.token, args.force, released));
+        print_json(&release_json(&args.key, args.token, args.force, outcome));
+    } else if outcome.released {
+        println!("released");
     } else {
-        println!("{}", if released { "released" } else { "not held" });
+        println!("{}", not_held(outcome.holder_token));
     }
-    Ok(if released { Exit::Done } else { Exit::NotObtained })
+    Ok(if outcome.released { Exit::Done } else { Exit::NotObtained })
 }
 
 pub fn renew(cli: &Cli, args: &RenewArgs) -> Result<Exit> {
     let client = connect(cli)?;
-    let results = client
-        .renew(&[(args.key.as_bytes().to_vec(), args.token)], args.ttl)
+    let outcome = client
+        .renew_outcome(&args.key, args.token, args.ttl)
         .with_context(|| format!("cannot renew {}", args.key))?;
-    let renewed = results
-        .iter()
-        .any(|(key, token, renewed)| key == args.key.as_bytes() && *token == args.token && *renewed);
     if cli.json {
-        print_json(&renew_json(&args.key, args.token, args.ttl, renewed));
+        print_json(&renew_json(&args.key, args.token, args.ttl, outcome.renewed, outcome.holder_token));
+    } else if outcome.renewed {
+        println!("renewed");
     } else {
-        println!("{}", if renewed { "renewed" } else { "not held" });
+        println!("{}", not_held(outcome.holder_token));
     }
-    Ok(if renewed { Exit::Done } else { Exit::NotObtained })
+    Ok(if outcome.renewed { Exit::Done } else { Exit::NotObtained })
 }
 
 pub fn get(cli: &Cli, args: &GetArgs) -> Result<Exit> {
@@ -244,14 +245,26 @@ fn leader_answer(
     ask(&hint.leader_addr).ok().filter(|node| node.role == "leader")
 }
 
-/// One lock on one line: `KEY token=T owner=O lease=10s`.
+/// A release or renewal that found the lock not held under its token:
+/// `not held (held under token N)`, or `not held (free)`.
+fn not_held(holder_token: Option<u64>) -> String {
+    match holder_token {
+        Some(holder) => format!("not held (held under token {holder})"),
+        None => "not held (free)".to_owned(),
+    }
+}
+
+/// One lock on one line: `KEY token=T owner=O lease=10s left=7s 400ms`
+/// (the time left on the lease, to a tenth of a second, by the answering
+/// node's clock: the leader's unless `get --stale`).
 fn describe(info: &LockInfo) -> String {
     format!(
-        "{} token={} owner={} lease={}",
+        "{} token={} owner={} lease={} left={}",
         String::from_utf8_lossy(&info.key),
         info.token,
         String::from_utf8_lossy(&info.owner),
-        human(std::time::Duration::from_millis(info.lease_ms))
+        human(std::time::Duration::from_millis(info.lease_ms)),
+        human(std::time::Duration::from_millis(info.remaining_ms / 100 * 100))
     )
 }
 
@@ -260,6 +273,20 @@ mod tests {
     use std::cell::RefCell;
 
     use super::*;
+
+    #[test]
+    fn a_lock_is_described_with_its_lease_and_the_time_left() {
+        let info = LockInfo {
+            key: b"jobs/a".to_vec(),
+            token: 7,
+            owner: b"o".to_vec(),
+            lease_ms: 10_000,
+            remaining_ms: 7_467,
+        };
+        assert_eq!(describe(&info), "jobs/a token=7 owner=o lease=10s left=7s 400ms");
+        let ran_out = LockInfo { remaining_ms: 0, ..info };
+        assert!(describe(&ran_out).ends_with(" left=0s"), "{}", describe(&ran_out));
+    }
 
     fn node(id: u64, role: &str, term: u64, leader_id: u64) -> NodeStatus {
         NodeStatus {

@@ -5,7 +5,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use fencelock_client::{ClientError, Grant, LockInfo, NodeStatus};
+use fencelock_client::{ClientError, Grant, LockInfo, NodeStatus, Released};
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -113,15 +113,26 @@ pub fn lock_json(key: &str, token: u64, lease: Duration, exit: Exit, lost_reason
     })
 }
 
-/// `fencelock release`: `{"key", "token", "force", "released"}` (`token`
+/// `fencelock release`: `{"key", "token", "force", "released",
+/// "holder_token"}` (`token`
 /// is null with `--force`).
-pub fn release_json(key: &str, token: Option<u64>, force: bool, released: bool) -> Value {
-    json!({ "key": key, "token": token, "force": force, "released": released })
+/// `holder_token`: when not released, the token that holds the key (null:
+/// free, or released).
+pub fn release_json(key: &str, token: Option<u64>, force: bool, outcome: Released) -> Value {
+    json!({
+        "key": key,
+        "token": token,
+        "force": force,
+        "released": outcome.released,
+        "holder_token": outcome.holder_token,
+    })
 }
 
-/// `fencelock renew`: `{"key", "token", "lease_ms", "renewed"}`.
-pub fn renew_json(key: &str, token: u64, lease: Duration, renewed: bool) -> Value {
-    json!({ "key": key, "token": token, "lease_ms": millis(lease), "renewed": renewed })
+/// `fencelock renew`: `{"key", "token", "lease_ms", "renewed",
+/// "holder_token"}` (`holder_token`: when not renewed, the token that
+/// holds the key; null: free, or renewed).
+pub fn renew_json(key: &str, token: u64, lease: Duration, renewed: bool, holder_token: Option<u64>) -> Value {
+    json!({ "key": key, "token": token, "lease_ms": millis(lease), "renewed": renewed, "holder_token": holder_token })
 }
 
 /// `fencelock get`: `{"key", "holder"}`, `holder` null when free, else
@@ -327,22 +338,28 @@ mod tests {
 
     #[test]
     fn read_shapes() {
-        let info = LockInfo { key: b"a".to_vec(), token: 3, owner: b"o".to_vec(), lease_ms: 100 };
+        let info =
+            LockInfo { key: b"a".to_vec(), token: 3, owner: b"o".to_vec(), lease_ms: 100, remaining_ms: 60 };
         assert_eq!(get_json("a", None), json!({"key": "a", "holder": null}));
         assert_eq!(
             get_json("a", Some(&info)),
-            json!({"key": "a", "holder": {"key": "a", "token": 3, "owner": "o", "lease_ms": 100}})
+            json!({"key": "a", "holder": {"key": "a", "token": 3, "owner": "o", "lease_ms": 100, "remaining_ms": 60}})
         );
         assert_eq!(list_json("", std::slice::from_ref(&info))["locks"][0]["token"], json!(3));
         assert_eq!(check_json("a", 3, false), json!({"key": "a", "token": 3, "holds": false}));
         assert_eq!(
-            release_json("a", None, true, true),
-            json!({"key": "a", "token": null, "force": true, "released": true})
+            release_json("a", None, true, Released { released: true, holder_token: None }),
+            json!({"key": "a", "token": null, "force": true, "released": true, "holder_token": null})
         );
         assert_eq!(
-            renew_json("a", 3, Duration::from_secs(1), true),
-            json!({"key": "a", "token": 3, "lease_ms": 1000, "renewed": true})
+            release_json("a", Some(3), false, Released { released: false, holder_token: Some(9) }),
+            json!({"key": "a", "token": 3, "force": false, "released": false, "holder_token": 9})
         );
+        assert_eq!(
+            renew_json("a", 3, Duration::from_secs(1), true, None),
+            json!({"key": "a", "token": 3, "lease_ms": 1000, "renewed": true, "holder_token": null})
+        );
+        assert_eq!(renew_json("a", 3, Duration::from_secs(1), false, Some(9))["holder_token"], json!(9));
         let lost = lock_json("a", 3, Duration::from_secs(1), Exit::Code(EXIT_LOST), Some("gone"));
         assert_eq!((lost["exit_code"].clone(), lost["lost"].clone()), (json!(3), json!(true)));
     }

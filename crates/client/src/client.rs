@@ -22,7 +22,7 @@ use crate::config::{default_owner, ClientConfig};
 use crate::connection::{CallError, Connection};
 use crate::guard::LockGuard;
 use crate::renewer::{HeldLock, Renewer};
-use crate::types::{Grant, LockInfo, NodeStatus};
+use crate::types::{Grant, LockInfo, NodeStatus, Released, Renewed};
 use crate::ClientError;
 
 /// The first pause after a failed attempt; it doubles up to [`BACKOFF_MAX`].
@@ -67,6 +67,8 @@ pub(crate) struct Inner {
 pub(crate) struct Renewal {
     /// `(key, token, renewed)` per lock.
     pub(crate) results: Vec<(Vec<u8>, u64, bool)>,
+    /// Per lock not renewed, the token that holds its key (0: free).
+    pub(crate) holders: Vec<u64>,
     /// When the attempt that got the answer was sent: the renewed leases
     /// count from then.
     pub(crate) sent: Instant,
@@ -181,12 +183,18 @@ impl Client {
 
     /// Releases `key` if `token` holds it. False: it did not (any more).
     pub fn release(&self, key: impl AsRef<[u8]>, token: u64) -> Result<bool, ClientError> {
+        self.release_outcome(key, token).map(|outcome| outcome.released)
+    }
+
+    /// As [`Client::release`], saying also, when the lock was not released,
+    /// which token holds the key (if any).
+    pub fn release_outcome(&self, key: impl AsRef<[u8]>, token: u64) -> Result<Released, ClientError> {
         self.inner.release(key.as_ref(), token, false, self.inner.retry_for)
     }
 
     /// Releases `key` whoever holds it. False: it was free.
     pub fn force_release(&self, key: impl AsRef<[u8]>) -> Result<bool, ClientError> {
-        self.inner.release(key.as_ref(), 0, true, self.inner.retry_for)
+        self.inner.release(key.as_ref(), 0, true, self.inner.retry_for).map(|outcome| outcome.released)
     }
 
     /// Renews every `(key, token)` to `lease` in one request. Each result says
@@ -197,6 +205,20 @@ impl Client {
         lease: Duration,
     ) -> Result<Vec<(Vec<u8>, u64, bool)>, ClientError> {
         self.inner.renew(locks, lease, self.inner.retry_for).map(|renewal| renewal.results)
+    }
+
+    /// Renews `key` held under `token` to `lease`, saying, when it was not
+    /// renewed, which token holds the key (if any).
+    pub fn renew_outcome(
+        &self,
+        key: impl AsRef<[u8]>,
+        token: u64,
+        lease: Duration,
+    ) -> Result<Renewed, ClientError> {
+        let renewal = self.inner.renew(&[(key.as_ref().to_vec(), token)], lease, self.inner.retry_for)?;
+        let renewed = renewal.results.first().is_some_and(|(_, _, renewed)| *renewed);
+        let holder_token = renewal.holders.first().copied().filter(|holder| *holder != 0 && !renewed);
+        Ok(Renewed { renewed, lease: renewal.lease, holder_token })
     }
 
     /// Who holds `key`, or `None` when it is free. Linearizable reads ask the
@@ -297,11 +319,14 @@ impl Inner {
         token: u64,
         force: bool,
         budget: Duration,
-    ) -> Result<bool, ClientError> {
+    ) -> Result<Released, ClientError> {
         let request = ReleaseRequest { key: key.to_vec(), token, force, ..Default::default() };
         let timeout = self.request_timeout;
         match self.call(|| (Request_oneof_kind::release(request.clone()), timeout), budget)?.0 {
-            Response_oneof_kind::release(response) => Ok(response.released),
+            Response_oneof_kind::release(response) => Ok(Released {
+                released: response.released,
+                holder_token: Some(response.holder_token).filter(|holder| *holder != 0 && !response.released),
+            }),
             other => Err(unexpected("release", &other)),
         }
     }
@@ -328,9 +353,10 @@ impl Inner {
             return Err(unexpected("renew", &kind));
         };
         let granted = if response.lease_ms == 0 { lease } else { Duration::from_millis(response.lease_ms) };
+        let holders = response.results.iter().map(|result| result.holder_token).collect();
         let results =
             response.results.into_iter().map(|result| (result.key, result.token, result.renewed)).collect();
-        Ok(Renewal { results, sent, lease: granted })
+        Ok(Renewal { results, holders, sent, lease: granted })
     }
 
     pub(crate) fn call_simple(&self, kind: Request_oneof_kind) -> Result<Response_oneof_kind, ClientError> {

@@ -50,7 +50,7 @@ pub use config::{ClientConfig, TlsConfig, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY
 pub use error::ClientError;
 pub use guard::LockGuard;
 pub use members::Membership;
-pub use types::{Grant, LockInfo, Member, NodeStatus};
+pub use types::{Grant, LockInfo, Member, NodeStatus, Released, Renewed};
 
 #[cfg(test)]
 mod tests;

@@ -18,12 +18,39 @@ pub struct LockInfo {
     pub owner: Vec<u8>,
     /// The lease of the last grant or renewal.
     pub lease_ms: u64,
+    /// The time left on the lease, by the answering node's clock (the
+    /// leader's for a linearizable read); 0 when it has run out or is not
+    /// known.
+    pub remaining_ms: u64,
 }
 
 impl From<client_pb::LockInfo> for LockInfo {
     fn from(info: client_pb::LockInfo) -> LockInfo {
-        LockInfo { key: info.key, token: info.token, owner: info.owner, lease_ms: info.lease_ms }
+        LockInfo {
+            key: info.key,
+            token: info.token,
+            owner: info.owner,
+            lease_ms: info.lease_ms,
+            remaining_ms: info.remaining_ms,
+        }
     }
+}
+
+/// How a release ended: `released`, or not, and then which token holds
+/// the key (`None`: the key is free).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Released {
+    pub released: bool,
+    pub holder_token: Option<u64>,
+}
+
+/// How a renewal of one lock ended: `renewed` to `lease`, or not, and then
+/// which token holds the key (`None`: the key is free).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Renewed {
+    pub renewed: bool,
+    pub lease: Duration,
+    pub holder_token: Option<u64>,
 }
 
 /// A lock granted without a guard, by
@@ -140,11 +167,17 @@ mod tests {
 
     #[test]
     fn lock_info_serializes_bytes_as_strings() {
-        let info = LockInfo { key: b"jobs/a".to_vec(), token: 7, owner: vec![b'w', 0xff], lease_ms: 1000 };
+        let info = LockInfo {
+            key: b"jobs/a".to_vec(),
+            token: 7,
+            owner: vec![b'w', 0xff],
+            lease_ms: 1000,
+            remaining_ms: 250,
+        };
         let json = serde_json::to_value(&info).unwrap();
         assert_eq!(
             json,
-            serde_json::json!({"key": "jobs/a", "token": 7, "owner": "w\u{fffd}", "lease_ms": 1000})
+            serde_json::json!({"key": "jobs/a", "token": 7, "owner": "w\u{fffd}", "lease_ms": 1000, "remaining_ms": 250})
         );
     }
 }

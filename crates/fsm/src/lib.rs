@@ -284,7 +284,7 @@ impl LockTable {
                 }
                 ApplyResult::Released { token }
             }
-            _ => ApplyResult::NotFound,
+            other => ApplyResult::NotFound { holder_token: other.map(|lock| lock.token) },
         }
     }
 
@@ -318,7 +318,7 @@ impl LockTable {
                 }
                 Some(_) => ApplyResult::Denied { token },
             },
-            _ => ApplyResult::NotFound,
+            other => ApplyResult::NotFound { holder_token: other.map(|lock| lock.token) },
         }
     }
 }

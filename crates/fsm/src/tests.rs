@@ -82,7 +82,7 @@ fn release_with_a_stale_token_cannot_free_the_successor() {
     let new = granted(&mut table, "a", "o2");
     assert_eq!(
         table.apply(Command::Release { key: key("a"), token: Some(old), user: None }),
-        ApplyResult::NotFound
+        ApplyResult::NotFound { holder_token: Some(new) }
     );
     assert_eq!(table.holder(b"a").unwrap().token, new);
 }
@@ -97,7 +97,7 @@ fn force_release_removes_whoever_holds_the_key() {
     );
     assert_eq!(
         table.apply(Command::Release { key: key("a"), token: None, user: None }),
-        ApplyResult::NotFound
+        ApplyResult::NotFound { holder_token: None }
     );
     assert!(table.is_empty());
 }
@@ -129,12 +129,12 @@ fn renew_needs_the_current_token() {
     let mut table = LockTable::new();
     let held = granted(&mut table, "a", "o1");
     let renew = |t| Command::Renew { key: key("a"), token: t, lease_ms: lease(9000), user: None };
-    assert_eq!(table.apply(renew(token(held.get() + 1))), ApplyResult::NotFound);
+    assert_eq!(table.apply(renew(token(held.get() + 1))), ApplyResult::NotFound { holder_token: Some(held) });
     assert_eq!(table.holder(b"a").unwrap().lease_ms, lease(1000));
     assert_eq!(table.apply(renew(held)), ApplyResult::Renewed { token: held, lease_ms: lease(9000) });
     assert_eq!(table.holder(b"a").unwrap().lease_ms, lease(9000));
     table.apply(Command::Release { key: key("a"), token: Some(held), user: None });
-    assert_eq!(table.apply(renew(held)), ApplyResult::NotFound);
+    assert_eq!(table.apply(renew(held)), ApplyResult::NotFound { holder_token: None });
 }
 
 #[test]
@@ -151,7 +151,7 @@ fn with_a_user_only_its_own_locks_are_released_or_renewed() {
     assert_eq!(table.holder(b"a").unwrap().lease_ms, lease(1000));
     // A wrong token is not found, whoever asks.
     let stale = Command::Release { key: key("a"), token: Some(token(bobs.get() + 1)), user: user("alice") };
-    assert_eq!(table.apply(stale), ApplyResult::NotFound);
+    assert_eq!(table.apply(stale), ApplyResult::NotFound { holder_token: Some(bobs) });
     // Bob renews, and cannot shorten.
     assert_eq!(
         table.apply(renew(user("bob"), 60_000)),
@@ -539,7 +539,7 @@ impl Model {
                     }
                     ApplyResult::Released { token: self.locks.remove(i).1 }
                 }
-                _ => ApplyResult::NotFound,
+                other => ApplyResult::NotFound { holder_token: other.map(|i| self.locks[i].1) },
             },
             Command::Expire { key, token } => match self.position(&key) {
                 Some(i) if self.locks[i].1 == token => {
@@ -562,7 +562,7 @@ impl Model {
                     }
                     Some(_) => ApplyResult::Denied { token },
                 },
-                _ => ApplyResult::NotFound,
+                other => ApplyResult::NotFound { holder_token: other.map(|i| self.locks[i].1) },
             },
             Command::Noop => ApplyResult::Noop,
             Command::Bootstrap { cluster_id, token_floor } => {

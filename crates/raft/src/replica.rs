@@ -23,8 +23,8 @@ use crate::queue::{Pending, Requests};
 use crate::rejoin::{self, Floor, Membership, PinVote, RaftPosition};
 use crate::storage::{LogCache, Recovered, Write, WriteBatch};
 use crate::types::{
-    AppliedEvent, Config, FatalError, NodeId, Query, Quota, Reply, RequestError, RequestId, Response,
-    RoleChange,
+    AppliedEvent, Config, FatalError, HeldLock, NodeId, Query, Quota, Reply, RequestError, RequestId,
+    Response, RoleChange,
 };
 
 /// What the driver asks its shell to do, drained with [`Replica::take_effects`].
@@ -1558,16 +1558,31 @@ impl Replica {
 
     fn answer(&self, query: Query) -> Response {
         match query {
-            Query::Holder(key) => Response::Holder(self.table.holder(key.as_bytes()).cloned()),
+            Query::Holder(key) => {
+                Response::Holder(self.table.holder(key.as_bytes()).map(|lock| self.held(&key, lock)))
+            }
             Query::Check { key, token } => {
                 Response::Check(self.table.holder(key.as_bytes()).is_some_and(|lock| lock.token == token))
             }
             Query::List { prefix, limit } => Response::List(
-                self.table.list(&prefix, limit).map(|(key, lock)| (key.clone(), lock.clone())).collect(),
+                self.table
+                    .list(&prefix, limit)
+                    .map(|(key, lock)| (key.clone(), self.held(key, lock)))
+                    .collect(),
             ),
             Query::Table => Response::Table { table: self.table.clone(), index: self.table_index },
             Query::Members => self.members_response(),
         }
+    }
+
+    /// `lock` with the time left on its lease by this node's clock.
+    fn held(&self, key: &Key, lock: &fencelock_fsm::Lock) -> HeldLock {
+        let remaining_ms = self
+            .leases
+            .lease(key)
+            .filter(|lease| lease.token == lock.token)
+            .map(|lease| lease.deadline_ms.saturating_sub(self.now_ms));
+        HeldLock { lock: lock.clone(), remaining_ms }
     }
 
     fn answer_reads(&mut self) {

@@ -218,9 +218,9 @@ pub enum Query {
 pub enum Response {
     /// One result per proposed command, in order.
     Applied(Vec<ApplyResult>),
-    Holder(Option<Lock>),
+    Holder(Option<HeldLock>),
     Check(bool),
-    List(Vec<(Key, Lock)>),
+    List(Vec<(Key, HeldLock)>),
     /// The table, as applied up to `index`.
     Table {
         table: LockTable,
@@ -236,6 +236,15 @@ pub enum Response {
     Transferred {
         leader: NodeId,
     },
+}
+
+/// A held lock as a read answers it: the lock, and the time left on its
+/// lease by the answering node's clock (the leader's, for a linearizable
+/// read). `None` when that node tracks no lease for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldLock {
+    pub lock: Lock,
+    pub remaining_ms: Option<u64>,
 }
 
 /// A change of the cluster's membership: one raft conf change.

@@ -293,7 +293,10 @@ impl ClientHandler {
                     token: token.get(),
                     ..Default::default()
                 })),
-                [ApplyResult::NotFound] => Ok(Out::release(proto::ReleaseResponse::default())),
+                [ApplyResult::NotFound { holder_token }] => Ok(Out::release(proto::ReleaseResponse {
+                    holder_token: holder_token.map_or(0, FencingToken::get),
+                    ..Default::default()
+                })),
                 [ApplyResult::Denied { token }] => Err(not_yours(&[(&denied_key, *token)])),
                 other => Err(unexpected(other)),
             },
@@ -357,6 +360,12 @@ impl ClientHandler {
                         key: key.into_bytes(),
                         token: token.get(),
                         renewed: matches!(result, ApplyResult::Renewed { .. }),
+                        holder_token: match result {
+                            ApplyResult::NotFound { holder_token } => {
+                                holder_token.map_or(0, FencingToken::get)
+                            }
+                            _ => 0,
+                        },
                         ..Default::default()
                     })
                     .collect();
@@ -383,7 +392,7 @@ impl ClientHandler {
         let holder_key = key.clone();
         let reply = self.responder(sink, move |reply| match reply {
             Ok(Response::Holder(holder)) => Ok(Out::get(proto::GetResponse {
-                holder: holder.map(|lock| lock_info(&holder_key, &lock)).into(),
+                holder: holder.map(|held| lock_info(&holder_key, &held)).into(),
                 ..Default::default()
             })),
             Err(err) => Err(err.into()),
@@ -436,7 +445,7 @@ impl ClientHandler {
         };
         let reply = self.responder(sink, |reply| match reply {
             Ok(Response::List(locks)) => Ok(Out::list(proto::ListResponse {
-                locks: locks.iter().map(|(key, lock)| lock_info(key, lock)).collect(),
+                locks: locks.iter().map(|(key, held)| lock_info(key, held)).collect(),
                 ..Default::default()
             })),
             Err(err) => Err(err.into()),
@@ -672,12 +681,14 @@ fn refuse(request: DriverRequest) {
     request.refuse();
 }
 
-fn lock_info(key: &Key, lock: &fencelock_fsm::Lock) -> proto::LockInfo {
+fn lock_info(key: &Key, held: &fencelock_raft::HeldLock) -> proto::LockInfo {
+    let lock = &held.lock;
     proto::LockInfo {
         key: key.as_bytes().to_vec(),
         token: lock.token.get(),
         owner: lock.owner.as_bytes().to_vec(),
         lease_ms: lock.lease_ms.get(),
+        remaining_ms: held.remaining_ms.unwrap_or(0),
         ..Default::default()
     }
 }

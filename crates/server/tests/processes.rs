@@ -98,6 +98,25 @@ fn the_cli_keeps_its_owner_across_retries_and_lock_keeps_its_own_exit_codes_and_
         (&again["token"], &again["existing"], &again["owner"]),
         (&first["token"], &true.into(), &first["owner"])
     );
+    // A wrong token is told which token holds the key.
+    let token = first["token"].as_u64().unwrap();
+    let wrong = cli(&cluster, &["release", "jobs/retry", "--token", "1"]);
+    assert_eq!(wrong.status.code(), Some(2), "{wrong:?}");
+    assert_eq!(String::from_utf8_lossy(&wrong.stdout).trim(), format!("not held (held under token {token})"));
+    let wrong = cli(&cluster, &["--json", "renew", "jobs/retry", "--token", "1", "--ttl", "5s"]);
+    assert_eq!(wrong.status.code(), Some(2), "{wrong:?}");
+    let json: serde_json::Value = serde_json::from_slice(&wrong.stdout).unwrap();
+    assert_eq!((&json["renewed"], &json["holder_token"]), (&false.into(), &token.into()), "{json}");
+    let free = cli(&cluster, &["release", "jobs/never-held", "--token", "1"]);
+    assert_eq!(String::from_utf8_lossy(&free.stdout).trim(), "not held (free)", "{free:?}");
+    // `get` shows the time left on the lease, by the leader's clock.
+    let got = cli(&cluster, &["--json", "get", "jobs/retry"]);
+    let json: serde_json::Value = serde_json::from_slice(&got.stdout).unwrap();
+    let remaining = json["holder"]["remaining_ms"].as_u64().unwrap();
+    assert!(remaining > 0 && remaining <= 30_000, "{json}");
+    let got = cli(&cluster, &["get", "jobs/retry"]);
+    assert!(String::from_utf8_lossy(&got.stdout).contains(" lease=30s left="), "{got:?}");
+
     // FENCELOCK_OWNER names another owner: held, exit code 2.
     let other = Command::new(cli_binary())
         .args(["--endpoints", &cluster.endpoints().join(","), "acquire", "jobs/retry", "--ttl", "30s"])

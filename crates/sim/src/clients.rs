@@ -358,7 +358,7 @@ impl World {
                             ClientState::Holding { key, token, lease_ms, release_at_ms };
                         self.wake_client(client, (lease_ms.get() / 3).max(1));
                     }
-                    [ApplyResult::NotFound] => {
+                    [ApplyResult::NotFound { .. }] => {
                         // The lock is gone: the client knows it lost it.
                         self.checker.holders.released(client);
                         self.wake_client(client, pause);
@@ -369,7 +369,7 @@ impl World {
             (Op::Release { key, token }, Ok(Response::Applied(results))) => {
                 match results.as_slice() {
                     [ApplyResult::Released { .. }] => self.checker.durability.acked_release(&key, token),
-                    [ApplyResult::NotFound] => {}
+                    [ApplyResult::NotFound { .. }] => {}
                     other => return Err(format!("client {}: release answered {other:?}", client + 1)),
                 }
                 if key == self.clients[client].final_key {
@@ -379,7 +379,7 @@ impl World {
                 self.wake_client(client, pause);
             }
             (Op::Get { key }, Ok(Response::Holder(holder))) => {
-                let token = holder.map(|lock| lock.token);
+                let token = holder.map(|held| held.lock.token);
                 self.checker.reads.answered(&key, token, sent_ms, self.now_ms)?;
                 self.wake_client(client, pause);
             }
@@ -395,7 +395,8 @@ impl World {
                 }
                 for n in 0..KEYS {
                     let key = Key::new(format!("k{n}").into_bytes()).expect("a valid key");
-                    let token = locks.iter().find(|(listed, _)| *listed == key).map(|(_, lock)| lock.token);
+                    let token =
+                        locks.iter().find(|(listed, _)| *listed == key).map(|(_, held)| held.lock.token);
                     self.checker.reads.answered(&key, token, sent_ms, self.now_ms)?;
                 }
                 self.wake_client(client, pause);

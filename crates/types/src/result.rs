@@ -18,8 +18,9 @@ pub enum ApplyResult {
     GrantRejected { holder_token: FencingToken },
     /// The lock held under `token` was removed.
     Released { token: FencingToken },
-    /// No lock to release or renew: the key is free, or held under another token.
-    NotFound,
+    /// No lock to release or renew: the key is free (`holder_token`
+    /// `None`), or held under another token, `holder_token`.
+    NotFound { holder_token: Option<FencingToken> },
     /// An Expire was processed; `existed` says whether it removed a lock.
     Expired { existed: bool },
     /// Nothing happened, by design.
@@ -49,7 +50,10 @@ impl ApplyResult {
             ApplyResult::Released { token } => {
                 Kind::released(pb::Released { token: token.get(), ..Default::default() })
             }
-            ApplyResult::NotFound => Kind::not_found(pb::NotFound::default()),
+            ApplyResult::NotFound { holder_token } => Kind::not_found(pb::NotFound {
+                holder_token: holder_token.map_or(0, FencingToken::get),
+                ..Default::default()
+            }),
             ApplyResult::Expired { existed } => Kind::expired(pb::Expired { existed, ..Default::default() }),
             ApplyResult::Noop => Kind::noop(pb::NoopResult::default()),
             ApplyResult::Renewed { token, lease_ms } => Kind::renewed(pb::Renewed {
@@ -82,7 +86,9 @@ impl ApplyResult {
             Kind::released(released) => {
                 ApplyResult::Released { token: token_field("Released", released.token)? }
             }
-            Kind::not_found(_) => ApplyResult::NotFound,
+            Kind::not_found(not_found) => {
+                ApplyResult::NotFound { holder_token: FencingToken::new(not_found.holder_token) }
+            }
             Kind::expired(expired) => ApplyResult::Expired { existed: expired.existed },
             Kind::noop(_) => ApplyResult::Noop,
             Kind::renewed(renewed) => ApplyResult::Renewed {

@@ -48,7 +48,7 @@ fn apply_result() -> impl Strategy<Value = ApplyResult> {
             .prop_map(|(token, lease_ms, existing)| { ApplyResult::Granted { token, lease_ms, existing } }),
         token().prop_map(|holder_token| ApplyResult::GrantRejected { holder_token }),
         token().prop_map(|token| ApplyResult::Released { token }),
-        Just(ApplyResult::NotFound),
+        proptest::option::of(token()).prop_map(|holder_token| ApplyResult::NotFound { holder_token }),
         any::<bool>().prop_map(|existed| ApplyResult::Expired { existed }),
         Just(ApplyResult::Noop),
         (token(), lease()).prop_map(|(token, lease_ms)| ApplyResult::Renewed { token, lease_ms }),

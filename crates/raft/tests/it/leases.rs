@@ -140,7 +140,11 @@ fn a_lock_renewed_at_its_deadline_is_kept_for_the_new_lease() {
                     "round {round}: told Renewed, then the lock was gone"
                 );
             }
-            Ok(Response::Applied(results)) if results == [ApplyResult::NotFound] => lost += 1,
+            Ok(Response::Applied(results))
+                if matches!(results.as_slice(), [ApplyResult::NotFound { .. }]) =>
+            {
+                lost += 1
+            }
             // Leadership moved under load: this round proves nothing either way.
             Err(RequestError::NotLeader { .. } | RequestError::LeadershipLost { .. }) => {}
             other => panic!("round {round}: {other:?}"),

@@ -272,13 +272,18 @@ fn linearizable_reads_answer_from_the_leader_and_followers_refuse() {
     match cluster.read(leader, Query::List { prefix: b"jobs/".to_vec(), limit: 10 }) {
         Ok(Response::List(locks)) => {
             let found: Vec<(Vec<u8>, FencingToken)> =
-                locks.iter().map(|(key, lock)| (key.as_bytes().to_vec(), lock.token)).collect();
+                locks.iter().map(|(key, held)| (key.as_bytes().to_vec(), held.lock.token)).collect();
             assert_eq!(found, [(b"jobs/a".to_vec(), a), (b"jobs/b".to_vec(), b)]);
         }
         other => panic!("{other:?}"),
     }
     match cluster.read(leader, Query::Holder(key("jobs/b"))) {
-        Ok(Response::Holder(Some(lock))) => assert_eq!(lock.token, b),
+        Ok(Response::Holder(Some(held))) => {
+            assert_eq!(held.lock.token, b);
+            // The leader tracks its lease: some of it is left.
+            let remaining = held.remaining_ms.unwrap();
+            assert!(remaining > 0 && remaining <= held.lock.lease_ms.get(), "{held:?}");
+        }
         other => panic!("{other:?}"),
     }
     assert_eq!(
