@@ -65,8 +65,8 @@ pub use storage::{
     WriteBatch,
 };
 pub use types::{
-    AppliedEvent, Config, ConfigError, FatalError, HeldLock, Member, MemberChange, MemberRole, NodeId, Query,
-    Quota, Reply, RequestError, RequestId, Response, RoleChange,
+    human_ms, AppliedEvent, Config, ConfigError, FatalError, HeldLock, Member, MemberChange, MemberRole,
+    NodeId, Query, Quota, Reply, RequestError, RequestId, Response, RoleChange,
 };
 
 #[cfg(test)]

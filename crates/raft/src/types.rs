@@ -302,6 +302,29 @@ pub struct Member {
 /// The answer to a request.
 pub type Reply = Result<Response, RequestError>;
 
+/// Who leads, as a not-leader answer says it.
+fn leader_words(leader_hint: Option<NodeId>) -> String {
+    match leader_hint {
+        Some(leader) => format!("node {} leads", leader.0),
+        None => "no leader is known yet".to_owned(),
+    }
+}
+
+fn holder_words(holder_token: Option<FencingToken>) -> String {
+    holder_token.map_or_else(String::new, |token| format!(", held under token {}", token.get()))
+}
+
+/// `ms` as a person writes it: `1500ms`, `2s`, `5m`, `24h`.
+pub fn human_ms(ms: u64) -> String {
+    match ms {
+        0 => "0s".to_owned(),
+        ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+        ms if ms % 1_000 == 0 => format!("{}s", ms / 1_000),
+        ms => format!("{ms}ms"),
+    }
+}
+
 /// Why a request was not answered with a result. `NotLeader`,
 /// `LeadershipLost`, `Dropped`, `Overloaded` and `Stopped` are retryable (a
 /// retried acquire with the same owner can never grant twice); `Held`,
@@ -309,7 +332,7 @@ pub type Reply = Result<Response, RequestError>;
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {
     /// This node is not the leader; nothing was proposed.
-    #[error("not the leader (leader hint: {leader_hint:?})")]
+    #[error("this node is not the leader ({})", leader_words(*.leader_hint))]
     NotLeader { leader_hint: Option<NodeId> },
     /// Leadership was lost after the request was proposed: it may or may not
     /// take effect.
@@ -334,10 +357,15 @@ pub enum RequestError {
     #[error("key {key} is held under token {holder_token}")]
     Held { key: Key, holder_token: FencingToken },
     /// A waiting acquire's time ran out before the key was free.
-    #[error("waited in vain for key {key} (held under token {holder_token:?})")]
+    #[error("waited in vain for key {key}{}", holder_words(*.holder_token))]
     WaitTimedOut { key: Key, holder_token: Option<FencingToken> },
     /// A Grant or Renew asked for a lease outside the configured bounds.
-    #[error("lease of {lease_ms} ms is outside {min_ms}..={max_ms} ms")]
+    #[error(
+        "a lease of {} is outside the allowed range, {} to {}",
+        human_ms(*.lease_ms),
+        human_ms(*.min_ms),
+        human_ms(*.max_ms)
+    )]
     LeaseOutOfBounds { lease_ms: u64, min_ms: u64, max_ms: u64 },
     /// The node stopped before answering.
     #[error("node stopped")]
@@ -432,4 +460,34 @@ pub enum FatalError {
     /// its store holds): it was removed from the cluster.
     #[error("this node was removed from the cluster (the configuration at index {index} does not hold it)")]
     Removed { index: u64 },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_read_as_sentences_with_human_durations() {
+        assert_eq!(
+            RequestError::NotLeader { leader_hint: None }.to_string(),
+            "this node is not the leader (no leader is known yet)"
+        );
+        assert_eq!(
+            RequestError::NotLeader { leader_hint: Some(NodeId(2)) }.to_string(),
+            "this node is not the leader (node 2 leads)"
+        );
+        let lease = RequestError::LeaseOutOfBounds { lease_ms: 1_000, min_ms: 2_000, max_ms: 86_400_000 };
+        assert_eq!(lease.to_string(), "a lease of 1s is outside the allowed range, 2s to 24h");
+        let key = Key::new(b"jobs/a".to_vec()).unwrap();
+        let waited = RequestError::WaitTimedOut { key: key.clone(), holder_token: FencingToken::new(7) };
+        assert_eq!(waited.to_string(), "waited in vain for key jobs/a, held under token 7");
+        assert_eq!(
+            RequestError::WaitTimedOut { key, holder_token: None }.to_string(),
+            "waited in vain for key jobs/a"
+        );
+        for (ms, text) in [(0, "0s"), (1_500, "1500ms"), (90_000, "90s"), (300_000, "5m"), (7_200_000, "2h")]
+        {
+            assert_eq!(human_ms(ms), text);
+        }
+    }
 }

@@ -13,10 +13,10 @@
 //! key. The users named in `admins` have every right on every key, rules or
 //! not. Rules add rights; nothing takes one away.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// One right, as the configuration names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Right {
     Lock,
@@ -53,7 +53,7 @@ impl Right {
 /// prefixes = ["jobs/"]       # "" is every key
 /// rights = ["lock", "read"]
 /// ```
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuleConfig {
     pub users: Vec<String>,

@@ -9,13 +9,16 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
 use fencelock_raft::rejoin::ClusterState;
-use fencelock_raft::{Config as DriverConfig, NodeId};
+use fencelock_raft::{human_ms, Config as DriverConfig, NodeId};
 use serde::Deserialize;
 
 use crate::access::{Access, RuleConfig};
 
-/// Command-line flags. Every setting but `--config` and `--config-check`
-/// can also come from the TOML file (same names, with underscores).
+/// Command-line flags. Every setting but `--config`, `--config-check`,
+/// `--restore` and `--join` can also come from the TOML file (same names,
+/// with underscores); every one but `--config-check` from the environment
+/// (`FENCELOCKD_` and the name in capitals: `FENCELOCKD_PEERS`). Flags win
+/// over the environment, which wins over the file.
 #[derive(Debug, Default, Parser)]
 #[command(
     name = "fencelockd",
@@ -31,133 +34,139 @@ use crate::access::{Access, RuleConfig};
                   from the cluster (fencelock member remove)."
 )]
 pub struct Flags {
-    /// This node's id (1 and up), one of those in --peers.
-    #[arg(long)]
+    /// This node's id (1 and up), one of those in --peers. [default: 1]
+    #[arg(long, env = "FENCELOCKD_ID")]
     pub id: Option<u64>,
     /// Every node's peer address, this node's included: 1=HOST:PORT,2=HOST:PORT,...
     /// HOST is an IP address or a host name (resolved again at every
-    /// connection). This node listens on its own.
-    #[arg(long)]
+    /// connection). This node listens on its own. [default: ID=127.0.0.1:7001]
+    #[arg(long, env = "FENCELOCKD_PEERS")]
     pub peers: Option<String>,
     /// Where clients connect to this node: IP:PORT or HOST:PORT (resolved
-    /// once, at start).
-    #[arg(long)]
+    /// once, at start). [default: 127.0.0.1:7101]
+    #[arg(long, env = "FENCELOCKD_CLIENT_ADDR")]
     pub client_addr: Option<String>,
     /// The address clients are told to reach this node at (leader hints,
     /// `fencelock status`); default: --client-addr. Needed when
     /// --client-addr is 0.0.0.0 or [::].
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, value_name = "HOST:PORT", env = "FENCELOCKD_ADVERTISE_CLIENT_ADDR")]
     pub advertise_client_addr: Option<String>,
     /// The address other nodes are told to reach this node's peer port at;
     /// default: this node's entry in --peers.
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, value_name = "HOST:PORT", env = "FENCELOCKD_ADVERTISE_PEER_ADDR")]
     pub advertise_peer_addr: Option<String>,
     /// How a node whose data directory is empty starts: `new` founds the
     /// cluster once a majority of --peers is up and blank; `existing` waits
     /// for every peer, and rejoins a cluster that knows it. Ignored once the
-    /// node has data. Default new.
-    #[arg(long, value_enum)]
+    /// node has data. [default: new]
+    #[arg(long, value_enum, env = "FENCELOCKD_INITIAL_CLUSTER_STATE")]
     pub initial_cluster_state: Option<InitialClusterState>,
-    /// Where this node keeps its raft log and snapshots.
-    #[arg(long)]
+    /// Where this node keeps its raft log and snapshots. [default:
+    /// $XDG_DATA_HOME/fencelock/node-ID, else ~/.local/share/fencelock/node-ID]
+    #[arg(long, env = "FENCELOCKD_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
     /// A TOML file with any of these settings; flags win over it.
-    #[arg(long)]
+    #[arg(long, env = "FENCELOCKD_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Log format: text or json.
-    #[arg(long)]
+    /// Log format: text or json. [default: text]
+    #[arg(long, env = "FENCELOCKD_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
-    /// Log level: error, warning, info or debug.
-    #[arg(long)]
+    /// Log level: error, warning, info or debug. [default: info]
+    #[arg(long, env = "FENCELOCKD_LOG_LEVEL")]
     pub log_level: Option<String>,
-    /// The length of one raft tick, in milliseconds.
-    #[arg(long)]
+    /// The length of one raft tick: milliseconds, or a duration (50ms,
+    /// 1s), like every setting named _ms. [default: 50ms]
+    #[arg(long, env = "FENCELOCKD_TICK_MS", value_parser = parse_ms, value_name = "DURATION")]
     pub tick_ms: Option<u64>,
-    /// The shortest election timeout, in milliseconds (the longest is twice it).
-    #[arg(long)]
+    /// The shortest election timeout (the longest is twice it); a multiple
+    /// of the tick. [default: 500ms]
+    #[arg(long, env = "FENCELOCKD_ELECTION_MS", value_parser = parse_ms, value_name = "DURATION")]
     pub election_ms: Option<u64>,
-    /// The leader's heartbeat interval, in milliseconds.
-    #[arg(long)]
+    /// The leader's heartbeat interval; a multiple of the tick. [default: 100ms]
+    #[arg(long, env = "FENCELOCKD_HEARTBEAT_MS", value_parser = parse_ms, value_name = "DURATION")]
     pub heartbeat_ms: Option<u64>,
-    /// The shortest lease a client may ask for; at least twice the longest election timeout.
-    #[arg(long)]
+    /// The shortest lease a client may ask for; at least twice the longest
+    /// election timeout. [default: 2s]
+    #[arg(long, env = "FENCELOCKD_LEASE_MIN_MS", value_parser = parse_ms, value_name = "DURATION")]
     pub lease_min_ms: Option<u64>,
-    /// The longest lease a client may ask for.
-    #[arg(long)]
+    /// The longest lease a client may ask for. [default: 24h]
+    #[arg(long, env = "FENCELOCKD_LEASE_MAX_MS", value_parser = parse_ms, value_name = "DURATION")]
     pub lease_max_ms: Option<u64>,
     /// The longest an acquire may wait in a key's queue (its wait_ms); a
-    /// longer wait is refused. Default 300000 (5 minutes).
-    #[arg(long)]
+    /// longer wait is refused. [default: 5m]
+    #[arg(long, env = "FENCELOCKD_WAIT_MAX_MS", value_parser = parse_ms, value_name = "DURATION")]
     pub wait_max_ms: Option<u64>,
-    /// Snapshot the lock table and compact the log every this many applied entries.
-    #[arg(long)]
+    /// Snapshot the lock table and compact the log every this many applied
+    /// entries. [default: 10000]
+    #[arg(long, env = "FENCELOCKD_SNAPSHOT_INTERVAL_ENTRIES")]
     pub snapshot_interval_entries: Option<u64>,
     /// Client requests the leader holds unanswered at once (waiting acquires
-    /// included); more are answered UNAVAILABLE. Default 65536.
-    #[arg(long)]
+    /// included); more are answered UNAVAILABLE. [default: 65536]
+    #[arg(long, env = "FENCELOCKD_MAX_PENDING_REQUESTS")]
     pub max_pending_requests: Option<usize>,
     /// Of those, acquires; more are answered UNAVAILABLE while renewals,
-    /// releases and reads still find room. Default 32768.
-    #[arg(long)]
+    /// releases and reads still find room. [default: 32768]
+    #[arg(long, env = "FENCELOCKD_MAX_PENDING_ACQUIRES")]
     pub max_pending_acquires: Option<usize>,
     /// Acquires waiting for one key; more are answered RESOURCE_EXHAUSTED.
-    /// Default 4096.
-    #[arg(long)]
+    /// [default: 4096]
+    #[arg(long, env = "FENCELOCKD_MAX_WAITERS_PER_KEY")]
     pub max_waiters_per_key: Option<usize>,
     /// Locks the table may hold; a new lock past it is answered
-    /// RESOURCE_EXHAUSTED. Default 1000000.
-    #[arg(long)]
+    /// RESOURCE_EXHAUSTED. [default: 1000000]
+    #[arg(long, env = "FENCELOCKD_MAX_LOCKS")]
     pub max_locks: Option<usize>,
     /// Locks the owners of one identity may hold (the owner up to its first
-    /// `/`; with TLS, the user); as above. Default 100000.
-    #[arg(long)]
+    /// `/`; with TLS, the user); as above. [default: 100000]
+    #[arg(long, env = "FENCELOCKD_MAX_LOCKS_PER_OWNER")]
     pub max_locks_per_owner: Option<usize>,
-    /// Client connections served at once.
-    #[arg(long)]
+    /// Client connections served at once. [default: 4096]
+    #[arg(long, env = "FENCELOCKD_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
-    /// Client connections served at once from one IP address.
-    #[arg(long)]
+    /// Client connections served at once from one IP address. [default: 1024]
+    #[arg(long, env = "FENCELOCKD_MAX_CONNECTIONS_PER_ADDRESS")]
     pub max_connections_per_address: Option<usize>,
     /// Close a client connection that has no request in flight and has sent
-    /// nothing for this many milliseconds (0: never). Default 600000.
-    #[arg(long)]
+    /// nothing for this long (0: never). [default: 10m]
+    #[arg(long, env = "FENCELOCKD_IDLE_TIMEOUT_MS", value_parser = parse_ms, value_name = "DURATION")]
     pub idle_timeout_ms: Option<u64>,
-    /// Requests in flight on one client connection.
-    #[arg(long)]
+    /// Requests in flight on one client connection. [default: 4096]
+    #[arg(long, env = "FENCELOCKD_MAX_IN_FLIGHT")]
     pub max_in_flight: Option<usize>,
-    /// The largest client frame, in bytes.
-    #[arg(long)]
+    /// The largest client frame, in bytes. [default: 1048576]
+    #[arg(long, env = "FENCELOCKD_MAX_FRAME_BYTES")]
     pub max_frame_bytes: Option<usize>,
     /// Bytes of partial client requests held across every connection; past
-    /// it, the connection holding the most is closed. Default 67108864 (64 MiB).
-    #[arg(long)]
+    /// it, the connection holding the most is closed. [default: 67108864 (64 MiB)]
+    #[arg(long, env = "FENCELOCKD_MAX_INPUT_BYTES")]
     pub max_input_bytes: Option<usize>,
     /// Unsent answer bytes across every client connection; past it, the
     /// connection holding the most (a client that does not read) is closed.
-    /// Default 268435456 (256 MiB).
-    #[arg(long)]
+    /// [default: 268435456 (256 MiB)]
+    #[arg(long, env = "FENCELOCKD_MAX_OUTPUT_BYTES")]
     pub max_output_bytes: Option<usize>,
     /// The largest snapshot this node takes from a leader, in bytes: it must
     /// hold the lock table (about 1,300 bytes a lock with the longest keys
-    /// and owners). Default 2147483648 (2 GiB).
-    #[arg(long)]
+    /// and owners). [default: 2147483648 (2 GiB)]
+    #[arg(long, env = "FENCELOCKD_MAX_SNAPSHOT_BYTES")]
     pub max_snapshot_bytes: Option<usize>,
     /// Serve Prometheus metrics at http://ADDR/metrics, and the probes
     /// /health (200 while the node loop answers) and /ready (200 once it
     /// knows a leader with a quorum and has applied what it knows is
     /// committed; 503 otherwise). Off unless set.
-    #[arg(long)]
+    #[arg(long, env = "FENCELOCKD_METRICS_ADDR")]
     pub metrics_addr: Option<SocketAddr>,
     /// Serve both ports over TLS with the certificates in DIR (`ca.crt`,
     /// `node-<id>.crt` and `node-<id>.key`; see `fencelock cert`).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", env = "FENCELOCKD_CERTS_DIR")]
     pub certs_dir: Option<PathBuf>,
     /// Serve plain TCP on addresses other than loopback (this node's peer,
     /// client or metrics address). Anyone who can reach them can then act as
     /// a peer or a client: see docs/security.md.
-    #[arg(long)]
+    #[arg(long, env = "FENCELOCKD_INSECURE")]
     pub insecure: bool,
-    /// Check the configuration, print it, and exit.
+    /// Check the configuration, print it with every default as a TOML file
+    /// that --config takes, and exit.
     #[arg(long)]
     pub config_check: bool,
     /// Seed a new cluster from a backup (`fencelock snapshot save FILE`):
@@ -167,14 +176,14 @@ pub struct Flags {
     /// above the backup's counter and above its first leader's clock. A
     /// data directory that holds data is refused: drop --restore once the
     /// node has started. Flag only (not in the TOML file).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "FENCELOCKD_RESTORE")]
     pub restore: Option<PathBuf>,
     /// Join a running cluster: on an empty data directory, ask the cluster
     /// at these client endpoints (HOST:PORT,...) to add this node as a
     /// learner (at --advertise-peer-addr and --advertise-client-addr), then
     /// to promote it to voter once it has caught up. --peers need only name
     /// this node. A node that holds data already starts from it. Flag only.
-    #[arg(long, value_name = "ENDPOINTS")]
+    #[arg(long, value_name = "ENDPOINTS", env = "FENCELOCKD_JOIN")]
     pub join: Option<String>,
 }
 
@@ -184,6 +193,39 @@ pub enum InitialClusterState {
     #[default]
     New,
     Existing,
+}
+
+/// A duration in the file: a number of milliseconds, or a string with
+/// units (`"500ms"`, `"2s"`, `"24h"`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum MsSetting {
+    Millis(u64),
+    Text(String),
+}
+
+/// A duration setting, as a flag or the environment gives it: a number of
+/// milliseconds, or a duration with units (`500ms`, `2s`, `5m`, `24h`).
+pub fn parse_ms(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    if let Ok(ms) = text.parse::<u64>() {
+        return Ok(ms);
+    }
+    let duration = humantime::parse_duration(text).map_err(|err| {
+        format!(
+            "`{text}` is not a duration (a number of milliseconds, or one like 500ms, 2s, 5m, 24h): {err}"
+        )
+    })?;
+    u64::try_from(duration.as_millis()).map_err(|_| format!("`{text}` is too long"))
+}
+
+/// A file's duration setting in milliseconds.
+fn file_ms(name: &str, setting: Option<MsSetting>) -> Result<Option<u64>> {
+    match setting {
+        None => Ok(None),
+        Some(MsSetting::Millis(ms)) => Ok(Some(ms)),
+        Some(MsSetting::Text(text)) => parse_ms(&text).map(Some).map_err(|why| anyhow!("{name}: {why}")),
+    }
 }
 
 /// `peers` in the file: the flag's text, or a table of id to address.
@@ -215,12 +257,12 @@ struct FileConfig {
     data_dir: Option<PathBuf>,
     log_format: Option<LogFormat>,
     log_level: Option<String>,
-    tick_ms: Option<u64>,
-    election_ms: Option<u64>,
-    heartbeat_ms: Option<u64>,
-    lease_min_ms: Option<u64>,
-    lease_max_ms: Option<u64>,
-    wait_max_ms: Option<u64>,
+    tick_ms: Option<MsSetting>,
+    election_ms: Option<MsSetting>,
+    heartbeat_ms: Option<MsSetting>,
+    lease_min_ms: Option<MsSetting>,
+    lease_max_ms: Option<MsSetting>,
+    wait_max_ms: Option<MsSetting>,
     snapshot_interval_entries: Option<u64>,
     max_pending_requests: Option<usize>,
     max_pending_acquires: Option<usize>,
@@ -229,7 +271,7 @@ struct FileConfig {
     max_locks_per_owner: Option<usize>,
     max_connections: Option<usize>,
     max_connections_per_address: Option<usize>,
-    idle_timeout_ms: Option<u64>,
+    idle_timeout_ms: Option<MsSetting>,
     max_in_flight: Option<usize>,
     max_frame_bytes: Option<usize>,
     max_input_bytes: Option<usize>,
@@ -286,6 +328,11 @@ pub struct ServerConfig {
     pub restore: Option<PathBuf>,
     /// The cluster to join (`--join`): client endpoints.
     pub join: Option<Vec<String>>,
+    /// Plain TCP allowed beyond loopback.
+    pub insecure: bool,
+    /// The permissions as configured (with TLS), for `--config-check`.
+    pub admins: Vec<String>,
+    pub rules: Vec<RuleConfig>,
 }
 
 impl ServerConfig {
@@ -299,6 +346,18 @@ impl ServerConfig {
     }
 
     fn merge(flags: &Flags, file: FileConfig) -> Result<ServerConfig> {
+        let tick_ms = flags.tick_ms.or(file_ms("tick_ms", file.tick_ms)?).unwrap_or(50);
+        let election_ms = flags.election_ms.or(file_ms("election_ms", file.election_ms)?).unwrap_or(500);
+        let heartbeat_ms = flags.heartbeat_ms.or(file_ms("heartbeat_ms", file.heartbeat_ms)?).unwrap_or(100);
+        let lease_min_ms =
+            flags.lease_min_ms.or(file_ms("lease_min_ms", file.lease_min_ms)?).unwrap_or(2_000);
+        let lease_max_ms = flags
+            .lease_max_ms
+            .or(file_ms("lease_max_ms", file.lease_max_ms)?)
+            .unwrap_or(24 * 60 * 60 * 1_000);
+        let wait_max_ms = flags.wait_max_ms.or(file_ms("wait_max_ms", file.wait_max_ms)?).unwrap_or(300_000);
+        let idle_timeout_ms =
+            flags.idle_timeout_ms.or(file_ms("idle_timeout_ms", file.idle_timeout_ms)?).unwrap_or(600_000);
         let id = flags.id.or(file.id).unwrap_or(1);
         let peers = match (flags.peers.clone(), file.peers) {
             (Some(text), _) | (None, Some(PeersSetting::Text(text))) => parse_peers(&text)?,
@@ -335,9 +394,6 @@ impl ServerConfig {
         let log_level =
             parse_level(flags.log_level.as_deref().or(file.log_level.as_deref()).unwrap_or("info"))?;
 
-        let tick_ms = flags.tick_ms.or(file.tick_ms).unwrap_or(50);
-        let election_ms = flags.election_ms.or(file.election_ms).unwrap_or(500);
-        let heartbeat_ms = flags.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(100);
         if tick_ms == 0 {
             bail!("tick_ms must be positive");
         }
@@ -355,8 +411,8 @@ impl ServerConfig {
         };
         driver.election_ticks = (election_ms / tick_ms) as usize;
         driver.heartbeat_ticks = (heartbeat_ms / tick_ms) as usize;
-        driver.lease_ms_min = flags.lease_min_ms.or(file.lease_min_ms).unwrap_or(2_000);
-        driver.lease_ms_max = flags.lease_max_ms.or(file.lease_max_ms).unwrap_or(24 * 60 * 60 * 1_000);
+        driver.lease_ms_min = lease_min_ms;
+        driver.lease_ms_max = lease_max_ms;
         if let Some(entries) = flags.snapshot_interval_entries.or(file.snapshot_interval_entries) {
             driver.snapshot_interval_entries = entries;
         }
@@ -396,13 +452,12 @@ impl ServerConfig {
         if max_snapshot_bytes < 1 << 20 {
             bail!("max_snapshot_bytes ({max_snapshot_bytes}) must be at least 1048576 (1 MiB)");
         }
-        let wait_max_ms = flags.wait_max_ms.or(file.wait_max_ms).unwrap_or(300_000);
         let max_connections_per_address =
             flags.max_connections_per_address.or(file.max_connections_per_address).unwrap_or(1_024);
         if max_connections_per_address == 0 {
             bail!("max_connections_per_address must be positive");
         }
-        let idle_timeout = match flags.idle_timeout_ms.or(file.idle_timeout_ms).unwrap_or(600_000) {
+        let idle_timeout = match idle_timeout_ms {
             0 => None,
             ms => Some(Duration::from_millis(ms)),
         };
@@ -424,10 +479,11 @@ impl ServerConfig {
         .into_iter()
         .filter_map(|(name, addr)| addr.filter(|addr| !addr.ip().is_loopback()).map(|addr| (name, addr)))
         .collect();
+        let admins = file.admins.clone().unwrap_or_default();
+        let rules = file.rules.clone().unwrap_or_default();
         let access = match (&certs_dir, file.admins, file.rules) {
-            (Some(_), admins, rules) => Some(
-                Access::new(admins.unwrap_or_default(), rules.unwrap_or_default())
-                    .map_err(|err| anyhow!("permissions: {err}"))?,
+            (Some(_), _, _) => Some(
+                Access::new(admins.clone(), rules.clone()).map_err(|err| anyhow!("permissions: {err}"))?,
             ),
             (None, None, None) => None,
             (None, _, _) => bail!(
@@ -448,6 +504,9 @@ impl ServerConfig {
             );
         }
         Ok(ServerConfig {
+            insecure,
+            admins,
+            rules,
             certs_dir,
             access,
             exposed,
@@ -487,6 +546,83 @@ impl ServerConfig {
                 }
             },
         })
+    }
+}
+
+impl ServerConfig {
+    /// The configuration with every default, as a TOML file `--config`
+    /// takes (durations with units). `--restore` and `--join` are flags
+    /// only, and not in it.
+    pub fn to_toml(&self) -> String {
+        use toml::{Table, Value};
+        let number = |value: u64| Value::Integer(i64::try_from(value).unwrap_or(i64::MAX));
+        let count = |value: usize| number(u64::try_from(value).unwrap_or(u64::MAX));
+        let text = |value: String| Value::String(value);
+        let tick_ms = u64::try_from(self.tick.as_millis()).unwrap_or(u64::MAX);
+        let ticks = |ticks: usize| human_ms(tick_ms.saturating_mul(u64::try_from(ticks).unwrap_or(u64::MAX)));
+        let driver = &self.driver;
+        let mut table = Table::new();
+        let mut put = |key: &str, value: Value| {
+            table.insert(key.to_owned(), value);
+        };
+        put("id", number(self.id));
+        let peers: Table = self.peers.iter().map(|(id, addr)| (id.to_string(), text(addr.clone()))).collect();
+        put("peers", Value::Table(peers));
+        put("client_addr", text(self.client_addr.to_string()));
+        put("advertise_client_addr", text(self.advertise_client_addr.clone()));
+        put("advertise_peer_addr", text(self.advertise_peer_addr.clone()));
+        let state = match driver.initial_cluster_state {
+            ClusterState::New => "new",
+            ClusterState::Existing => "existing",
+        };
+        put("initial_cluster_state", text(state.to_owned()));
+        put("data_dir", text(self.data_dir.display().to_string()));
+        let format = match self.log_format {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        };
+        put("log_format", text(format.to_owned()));
+        let level = match self.log_level {
+            slog::Level::Critical | slog::Level::Error => "error",
+            slog::Level::Warning => "warning",
+            slog::Level::Info => "info",
+            slog::Level::Debug | slog::Level::Trace => "debug",
+        };
+        put("log_level", text(level.to_owned()));
+        put("tick_ms", text(human_ms(tick_ms)));
+        put("election_ms", text(ticks(driver.election_ticks)));
+        put("heartbeat_ms", text(ticks(driver.heartbeat_ticks)));
+        put("lease_min_ms", text(human_ms(driver.lease_ms_min)));
+        put("lease_max_ms", text(human_ms(driver.lease_ms_max)));
+        put("wait_max_ms", text(human_ms(self.wait_max_ms)));
+        put("snapshot_interval_entries", number(driver.snapshot_interval_entries));
+        put("max_pending_requests", count(driver.pending_requests_max));
+        put("max_pending_acquires", count(driver.pending_acquires_max));
+        put("max_waiters_per_key", count(driver.waiters_per_key_max));
+        put("max_locks", count(driver.locks_max));
+        put("max_locks_per_owner", count(driver.locks_per_identity_max));
+        put("max_connections", count(self.max_connections));
+        put("max_connections_per_address", count(self.max_connections_per_address));
+        let idle = self.idle_timeout.map_or(0, |idle| u64::try_from(idle.as_millis()).unwrap_or(u64::MAX));
+        // 0 (never) stays a number: "0s" would read as a duration.
+        put("idle_timeout_ms", if idle == 0 { number(0) } else { text(human_ms(idle)) });
+        put("max_in_flight", count(self.max_in_flight));
+        put("max_frame_bytes", count(self.max_frame_bytes));
+        put("max_input_bytes", count(self.max_input_bytes));
+        put("max_output_bytes", count(self.max_output_bytes));
+        put("max_snapshot_bytes", count(self.max_snapshot_bytes));
+        if let Some(addr) = self.metrics_addr {
+            put("metrics_addr", text(addr.to_string()));
+        }
+        if let Some(dir) = &self.certs_dir {
+            put("certs_dir", text(dir.display().to_string()));
+            put("admins", Value::Array(self.admins.iter().cloned().map(text).collect()));
+            if let Ok(rules) = Value::try_from(&self.rules) {
+                put("rules", rules);
+            }
+        }
+        put("insecure", Value::Boolean(self.insecure));
+        toml::to_string(&table).unwrap_or_else(|err| format!("# cannot print the configuration: {err}\n"))
     }
 }
 
@@ -615,6 +751,76 @@ mod tests {
 
     fn flags(args: &[&str]) -> Flags {
         Flags::try_parse_from(std::iter::once("fencelockd").chain(args.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn durations_take_milliseconds_or_units_in_flags_and_in_the_file() {
+        assert_eq!(parse_ms("500"), Ok(500));
+        assert_eq!(parse_ms("2s"), Ok(2_000));
+        assert_eq!(parse_ms(" 24h "), Ok(86_400_000));
+        assert_eq!(parse_ms("1m 30s"), Ok(90_000));
+        let error = parse_ms("fast").unwrap_err();
+        assert!(error.contains("`fast` is not a duration"), "{error}");
+        let config = ServerConfig::load(&flags(&["--election-ms", "1s", "--lease-min-ms", "4s"])).unwrap();
+        assert_eq!(config.driver.election_ticks, 20);
+        assert_eq!(config.driver.lease_ms_min, 4_000);
+        assert!(Flags::try_parse_from(["fencelockd", "--tick-ms", "soon"]).is_err());
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fencelock.toml");
+        std::fs::write(&path, "tick_ms = 20\nelection_ms = \"200ms\"\nwait_max_ms = \"1m\"\n").unwrap();
+        let config = ServerConfig::load(&flags(&["--config", path.to_str().unwrap()])).unwrap();
+        assert_eq!(
+            (config.tick, config.driver.election_ticks, config.wait_max_ms),
+            (Duration::from_millis(20), 10, 60_000)
+        );
+        std::fs::write(&path, "election_ms = \"soon\"\n").unwrap();
+        let error = ServerConfig::load(&flags(&["--config", path.to_str().unwrap()])).unwrap_err();
+        assert!(format!("{error:#}").contains("election_ms: `soon` is not a duration"), "{error:#}");
+    }
+
+    #[test]
+    fn the_printed_configuration_is_a_file_that_gives_the_same_configuration() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fencelock.toml");
+        let rules = "admins = [\"ops\"]\n\n[[rules]]\nusers = [\"alice\"]\nprefixes = [\"jobs/\"]\nrights = [\"lock\", \"read\"]\n";
+        std::fs::write(&path, format!("certs_dir = \"certs\"\nmax_locks = 77\nidle_timeout_ms = 0\n{rules}"))
+            .unwrap();
+        let config = ServerConfig::load(&flags(&[
+            "--config",
+            path.to_str().unwrap(),
+            "--id",
+            "2",
+            "--peers",
+            "1=127.0.0.1:7001,2=127.0.0.1:7002,3=localhost:7003",
+            "--tick-ms",
+            "20",
+            "--election-ms",
+            "1s",
+            "--lease-min-ms",
+            "4s",
+            "--log-format",
+            "json",
+            "--metrics-addr",
+            "127.0.0.1:9100",
+        ]))
+        .unwrap();
+        let printed = config.to_toml();
+        for line in
+            ["election_ms = \"1s\"", "tick_ms = \"20ms\"", "max_locks = 77", "idle_timeout_ms = 0", "id = 2"]
+        {
+            assert!(printed.lines().any(|printed| printed == line), "{line} missing from\n{printed}");
+        }
+        let again_path = dir.path().join("printed.toml");
+        std::fs::write(&again_path, &printed).unwrap();
+        let again = ServerConfig::load(&flags(&["--config", again_path.to_str().unwrap()])).unwrap();
+        assert_eq!(again.to_toml(), printed);
+        assert!(again.access.unwrap().is_admin("ops"));
+        // The defaults too.
+        let defaults = ServerConfig::load(&flags(&[])).unwrap().to_toml();
+        std::fs::write(&again_path, &defaults).unwrap();
+        let again = ServerConfig::load(&flags(&["--config", again_path.to_str().unwrap()])).unwrap();
+        assert_eq!(again.to_toml(), defaults);
     }
 
     #[test]

@@ -72,18 +72,20 @@ fn main() -> ExitCode {
                 return ExitCode::from(1);
             }
         }
+        // One comment line for people, then the whole configuration with
+        // every default, as a file --config takes.
         println!(
-            "configuration ok: node {} of {:?}, clients on {} (advertised as {}), peers on {} (advertised as {}), \
-             initial cluster state {:?}{}",
+            "# configuration ok: node {} of {}, clients on {} (advertised as {}), peers on {} (advertised as \
+             {}){}",
             config.id,
-            config.peers,
+            config.peers.len(),
             config.client_addr,
             config.advertise_client_addr,
             config.peer_listen_addr,
             config.advertise_peer_addr,
-            config.driver.initial_cluster_state,
             if config.certs_dir.is_some() { ", TLS on both ports" } else { "" }
         );
+        print!("{}", config.to_toml());
         return ExitCode::SUCCESS;
     }
     let (logger, _flush_on_exit) = build_logger(&config);

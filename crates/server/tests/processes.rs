@@ -545,6 +545,41 @@ fn a_bad_configuration_is_refused_with_exit_code_1_and_config_check_passes_a_goo
     assert_eq!(garbage.status.code(), Some(1), "{garbage:?}");
     let good = run(&["--id", "2", "--peers", "1=127.0.0.1:7001,2=127.0.0.1:7002", "--config-check"]);
     assert!(good.status.success(), "{good:?}");
+    // It prints the whole configuration, every default included, as a file
+    // that --config takes; settings come from the environment too, and
+    // durations take units.
+    let printed = Command::new(env!("CARGO_BIN_EXE_fencelockd"))
+        .args(["--id", "2", "--peers", "1=127.0.0.1:7001,2=127.0.0.1:7002", "--config-check"])
+        .env("FENCELOCKD_ELECTION_MS", "250ms")
+        .env("FENCELOCKD_MAX_LOCKS", "5000")
+        .output()
+        .unwrap();
+    assert!(printed.status.success(), "{printed:?}");
+    let text = String::from_utf8_lossy(&printed.stdout).into_owned();
+    assert!(text.starts_with("# configuration ok: node 2 of 2"), "{text}");
+    for line in
+        ["election_ms = \"250ms\"", "max_locks = 5000", "lease_max_ms = \"24h\"", "max_connections = 4096"]
+    {
+        assert!(text.lines().any(|printed| printed == line), "{line} missing:\n{text}");
+    }
+    std::fs::write(&file, &text).unwrap();
+    let again = run(&["--config", file.to_str().unwrap(), "--config-check"]);
+    assert!(again.status.success(), "{again:?}");
+    assert_eq!(String::from_utf8_lossy(&again.stdout), text);
+    // A flag wins over the environment.
+    let flagged = Command::new(env!("CARGO_BIN_EXE_fencelockd"))
+        .args(["--max-locks", "6000", "--config-check"])
+        .env("FENCELOCKD_MAX_LOCKS", "5000")
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&flagged.stdout).lines().any(|line| line == "max_locks = 6000"),
+        "{flagged:?}"
+    );
+    // --help shows the defaults.
+    let help = run(&["--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("[default: 500ms]") && help.contains("[env: FENCELOCKD_PEERS="), "{help}");
     // Plain TCP beyond loopback needs --insecure.
     let exposed = run(&[
         "--client-addr",
