@@ -20,7 +20,22 @@ pub fn connect(cli: &Cli) -> Result<Client> {
         config.tls = Some(TlsConfig { certs_dir: certs_dir.clone(), user });
     }
     let what = if config.tls.is_some() { "bad --endpoints or certificates" } else { "bad --endpoints" };
-    Client::connect(config).context(what)
+    let client = Client::connect(config).context(what)?;
+    // Retrying is said on stderr after about a second, not waited out in
+    // silence for --retry-for.
+    client.on_retrying(|retrying| {
+        eprintln!(
+            "fencelock: no answer yet after {}, still trying for {} (--retry-for): {}",
+            human(round_to_seconds(retrying.elapsed)),
+            human(round_to_seconds(retrying.left)),
+            retrying.last_error
+        );
+    });
+    Ok(client)
+}
+
+fn round_to_seconds(duration: std::time::Duration) -> std::time::Duration {
+    std::time::Duration::from_secs(u64::try_from((duration.as_millis() + 500) / 1_000).unwrap_or(u64::MAX))
 }
 
 /// The owner an acquire carries for `--owner OWNER`: over TLS, the user's

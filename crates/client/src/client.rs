@@ -61,7 +61,34 @@ pub(crate) struct Inner {
     /// The endpoint that last answered successfully: where calls start.
     preferred: Mutex<Option<String>>,
     pub(crate) renewer: Renewer,
+    /// Told while a call keeps retrying ([`Client::on_retrying`]).
+    retrying: Mutex<Option<RetryObserver>>,
 }
+
+/// What [`Client::on_retrying`] is told while a call keeps retrying.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Retrying {
+    /// How long the call has been trying.
+    pub elapsed: Duration,
+    /// How long it goes on before giving up (`retry_for`).
+    pub left: Duration,
+    /// Why the last attempt failed.
+    pub last_error: String,
+}
+
+#[derive(Clone)]
+struct RetryObserver(Arc<dyn Fn(&Retrying) + Send + Sync>);
+
+impl std::fmt::Debug for RetryObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RetryObserver")
+    }
+}
+
+/// A call that still retries after this long tells the observer, and then
+/// again every [`RETRY_NOTICE_EVERY`].
+pub const RETRY_NOTICE_AFTER: Duration = Duration::from_secs(1);
+const RETRY_NOTICE_EVERY: Duration = Duration::from_secs(5);
 
 /// The answer to one renew request.
 pub(crate) struct Renewal {
@@ -127,6 +154,7 @@ impl Client {
             connections: Mutex::new(HashMap::new()),
             preferred: Mutex::new(None),
             renewer: Renewer::default(),
+            retrying: Mutex::new(None),
         };
         Ok(Client { inner: Arc::new(inner) })
     }
@@ -134,6 +162,15 @@ impl Client {
     /// The owner identity this client's acquires carry.
     pub fn owner(&self) -> &[u8] {
         &self.inner.owner
+    }
+
+    /// Calls `observer` when a call has kept retrying (no node answered,
+    /// no leader) for [`RETRY_NOTICE_AFTER`], and every 5 s after, with the
+    /// last error: a command-line tool says so instead of waiting
+    /// silently. Every call of this client is reported, the background
+    /// renewer's included.
+    pub fn on_retrying(&self, observer: impl Fn(&Retrying) + Send + Sync + 'static) {
+        *lock(&self.inner.retrying) = Some(RetryObserver(Arc::new(observer)));
     }
 
     /// Acquires `key` for `lease`, waiting up to `wait` in the leader's queue
@@ -381,7 +418,9 @@ impl Inner {
         mut make: impl FnMut() -> (Request_oneof_kind, Duration),
         budget: Duration,
     ) -> Result<(Response_oneof_kind, Instant, String), ClientError> {
-        let deadline = Instant::now() + budget;
+        let started = Instant::now();
+        let deadline = started + budget;
+        let mut next_notice = started + RETRY_NOTICE_AFTER;
         let mut target = self.start_endpoint();
         // Where "the next endpoint" continues from; a leader address outside
         // the list continues from the top.
@@ -438,6 +477,18 @@ impl Inner {
             if pause {
                 std::thread::sleep(backoff.min(deadline.saturating_duration_since(Instant::now())));
                 backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+            let now = Instant::now();
+            if now >= next_notice && now < deadline {
+                next_notice = now + RETRY_NOTICE_EVERY;
+                let observer = lock(&self.retrying).clone();
+                if let Some(observer) = observer {
+                    (observer.0)(&Retrying {
+                        elapsed: now - started,
+                        left: deadline - now,
+                        last_error: last_reason.clone(),
+                    });
+                }
             }
         }
     }
@@ -507,6 +558,31 @@ fn refuses_this_client(reason: &str) -> bool {
     ["TLS handshake failed", "the server speaks TLS", "received fatal alert", "invalid peer certificate"]
         .iter()
         .any(|sign| reason.contains(sign))
+}
+
+#[cfg(test)]
+#[test]
+fn a_call_that_keeps_retrying_is_reported_with_its_last_error() {
+    // A port nothing listens on: bound, then closed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port());
+    let endpoint = format!("127.0.0.1:{}", port.unwrap_or(9));
+    let mut config = ClientConfig::new([endpoint.clone()]);
+    config.retry_for = Duration::from_millis(2_500);
+    let Ok(client) = Client::connect(config) else { panic!("a client") };
+    let seen: Arc<Mutex<Vec<Retrying>>> = Arc::default();
+    let sink = Arc::clone(&seen);
+    client.on_retrying(move |retrying| lock(&sink).push(retrying.clone()));
+    assert!(matches!(client.get(b"k", true), Err(ClientError::Unavailable(_))));
+    let seen = lock(&seen).clone();
+    // Once, after a second (the next would come 5 s later, past the budget).
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(
+        seen[0].elapsed >= RETRY_NOTICE_AFTER && seen[0].left <= Duration::from_millis(1_500),
+        "{seen:?}"
+    );
+    assert!(seen[0].last_error.starts_with(&format!("{endpoint}: cannot connect")), "{seen:?}");
 }
 
 #[cfg(test)]

@@ -45,7 +45,7 @@ mod renewer;
 mod types;
 
 pub use backup::BackupInfo;
-pub use client::Client;
+pub use client::{Client, Retrying, RETRY_NOTICE_AFTER};
 pub use config::{ClientConfig, TlsConfig, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY_FOR};
 pub use error::ClientError;
 pub use guard::LockGuard;

@@ -136,6 +136,19 @@ fn the_cli_keeps_its_owner_across_retries_and_lock_keeps_its_own_exit_codes_and_
     assert!(stderr.contains("`127.0.0.1:71o1` is not HOST:PORT"), "{stderr}");
     assert!(typo.stdout.is_empty(), "{typo:?}");
 
+    // A cluster that does not answer: the CLI says after about a second
+    // that it is still trying, and why, before it gives up.
+    let nobody = format!("127.0.0.1:{}", free_port());
+    let waiting = Command::new(cli_binary())
+        .args(["--endpoints", &nobody, "--retry-for", "3s", "get", "jobs/retry"])
+        .output()
+        .unwrap();
+    assert_eq!(waiting.status.code(), Some(1), "{waiting:?}");
+    let stderr = String::from_utf8_lossy(&waiting.stderr);
+    let notice =
+        format!("no answer yet after 1s, still trying for 2s (--retry-for): {nobody}: cannot connect");
+    assert!(stderr.lines().next().is_some_and(|line| line.contains(&notice)), "{stderr}");
+
     // `lock` on a key held by another owner: --conflict-exit-code, and the
     // JSON on stderr, stdout left to CMD (which never ran).
     let held = cli(
