@@ -21,6 +21,7 @@ use fencelock_types::client_pb::{
 use crate::config::{default_owner, ClientConfig};
 use crate::connection::{CallError, Connection};
 use crate::guard::LockGuard;
+use crate::local::LocalHold;
 use crate::renewer::{HeldLock, Renewer};
 use crate::types::{Grant, LockInfo, NodeStatus, Released, Renewed};
 use crate::ClientError;
@@ -198,10 +199,15 @@ impl Client {
         // Started before the request, so that a lock is never granted with
         // nothing to renew it.
         self.inner.renewer.start(&self.inner).map_err(ClientError::Internal)?;
-        let (grant, sent) = self.inner.acquire(owner, key, lease, wait)?;
+        // A guard of this process that holds the key for the same owner is
+        // waited for first: the server would hand its lock over (crate::local).
+        let started = Instant::now();
+        let local = LocalHold::take(owner, key, wait)?;
+        let (grant, sent) = self.inner.acquire(owner, key, lease, wait.saturating_sub(started.elapsed()))?;
+        local.granted(grant.token);
         let lock = Arc::new(HeldLock::new(key.to_vec(), grant.token, grant.lease, sent));
         self.inner.renewer.add(Arc::clone(&lock));
-        Ok(LockGuard::new(self.clone(), lock))
+        Ok(LockGuard::new(self.clone(), lock, local))
     }
 
     /// Acquires `key` for `owner` without a guard: nothing renews the lock and

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::client::Client;
+use crate::local::LocalHold;
 use crate::renewer::HeldLock;
 use crate::ClientError;
 
@@ -15,16 +16,23 @@ use crate::ClientError;
 /// Check [`LockGuard::is_lost`] before acting on the lock, and pass
 /// [`LockGuard::token`] with every write to the protected resource: a lease
 /// can always run out during a pause the client does not see.
+///
+/// One guard per key and owner in a process: a second `acquire` of a key
+/// that a guard of the same owner holds waits for that guard to be dropped
+/// (up to its `wait`), or fails; it is never handed the same lock.
 #[derive(Debug)]
 pub struct LockGuard {
     client: Client,
     held: Arc<HeldLock>,
     released: bool,
+    /// The key held in this process: another guard of the same owner waits
+    /// until this one is dropped (after its release).
+    _local: LocalHold,
 }
 
 impl LockGuard {
-    pub(crate) fn new(client: Client, held: Arc<HeldLock>) -> LockGuard {
-        LockGuard { client, held, released: false }
+    pub(crate) fn new(client: Client, held: Arc<HeldLock>, local: LocalHold) -> LockGuard {
+        LockGuard { client, held, released: false, _local: local }
     }
 
     pub fn key(&self) -> &[u8] {

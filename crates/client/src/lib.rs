@@ -40,6 +40,7 @@ mod config;
 mod connection;
 mod error;
 mod guard;
+mod local;
 mod members;
 mod renewer;
 mod types;

@@ -178,6 +178,42 @@ fn the_cli_keeps_its_owner_across_retries_and_lock_keeps_its_own_exit_codes_and_
 }
 
 #[test]
+fn two_guards_in_one_process_never_share_a_lock() {
+    let cluster = Cluster::start(3);
+    let client = cluster.client();
+    cluster.leader(&client);
+    let first = client.acquire(b"jobs/shared", Duration::from_secs(30), Duration::ZERO).unwrap();
+    // The same client (one owner) again: the server would answer with the
+    // first guard's token; the client refuses instead, or waits.
+    let again = client.acquire(b"jobs/shared", Duration::from_secs(30), Duration::ZERO).unwrap_err();
+    assert!(
+        matches!(again, ClientError::Held { holder_token: Some(token) } if token == first.token()),
+        "{again:?}"
+    );
+    let waited =
+        client.acquire(b"jobs/shared", Duration::from_secs(30), Duration::from_millis(200)).unwrap_err();
+    assert!(matches!(waited, ClientError::WaitTimedOut { .. }), "{waited:?}");
+    // Another thread waits for the first guard, and gets a lock of its own
+    // once it is released: a new token, held alone.
+    let second = {
+        let client = client.clone();
+        std::thread::spawn(move || client.acquire(b"jobs/shared", Duration::from_secs(30), DEADLINE))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let first_token = first.token();
+    assert!(client.check(b"jobs/shared", first_token).unwrap(), "the waiting thread took the lock");
+    assert!(first.release().unwrap());
+    let second = second.join().unwrap().unwrap();
+    assert!(second.token() > first_token, "{} after {first_token}", second.token());
+    assert!(client.check(b"jobs/shared", second.token()).unwrap());
+    assert!(!client.check(b"jobs/shared", first_token).unwrap());
+    drop(second);
+    // Dropping a guard lets the key go too.
+    let third = client.acquire(b"jobs/shared", Duration::from_secs(30), DEADLINE).unwrap();
+    assert!(client.check(b"jobs/shared", third.token()).unwrap());
+}
+
+#[test]
 fn the_client_carries_on_after_kill_9_of_the_leader_and_the_node_catches_up() {
     let mut cluster = Cluster::start(3);
     let client = cluster.client();
