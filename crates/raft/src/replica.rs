@@ -706,6 +706,13 @@ impl Replica {
             debug!(self.logger, "rejoining: not voting yet"; "from" => message.from, "term" => message.term);
             return;
         }
+        if message.get_msg_type() == MessageType::MsgTimeoutNow && self.snapshot_unapplied() {
+            // Campaigning now would crash raft-rs (see `snapshot_unapplied`);
+            // the leader's transfer times out, and it may ask again.
+            info!(self.logger, "not campaigning on a leadership transfer while a snapshot is being written";
+                "from" => message.from);
+            return;
+        }
         if let Err(err) = self.raw.step(message) {
             debug!(self.logger, "raft refused a message"; "error" => %err);
         }
@@ -714,9 +721,23 @@ impl Replica {
     /// Advances raft's logical clock by one tick. A rejoining node's
     /// clock stands still: a follower's ticks only lead to campaigns.
     pub fn tick(&mut self) {
-        if self.abstaining.is_none() {
+        if self.abstaining.is_none() && !self.snapshot_unapplied() {
             self.raw.tick();
         }
+    }
+
+    /// A snapshot from the leader is installed but its write is not durable
+    /// yet. raft-rs took it as stable when its ready was handed over
+    /// (`advance_append_async`), but counts it applied only once persisted
+    /// (`release_persisted`); meanwhile raft's applied index is below the
+    /// log's first entry. A campaign in that window (an election timeout,
+    /// or `MsgTimeoutNow`) reads the "unapplied" entries below the snapshot,
+    /// which the log no longer has, and raft-rs panics. So the node's clock
+    /// stands still for the few milliseconds of that write: it has just
+    /// heard from a leader anyway. Found by the simulator, seed 3002890773
+    /// (5 nodes).
+    fn snapshot_unapplied(&self) -> bool {
+        self.raw.raft.raft_log.applied < self.raw.store().snapshot_index()
     }
 
     /// The peers this node has had raft messages from, for its hellos.

@@ -39,6 +39,17 @@ fn a_seed_replays_byte_for_byte() {
 }
 
 #[test]
+fn seeds_that_once_failed_pass() {
+    // 3002890773: a follower's election timeout fired between installing a
+    // leader's snapshot and that write becoming durable, and raft-rs
+    // panicked reading entries below the snapshot (Replica::tick).
+    for (seed, nodes) in [(3_002_890_773, 5)] {
+        let report = run(SimConfig::new(seed, nodes));
+        assert!(report.result.is_ok(), "{report}");
+    }
+}
+
+#[test]
 fn runs_do_real_work() {
     let report = run(SimConfig::new(3, 3));
     assert!(report.result.is_ok(), "{report}");
