@@ -168,12 +168,18 @@ mod tests {
         assert!(!stop_group(group, Duration::from_secs(10), Some(&mut leader)));
         assert!(!group_alive(group));
 
-        // A group that ignores SIGTERM gets SIGKILL after the grace.
-        let mut stubborn = spawn_group("trap '' TERM; sleep 30 & wait");
+        // A group that ignores SIGTERM gets SIGKILL after the grace. The
+        // shell says when its trap is set: a SIGTERM before would end it,
+        // and the test would prove nothing.
+        let dir = tempfile::tempdir().unwrap();
+        let ready = dir.path().join("trapped");
+        let mut stubborn = spawn_group(&format!("trap '' TERM; : > {}; sleep 30 & wait", ready.display()));
         let group = pid_of(&stubborn);
-        // Give the shell time to set its trap: a SIGTERM before it would
-        // end it, and the test would prove nothing.
-        std::thread::sleep(Duration::from_millis(300));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ready.exists() {
+            assert!(Instant::now() < deadline, "the shell never set its trap");
+            std::thread::sleep(POLL);
+        }
         assert!(stop_group(group, Duration::from_millis(300), Some(&mut stubborn)));
         let deadline = Instant::now() + Duration::from_secs(10);
         while group_alive(group) {

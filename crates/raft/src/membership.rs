@@ -404,21 +404,14 @@ impl Replica {
     /// first index and, once the log there is compacted, sends a snapshot.
     /// True when it did (the message is not stepped).
     pub(super) fn refuse_append_while_joining(&mut self, message: &raft::prelude::Message) -> bool {
-        use raft::prelude::{Message, MessageType};
+        use raft::prelude::MessageType;
         if !self.config.joining
             || message.get_msg_type() != MessageType::MsgAppend
             || !self.raw.store().conf_state().voters.is_empty()
         {
             return false;
         }
-        let mut reject = Message::default();
-        reject.set_msg_type(MessageType::MsgAppendResponse);
-        reject.from = self.id.0;
-        reject.to = message.from;
-        reject.term = message.term;
-        reject.reject = true;
-        reject.index = message.index;
-        reject.reject_hint = 0;
+        let reject = self.append_rejection(message, message.index, 0);
         self.send(vec![reject]);
         true
     }

@@ -642,15 +642,8 @@ impl Replica {
                 // The leader counts this node as holding entries it does not
                 // have, and would never send them again. A rejection past
                 // anything it counts makes it probe this node's log anew.
-                let mut reject = Message::default();
-                reject.set_msg_type(MessageType::MsgAppendResponse);
-                reject.from = self.id.0;
-                reject.to = message.from;
-                reject.term = message.term;
-                reject.reject = true;
                 // Past any index the leader counts, yet one its gate takes.
-                reject.index = gate::INDEX_MAX;
-                reject.reject_hint = last_index;
+                let reject = self.append_rejection(&message, gate::INDEX_MAX, last_index);
                 self.send(vec![reject]);
             }
             self.step_checked(message);
@@ -658,6 +651,20 @@ impl Replica {
         }
         self.step_checked(message);
         true
+    }
+
+    /// A rejection of `message` (an append or heartbeat) at `index`, this
+    /// node's log ending at `hint`: what makes the leader probe its log.
+    fn append_rejection(&self, message: &Message, index: u64, hint: u64) -> Message {
+        let mut reject = Message::default();
+        reject.set_msg_type(MessageType::MsgAppendResponse);
+        reject.from = self.id.0;
+        reject.to = message.from;
+        reject.term = message.term;
+        reject.reject = true;
+        reject.index = index;
+        reject.reject_hint = hint;
+        reject
     }
 
     /// On the leader: the answer a follower gives a heartbeat that commits

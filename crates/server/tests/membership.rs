@@ -161,16 +161,30 @@ fn addr() -> String {
     format!("127.0.0.1:{}", free_port())
 }
 
-#[test]
-fn a_cluster_grows_from_three_to_five_and_shrinks_back_to_three_under_locking() {
+/// A cluster founded by nodes 1 to 3, with addresses for `total` nodes:
+/// the founders run and are its voters.
+struct Founded {
+    dir: tempfile::TempDir,
+    peer_addrs: Vec<String>,
+    client_addrs: Vec<String>,
+    daemons: Vec<Daemon>,
+    admin: Client,
+}
+
+fn found(total: usize) -> Founded {
     let dir = tempfile::tempdir().unwrap();
-    let peer_addrs: Vec<String> = (0..5).map(|_| addr()).collect();
-    let client_addrs: Vec<String> = (0..5).map(|_| addr()).collect();
+    let peer_addrs: Vec<String> = (0..total).map(|_| addr()).collect();
+    let client_addrs: Vec<String> = (0..total).map(|_| addr()).collect();
     let peers = (0..3).map(|at| format!("{}={}", at + 1, peer_addrs[at])).collect::<Vec<_>>().join(",");
-    let mut daemons: Vec<Daemon> =
-        (0..3).map(|at| start(dir.path(), at as u64 + 1, &peers, &client_addrs[at], &[])).collect();
+    let daemons = (0..3).map(|at| start(dir.path(), at as u64 + 1, &peers, &client_addrs[at], &[])).collect();
     let admin = client(client_addrs.clone());
     wait_for_voters(&admin, &[1, 2, 3], dir.path());
+    Founded { dir, peer_addrs, client_addrs, daemons, admin }
+}
+
+#[test]
+fn a_cluster_grows_from_three_to_five_and_shrinks_back_to_three_under_locking() {
+    let Founded { dir, peer_addrs, client_addrs, mut daemons, admin } = found(5);
     let locker = Locker::start(client_addrs.clone());
     locker.wait_for(20, dir.path());
 
@@ -214,14 +228,7 @@ fn a_cluster_grows_from_three_to_five_and_shrinks_back_to_three_under_locking() 
 
 #[test]
 fn a_killed_node_is_replaced_by_a_new_one_at_a_new_address() {
-    let dir = tempfile::tempdir().unwrap();
-    let peer_addrs: Vec<String> = (0..4).map(|_| addr()).collect();
-    let client_addrs: Vec<String> = (0..4).map(|_| addr()).collect();
-    let peers = (0..3).map(|at| format!("{}={}", at + 1, peer_addrs[at])).collect::<Vec<_>>().join(",");
-    let mut daemons: Vec<Daemon> =
-        (0..3).map(|at| start(dir.path(), at as u64 + 1, &peers, &client_addrs[at], &[])).collect();
-    let admin = client(client_addrs.clone());
-    wait_for_voters(&admin, &[1, 2, 3], dir.path());
+    let Founded { dir, peer_addrs, client_addrs, mut daemons, admin } = found(4);
     let locker = Locker::start(client_addrs.clone());
     locker.wait_for(20, dir.path());
     // The machine of node 3 dies.
@@ -256,14 +263,7 @@ fn a_killed_node_is_replaced_by_a_new_one_at_a_new_address() {
 
 #[test]
 fn a_joined_voter_that_lost_its_data_rejoins_without_a_vote_instead_of_joining_anew() {
-    let dir = tempfile::tempdir().unwrap();
-    let peer_addrs: Vec<String> = (0..4).map(|_| addr()).collect();
-    let client_addrs: Vec<String> = (0..4).map(|_| addr()).collect();
-    let peers = (0..3).map(|at| format!("{}={}", at + 1, peer_addrs[at])).collect::<Vec<_>>().join(",");
-    let mut daemons: Vec<Daemon> =
-        (0..3).map(|at| start(dir.path(), at as u64 + 1, &peers, &client_addrs[at], &[])).collect();
-    let admin = client(client_addrs.clone());
-    wait_for_voters(&admin, &[1, 2, 3], dir.path());
+    let Founded { dir, peer_addrs, client_addrs, mut daemons, admin } = found(4);
     let seeds = client_addrs[..3].join(",");
     let own = format!("4={}", peer_addrs[3]);
     let join = ["--join", seeds.as_str()];
