@@ -326,8 +326,11 @@ fn a_stopped_listener_refuses_new_connections_and_serves_open_ones() {
     assert_eq!(answer.id, 2);
 }
 
+/// A port no other test of this process is given, outside the ephemeral
+/// range: a port bound at 0 and dropped could be taken by a peer's outgoing
+/// connection before its node binds it (CI failed on that, AddrInUse).
 pub(crate) fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+    fencelock_launch::free_addr().expect("a free port")
 }
 
 /// The test's peer message: from `node_id` to `leader_id`, carrying `role`.
