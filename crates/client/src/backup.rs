@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use fencelock_types::client_pb::{BackupRequest, BackupResponse, Request_oneof_kind, Response_oneof_kind};
 use serde::Serialize;
 
-use crate::client::{unexpected, Attempt, Inner};
+use crate::client::{unexpected, Inner};
+use crate::sansio::Outcome;
 use crate::{Client, ClientError};
 
 /// What a backup holds, as the leader said and the bytes confirm.
@@ -93,9 +94,9 @@ impl Inner {
         loop {
             let request = BackupRequest { backup_id: id, offset, ..Default::default() };
             let reason = match self.attempt(node, Request_oneof_kind::backup(request), self.request_timeout) {
-                Attempt::Done(kind) => return into_backup(kind),
-                Attempt::Fail(err) => return Err(err),
-                Attempt::Retry(reason) | Attempt::Redirect { reason, .. } => reason,
+                Outcome::Done(kind) => return into_backup(kind),
+                Outcome::Fail(err) => return Err(err),
+                Outcome::Retry(reason) | Outcome::Redirect { reason, .. } => reason,
             };
             if Instant::now() >= deadline {
                 return Err(ClientError::Unavailable(format!(

@@ -10,28 +10,22 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use fencelock_types::client_pb::{
-    AcquireOutcome, AcquireRequest, CheckRequest, ErrorCode, GetRequest, ListRequest, LockRef,
-    ReleaseRequest, RenewRequest, Request, Request_oneof_kind, Response, Response_oneof_kind, StatusRequest,
-};
+use fencelock_types::client_pb::{Request, Request_oneof_kind, Response_oneof_kind};
 
 use crate::config::{default_owner, ClientConfig};
 use crate::connection::{CallError, Connection};
 use crate::guard::LockGuard;
 use crate::local::LocalHold;
 use crate::renewer::{HeldLock, Renewer};
+use crate::sansio::{calls, Drift, Outcome, RetryLoop, Retrying, Verdict};
 use crate::types::{Grant, LockInfo, NodeStatus, Released, Renewed};
 use crate::ClientError;
 
-/// The first pause after a failed attempt; it doubles up to [`BACKOFF_MAX`].
-const BACKOFF_MIN: Duration = Duration::from_millis(20);
-const BACKOFF_MAX: Duration = Duration::from_millis(500);
-
-/// The least time an attempt gets, even at the end of its call's budget.
-const ATTEMPT_MIN: Duration = Duration::from_millis(100);
+pub(crate) use crate::sansio::calls::unexpected;
 
 /// A blocking, thread-safe fencelock client. Clones share connections, the
 /// owner identity and the background renewer.
@@ -64,17 +58,10 @@ pub(crate) struct Inner {
     pub(crate) renewer: Renewer,
     /// Told while a call keeps retrying ([`Client::on_retrying`]).
     retrying: Mutex<Option<RetryObserver>>,
-}
-
-/// What [`Client::on_retrying`] is told while a call keeps retrying.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Retrying {
-    /// How long the call has been trying.
-    pub elapsed: Duration,
-    /// How long it goes on before giving up (`retry_for`).
-    pub left: Duration,
-    /// Why the last attempt failed.
-    pub last_error: String,
+    /// ρ: how much of each lease the client counts on.
+    pub(crate) drift: Drift,
+    /// Seeds each call's jitter.
+    seeds: AtomicU64,
 }
 
 #[derive(Clone)]
@@ -85,11 +72,6 @@ impl std::fmt::Debug for RetryObserver {
         f.write_str("RetryObserver")
     }
 }
-
-/// A call that still retries after this long tells the observer, and then
-/// again every [`RETRY_NOTICE_EVERY`].
-pub const RETRY_NOTICE_AFTER: Duration = Duration::from_secs(1);
-const RETRY_NOTICE_EVERY: Duration = Duration::from_secs(5);
 
 /// The answer to one renew request.
 pub(crate) struct Renewal {
@@ -102,20 +84,6 @@ pub(crate) struct Renewal {
     pub(crate) sent: Instant,
     /// The lease the server renewed to.
     pub(crate) lease: Duration,
-}
-
-/// How one attempt (one request to one node) ended.
-pub(crate) enum Attempt {
-    Done(Response_oneof_kind),
-    /// `NOT_LEADER` naming the leader's client address.
-    Redirect {
-        leader: String,
-        reason: String,
-    },
-    /// Worth trying again elsewhere: the reason is kept for the final error.
-    Retry(String),
-    /// Final: retrying will not help.
-    Fail(ClientError),
 }
 
 impl Client {
@@ -156,6 +124,8 @@ impl Client {
             preferred: Mutex::new(None),
             renewer: Renewer::default(),
             retrying: Mutex::new(None),
+            drift: config.drift,
+            seeds: AtomicU64::new(jitter_seed()),
         };
         Ok(Client { inner: Arc::new(inner) })
     }
@@ -205,7 +175,7 @@ impl Client {
         let local = LocalHold::take(owner, key, wait)?;
         let (grant, sent) = self.inner.acquire(owner, key, lease, wait.saturating_sub(started.elapsed()))?;
         local.granted(grant.token);
-        let lock = Arc::new(HeldLock::new(key.to_vec(), grant.token, grant.lease, sent));
+        let lock = Arc::new(HeldLock::new(key.to_vec(), grant.token, grant.lease, sent, self.inner.drift));
         self.inner.renewer.add(Arc::clone(&lock));
         Ok(LockGuard::new(self.clone(), lock, local))
     }
@@ -267,45 +237,29 @@ impl Client {
     /// Who holds `key`, or `None` when it is free. Linearizable reads ask the
     /// leader; others take the answering node's (maybe stale) table.
     pub fn get(&self, key: impl AsRef<[u8]>, linearizable: bool) -> Result<Option<LockInfo>, ClientError> {
-        let request = GetRequest { key: key.as_ref().to_vec(), linearizable, ..Default::default() };
-        match self.inner.call_simple(Request_oneof_kind::get(request))? {
-            Response_oneof_kind::get(response) => Ok(response.holder.into_option().map(LockInfo::from)),
-            other => Err(unexpected("get", &other)),
-        }
+        calls::get_answer(self.inner.call_simple(calls::get(key.as_ref(), linearizable))?)
     }
 
     /// Whether `token` holds `key` now (linearizable).
     pub fn check(&self, key: impl AsRef<[u8]>, token: u64) -> Result<bool, ClientError> {
-        let request = CheckRequest { key: key.as_ref().to_vec(), token, ..Default::default() };
-        match self.inner.call_simple(Request_oneof_kind::check(request))? {
-            Response_oneof_kind::check(response) => Ok(response.holds),
-            other => Err(unexpected("check", &other)),
-        }
+        calls::check_answer(self.inner.call_simple(calls::check(key.as_ref(), token))?)
     }
 
     /// Up to `limit` locks whose keys start with `prefix`, in key order
     /// (linearizable). A `limit` of 0 means the server's maximum.
     pub fn list(&self, prefix: impl AsRef<[u8]>, limit: u32) -> Result<Vec<LockInfo>, ClientError> {
-        let request = ListRequest { prefix: prefix.as_ref().to_vec(), limit, ..Default::default() };
-        match self.inner.call_simple(Request_oneof_kind::list(request))? {
-            Response_oneof_kind::list(response) => {
-                Ok(response.locks.into_iter().map(LockInfo::from).collect())
-            }
-            other => Err(unexpected("list", &other)),
-        }
+        calls::list_answer(self.inner.call_simple(calls::list(prefix.as_ref(), limit))?)
     }
 
     /// Asks the node at `endpoint` (which need not be in the configured
     /// endpoints) for its status. One attempt, no retries elsewhere.
     pub fn status(&self, endpoint: &str) -> Result<NodeStatus, ClientError> {
-        let kind = Request_oneof_kind::status(StatusRequest::default());
-        match self.inner.attempt(endpoint, kind, self.inner.request_timeout) {
-            Attempt::Done(Response_oneof_kind::status(status)) => Ok(NodeStatus::from(status)),
-            Attempt::Done(other) => Err(unexpected("status", &other)),
-            Attempt::Redirect { reason, .. } | Attempt::Retry(reason) => {
+        match self.inner.attempt(endpoint, calls::status(), self.inner.request_timeout) {
+            Outcome::Done(kind) => calls::status_answer(kind),
+            Outcome::Redirect { reason, .. } | Outcome::Retry(reason) => {
                 Err(ClientError::Unavailable(reason))
             }
-            Attempt::Fail(error) => Err(error),
+            Outcome::Fail(error) => Err(error),
         }
     }
 }
@@ -320,40 +274,16 @@ impl Inner {
         lease: Duration,
         wait: Duration,
     ) -> Result<(Grant, Instant), ClientError> {
-        let lease_ms = millis(lease);
         let wait_until = Instant::now() + wait;
         let request_timeout = self.request_timeout;
         let make = || {
             // A retry (say, after a leader change) waits only for what is
             // left of the caller's wait.
             let wait_left = wait_until.saturating_duration_since(Instant::now());
-            let request = AcquireRequest {
-                key: key.to_vec(),
-                lease_ms,
-                owner: owner.to_vec(),
-                wait_ms: millis(wait_left),
-                ..Default::default()
-            };
-            (Request_oneof_kind::acquire(request), wait_left + request_timeout)
+            (calls::acquire(owner, key, lease, wait_left), wait_left + request_timeout)
         };
         let (kind, sent) = self.call(make, self.retry_for + wait)?;
-        let Response_oneof_kind::acquire(response) = kind else {
-            return Err(unexpected("acquire", &kind));
-        };
-        let holder_token = (response.holder_token != 0).then_some(response.holder_token);
-        match response.outcome {
-            AcquireOutcome::GRANTED if response.token != 0 => {
-                let lease_ms = if response.lease_ms == 0 { lease_ms } else { response.lease_ms };
-                let lease = Duration::from_millis(lease_ms);
-                Ok((Grant { token: response.token, lease, existing: response.existing }, sent))
-            }
-            AcquireOutcome::GRANTED => Err(ClientError::Internal("granted without a token".to_owned())),
-            AcquireOutcome::HELD => Err(ClientError::Held { holder_token }),
-            AcquireOutcome::WAIT_TIMED_OUT => Err(ClientError::WaitTimedOut { holder_token }),
-            AcquireOutcome::ACQUIRE_OUTCOME_UNSPECIFIED => {
-                Err(ClientError::Internal("acquire answered without an outcome".to_owned()))
-            }
-        }
+        calls::acquire_answer(kind, lease).map(|grant| (grant, sent))
     }
 
     pub(crate) fn release(
@@ -363,15 +293,9 @@ impl Inner {
         force: bool,
         budget: Duration,
     ) -> Result<Released, ClientError> {
-        let request = ReleaseRequest { key: key.to_vec(), token, force, ..Default::default() };
+        let request = calls::release(key, token, force);
         let timeout = self.request_timeout;
-        match self.call(|| (Request_oneof_kind::release(request.clone()), timeout), budget)?.0 {
-            Response_oneof_kind::release(response) => Ok(Released {
-                released: response.released,
-                holder_token: Some(response.holder_token).filter(|holder| *holder != 0 && !response.released),
-            }),
-            other => Err(unexpected("release", &other)),
-        }
+        calls::release_answer(self.call(|| (request.clone(), timeout), budget)?.0)
     }
 
     /// One renew request, retried within `budget`.
@@ -381,25 +305,11 @@ impl Inner {
         lease: Duration,
         budget: Duration,
     ) -> Result<Renewal, ClientError> {
-        let request = RenewRequest {
-            locks: locks
-                .iter()
-                .map(|(key, token)| LockRef { key: key.clone(), token: *token, ..Default::default() })
-                .collect::<Vec<_>>()
-                .into(),
-            lease_ms: millis(lease),
-            ..Default::default()
-        };
+        let request = calls::renew(locks, lease);
         let timeout = self.request_timeout;
-        let (kind, sent) = self.call(|| (Request_oneof_kind::renew(request.clone()), timeout), budget)?;
-        let Response_oneof_kind::renew(response) = kind else {
-            return Err(unexpected("renew", &kind));
-        };
-        let granted = if response.lease_ms == 0 { lease } else { Duration::from_millis(response.lease_ms) };
-        let holders = response.results.iter().map(|result| result.holder_token).collect();
-        let results =
-            response.results.into_iter().map(|result| (result.key, result.token, result.renewed)).collect();
-        Ok(Renewal { results, holders, sent, lease: granted })
+        let (kind, sent) = self.call(|| (request.clone(), timeout), budget)?;
+        let answer = calls::renew_answer(kind, lease)?;
+        Ok(Renewal { results: answer.results, holders: answer.holders, sent, lease: answer.lease })
     }
 
     pub(crate) fn call_simple(&self, kind: Request_oneof_kind) -> Result<Response_oneof_kind, ClientError> {
@@ -418,107 +328,54 @@ impl Inner {
         self.call_to(make, budget).map(|(kind, sent, _)| (kind, sent))
     }
 
-    /// [`Inner::call`], also returning the endpoint that answered.
+    /// [`Inner::call`], also returning the endpoint that answered. The
+    /// decisions are the sans-IO [`RetryLoop`]'s; this sends and sleeps.
     pub(crate) fn call_to(
         &self,
         mut make: impl FnMut() -> (Request_oneof_kind, Duration),
         budget: Duration,
     ) -> Result<(Response_oneof_kind, Instant, String), ClientError> {
-        let started = Instant::now();
-        let deadline = started + budget;
-        let mut next_notice = started + RETRY_NOTICE_AFTER;
-        let mut target = self.start_endpoint();
-        // Where "the next endpoint" continues from; a leader address outside
-        // the list continues from the top.
-        let mut index = self.endpoints.iter().position(|e| *e == target).unwrap_or(self.endpoints.len() - 1);
-        let mut backoff = BACKOFF_MIN;
-        let mut redirected = false;
-        let mut last_reason = "no node answered in time".to_owned();
-        let mut attempted = false;
-        // Endpoints that refused this client's TLS connection (or its lack
-        // of one) in this call: when all have, waiting will not help.
-        let mut refused: Vec<String> = Vec::new();
+        let preferred = lock(&self.preferred).clone();
+        let seed = self.seeds.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+        let mut retry = RetryLoop::new(&self.endpoints, preferred.as_deref(), Instant::now(), budget, seed);
         loop {
             let sent = Instant::now();
-            let left = deadline.saturating_duration_since(sent);
-            // Every call makes at least one attempt, even when a busy machine
-            // ate its budget before it started.
-            if left.is_zero() && attempted {
-                return Err(ClientError::Unavailable(last_reason));
+            let attempt = retry.next_try(sent)?;
+            let (kind, request_timeout) = make();
+            let outcome = self.attempt(&attempt.endpoint, kind, request_timeout.min(attempt.timeout));
+            match retry.finish(Instant::now(), outcome) {
+                Verdict::Done { kind, endpoint } => {
+                    *lock(&self.preferred) = Some(endpoint.clone());
+                    return Ok((*kind, sent, endpoint));
+                }
+                Verdict::Fail(error) => return Err(error),
+                Verdict::Pause(pause) => std::thread::sleep(pause),
             }
-            attempted = true;
-            let (kind, attempt_timeout) = make();
-            let pause = match self.attempt(&target, kind, attempt_timeout.min(left.max(ATTEMPT_MIN))) {
-                Attempt::Done(kind) => {
-                    *lock(&self.preferred) = Some(target.clone());
-                    return Ok((kind, sent, target));
-                }
-                Attempt::Fail(error) => return Err(error),
-                Attempt::Redirect { leader, reason } if leader != target => {
-                    last_reason = reason;
-                    target = leader;
-                    // The first redirect is followed at once; a chain of them
-                    // (stale views during an election) backs off.
-                    let pause = redirected;
-                    redirected = true;
-                    pause
-                }
-                Attempt::Redirect { reason, .. } | Attempt::Retry(reason) => {
-                    if refuses_this_client(&reason) {
-                        if !refused.contains(&target) {
-                            refused.push(target.clone());
-                        }
-                        if self.endpoints.iter().all(|endpoint| refused.contains(endpoint)) {
-                            return Err(ClientError::InvalidArgument(format!(
-                                "every endpoint refused this client's connection; last: {reason}"
-                            )));
-                        }
-                    }
-                    last_reason = reason;
-                    index = (index + 1) % self.endpoints.len();
-                    target = self.endpoints[index].clone();
-                    true
-                }
-            };
-            if pause {
-                std::thread::sleep(backoff.min(deadline.saturating_duration_since(Instant::now())));
-                backoff = (backoff * 2).min(BACKOFF_MAX);
-            }
-            let now = Instant::now();
-            if now >= next_notice && now < deadline {
-                next_notice = now + RETRY_NOTICE_EVERY;
+            if let Some(notice) = retry.notice(Instant::now()) {
                 let observer = lock(&self.retrying).clone();
                 if let Some(observer) = observer {
-                    (observer.0)(&Retrying {
-                        elapsed: now - started,
-                        left: deadline - now,
-                        last_error: last_reason.clone(),
-                    });
+                    (observer.0)(&notice);
                 }
             }
         }
     }
 
-    fn start_endpoint(&self) -> String {
-        lock(&self.preferred).clone().unwrap_or_else(|| self.endpoints[0].clone())
-    }
-
     /// One request to one node, connecting first if needed, all within
     /// `timeout`.
-    pub(crate) fn attempt(&self, addr: &str, kind: Request_oneof_kind, timeout: Duration) -> Attempt {
+    pub(crate) fn attempt(&self, addr: &str, kind: Request_oneof_kind, timeout: Duration) -> Outcome {
         let started = Instant::now();
         let connection = match self.connection(addr, timeout) {
             Ok(connection) => connection,
-            Err(reason) => return Attempt::Retry(format!("{addr}: {reason}")),
+            Err(reason) => return Outcome::Retry(format!("{addr}: {reason}")),
         };
         let request = Request { kind: Some(kind), ..Default::default() };
         let left = timeout.saturating_sub(started.elapsed());
         match connection.call(request, left) {
-            Ok(response) => classify(addr, response),
-            Err(CallError::TimedOut) => Attempt::Retry(format!("{addr}: no answer within {timeout:?}")),
+            Ok(response) => Outcome::of_response(addr, response),
+            Err(CallError::TimedOut) => Outcome::Retry(format!("{addr}: no answer within {timeout:?}")),
             Err(CallError::Closed(reason)) => {
                 self.forget(addr, &connection);
-                Attempt::Retry(format!("{addr}: {reason}"))
+                Outcome::Retry(format!("{addr}: {reason}"))
             }
         }
     }
@@ -556,16 +413,6 @@ impl Drop for Inner {
     }
 }
 
-/// Whether a failed attempt means that the node will not talk to this
-/// client as it is configured (a certificate either side refuses, plain TCP
-/// against TLS or the other way round), rather than that it is down or
-/// busy. Worded by `connection.rs` and rustls.
-fn refuses_this_client(reason: &str) -> bool {
-    ["TLS handshake failed", "the server speaks TLS", "received fatal alert", "invalid peer certificate"]
-        .iter()
-        .any(|sign| reason.contains(sign))
-}
-
 #[cfg(test)]
 #[test]
 fn a_call_that_keeps_retrying_is_reported_with_its_last_error() {
@@ -585,78 +432,19 @@ fn a_call_that_keeps_retrying_is_reported_with_its_last_error() {
     // Once, after a second (the next would come 5 s later, past the budget).
     assert_eq!(seen.len(), 1, "{seen:?}");
     assert!(
-        seen[0].elapsed >= RETRY_NOTICE_AFTER && seen[0].left <= Duration::from_millis(1_500),
+        seen[0].elapsed >= crate::RETRY_NOTICE_AFTER && seen[0].left <= Duration::from_millis(1_500),
         "{seen:?}"
     );
     assert!(seen[0].last_error.starts_with(&format!("{endpoint}: cannot connect")), "{seen:?}");
 }
 
-#[cfg(test)]
-#[test]
-fn refusals_of_this_client_are_told_from_a_node_that_is_down_or_busy() {
-    for refusal in [
-        "127.0.0.1:7101: TLS handshake failed: invalid peer certificate: UnknownIssuer",
-        "127.0.0.1:7101: read failed: received fatal alert: UnknownCA",
-        "127.0.0.1:7101: the server speaks TLS: connect with certificates",
-    ] {
-        assert!(refuses_this_client(refusal), "{refusal}");
-    }
-    for transient in [
-        "127.0.0.1:7101: cannot connect: Connection refused (os error 111)",
-        "127.0.0.1:7101: no answer within 5s",
-        "127.0.0.1:7101: not the leader",
-    ] {
-        assert!(!refuses_this_client(transient), "{transient}");
-    }
-}
-
-fn classify(addr: &str, response: Response) -> Attempt {
-    if let Some(error) = response.error.into_option() {
-        let reason = format!("{addr}: {}", error.message);
-        match error.code {
-            ErrorCode::OK => {}
-            ErrorCode::NOT_LEADER if !error.leader_addr.is_empty() => {
-                return Attempt::Redirect { leader: error.leader_addr, reason };
-            }
-            ErrorCode::NOT_LEADER | ErrorCode::TIMEOUT | ErrorCode::UNAVAILABLE => {
-                return Attempt::Retry(reason)
-            }
-            ErrorCode::INVALID_ARGUMENT => return Attempt::Fail(ClientError::InvalidArgument(error.message)),
-            ErrorCode::INTERNAL => return Attempt::Fail(ClientError::Internal(error.message)),
-            ErrorCode::PERMISSION_DENIED => {
-                return Attempt::Fail(ClientError::PermissionDenied(error.message))
-            }
-            ErrorCode::RESOURCE_EXHAUSTED => {
-                return Attempt::Fail(ClientError::ResourceExhausted(error.message))
-            }
-        }
-    }
-    match response.kind {
-        Some(kind) => Attempt::Done(kind),
-        None => Attempt::Fail(ClientError::Internal(format!("{addr}: answered without a result"))),
-    }
-}
-
-pub(crate) fn unexpected(call: &str, kind: &Response_oneof_kind) -> ClientError {
-    let got = match kind {
-        Response_oneof_kind::acquire(_) => "acquire",
-        Response_oneof_kind::release(_) => "release",
-        Response_oneof_kind::renew(_) => "renew",
-        Response_oneof_kind::get(_) => "get",
-        Response_oneof_kind::check(_) => "check",
-        Response_oneof_kind::list(_) => "list",
-        Response_oneof_kind::status(_) => "status",
-        Response_oneof_kind::backup(_) => "backup",
-        Response_oneof_kind::member(_) => "member",
-        Response_oneof_kind::leader_transfer(_) => "leader transfer",
-    };
-    ClientError::Internal(format!("a {call} request was answered with a {got} response"))
-}
-
-/// Milliseconds, saturating: a lease too long for the wire is refused by the
-/// server's bounds rather than wrapped.
-pub(crate) fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+/// A seed for this client's jitter: the clock and the process, so that
+/// clients started together do not pause in step.
+fn jitter_seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.subsec_nanos());
+    (u64::from(std::process::id()) << 32) ^ u64::from(nanos)
 }
 
 /// Locks a mutex whose data stays consistent across a panic (each update is a

@@ -3,6 +3,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::sansio::Drift;
+
 /// The default time one attempt (one request to one node) may take.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -29,6 +31,10 @@ pub struct ClientConfig {
     pub owner: Option<Vec<u8>>,
     /// TLS to every node, as a user of the cluster's CA. `None`: plain TCP.
     pub tls: Option<TlsConfig>,
+    /// ρ, the most the client's and the nodes' clocks may drift: a lock
+    /// counts as held for `lease × (1 − ρ) / (1 + ρ)` from each grant or
+    /// renewal's send time (`docs/leases.md`). Default 1 %.
+    pub drift: Drift,
 }
 
 /// Where a client finds its certificates (made with `fencelock cert`).
@@ -54,6 +60,7 @@ impl ClientConfig {
             retry_for: DEFAULT_RETRY_FOR,
             owner: None,
             tls: None,
+            drift: Drift::default(),
         }
     }
 }

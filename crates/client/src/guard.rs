@@ -49,8 +49,18 @@ impl LockGuard {
         self.held.lease
     }
 
+    /// The time the holder may still count on the lock: what is left of
+    /// the usable part (less the drift margin, `ClientConfig::drift`) of the
+    /// last lease granted or renewed, counted from that request's send
+    /// time. Zero once lost. Act on the lock only with more than the action
+    /// takes, and fence it all the same.
+    pub fn time_left(&self) -> Duration {
+        self.held.time_left()
+    }
+
     /// True once the lock is lost: a renewal was refused (the token no longer
-    /// holds the key), or a whole lease passed without a successful renewal.
+    /// holds the key), or the usable part of a lease passed without a
+    /// successful renewal.
     pub fn is_lost(&self) -> bool {
         self.held.is_lost()
     }

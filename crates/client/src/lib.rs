@@ -43,14 +43,16 @@ mod guard;
 mod local;
 mod members;
 mod renewer;
+pub mod sansio;
 mod types;
 
 pub use backup::BackupInfo;
-pub use client::{Client, Retrying, RETRY_NOTICE_AFTER};
+pub use client::Client;
 pub use config::{ClientConfig, TlsConfig, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY_FOR};
 pub use error::ClientError;
 pub use guard::LockGuard;
 pub use members::Membership;
+pub use sansio::{Drift, Retrying, DEFAULT_DRIFT, RETRY_NOTICE_AFTER};
 pub use types::{Grant, LockInfo, Member, NodeStatus, Released, Renewed};
 
 #[cfg(test)]

@@ -4,10 +4,10 @@
 //! Each round (about a third of the shortest lease held, and at once when a
 //! new lock arrives) sends one `RenewRequest` per distinct lease with every
 //! lock of that lease. A lock is lost when a renewal answers that its token
-//! no longer holds the key, or when a whole lease passed since the last
-//! successful grant or renewal was *sent* (`docs/leases.md`: the server keeps
-//! the lock at least that long, no longer promised). Lost locks are not
-//! renewed again. The thread holds the client only weakly, so it ends once
+//! no longer holds the key, or when the usable part of a lease (less the
+//! drift margin ρ) passed since the last successful grant or renewal was
+//! *sent* (`docs/leases.md`). Each lock's lease is the sans-IO core's
+//! [`Lease`]; this module is its thread. Lost locks are not renewed again. The thread holds the client only weakly, so it ends once
 //! the client and every guard are gone.
 
 use std::collections::{BTreeMap, HashMap};
@@ -18,107 +18,81 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 
 use crate::client::{lock, Inner};
-use crate::ClientError;
+use crate::sansio::{calls, Drift, Lease};
 
-/// The shortest round, so that a tiny lease cannot turn the renewer into a
-/// busy loop.
-const ROUND_MIN: Duration = Duration::from_millis(10);
-
-/// The time between renewals of a lock with `lease`.
-fn round_for(lease: Duration) -> Duration {
-    (lease / 3).max(ROUND_MIN)
-}
-
-/// One lock held through a guard, shared by the guard and the renewer.
+/// One lock held through a guard, shared by the guard and the renewer: its
+/// name and token, and its [`Lease`] (the sans-IO core's) behind a mutex.
 #[derive(Debug)]
 pub(crate) struct HeldLock {
     pub(crate) key: Vec<u8>,
     pub(crate) token: u64,
     pub(crate) lease: Duration,
+    drift: Drift,
     /// Set once lost; read without the mutex so that guards see loss cheaply.
     lost: AtomicBool,
-    state: Mutex<HeldState>,
-}
-
-#[derive(Debug)]
-struct HeldState {
-    /// When the lease runs out unless renewed: the last successful request's
-    /// send time plus its lease.
-    valid_until: Instant,
-    /// When the renewer should next renew it.
-    renew_at: Instant,
-    lost_reason: Option<String>,
+    state: Mutex<Lease>,
 }
 
 impl HeldLock {
     /// A lock granted for `lease` by a request sent at `sent`.
-    pub(crate) fn new(key: Vec<u8>, token: u64, lease: Duration, sent: Instant) -> HeldLock {
+    pub(crate) fn new(key: Vec<u8>, token: u64, lease: Duration, sent: Instant, drift: Drift) -> HeldLock {
         HeldLock {
             key,
             token,
             lease,
+            drift,
             lost: AtomicBool::new(false),
-            state: Mutex::new(HeldState {
-                valid_until: sent + lease,
-                renew_at: sent + round_for(lease),
-                lost_reason: None,
-            }),
+            state: Mutex::new(Lease::granted(sent, lease, drift)),
         }
     }
 
-    /// True once lost: refused by a renewal, or its lease ran out unrenewed.
+    /// True once lost: refused by a renewal, or its usable lease ran out
+    /// unrenewed.
     pub(crate) fn is_lost(&self) -> bool {
         if self.lost.load(Ordering::SeqCst) {
             return true;
         }
-        let mut state = lock(&self.state);
-        if Instant::now() >= state.valid_until {
-            self.lose(&mut state, "the lease ran out before a renewal succeeded".to_owned());
-            return true;
+        let lost = lock(&self.state).check(Instant::now());
+        if lost {
+            self.lost.store(true, Ordering::SeqCst);
         }
-        false
+        lost
     }
 
     pub(crate) fn lost_reason(&self) -> Option<String> {
         if !self.is_lost() {
             return None;
         }
-        lock(&self.state).lost_reason.clone()
+        lock(&self.state).lost_reason().map(str::to_owned)
+    }
+
+    /// The time the holder may still count on the lock: zero once lost.
+    pub(crate) fn time_left(&self) -> Duration {
+        let mut state = lock(&self.state);
+        state.check(Instant::now());
+        state.time_left(Instant::now())
     }
 
     pub(crate) fn mark_lost(&self, reason: String) {
-        let mut state = lock(&self.state);
-        self.lose(&mut state, reason);
-    }
-
-    fn lose(&self, state: &mut HeldState, reason: String) {
-        // The first reason is the true one; later ones follow from it.
-        if state.lost_reason.is_none() {
-            state.lost_reason = Some(reason);
-        }
+        lock(&self.state).lose(reason);
         self.lost.store(true, Ordering::SeqCst);
     }
 
-    fn valid_until(&self) -> Instant {
-        lock(&self.state).valid_until
+    fn renew_at(&self) -> Instant {
+        lock(&self.state).renew_at()
     }
 
-    fn renew_at(&self) -> Instant {
-        lock(&self.state).renew_at
+    /// How long a renewal starting now may retry; also puts the next try a
+    /// little later unless this one succeeds.
+    fn start_renewal(&self, now: Instant, retry_for: Duration) -> Duration {
+        let mut state = lock(&self.state);
+        state.renewing(now);
+        state.renew_budget(now, retry_for)
     }
 
     /// A renewal sent at `sent` succeeded with `lease`.
     fn renewed(&self, sent: Instant, lease: Duration) {
-        let mut state = lock(&self.state);
-        // A lock already seen lost stays lost: its holder may have acted on it.
-        if state.lost_reason.is_none() {
-            state.valid_until = state.valid_until.max(sent + lease);
-            state.renew_at = sent + round_for(lease);
-        }
-    }
-
-    fn retry_at(&self, at: Instant) {
-        lock(&self.state).renew_at = at;
+        lock(&self.state).renewed(sent, lease, self.drift);
     }
 }
 
@@ -218,46 +192,38 @@ fn renew_round(inner: &Inner, registry: &Registry) {
         let now = Instant::now();
         // Past the first expiry nothing is left to save in time for it, and
         // the others get their own rounds soon after.
-        let Some(first_expiry) = group.iter().map(|held| held.valid_until()).min() else {
+        let Some(budget) = group.iter().map(|held| held.start_renewal(now, inner.retry_for)).min() else {
             continue;
         };
-        let budget = first_expiry.saturating_duration_since(now).min(inner.retry_for);
         if budget.is_zero() {
             continue;
-        }
-        // Unless a lock is renewed below, try it again a little later rather
-        // than at once, so that a failing cluster is not hammered.
-        let retry = now + (lease / 10).max(ROUND_MIN);
-        for held in &group {
-            held.retry_at(retry);
         }
         let refs: Vec<(Vec<u8>, u64)> = group.iter().map(|held| (held.key.clone(), held.token)).collect();
         match inner.renew(&refs, lease, budget) {
             Ok(renewal) => {
                 let by_ref: HashMap<(&[u8], u64), &Arc<HeldLock>> =
                     group.iter().map(|held| ((held.key.as_slice(), held.token), held)).collect();
-                for (key, token, renewed) in renewal.results {
+                for ((key, token, renewed), holder) in renewal.results.into_iter().zip(renewal.holders) {
                     let Some(held) = by_ref.get(&(key.as_slice(), token)) else {
                         continue;
                     };
                     if renewed {
                         held.renewed(renewal.sent, renewal.lease);
                     } else {
-                        held.mark_lost(format!("renewal refused: token {token} no longer holds the lock"));
+                        held.mark_lost(calls::refused_reason(token, holder));
                     }
                 }
             }
-            // Permission denied: the user lost its `lock` right on a key (the
-            // rules changed), or the renewal named another user's lock; either
-            // way, retrying will not help.
-            Err(ClientError::InvalidArgument(message) | ClientError::PermissionDenied(message)) => {
-                for held in &group {
-                    held.mark_lost(format!("renewal refused: {message}"));
+            Err(error) => {
+                // Lost for good when retrying cannot help; otherwise the
+                // locks stay held until their leases run out, and are tried
+                // again a little later.
+                if let Some(reason) = calls::renew_error_loses(&error) {
+                    for held in &group {
+                        held.mark_lost(reason.clone());
+                    }
                 }
             }
-            // Unavailable or internal: the locks stay held until their
-            // leases run out, and are tried again at `retry`.
-            Err(_) => {}
         }
     }
 }

@@ -37,6 +37,7 @@ fn client(config: &ServerConfig, endpoints: &[String]) -> Result<Client> {
         retry_for: JOIN_RETRY_FOR,
         owner: None,
         tls,
+        drift: fencelock_client::Drift::default(),
     };
     Client::connect(client_config).context("--join: cannot make a client for the cluster")
 }

@@ -1,0 +1,271 @@
+//! Each operation's request, and how its answer reads. Pure functions of
+//! their arguments: the shells send what these build and hand back what came.
+
+use std::time::Duration;
+
+use fencelock_types::client_pb::{
+    AcquireOutcome, AcquireRequest, CheckRequest, GetRequest, ListRequest, LockRef, ReleaseRequest,
+    RenewRequest, Request_oneof_kind, Response_oneof_kind, StatusRequest,
+};
+
+use crate::types::{Grant, LockInfo, NodeStatus, Released};
+use crate::ClientError;
+
+/// Milliseconds, saturating: a lease too long for the wire is refused by the
+/// server's bounds rather than wrapped.
+pub fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// An acquire of `key` for `owner`, waiting up to `wait` in the leader's
+/// queue. A retry sends what is left of the caller's wait.
+pub fn acquire(owner: &[u8], key: &[u8], lease: Duration, wait: Duration) -> Request_oneof_kind {
+    Request_oneof_kind::acquire(AcquireRequest {
+        key: key.to_vec(),
+        lease_ms: millis(lease),
+        owner: owner.to_vec(),
+        wait_ms: millis(wait),
+        ..Default::default()
+    })
+}
+
+/// The grant an acquire for `lease` was answered with, or why not.
+pub fn acquire_answer(kind: Response_oneof_kind, lease: Duration) -> Result<Grant, ClientError> {
+    let Response_oneof_kind::acquire(response) = kind else {
+        return Err(unexpected("acquire", &kind));
+    };
+    let holder_token = (response.holder_token != 0).then_some(response.holder_token);
+    match response.outcome {
+        AcquireOutcome::GRANTED if response.token != 0 => {
+            let lease = if response.lease_ms == 0 { lease } else { Duration::from_millis(response.lease_ms) };
+            Ok(Grant { token: response.token, lease, existing: response.existing })
+        }
+        AcquireOutcome::GRANTED => Err(ClientError::Internal("granted without a token".to_owned())),
+        AcquireOutcome::HELD => Err(ClientError::Held { holder_token }),
+        AcquireOutcome::WAIT_TIMED_OUT => Err(ClientError::WaitTimedOut { holder_token }),
+        AcquireOutcome::ACQUIRE_OUTCOME_UNSPECIFIED => {
+            Err(ClientError::Internal("acquire answered without an outcome".to_owned()))
+        }
+    }
+}
+
+/// A release of `key` if `token` holds it, or whoever holds it (`force`).
+pub fn release(key: &[u8], token: u64, force: bool) -> Request_oneof_kind {
+    Request_oneof_kind::release(ReleaseRequest { key: key.to_vec(), token, force, ..Default::default() })
+}
+
+pub fn release_answer(kind: Response_oneof_kind) -> Result<Released, ClientError> {
+    match kind {
+        Response_oneof_kind::release(response) => Ok(Released {
+            released: response.released,
+            holder_token: Some(response.holder_token).filter(|holder| *holder != 0 && !response.released),
+        }),
+        other => Err(unexpected("release", &other)),
+    }
+}
+
+/// A renewal of every `(key, token)` to `lease`.
+pub fn renew(locks: &[(Vec<u8>, u64)], lease: Duration) -> Request_oneof_kind {
+    Request_oneof_kind::renew(RenewRequest {
+        locks: locks
+            .iter()
+            .map(|(key, token)| LockRef { key: key.clone(), token: *token, ..Default::default() })
+            .collect::<Vec<_>>()
+            .into(),
+        lease_ms: millis(lease),
+        ..Default::default()
+    })
+}
+
+/// How one renewal request was answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenewAnswer {
+    /// Per lock: `(key, token, renewed)`.
+    pub results: Vec<(Vec<u8>, u64, bool)>,
+    /// Per lock, in the same order: the token that holds its key (0: free).
+    pub holders: Vec<u64>,
+    /// The lease the server renewed to.
+    pub lease: Duration,
+}
+
+pub fn renew_answer(kind: Response_oneof_kind, lease: Duration) -> Result<RenewAnswer, ClientError> {
+    let Response_oneof_kind::renew(response) = kind else {
+        return Err(unexpected("renew", &kind));
+    };
+    let granted = if response.lease_ms == 0 { lease } else { Duration::from_millis(response.lease_ms) };
+    let holders = response.results.iter().map(|result| result.holder_token).collect();
+    let results =
+        response.results.into_iter().map(|result| (result.key, result.token, result.renewed)).collect();
+    Ok(RenewAnswer { results, holders, lease: granted })
+}
+
+/// Why a renewal error means the lock is lost for good (a renewal will
+/// never succeed), or `None` when it is worth trying again while the lease
+/// lasts. Permission denied: the user lost its `lock` right on the key (the
+/// rules changed), or the renewal named another user's lock.
+pub fn renew_error_loses(error: &ClientError) -> Option<String> {
+    match error {
+        ClientError::InvalidArgument(message) | ClientError::PermissionDenied(message) => {
+            Some(format!("renewal refused: {message}"))
+        }
+        _ => None,
+    }
+}
+
+/// The sentence a lock lost to a refused renewal carries.
+pub fn refused_reason(token: u64, holder_token: u64) -> String {
+    match holder_token {
+        0 => format!("renewal refused: token {token} no longer holds the lock (it is free)"),
+        holder => format!("renewal refused: token {token} no longer holds the lock (token {holder} does)"),
+    }
+}
+
+pub fn get(key: &[u8], linearizable: bool) -> Request_oneof_kind {
+    Request_oneof_kind::get(GetRequest { key: key.to_vec(), linearizable, ..Default::default() })
+}
+
+pub fn get_answer(kind: Response_oneof_kind) -> Result<Option<LockInfo>, ClientError> {
+    match kind {
+        Response_oneof_kind::get(response) => Ok(response.holder.into_option().map(LockInfo::from)),
+        other => Err(unexpected("get", &other)),
+    }
+}
+
+pub fn check(key: &[u8], token: u64) -> Request_oneof_kind {
+    Request_oneof_kind::check(CheckRequest { key: key.to_vec(), token, ..Default::default() })
+}
+
+pub fn check_answer(kind: Response_oneof_kind) -> Result<bool, ClientError> {
+    match kind {
+        Response_oneof_kind::check(response) => Ok(response.holds),
+        other => Err(unexpected("check", &other)),
+    }
+}
+
+pub fn list(prefix: &[u8], limit: u32) -> Request_oneof_kind {
+    Request_oneof_kind::list(ListRequest { prefix: prefix.to_vec(), limit, ..Default::default() })
+}
+
+pub fn list_answer(kind: Response_oneof_kind) -> Result<Vec<LockInfo>, ClientError> {
+    match kind {
+        Response_oneof_kind::list(response) => Ok(response.locks.into_iter().map(LockInfo::from).collect()),
+        other => Err(unexpected("list", &other)),
+    }
+}
+
+pub fn status() -> Request_oneof_kind {
+    Request_oneof_kind::status(StatusRequest::default())
+}
+
+pub fn status_answer(kind: Response_oneof_kind) -> Result<NodeStatus, ClientError> {
+    match kind {
+        Response_oneof_kind::status(status) => Ok(NodeStatus::from(status)),
+        other => Err(unexpected("status", &other)),
+    }
+}
+
+/// A node answered a `call` request with another kind of response.
+pub fn unexpected(call: &str, kind: &Response_oneof_kind) -> ClientError {
+    let got = match kind {
+        Response_oneof_kind::acquire(_) => "acquire",
+        Response_oneof_kind::release(_) => "release",
+        Response_oneof_kind::renew(_) => "renew",
+        Response_oneof_kind::get(_) => "get",
+        Response_oneof_kind::check(_) => "check",
+        Response_oneof_kind::list(_) => "list",
+        Response_oneof_kind::status(_) => "status",
+        Response_oneof_kind::backup(_) => "backup",
+        Response_oneof_kind::member(_) => "member",
+        Response_oneof_kind::leader_transfer(_) => "leader transfer",
+    };
+    ClientError::Internal(format!("a {call} request was answered with a {got} response"))
+}
+
+#[cfg(test)]
+mod tests {
+    use fencelock_types::client_pb::{AcquireResponse, ReleaseResponse, RenewResponse, RenewResult};
+
+    use super::*;
+
+    #[test]
+    fn acquire_answers_read_as_grants_or_errors() {
+        let lease = Duration::from_secs(10);
+        let answer = |outcome, token, holder_token, lease_ms| {
+            acquire_answer(
+                Response_oneof_kind::acquire(AcquireResponse {
+                    outcome,
+                    token,
+                    holder_token,
+                    lease_ms,
+                    ..Default::default()
+                }),
+                lease,
+            )
+        };
+        assert_eq!(answer(AcquireOutcome::GRANTED, 7, 0, 0), Ok(Grant { token: 7, lease, existing: false }));
+        assert_eq!(answer(AcquireOutcome::GRANTED, 7, 0, 2_000).map(|g| g.lease), Ok(Duration::from_secs(2)));
+        assert!(matches!(answer(AcquireOutcome::GRANTED, 0, 0, 0), Err(ClientError::Internal(_))));
+        assert_eq!(answer(AcquireOutcome::HELD, 0, 5, 0), Err(ClientError::Held { holder_token: Some(5) }));
+        assert_eq!(
+            answer(AcquireOutcome::WAIT_TIMED_OUT, 0, 0, 0),
+            Err(ClientError::WaitTimedOut { holder_token: None })
+        );
+        assert!(matches!(
+            acquire_answer(Response_oneof_kind::release(ReleaseResponse::default()), lease),
+            Err(ClientError::Internal(message)) if message.contains("answered with a release")
+        ));
+    }
+
+    #[test]
+    fn release_and_renew_answers_name_the_holder_only_when_not_done() {
+        let released = |released, holder_token| {
+            release_answer(Response_oneof_kind::release(ReleaseResponse {
+                released,
+                holder_token,
+                ..Default::default()
+            }))
+        };
+        assert_eq!(released(true, 9), Ok(Released { released: true, holder_token: None }));
+        assert_eq!(released(false, 9), Ok(Released { released: false, holder_token: Some(9) }));
+        assert_eq!(released(false, 0), Ok(Released { released: false, holder_token: None }));
+
+        let results = vec![RenewResult {
+            key: b"k".to_vec(),
+            token: 3,
+            renewed: false,
+            holder_token: 4,
+            ..Default::default()
+        }];
+        let answer = renew_answer(
+            Response_oneof_kind::renew(RenewResponse {
+                results: results.into(),
+                lease_ms: 0,
+                ..Default::default()
+            }),
+            Duration::from_secs(5),
+        );
+        assert_eq!(
+            answer,
+            Ok(RenewAnswer {
+                results: vec![(b"k".to_vec(), 3, false)],
+                holders: vec![4],
+                lease: Duration::from_secs(5)
+            })
+        );
+        assert_eq!(refused_reason(3, 4), "renewal refused: token 3 no longer holds the lock (token 4 does)");
+        assert!(renew_error_loses(&ClientError::PermissionDenied("no".into())).is_some());
+        assert!(renew_error_loses(&ClientError::Unavailable("down".into())).is_none());
+    }
+
+    #[test]
+    fn durations_go_on_the_wire_as_saturating_milliseconds() {
+        assert_eq!(millis(Duration::from_micros(2_999)), 2);
+        assert_eq!(millis(Duration::MAX), u64::MAX);
+        let Request_oneof_kind::acquire(request) =
+            acquire(b"o", b"k", Duration::from_secs(2), Duration::from_millis(1_500))
+        else {
+            panic!("an acquire")
+        };
+        assert_eq!((request.lease_ms, request.wait_ms, request.owner), (2_000, 1_500, b"o".to_vec()));
+    }
+}
