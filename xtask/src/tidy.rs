@@ -26,6 +26,8 @@ const ARROWS: &[(&str, &[&str])] = &[
     ("fencelock-raft", &["fencelock-types", "fencelock-fsm", "fencelock-lease"]),
     ("fencelock-net", &["fencelock-types", "fencelock-tls"]),
     ("fencelock-client", &["fencelock-types", "fencelock-net", "fencelock-tls"]),
+    // The async client runs the blocking client's sans-IO core.
+    ("fencelock-client-async", &["fencelock-types", "fencelock-net", "fencelock-client"]),
     ("fencelock-cli", &["fencelock-types", "fencelock-client", "fencelock-tls"]),
     // Certificates: files, rcgen and x509-parser, no fencelock crate.
     ("fencelock-tls", &[]),

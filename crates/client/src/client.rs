@@ -8,7 +8,6 @@
 //! a retried acquire by the same owner gets the same token, never a second
 //! grant.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -16,12 +15,14 @@ use std::time::{Duration, Instant};
 
 use fencelock_types::client_pb::{Request, Request_oneof_kind, Response_oneof_kind};
 
-use crate::config::{default_owner, ClientConfig};
+use crate::config::ClientConfig;
 use crate::connection::{CallError, Connection};
 use crate::guard::LockGuard;
 use crate::local::LocalHold;
 use crate::renewer::{HeldLock, Renewer};
-use crate::sansio::{calls, Drift, Outcome, RetryLoop, Retrying, Verdict};
+use crate::sansio::calls::{self, RenewAnswer};
+use crate::sansio::pool::Pool;
+use crate::sansio::{Drift, Outcome, RetryLoop, Retrying, Verdict};
 use crate::types::{Grant, LockInfo, NodeStatus, Released, Renewed};
 use crate::ClientError;
 
@@ -52,7 +53,7 @@ pub(crate) struct Inner {
     pub(crate) request_timeout: Duration,
     pub(crate) retry_for: Duration,
     owner: Vec<u8>,
-    connections: Mutex<HashMap<String, Arc<Connection>>>,
+    connections: Pool<Connection>,
     /// The endpoint that last answered successfully: where calls start.
     preferred: Mutex<Option<String>>,
     pub(crate) renewer: Renewer,
@@ -91,36 +92,17 @@ impl Client {
     /// not fail when the cluster is down; it fails only on an empty endpoint
     /// list (or an empty owner) with [`ClientError::InvalidArgument`].
     pub fn connect(config: ClientConfig) -> Result<Client, ClientError> {
-        let endpoints: Vec<String> = config
-            .endpoints
-            .iter()
-            .map(|endpoint| endpoint.trim().to_owned())
-            .filter(|e| !e.is_empty())
-            .collect();
-        if endpoints.is_empty() {
-            return Err(ClientError::InvalidArgument("no endpoints given".to_owned()));
-        }
-        if config.owner.as_ref().is_some_and(Vec::is_empty) {
-            return Err(ClientError::InvalidArgument("owner is empty".to_owned()));
-        }
-        let tls = match &config.tls {
-            Some(tls) => Some(
-                fencelock_tls::client_tls(&fencelock_tls::Layout::new(&tls.certs_dir), &tls.user)
-                    .map_err(|err| ClientError::InvalidArgument(format!("TLS: {err}")))?,
-            ),
-            None => None,
-        };
+        let endpoints = config.checked_endpoints()?;
+        let tls = config.rustls()?;
+        let owner = config.owner_or_default();
         let inner = Inner {
             endpoints,
             tls,
             request_timeout: config.request_timeout,
             retry_for: config.retry_for,
             // Over TLS an owner is bound to the user: `user/suffix`.
-            owner: config.owner.unwrap_or_else(|| match &config.tls {
-                Some(tls) => [tls.user.as_bytes(), b"/", &default_owner()].concat(),
-                None => default_owner(),
-            }),
-            connections: Mutex::new(HashMap::new()),
+            owner,
+            connections: Pool::default(),
             preferred: Mutex::new(None),
             renewer: Renewer::default(),
             retrying: Mutex::new(None),
@@ -136,7 +118,7 @@ impl Client {
     }
 
     /// Calls `observer` when a call has kept retrying (no node answered,
-    /// no leader) for [`RETRY_NOTICE_AFTER`], and every 5 s after, with the
+    /// no leader) for [`RETRY_NOTICE_AFTER`](crate::RETRY_NOTICE_AFTER), and every 5 s after, with the
     /// last error: a command-line tool says so instead of waiting
     /// silently. Every call of this client is reported, the background
     /// renewer's included.
@@ -229,9 +211,11 @@ impl Client {
         lease: Duration,
     ) -> Result<Renewed, ClientError> {
         let renewal = self.inner.renew(&[(key.as_ref().to_vec(), token)], lease, self.inner.retry_for)?;
-        let renewed = renewal.results.first().is_some_and(|(_, _, renewed)| *renewed);
-        let holder_token = renewal.holders.first().copied().filter(|holder| *holder != 0 && !renewed);
-        Ok(Renewed { renewed, lease: renewal.lease, holder_token })
+        Ok(calls::renewed_one(&RenewAnswer {
+            results: renewal.results,
+            holders: renewal.holders,
+            lease: renewal.lease,
+        }))
     }
 
     /// Who holds `key`, or `None` when it is free. Linearizable reads ask the
@@ -374,36 +358,21 @@ impl Inner {
             Ok(response) => Outcome::of_response(addr, response),
             Err(CallError::TimedOut) => Outcome::Retry(format!("{addr}: no answer within {timeout:?}")),
             Err(CallError::Closed(reason)) => {
-                self.forget(addr, &connection);
+                self.connections.forget(addr, &connection);
                 Outcome::Retry(format!("{addr}: {reason}"))
             }
         }
     }
 
-    /// The open connection to `addr`, or a new one.
+    /// The open connection to `addr`, or a new one. Connecting happens
+    /// outside the pool's lock, so that one slow node does not hold up
+    /// calls to the others.
     fn connection(&self, addr: &str, timeout: Duration) -> Result<Arc<Connection>, String> {
-        if let Some(connection) = lock(&self.connections).get(addr).filter(|c| !c.is_closed()) {
-            return Ok(Arc::clone(connection));
+        if let Some(connection) = self.connections.get(addr) {
+            return Ok(connection);
         }
-        // Connecting happens outside the pool's lock, so that one slow node
-        // does not hold up calls to the others.
         let fresh = Connection::open(addr, timeout, self.request_timeout, self.tls.as_ref())?;
-        let mut connections = lock(&self.connections);
-        match connections.get(addr) {
-            // Another caller connected meanwhile: share theirs.
-            Some(existing) if !existing.is_closed() => Ok(Arc::clone(existing)),
-            _ => {
-                connections.insert(addr.to_owned(), Arc::clone(&fresh));
-                Ok(fresh)
-            }
-        }
-    }
-
-    fn forget(&self, addr: &str, connection: &Arc<Connection>) {
-        let mut connections = lock(&self.connections);
-        if connections.get(addr).is_some_and(|current| Arc::ptr_eq(current, connection)) {
-            connections.remove(addr);
-        }
+        Ok(self.connections.share(addr, fresh))
     }
 }
 

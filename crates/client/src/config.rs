@@ -65,6 +65,46 @@ impl ClientConfig {
     }
 }
 
+impl ClientConfig {
+    /// The owner a client made from this configuration uses: `owner`, or a
+    /// fresh identity (after `<user>/` over TLS, as the server requires).
+    pub fn owner_or_default(&self) -> Vec<u8> {
+        self.owner.clone().unwrap_or_else(|| match &self.tls {
+            Some(tls) => [tls.user.as_bytes(), b"/", &default_owner()].concat(),
+            None => default_owner(),
+        })
+    }
+
+    /// The endpoints, trimmed, empty ones left out; an error when none is
+    /// left or the owner is empty.
+    pub fn checked_endpoints(&self) -> Result<Vec<String>, crate::ClientError> {
+        let endpoints: Vec<String> = self
+            .endpoints
+            .iter()
+            .map(|endpoint| endpoint.trim().to_owned())
+            .filter(|e| !e.is_empty())
+            .collect();
+        if endpoints.is_empty() {
+            return Err(crate::ClientError::InvalidArgument("no endpoints given".to_owned()));
+        }
+        if self.owner.as_ref().is_some_and(Vec::is_empty) {
+            return Err(crate::ClientError::InvalidArgument("owner is empty".to_owned()));
+        }
+        Ok(endpoints)
+    }
+
+    /// The TLS configuration to every node, as the configured user, or
+    /// `None` for plain TCP.
+    pub fn rustls(&self) -> Result<Option<std::sync::Arc<rustls::ClientConfig>>, crate::ClientError> {
+        match &self.tls {
+            Some(tls) => fencelock_tls::client_tls(&fencelock_tls::Layout::new(&tls.certs_dir), &tls.user)
+                .map(Some)
+                .map_err(|err| crate::ClientError::InvalidArgument(format!("TLS: {err}"))),
+            None => Ok(None),
+        }
+    }
+}
+
 /// A process-wide floor for the nanoseconds in default owners, so that two
 /// clients created within one clock tick still get different identities.
 static LAST_OWNER_NANOS: AtomicU64 = AtomicU64::new(0);

@@ -25,12 +25,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
-use fencelock_net::frame::{decode_frame, encode_frame};
-use fencelock_types::client_pb::{ErrorCode, Request, Response};
+use fencelock_net::frame::encode_frame;
+use fencelock_types::client_pb::{Request, Response};
 
-/// The largest response frame accepted. A list of many long keys is the
-/// largest answer a server gives; anything bigger is a broken stream.
-pub(crate) const FRAME_BYTES_MAX: usize = 16 << 20;
+use crate::sansio::inbound::{self, Inbound};
 
 /// Why a call on one connection got no response.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -230,11 +228,6 @@ impl Connection {
         }))
     }
 
-    /// False once the connection failed; it is then replaced on next use.
-    pub(crate) fn is_closed(&self) -> bool {
-        self.waiters.is_closed()
-    }
-
     /// Sends `request` under a fresh id and waits up to `timeout` for its
     /// response.
     pub(crate) fn call(&self, mut request: Request, timeout: Duration) -> Result<Response, CallError> {
@@ -358,43 +351,25 @@ impl Connection {
         }
     }
 
-    /// Decodes every whole frame in the input and delivers it.
+    /// Decodes every whole frame in the input and delivers it
+    /// ([`inbound::next`] reads them).
     fn hand_out(&self, half: &mut ReadHalf) -> Result<(), String> {
         let mut at = 0;
         let mut result = Ok(());
-        loop {
-            let response = match decode_frame::<Response>(&half.input[at..], FRAME_BYTES_MAX) {
-                Ok(Some((response, used))) => {
-                    at += used;
-                    response
-                }
-                Ok(None) => break,
-                Err(err) => {
-                    result = Err(if looks_like_tls(&half.input[at..]) {
-                        "the server speaks TLS: connect with certificates (--certs-dir and --user, or \
-                         ClientConfig::tls)"
-                            .to_owned()
-                    } else {
-                        err.to_string()
-                    });
+        while let Some((inbound, used)) = inbound::next(&half.input[at..]) {
+            at += used;
+            match inbound {
+                Inbound::Response(response) => self.waiters.deliver(*response),
+                Inbound::Refused { reason, response } => {
+                    self.waiters.close(&reason, &Ok(response));
+                    result = Err(reason);
                     break;
                 }
-            };
-            if response.id == 0 {
-                let refusal = response.error.as_ref().filter(|error| error.code != ErrorCode::OK).cloned();
-                let Some(error) = refusal else {
-                    result = Err("the server sent a response with id 0 and no error".to_owned());
+                Inbound::Broken(reason) => {
+                    result = Err(reason);
                     break;
-                };
-                // The server refused the whole connection (too many
-                // connections, a frame too large): every caller gets that
-                // answer, so each can act on its code.
-                let reason = format!("connection refused by the server: {}", error.message);
-                self.waiters.close(&reason, &Ok(Box::new(response)));
-                result = Err(reason);
-                break;
+                }
             }
-            self.waiters.deliver(response);
         }
         half.input.drain(..at.min(half.input.len()));
         result
@@ -412,16 +387,17 @@ impl Connection {
     }
 }
 
+impl crate::sansio::pool::Pooled for Connection {
+    /// True once the connection failed; it is then replaced on next use.
+    fn is_closed(&self) -> bool {
+        self.waiters.is_closed()
+    }
+}
+
 impl Drop for Connection {
     fn drop(&mut self) {
         self.shutdown();
     }
-}
-
-/// Whether `bytes` start like a TLS record (an alert or a handshake, TLS
-/// 1.x), which a plain client reads as an absurd frame length.
-fn looks_like_tls(bytes: &[u8]) -> bool {
-    matches!(bytes, [0x15 | 0x16, 0x03, 0x00..=0x04, ..])
 }
 
 /// Makes the TLS handshake on a fresh connection to `addr`, whose host part
@@ -476,6 +452,7 @@ mod tests {
     };
 
     use super::*;
+    use crate::sansio::pool::Pooled;
 
     fn get(key: &str) -> Request {
         let get = GetRequest { key: key.as_bytes().to_vec(), ..Default::default() };

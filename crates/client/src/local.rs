@@ -9,6 +9,13 @@
 //! this process waits (up to its `wait`) for the first to be dropped, or
 //! fails as the server would for another owner. It never shares the lock.
 //! `Client::acquire_raw`, which makes no guard, is not bound by this.
+//!
+//! The registry is the process's, shared by the blocking client and the
+//! async one (`fencelock-client-async`): a guard of one never shares a lock
+//! with a guard of the other either. It knows owners and keys, not
+//! clusters: two clients of one process that talk to two clusters under one
+//! owner wait for each other on a key they both take. Give them different
+//! owners.
 
 use std::collections::HashMap;
 use std::sync::{Condvar, LazyLock, Mutex};
@@ -33,7 +40,7 @@ static HOLDS: LazyLock<Holds> = LazyLock::new(Holds::default);
 /// A key this process holds (or is acquiring) for an owner; let go when
 /// dropped.
 #[derive(Debug)]
-pub(crate) struct LocalHold {
+pub struct LocalHold {
     owner: Vec<u8>,
     key: Vec<u8>,
 }
@@ -41,7 +48,7 @@ pub(crate) struct LocalHold {
 impl LocalHold {
     /// Takes `key` for `owner` in this process, waiting up to `wait` for
     /// another guard of the same owner to let it go.
-    pub(crate) fn take(owner: &[u8], key: &[u8], wait: Duration) -> Result<LocalHold, ClientError> {
+    pub fn take(owner: &[u8], key: &[u8], wait: Duration) -> Result<LocalHold, ClientError> {
         let deadline = Instant::now() + wait;
         let id = (owner.to_vec(), key.to_vec());
         let mut held = lock(&HOLDS.held);
@@ -66,8 +73,24 @@ impl LocalHold {
         }
     }
 
+    /// Takes `key` for `owner` if no guard of this process holds it;
+    /// otherwise says which token holds it (`None`: its acquire is under
+    /// way). For callers that must not block a thread (the async client
+    /// polls this while it waits).
+    pub fn try_take(owner: &[u8], key: &[u8]) -> Result<LocalHold, Option<u64>> {
+        let id = (owner.to_vec(), key.to_vec());
+        let mut held = lock(&HOLDS.held);
+        match held.get(&id) {
+            Some(token) => Err(Some(*token).filter(|token| *token != 0)),
+            None => {
+                held.insert(id, 0);
+                Ok(LocalHold { owner: owner.to_vec(), key: key.to_vec() })
+            }
+        }
+    }
+
     /// The token the server granted: what a second guard's error names.
-    pub(crate) fn granted(&self, token: u64) {
+    pub fn granted(&self, token: u64) {
         if let Some(slot) = lock(&HOLDS.held).get_mut(&(self.owner.clone(), self.key.clone())) {
             *slot = token;
         }
@@ -99,6 +122,7 @@ mod tests {
             LocalHold::take(b"local-test-owner", b"k", Duration::from_millis(50)),
             Err(ClientError::WaitTimedOut { holder_token: Some(41) })
         ));
+        assert!(matches!(LocalHold::try_take(b"local-test-owner", b"k"), Err(Some(41))));
         // Another owner, or another key, is not held back.
         drop(LocalHold::take(b"local-test-other", b"k", Duration::ZERO).unwrap());
         drop(LocalHold::take(b"local-test-owner", b"k2", Duration::ZERO).unwrap());

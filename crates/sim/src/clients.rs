@@ -104,7 +104,7 @@ impl Client {
         let owner = Owner::new(format!("client-{}", index + 1).into_bytes()).expect("a valid owner");
         Client {
             generation: 0,
-            user: (index % 2 == 0).then(|| owner.clone()),
+            user: index.is_multiple_of(2).then(|| owner.clone()),
             owner,
             target: index % nodes,
             conn: None,

@@ -139,7 +139,7 @@ fn main() -> ExitCode {
 
 impl Options {
     fn config(&self, seed: u64) -> SimConfig {
-        let nodes = self.nodes.unwrap_or(if seed % 2 == 0 { 3 } else { 5 });
+        let nodes = self.nodes.unwrap_or(if seed.is_multiple_of(2) { 3 } else { 5 });
         let mut config = SimConfig::new(seed, nodes);
         config.fault_ms = self.fault_ms.unwrap_or(config.fault_ms);
         config.heal_ms = self.heal_ms.unwrap_or(config.heal_ms);

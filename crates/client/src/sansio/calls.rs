@@ -8,7 +8,7 @@ use fencelock_types::client_pb::{
     RenewRequest, Request_oneof_kind, Response_oneof_kind, StatusRequest,
 };
 
-use crate::types::{Grant, LockInfo, NodeStatus, Released};
+use crate::types::{Grant, LockInfo, NodeStatus, Released, Renewed};
 use crate::ClientError;
 
 /// Milliseconds, saturating: a lease too long for the wire is refused by the
@@ -97,6 +97,14 @@ pub fn renew_answer(kind: Response_oneof_kind, lease: Duration) -> Result<RenewA
     let results =
         response.results.into_iter().map(|result| (result.key, result.token, result.renewed)).collect();
     Ok(RenewAnswer { results, holders, lease: granted })
+}
+
+/// How the renewal of one lock went, from the answer to a renewal of it
+/// alone.
+pub fn renewed_one(answer: &RenewAnswer) -> Renewed {
+    let renewed = answer.results.first().is_some_and(|(_, _, renewed)| *renewed);
+    let holder_token = answer.holders.first().copied().filter(|holder| *holder != 0 && !renewed);
+    Renewed { renewed, lease: answer.lease, holder_token }
 }
 
 /// Why a renewal error means the lock is lost for good (a renewal will

@@ -12,15 +12,19 @@
 //!   next, how long to pause (backoff with jitter), when to give up, when
 //!   to tell the caller that it keeps retrying. Retry rules 1–4 of
 //!   `docs/protocol.md`.
+//! - [`inbound`]: what a connection's bytes read as: responses, a refusal
+//!   of the whole connection, or a broken stream.
 //! - [`lease`]: one held lock's lease as the client may count on it
 //!   ([`Lease`]): the drift margin ρ of `docs/leases.md`, when to renew,
 //!   when it is lost, the time left.
 //!
-//! It does not own the frame format (`fencelock-net`), connections, or the
+//! It does not own the frame format (`fencelock-net`), opening connections, or the
 //! background renewal's schedule across locks (each shell has its own).
 
 pub mod calls;
+pub mod inbound;
 pub mod lease;
+pub mod pool;
 pub mod retry;
 
 pub use lease::{Drift, Lease, DEFAULT_DRIFT};

@@ -648,7 +648,7 @@ fn log_flood(target: &Target, deadline: Instant) -> Result<Outcome> {
             Ok(mut stream) => {
                 let _ = stream.write_all(&LOG_FLOOD_HEADER.to_be_bytes());
                 // Every tenth waits for the refusal, to see that it comes.
-                if opened % 10 == 0 {
+                if opened.is_multiple_of(10) {
                     let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
                     if let Ok(response) = fencelock_net::read_frame::<fencelock_types::client_pb::Response>(
                         &mut stream,

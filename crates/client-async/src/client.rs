@@ -1,0 +1,330 @@
+//! [`AsyncClient`]: connections, the retry loop's shell, and the calls.
+//!
+//! Every decision is the sans-IO core's ([`fencelock_client::sansio`]):
+//! which node to try, how long to pause, when to give up, what a request
+//! holds and what its answer means. This module sends, awaits and sleeps.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use fencelock_client::sansio::calls::{self, RenewAnswer};
+use fencelock_client::sansio::pool::Pool;
+use fencelock_client::sansio::{Drift, Lease, Outcome, RetryLoop, Retrying, Verdict};
+use fencelock_client::{
+    ClientConfig, ClientError, Grant, LocalHold, LockInfo, NodeStatus, Released, Renewed,
+};
+use fencelock_types::client_pb::{Request, Request_oneof_kind, Response_oneof_kind};
+
+use crate::connection::{CallError, Connection};
+use crate::guard::AsyncLockGuard;
+
+/// How often an acquire waiting for a guard of this process (same owner,
+/// same key) looks again. Such waits are rare: two tasks of one process
+/// contending for one key.
+const LOCAL_POLL: Duration = Duration::from_millis(10);
+
+/// An async fencelock client. Clones share connections and the owner.
+/// Every guard renews its lock in a task of its own, on the runtime the
+/// acquire ran on.
+#[derive(Clone)]
+pub struct AsyncClient {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for AsyncClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncClient")
+            .field("endpoints", &self.inner.endpoints)
+            .field("owner", &String::from_utf8_lossy(&self.inner.owner))
+            .finish_non_exhaustive()
+    }
+}
+
+type Observer = Arc<dyn Fn(&Retrying) + Send + Sync>;
+
+pub(crate) struct Inner {
+    endpoints: Vec<String>,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    pub(crate) request_timeout: Duration,
+    pub(crate) retry_for: Duration,
+    owner: Vec<u8>,
+    pub(crate) drift: Drift,
+    connections: Pool<Connection>,
+    preferred: Mutex<Option<String>>,
+    retrying: Mutex<Option<Observer>>,
+    seeds: AtomicU64,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Each update is a single assignment or map operation.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl AsyncClient {
+    /// Builds a client. Nothing is connected until the first call, so this
+    /// does not fail when the cluster is down; it fails only on a
+    /// configuration that can never work (no endpoints, an empty owner,
+    /// unreadable certificates).
+    pub fn connect(config: ClientConfig) -> Result<AsyncClient, ClientError> {
+        let endpoints = config.checked_endpoints()?;
+        let tls = config.rustls()?;
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |elapsed| u64::from(elapsed.subsec_nanos()))
+            ^ (u64::from(std::process::id()) << 32);
+        let inner = Inner {
+            endpoints,
+            tls,
+            request_timeout: config.request_timeout,
+            retry_for: config.retry_for,
+            owner: config.owner_or_default(),
+            drift: config.drift,
+            connections: Pool::default(),
+            preferred: Mutex::new(None),
+            retrying: Mutex::new(None),
+            seeds: AtomicU64::new(seed),
+        };
+        Ok(AsyncClient { inner: Arc::new(inner) })
+    }
+
+    /// The owner identity this client's acquires carry.
+    pub fn owner(&self) -> &[u8] {
+        &self.inner.owner
+    }
+
+    /// Calls `observer` when a call has kept retrying for
+    /// [`RETRY_NOTICE_AFTER`](fencelock_client::RETRY_NOTICE_AFTER), and
+    /// every 5 s after, with the last error.
+    pub fn on_retrying(&self, observer: impl Fn(&Retrying) + Send + Sync + 'static) {
+        *lock(&self.inner.retrying) = Some(Arc::new(observer));
+    }
+
+    /// Acquires `key` for `lease`, waiting up to `wait` if another owner
+    /// holds it (`Duration::ZERO` answers at once). The guard's lock is
+    /// renewed by a background task; [`AsyncLockGuard::lost`] resolves when
+    /// it is lost. Within this process, a key that a guard of the same owner
+    /// holds (from this client or a blocking one) is waited for first, up
+    /// to `wait`; it is never shared.
+    pub async fn acquire(
+        &self,
+        key: impl AsRef<[u8]>,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
+        let key = key.as_ref();
+        let owner = self.inner.owner.clone();
+        let started = Instant::now();
+        let local = take_local(&owner, key, started + wait, wait.is_zero()).await?;
+        let (grant, sent) =
+            self.inner.acquire(&owner, key, lease, wait.saturating_sub(started.elapsed())).await?;
+        local.granted(grant.token);
+        let state = Lease::granted(sent, grant.lease, self.inner.drift);
+        Ok(AsyncLockGuard::start(self.clone(), key.to_vec(), grant, state, local))
+    }
+
+    /// Acquires `key` for `owner` without a guard: nothing renews or
+    /// releases it.
+    pub async fn acquire_raw(
+        &self,
+        owner: &[u8],
+        key: impl AsRef<[u8]>,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<Grant, ClientError> {
+        self.inner.acquire(owner, key.as_ref(), lease, wait).await.map(|(grant, _)| grant)
+    }
+
+    /// Releases `key` if `token` holds it. False: it did not (any more).
+    pub async fn release(&self, key: impl AsRef<[u8]>, token: u64) -> Result<bool, ClientError> {
+        self.release_outcome(key, token).await.map(|outcome| outcome.released)
+    }
+
+    /// As [`AsyncClient::release`], saying also which token holds the key
+    /// when it was not released.
+    pub async fn release_outcome(&self, key: impl AsRef<[u8]>, token: u64) -> Result<Released, ClientError> {
+        self.inner.release(key.as_ref(), token, false, self.inner.retry_for).await
+    }
+
+    /// Releases `key` whoever holds it. False: it was free.
+    pub async fn force_release(&self, key: impl AsRef<[u8]>) -> Result<bool, ClientError> {
+        let budget = self.inner.retry_for;
+        self.inner.release(key.as_ref(), 0, true, budget).await.map(|outcome| outcome.released)
+    }
+
+    /// Renews `key` held under `token` to `lease`, saying, when it was not
+    /// renewed, which token holds the key.
+    pub async fn renew_outcome(
+        &self,
+        key: impl AsRef<[u8]>,
+        token: u64,
+        lease: Duration,
+    ) -> Result<Renewed, ClientError> {
+        let locks = [(key.as_ref().to_vec(), token)];
+        let (answer, _) = self.inner.renew(&locks, lease, self.inner.retry_for).await?;
+        Ok(calls::renewed_one(&answer))
+    }
+
+    /// Who holds `key`, or `None` when it is free.
+    pub async fn get(
+        &self,
+        key: impl AsRef<[u8]>,
+        linearizable: bool,
+    ) -> Result<Option<LockInfo>, ClientError> {
+        calls::get_answer(self.inner.call_simple(calls::get(key.as_ref(), linearizable)).await?)
+    }
+
+    /// Whether `token` holds `key` now (linearizable).
+    pub async fn check(&self, key: impl AsRef<[u8]>, token: u64) -> Result<bool, ClientError> {
+        calls::check_answer(self.inner.call_simple(calls::check(key.as_ref(), token)).await?)
+    }
+
+    /// Up to `limit` locks whose keys start with `prefix`, in key order.
+    pub async fn list(&self, prefix: impl AsRef<[u8]>, limit: u32) -> Result<Vec<LockInfo>, ClientError> {
+        calls::list_answer(self.inner.call_simple(calls::list(prefix.as_ref(), limit)).await?)
+    }
+
+    /// Asks the node at `endpoint` for its status: one attempt.
+    pub async fn status(&self, endpoint: &str) -> Result<NodeStatus, ClientError> {
+        match self.inner.attempt(endpoint, calls::status(), self.inner.request_timeout).await {
+            Outcome::Done(kind) => calls::status_answer(kind),
+            Outcome::Redirect { reason, .. } | Outcome::Retry(reason) => {
+                Err(ClientError::Unavailable(reason))
+            }
+            Outcome::Fail(error) => Err(error),
+        }
+    }
+}
+
+/// Takes `key` for `owner` in this process, polling until `deadline`.
+async fn take_local(
+    owner: &[u8],
+    key: &[u8],
+    deadline: Instant,
+    no_wait: bool,
+) -> Result<LocalHold, ClientError> {
+    loop {
+        match LocalHold::try_take(owner, key) {
+            Ok(hold) => return Ok(hold),
+            Err(holder_token) if Instant::now() >= deadline => {
+                return Err(if no_wait {
+                    ClientError::Held { holder_token }
+                } else {
+                    ClientError::WaitTimedOut { holder_token }
+                });
+            }
+            Err(_) => tokio::time::sleep(LOCAL_POLL.min(deadline - Instant::now())).await,
+        }
+    }
+}
+
+impl Inner {
+    async fn acquire(
+        &self,
+        owner: &[u8],
+        key: &[u8],
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<(Grant, Instant), ClientError> {
+        let wait_until = Instant::now() + wait;
+        let request_timeout = self.request_timeout;
+        let make = || {
+            // A retry waits only for what is left of the caller's wait.
+            let wait_left = wait_until.saturating_duration_since(Instant::now());
+            (calls::acquire(owner, key, lease, wait_left), wait_left + request_timeout)
+        };
+        let (kind, sent) = self.call(make, self.retry_for + wait).await?;
+        calls::acquire_answer(kind, lease).map(|grant| (grant, sent))
+    }
+
+    pub(crate) async fn release(
+        &self,
+        key: &[u8],
+        token: u64,
+        force: bool,
+        budget: Duration,
+    ) -> Result<Released, ClientError> {
+        let request = calls::release(key, token, force);
+        let timeout = self.request_timeout;
+        calls::release_answer(self.call(|| (request.clone(), timeout), budget).await?.0)
+    }
+
+    /// One renew request, retried within `budget`; also returns when the
+    /// attempt that got the answer was sent.
+    pub(crate) async fn renew(
+        &self,
+        locks: &[(Vec<u8>, u64)],
+        lease: Duration,
+        budget: Duration,
+    ) -> Result<(RenewAnswer, Instant), ClientError> {
+        let request = calls::renew(locks, lease);
+        let timeout = self.request_timeout;
+        let (kind, sent) = self.call(|| (request.clone(), timeout), budget).await?;
+        Ok((calls::renew_answer(kind, lease)?, sent))
+    }
+
+    async fn call_simple(&self, kind: Request_oneof_kind) -> Result<Response_oneof_kind, ClientError> {
+        let timeout = self.request_timeout;
+        self.call(|| (kind.clone(), timeout), self.retry_for).await.map(|(kind, _)| kind)
+    }
+
+    /// The retry loop's shell: the core decides, this sends and sleeps.
+    async fn call(
+        &self,
+        mut make: impl FnMut() -> (Request_oneof_kind, Duration),
+        budget: Duration,
+    ) -> Result<(Response_oneof_kind, Instant), ClientError> {
+        let preferred = lock(&self.preferred).clone();
+        let seed = self.seeds.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+        let mut retry = RetryLoop::new(&self.endpoints, preferred.as_deref(), Instant::now(), budget, seed);
+        loop {
+            let sent = Instant::now();
+            let attempt = retry.next_try(sent)?;
+            let (kind, request_timeout) = make();
+            let outcome = self.attempt(&attempt.endpoint, kind, request_timeout.min(attempt.timeout)).await;
+            match retry.finish(Instant::now(), outcome) {
+                Verdict::Done { kind, endpoint } => {
+                    *lock(&self.preferred) = Some(endpoint);
+                    return Ok((*kind, sent));
+                }
+                Verdict::Fail(error) => return Err(error),
+                Verdict::Pause(pause) if pause.is_zero() => {}
+                Verdict::Pause(pause) => tokio::time::sleep(pause).await,
+            }
+            if let Some(notice) = retry.notice(Instant::now()) {
+                let observer = lock(&self.retrying).clone();
+                if let Some(observer) = observer {
+                    observer(&notice);
+                }
+            }
+        }
+    }
+
+    /// One request to one node, connecting first if needed, within
+    /// `timeout` in all.
+    async fn attempt(&self, addr: &str, kind: Request_oneof_kind, timeout: Duration) -> Outcome {
+        let started = Instant::now();
+        let connection = match self.connection(addr, timeout).await {
+            Ok(connection) => connection,
+            Err(reason) => return Outcome::Retry(format!("{addr}: {reason}")),
+        };
+        let request = Request { kind: Some(kind), ..Default::default() };
+        let left = timeout.saturating_sub(started.elapsed());
+        match connection.call(request, left).await {
+            Ok(response) => Outcome::of_response(addr, response),
+            Err(CallError::TimedOut) => Outcome::Retry(format!("{addr}: no answer within {timeout:?}")),
+            Err(CallError::Closed(reason)) => {
+                self.connections.forget(addr, &connection);
+                Outcome::Retry(format!("{addr}: {reason}"))
+            }
+        }
+    }
+
+    async fn connection(&self, addr: &str, timeout: Duration) -> Result<Arc<Connection>, String> {
+        if let Some(connection) = self.connections.get(addr) {
+            return Ok(connection);
+        }
+        let fresh = Connection::open(addr, timeout, self.tls.as_ref()).await?;
+        Ok(self.connections.share(addr, fresh))
+    }
+}

@@ -1,0 +1,307 @@
+//! The blocking client (`fencelock-client`) and the async one
+//! (`fencelock-client-async`) pass the same behaviour tests against a real
+//! 3-node cluster: one scenario, written once over a small [`Face`] trait,
+//! run with each client.
+//!
+//! The scenario: a grant shows its time left (client and leader side), a
+//! conflict names the holder's token, a retried acquire returns the same
+//! token, tokens increase, two guards of one owner in one process never
+//! share a lock, renewals keep a short lease alive, a refused renewal and a
+//! lease that runs out unrenewed both fire the lost-lock signal, and a
+//! leader killed with SIGKILL is followed to the next one.
+
+// Test code: unwrapping is how a test fails.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use common::{Cluster, DEADLINE};
+use fencelock_client::{Client, ClientConfig, ClientError, Grant, LockGuard, LockInfo, Released};
+use fencelock_client_async::{AsyncClient, AsyncLockGuard};
+
+/// What the scenario needs of a client.
+trait Face: Sized + Send + Sync {
+    type Guard: Held;
+    fn make(config: ClientConfig) -> Self;
+    fn acquire(
+        &self,
+        key: &str,
+        lease: Duration,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Self::Guard, ClientError>> + Send;
+    fn acquire_raw(
+        &self,
+        owner: &str,
+        key: &str,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Grant, ClientError>> + Send;
+    fn release(&self, key: &str, token: u64) -> impl Future<Output = Result<Released, ClientError>> + Send;
+    fn force_release(&self, key: &str) -> impl Future<Output = Result<bool, ClientError>> + Send;
+    fn get(&self, key: &str) -> impl Future<Output = Result<Option<LockInfo>, ClientError>> + Send;
+    fn check(&self, key: &str, token: u64) -> impl Future<Output = Result<bool, ClientError>> + Send;
+}
+
+/// What the scenario needs of a guard.
+trait Held: Send + Sync + 'static {
+    fn token(&self) -> u64;
+    fn time_left(&self) -> Duration;
+    fn is_lost(&self) -> bool;
+    /// The reason, if the lock is seen lost within `within`.
+    fn lost_within(&self, within: Duration) -> impl Future<Output = Option<String>> + Send;
+    fn release(self) -> impl Future<Output = Result<bool, ClientError>> + Send;
+}
+
+/// The blocking client, its calls made off the runtime's async path.
+struct Blocking(Client);
+
+fn blocking<T>(call: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(call)
+}
+
+impl Face for Blocking {
+    type Guard = LockGuard;
+    fn make(config: ClientConfig) -> Self {
+        Blocking(Client::connect(config).unwrap())
+    }
+    async fn acquire(&self, key: &str, lease: Duration, wait: Duration) -> Result<LockGuard, ClientError> {
+        blocking(|| self.0.acquire(key, lease, wait))
+    }
+    async fn acquire_raw(&self, owner: &str, key: &str, lease: Duration) -> Result<Grant, ClientError> {
+        blocking(|| self.0.acquire_raw(owner.as_bytes(), key, lease, Duration::ZERO))
+    }
+    async fn release(&self, key: &str, token: u64) -> Result<Released, ClientError> {
+        blocking(|| self.0.release_outcome(key, token))
+    }
+    async fn force_release(&self, key: &str) -> Result<bool, ClientError> {
+        blocking(|| self.0.force_release(key))
+    }
+    async fn get(&self, key: &str) -> Result<Option<LockInfo>, ClientError> {
+        blocking(|| self.0.get(key, true))
+    }
+    async fn check(&self, key: &str, token: u64) -> Result<bool, ClientError> {
+        blocking(|| self.0.check(key, token))
+    }
+}
+
+impl Held for LockGuard {
+    fn token(&self) -> u64 {
+        LockGuard::token(self)
+    }
+    fn time_left(&self) -> Duration {
+        LockGuard::time_left(self)
+    }
+    fn is_lost(&self) -> bool {
+        LockGuard::is_lost(self)
+    }
+    async fn lost_within(&self, within: Duration) -> Option<String> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(reason) = self.lost_reason() {
+                return Some(reason);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.lost_reason()
+    }
+    async fn release(self) -> Result<bool, ClientError> {
+        blocking(|| LockGuard::release(self))
+    }
+}
+
+struct Async(AsyncClient);
+
+impl Face for Async {
+    type Guard = AsyncLockGuard;
+    fn make(config: ClientConfig) -> Self {
+        Async(AsyncClient::connect(config).unwrap())
+    }
+    async fn acquire(
+        &self,
+        key: &str,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
+        self.0.acquire(key, lease, wait).await
+    }
+    async fn acquire_raw(&self, owner: &str, key: &str, lease: Duration) -> Result<Grant, ClientError> {
+        self.0.acquire_raw(owner.as_bytes(), key, lease, Duration::ZERO).await
+    }
+    async fn release(&self, key: &str, token: u64) -> Result<Released, ClientError> {
+        self.0.release_outcome(key, token).await
+    }
+    async fn force_release(&self, key: &str) -> Result<bool, ClientError> {
+        self.0.force_release(key).await
+    }
+    async fn get(&self, key: &str) -> Result<Option<LockInfo>, ClientError> {
+        self.0.get(key, true).await
+    }
+    async fn check(&self, key: &str, token: u64) -> Result<bool, ClientError> {
+        self.0.check(key, token).await
+    }
+}
+
+impl Held for AsyncLockGuard {
+    fn token(&self) -> u64 {
+        AsyncLockGuard::token(self)
+    }
+    fn time_left(&self) -> Duration {
+        AsyncLockGuard::time_left(self)
+    }
+    fn is_lost(&self) -> bool {
+        AsyncLockGuard::is_lost(self)
+    }
+    async fn lost_within(&self, within: Duration) -> Option<String> {
+        tokio::time::timeout(within, self.lost()).await.ok()
+    }
+    async fn release(self) -> Result<bool, ClientError> {
+        AsyncLockGuard::release(self).await
+    }
+}
+
+fn config(cluster: &Cluster, owner: &str) -> ClientConfig {
+    let mut config = ClientConfig::new(cluster.endpoints());
+    config.request_timeout = Duration::from_secs(2);
+    config.retry_for = DEADLINE;
+    config.owner = Some(owner.as_bytes().to_vec());
+    config
+}
+
+/// The whole scenario, with clients of kind `F`.
+/// Owners are named after `face`: the registry of keys held in this
+/// process is the process's, whichever cluster a client talks to, and the
+/// faces' tests run side by side.
+async fn scenario<F: Face>(cluster: &mut Cluster, face: &str) {
+    let one = F::make(config(cluster, &format!("{face}-one")));
+    let two = F::make(config(cluster, &format!("{face}-two")));
+    let drift = fencelock_client::Drift::default();
+    let mut tokens = Vec::new();
+
+    // A grant, its time left on both sides, a conflict naming the holder.
+    let lease = Duration::from_secs(3);
+    let asked = Instant::now();
+    let guard = one.acquire("a", lease, Duration::ZERO).await.unwrap();
+    let left = guard.time_left();
+    assert!(left > Duration::ZERO && left <= drift.usable(lease), "{left:?}");
+    assert!(left + asked.elapsed() >= drift.usable(lease), "{left:?} counts from before the send");
+    let info = one.get("a").await.unwrap().expect("a is held");
+    assert_eq!((info.token, info.owner.as_slice()), (guard.token(), format!("{face}-one").as_bytes()));
+    assert!(info.remaining_ms > 0 && info.remaining_ms <= 3_000, "{info:?}");
+    let holder = Some(guard.token());
+    assert_eq!(
+        two.acquire("a", lease, Duration::ZERO).await.err(),
+        Some(ClientError::Held { holder_token: holder })
+    );
+    let waited = two.acquire("a", lease, Duration::from_millis(300)).await.err();
+    assert_eq!(waited, Some(ClientError::WaitTimedOut { holder_token: holder }));
+    // The wrong token is told which one holds the key.
+    let wrong = two.release("a", guard.token() + 1_000).await.unwrap();
+    assert_eq!(wrong, Released { released: false, holder_token: holder });
+    tokens.push(guard.token());
+    assert!(guard.release().await.unwrap());
+    assert_eq!(one.get("a").await.unwrap(), None);
+
+    // A retried acquire by the same owner gets the same token back.
+    let first = one.acquire_raw(&format!("{face}-retrying"), "b", lease).await.unwrap();
+    let again = one.acquire_raw(&format!("{face}-retrying"), "b", lease).await.unwrap();
+    assert_eq!((again.token, again.existing, first.existing), (first.token, true, false));
+    tokens.push(first.token);
+    assert!(one.release("b", first.token).await.unwrap().released);
+
+    // Two guards of one owner in one process: the second waits or fails,
+    // never shares.
+    let held = one.acquire("c", lease, Duration::ZERO).await.unwrap();
+    let second = one.acquire("c", lease, Duration::ZERO).await.err();
+    assert_eq!(second, Some(ClientError::Held { holder_token: Some(held.token()) }));
+    let first_token = held.token();
+    // The release runs in a task of its own: the blocking face's waiter
+    // holds its thread while it waits.
+    let dropper = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        held.release().await.unwrap()
+    });
+    let after = one.acquire("c", lease, Duration::from_secs(20)).await.unwrap();
+    assert!(dropper.await.unwrap());
+    assert!(after.token() > first_token, "{} after {first_token}: a fresh grant", after.token());
+    tokens.extend([first_token, after.token()]);
+    after.release().await.unwrap();
+
+    // Renewals keep a short lease alive well past it.
+    let short = Duration::from_secs(1);
+    let kept = one.acquire("d", short, Duration::ZERO).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert!(!kept.is_lost(), "a renewed lock was reported lost");
+    assert!(one.check("d", kept.token()).await.unwrap());
+    assert!(kept.time_left() > Duration::ZERO);
+
+    // A refused renewal fires the lost-lock signal.
+    assert!(two.force_release("d").await.unwrap());
+    let reason =
+        kept.lost_within(Duration::from_secs(3)).await.expect("the refused renewal was not signalled");
+    assert!(reason.contains("renewal refused"), "{reason}");
+    assert_eq!(kept.time_left(), Duration::ZERO);
+    tokens.push(kept.token());
+
+    // A leader killed with SIGKILL: calls follow to the next leader, a held
+    // lock is either still held or reported lost, and tokens go on rising.
+    let long = one.acquire("e", Duration::from_secs(6), Duration::ZERO).await.unwrap();
+    tokens.push(long.token());
+    let leader = cluster.leader(&cluster.client());
+    cluster.kill(leader);
+    let fresh = two.acquire("f", lease, Duration::ZERO).await.unwrap();
+    tokens.push(fresh.token());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    if !long.is_lost() {
+        assert!(one.check("e", long.token()).await.unwrap(), "a lock not seen lost was not held");
+    }
+    assert!(tokens.windows(2).all(|pair| pair[0] < pair[1]), "tokens did not increase: {tokens:?}");
+    drop(fresh);
+    drop(long);
+
+    // No quorum: a lease that runs out unrenewed fires the signal too.
+    let stranded = one.acquire("g", short, Duration::ZERO).await.unwrap();
+    let others: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+    cluster.kill(others[0]);
+    let reason =
+        stranded.lost_within(Duration::from_secs(5)).await.expect("the lapsed lease was not signalled");
+    assert_eq!(reason, "the lease ran out before a renewal succeeded");
+    assert!(stranded.is_lost());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_blocking_client_passes_the_behaviour_tests() {
+    let mut cluster = Cluster::start(3);
+    scenario::<Blocking>(&mut cluster, "blocking").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_async_client_passes_the_behaviour_tests() {
+    let mut cluster = Cluster::start(3);
+    scenario::<Async>(&mut cluster, "async").await;
+}
+
+/// A blocking guard and an async guard of one owner in one process never
+/// share a lock either: they meet in the same registry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_and_async_guards_of_one_owner_never_share_a_lock() {
+    let cluster = Cluster::start(3);
+    let sync = Blocking::make(config(&cluster, "both-faces"));
+    let lease = Duration::from_secs(3);
+    let held = sync.acquire("shared", lease, Duration::ZERO).await.unwrap();
+    let async_face = Async::make(config(&cluster, "both-faces"));
+    let refused = async_face.acquire("shared", lease, Duration::ZERO).await.err();
+    assert_eq!(refused, Some(ClientError::Held { holder_token: Some(held.token()) }));
+    let token = held.token();
+    Held::release(held).await.unwrap();
+    let after = async_face.acquire("shared", lease, Duration::ZERO).await.unwrap();
+    assert!(after.token() > token);
+    // Dropped, not released: the release runs in a task, and holds the key
+    // for this process until it is done, so the blocking face then gets a
+    // fresh grant rather than the async guard's lock.
+    let async_token = after.token();
+    drop(after);
+    let next = sync.acquire("shared", lease, Duration::from_secs(10)).await.unwrap();
+    assert!(next.token() > async_token);
+}
