@@ -271,8 +271,20 @@ fn not_held(holder_token: Option<u64>) -> String {
 
 /// One lock on one line: `KEY token=T owner=O lease=10s left=7s 400ms`
 /// (the time left on the lease, to a tenth of a second, by the answering
-/// node's clock: the leader's unless `get --stale`).
+/// node's clock: the leader's unless `get --stale`). A key held back by
+/// lock-delay: `KEY held back by lock-delay after token=T (owner=O) expired
+/// delay=30s left=12s`.
 fn describe(info: &LockInfo) -> String {
+    if info.delayed {
+        return format!(
+            "{} held back by lock-delay after token={} (owner={}) expired delay={} left={}",
+            String::from_utf8_lossy(&info.key),
+            info.token,
+            String::from_utf8_lossy(&info.owner),
+            human(std::time::Duration::from_millis(info.lease_ms)),
+            human(std::time::Duration::from_millis(info.remaining_ms / 100 * 100))
+        );
+    }
     format!(
         "{} token={} owner={} lease={} left={}",
         String::from_utf8_lossy(&info.key),
@@ -297,8 +309,14 @@ mod tests {
             owner: b"o".to_vec(),
             lease_ms: 10_000,
             remaining_ms: 7_467,
+            delayed: false,
         };
         assert_eq!(describe(&info), "jobs/a token=7 owner=o lease=10s left=7s 400ms");
+        let held_back = LockInfo { delayed: true, lease_ms: 30_000, remaining_ms: 12_050, ..info.clone() };
+        assert_eq!(
+            describe(&held_back),
+            "jobs/a held back by lock-delay after token=7 (owner=o) expired delay=30s left=12s"
+        );
         let ran_out = LockInfo { remaining_ms: 0, ..info };
         assert!(describe(&ran_out).ends_with(" left=0s"), "{}", describe(&ran_out));
     }

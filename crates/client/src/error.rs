@@ -7,6 +7,12 @@ pub enum ClientError {
     /// Another owner holds the lock and the acquire did not wait.
     #[error("lock is held by another owner{}", holder_suffix(.holder_token))]
     Held { holder_token: Option<u64> },
+    /// The key is held back by lock-delay (`fencelockd --lock-delay`): the
+    /// lock under `holder_token` expired, and no one is granted the key
+    /// until the delay is over, in about `left` (by the leader's clock;
+    /// zero if it did not say).
+    #[error("the key is held back by lock-delay after token {} expired{}", display_token(.holder_token), left_suffix(.left))]
+    Delayed { holder_token: Option<u64>, left: std::time::Duration },
     /// The acquire waited for the lock until its wait ran out.
     #[error("wait timed out, lock is still held by another owner{}", holder_suffix(.holder_token))]
     WaitTimedOut { holder_token: Option<u64> },
@@ -39,6 +45,7 @@ impl ClientError {
     pub fn code(&self) -> &'static str {
         match self {
             ClientError::Held { .. } => "held",
+            ClientError::Delayed { .. } => "delayed",
             ClientError::WaitTimedOut { .. } => "wait_timed_out",
             ClientError::InvalidArgument(_) => "invalid_argument",
             ClientError::Unavailable(_) => "unavailable",
@@ -48,20 +55,55 @@ impl ClientError {
         }
     }
 
-    /// True when the lock was simply not obtained (held by another owner, or
-    /// the wait ran out), as opposed to the call failing.
+    /// True when the lock was simply not obtained (held by another owner,
+    /// held back by lock-delay, or the wait ran out), as opposed to the call
+    /// failing.
     pub fn is_not_obtained(&self) -> bool {
-        matches!(self, ClientError::Held { .. } | ClientError::WaitTimedOut { .. })
+        matches!(
+            self,
+            ClientError::Held { .. } | ClientError::Delayed { .. } | ClientError::WaitTimedOut { .. }
+        )
     }
 
     /// The holder's token, for [`ClientError::Held`] and
     /// [`ClientError::WaitTimedOut`] when the server knew it.
     pub fn holder_token(&self) -> Option<u64> {
         match self {
-            ClientError::Held { holder_token } | ClientError::WaitTimedOut { holder_token } => *holder_token,
+            ClientError::Held { holder_token }
+            | ClientError::Delayed { holder_token, .. }
+            | ClientError::WaitTimedOut { holder_token } => *holder_token,
             _ => None,
         }
     }
+}
+
+fn display_token(token: &Option<u64>) -> String {
+    token.map_or_else(|| "?".to_owned(), |token| token.to_string())
+}
+
+fn left_suffix(left: &std::time::Duration) -> String {
+    if left.is_zero() {
+        return String::new();
+    }
+    let rounded =
+        std::time::Duration::from_millis(u64::try_from(left.as_millis()).unwrap_or(u64::MAX) / 100 * 100);
+    format!("; it can be granted again in {}", humantime_like(rounded))
+}
+
+/// `1s 500ms`, `2m 5s`: whole units, largest first.
+fn humantime_like(duration: std::time::Duration) -> String {
+    let mut ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+    if ms == 0 {
+        return "0s".to_owned();
+    }
+    let mut parts = Vec::new();
+    for (unit, size) in [("h", 3_600_000), ("m", 60_000), ("s", 1_000), ("ms", 1)] {
+        if ms >= size {
+            parts.push(format!("{}{unit}", ms / size));
+            ms %= size;
+        }
+    }
+    parts.join(" ")
 }
 
 fn holder_suffix(holder_token: &Option<u64>) -> String {
@@ -99,6 +141,15 @@ mod tests {
             "lock is held by another owner (holder token 5)"
         );
         assert_eq!(ClientError::Held { holder_token: None }.to_string(), "lock is held by another owner");
+        let delayed =
+            ClientError::Delayed { holder_token: Some(4), left: std::time::Duration::from_millis(2_540) };
+        assert_eq!(
+            delayed.to_string(),
+            "the key is held back by lock-delay after token 4 expired; it can be granted again in 2s 500ms"
+        );
+        assert!(
+            delayed.is_not_obtained() && delayed.holder_token() == Some(4) && delayed.code() == "delayed"
+        );
     }
 
     #[test]

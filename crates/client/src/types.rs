@@ -22,6 +22,11 @@ pub struct LockInfo {
     /// leader's for a linearizable read); 0 when it has run out or is not
     /// known.
     pub remaining_ms: u64,
+    /// The lock expired and its key is held back by lock-delay: no one
+    /// holds it (`token` and `owner` were the last holder's) and no one is
+    /// granted it before the delay is over; `lease_ms` is the delay and
+    /// `remaining_ms` what is left of it.
+    pub delayed: bool,
 }
 
 impl From<client_pb::LockInfo> for LockInfo {
@@ -32,6 +37,7 @@ impl From<client_pb::LockInfo> for LockInfo {
             owner: info.owner,
             lease_ms: info.lease_ms,
             remaining_ms: info.remaining_ms,
+            delayed: info.delayed,
         }
     }
 }
@@ -173,11 +179,12 @@ mod tests {
             owner: vec![b'w', 0xff],
             lease_ms: 1000,
             remaining_ms: 250,
+            delayed: false,
         };
         let json = serde_json::to_value(&info).unwrap();
         assert_eq!(
             json,
-            serde_json::json!({"key": "jobs/a", "token": 7, "owner": "w\u{fffd}", "lease_ms": 1000, "remaining_ms": 250})
+            serde_json::json!({"key": "jobs/a", "token": 7, "owner": "w\u{fffd}", "lease_ms": 1000, "remaining_ms": 250, "delayed": false})
         );
     }
 }

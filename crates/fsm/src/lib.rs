@@ -26,6 +26,13 @@
 //!   table never interprets it. It travels in the snapshot.
 //! - Leases are lengths here, not deadlines: this crate never reads a clock.
 //!   A lock leaves the table only by a committed Release or Expire.
+//! - Lock-delay: an Expire that carries a delay does not remove a live lock
+//!   but holds it back ([`Lock::delayed`], same token, `lease_ms` the
+//!   delay): it is granted to no one (a Grant is rejected naming its
+//!   token), renewed by no one, released only by force, not counted in its
+//!   owner's quota, until a later Expire of the same token without a delay
+//!   removes it. A repeated Expire with a delay changes nothing, so every
+//!   Expire stays idempotent.
 //!
 //! Using the state machine alone:
 //!
@@ -50,7 +57,7 @@
 //!
 //! // The lease runs out: the leader's Expire removes the lock, and the next
 //! // holder gets a greater token, which the protected resource can check.
-//! table.apply(Command::Expire { key: key.clone(), token });
+//! table.apply(Command::Expire { key: key.clone(), token, delay: None });
 //! let ApplyResult::Granted { token: next, .. } = table.apply(grant(b"worker-2")) else {
 //!     panic!("an expired key is granted again");
 //! };
@@ -79,8 +86,20 @@ pub struct Lock {
     pub token: FencingToken,
     pub owner: Owner,
     /// The lease of the last Grant or Renew, as a length: each node turns it
-    /// into a deadline on its own clock.
+    /// into a deadline on its own clock. For a lock held back by lock-delay,
+    /// the delay.
     pub lease_ms: LeaseMs,
+    /// Held back by lock-delay: the lock expired; nobody holds it, and
+    /// nobody is granted the key until an Expire of `token` removes it.
+    pub delayed: bool,
+}
+
+impl Lock {
+    /// Whether `token` holds the key through this lock now: the lock's
+    /// token, and not held back by lock-delay.
+    pub fn is_held_by(&self, token: FencingToken) -> bool {
+        self.token == token && !self.delayed
+    }
 }
 
 /// Where a member is reached: its peer port and its client port, each
@@ -120,7 +139,7 @@ impl LockTable {
         match command {
             Command::Grant { key, lease_ms, owner } => self.grant(key, lease_ms, owner),
             Command::Release { key, token, user } => self.release(&key, token, user.as_ref()),
-            Command::Expire { key, token } => self.expire(&key, token),
+            Command::Expire { key, token, delay } => self.expire(&key, token, delay),
             Command::Renew { key, token, lease_ms, user } => self.renew(&key, token, lease_ms, user.as_ref()),
             Command::Noop => ApplyResult::Noop,
             Command::Bootstrap { cluster_id, token_floor } => {
@@ -232,7 +251,8 @@ impl LockTable {
 
     fn grant(&mut self, key: Key, lease_ms: LeaseMs, owner: Owner) -> ApplyResult {
         if let Some(lock) = self.locks.get_mut(&key) {
-            if lock.owner != owner {
+            // Held back by lock-delay: for its own former owner too.
+            if lock.owner != owner || lock.delayed {
                 return ApplyResult::GrantRejected { holder_token: lock.token };
             }
             // A retry by the holder: same token, lease restarted, never
@@ -250,7 +270,7 @@ impl LockTable {
         assert!(self.last_token < Some(token), "fencing tokens never go backwards");
         self.last_token = Some(token);
         self.count(&owner, true);
-        self.locks.insert(key, Lock { token, owner, lease_ms });
+        self.locks.insert(key, Lock { token, owner, lease_ms, delayed: false });
         ApplyResult::Granted { token, lease_ms, existing: false }
     }
 
@@ -274,28 +294,52 @@ impl LockTable {
 
     fn release(&mut self, key: &Key, token: Option<FencingToken>, user: Option<&Owner>) -> ApplyResult {
         match self.locks.get(key) {
+            // A lock held back by lock-delay is no one's to release: only
+            // the administrative force-release (no token) lifts it.
+            Some(lock) if lock.delayed && token.is_some() => ApplyResult::NotFound { holder_token: None },
             Some(lock) if token.is_none_or(|token| token == lock.token) => {
                 let token = lock.token;
                 if user.is_some_and(|user| !lock.owner.is_of_user(user.as_bytes())) {
                     return ApplyResult::Denied { token };
                 }
-                if let Some(lock) = self.locks.remove(key) {
-                    self.count(&lock.owner, false);
-                }
+                self.remove(key);
                 ApplyResult::Released { token }
             }
             other => ApplyResult::NotFound { holder_token: other.map(|lock| lock.token) },
         }
     }
 
-    fn expire(&mut self, key: &Key, token: FencingToken) -> ApplyResult {
-        let existed = self.locks.get(key).is_some_and(|lock| lock.token == token);
-        if existed {
-            if let Some(lock) = self.locks.remove(key) {
+    /// Removes the lock on `key`, counting it out of its owner's total
+    /// unless lock-delay already did.
+    fn remove(&mut self, key: &Key) {
+        if let Some(lock) = self.locks.remove(key) {
+            if !lock.delayed {
                 self.count(&lock.owner, false);
             }
         }
-        ApplyResult::Expired { existed }
+    }
+
+    fn expire(&mut self, key: &Key, token: FencingToken, delay: Option<LeaseMs>) -> ApplyResult {
+        let Some(lock) = self.locks.get_mut(key).filter(|lock| lock.token == token) else {
+            return ApplyResult::Expired { existed: false };
+        };
+        match (lock.delayed, delay) {
+            (false, Some(delay_ms)) => {
+                lock.delayed = true;
+                lock.lease_ms = delay_ms;
+                let owner = lock.owner.clone();
+                self.count(&owner, false);
+                ApplyResult::Delayed { token, delay_ms }
+            }
+            // A repeat of the Expire that held it back (say, proposed again
+            // by a new leader before it applied the first): the delay
+            // stands. Only an Expire without a delay lifts it.
+            (true, Some(_)) => ApplyResult::Expired { existed: false },
+            (_, None) => {
+                self.remove(key);
+                ApplyResult::Expired { existed: true }
+            }
+        }
     }
 
     fn renew(
@@ -306,6 +350,8 @@ impl LockTable {
         user: Option<&Owner>,
     ) -> ApplyResult {
         match self.locks.get_mut(key) {
+            // Held back by lock-delay: the key is free of holders.
+            Some(lock) if lock.delayed => ApplyResult::NotFound { holder_token: None },
             Some(lock) if lock.token == token => match user {
                 None => {
                     lock.lease_ms = lease_ms;

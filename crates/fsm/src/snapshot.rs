@@ -111,6 +111,9 @@ impl LockTable {
             if lease_ms != 0 {
                 len += value_size(4, lease_ms, WireTypeVarint);
             }
+            if lock.delayed {
+                len += 2;
+            }
             out.write_tag(2, WireTypeLengthDelimited)?;
             out.write_raw_varint32(len)?;
             if !key.is_empty() {
@@ -124,6 +127,9 @@ impl LockTable {
             }
             if lease_ms != 0 {
                 out.write_uint64(4, lease_ms)?;
+            }
+            if lock.delayed {
+                out.write_bool(5, true)?;
             }
         }
         if let Some(id) = &self.cluster_id {
@@ -171,10 +177,10 @@ impl LockTable {
             if !tokens.insert(token) {
                 return Err(SnapshotError::DuplicateToken { index, token });
             }
-            locks.push((key, Lock { token, owner, lease_ms }));
+            locks.push((key, Lock { token, owner, lease_ms, delayed: record.delayed }));
         }
         let mut identities: OrdMap<Vec<u8>, usize> = OrdMap::new();
-        for (_, lock) in &locks {
+        for (_, lock) in locks.iter().filter(|(_, lock)| !lock.delayed) {
             match identities.get_mut(lock.owner.identity()) {
                 Some(count) => *count += 1,
                 None => {

@@ -78,7 +78,7 @@ fn grant_by_another_owner_is_rejected() {
 fn release_with_a_stale_token_cannot_free_the_successor() {
     let mut table = LockTable::new();
     let old = granted(&mut table, "a", "o1");
-    table.apply(Command::Expire { key: key("a"), token: old });
+    table.apply(Command::Expire { key: key("a"), token: old, delay: None });
     let new = granted(&mut table, "a", "o2");
     assert_eq!(
         table.apply(Command::Release { key: key("a"), token: Some(old), user: None }),
@@ -107,21 +107,61 @@ fn late_and_duplicate_expires_change_nothing() {
     let mut table = LockTable::new();
     let old = granted(&mut table, "a", "o1");
     assert_eq!(
-        table.apply(Command::Expire { key: key("a"), token: old }),
+        table.apply(Command::Expire { key: key("a"), token: old, delay: None }),
         ApplyResult::Expired { existed: true }
     );
     assert_eq!(
-        table.apply(Command::Expire { key: key("a"), token: old }),
+        table.apply(Command::Expire { key: key("a"), token: old, delay: None }),
         ApplyResult::Expired { existed: false }
     );
     let new = granted(&mut table, "a", "o1");
     // The same owner acquiring again after expiry gets a new, greater token.
     assert!(new > old);
     assert_eq!(
-        table.apply(Command::Expire { key: key("a"), token: old }),
+        table.apply(Command::Expire { key: key("a"), token: old, delay: None }),
         ApplyResult::Expired { existed: false }
     );
     assert_eq!(table.holder(b"a").unwrap().token, new);
+}
+
+#[test]
+fn lock_delay_holds_an_expired_key_back_until_an_expire_without_delay() {
+    let mut table = LockTable::new();
+    let held = granted(&mut table, "a", "o1");
+    assert_eq!(table.locks_of(b"o1"), 1);
+    let expire = |delay| Command::Expire { key: key("a"), token: held, delay };
+    assert_eq!(
+        table.apply(expire(Some(lease(5_000)))),
+        ApplyResult::Delayed { token: held, delay_ms: lease(5_000) }
+    );
+    let lock = table.holder(b"a").cloned().unwrap();
+    assert!(lock.delayed && !lock.is_held_by(held) && lock.lease_ms == lease(5_000));
+    // Out of its owner's quota, and granted to no one, its owner included.
+    assert_eq!(table.locks_of(b"o1"), 0);
+    for who in ["o1", "o2"] {
+        assert_eq!(table.apply(grant("a", who)), ApplyResult::GrantRejected { holder_token: held });
+    }
+    // No one holds it: renewals and releases by token find nothing.
+    let renew = Command::Renew { key: key("a"), token: held, lease_ms: lease(9_000), user: None };
+    assert_eq!(table.apply(renew), ApplyResult::NotFound { holder_token: None });
+    let release = Command::Release { key: key("a"), token: Some(held), user: None };
+    assert_eq!(table.apply(release), ApplyResult::NotFound { holder_token: None });
+    // A repeat of the delaying Expire changes nothing; one without a delay
+    // lifts it, and the next grant gets a greater token.
+    let before = table.snapshot();
+    assert_eq!(table.apply(expire(Some(lease(1)))), ApplyResult::Expired { existed: false });
+    assert_eq!(table.snapshot(), before);
+    assert_eq!(LockTable::restore(&before).unwrap(), table, "the snapshot keeps the delay");
+    assert_eq!(table.apply(expire(None)), ApplyResult::Expired { existed: true });
+    assert!(table.holder(b"a").is_none());
+    assert!(granted(&mut table, "a", "o2") > held);
+
+    // The administrative force-release lifts a delay at once.
+    let next = table.holder(b"a").unwrap().token;
+    table.apply(Command::Expire { key: key("a"), token: next, delay: Some(lease(60_000)) });
+    let force = Command::Release { key: key("a"), token: None, user: None };
+    assert_eq!(table.apply(force), ApplyResult::Released { token: next });
+    assert_eq!(table.locks_of(b"o2"), 0);
 }
 
 #[test]
@@ -504,7 +544,9 @@ fn snapshot_header_errors_are_specific() {
 /// A deliberately naive model of the lock table: a vector scanned linearly.
 #[derive(Default)]
 struct Model {
-    locks: Vec<(Key, FencingToken, Owner, LeaseMs)>,
+    /// Key, token, owner, lease (the delay once held back), held back by
+    /// lock-delay.
+    locks: Vec<(Key, FencingToken, Owner, LeaseMs, bool)>,
     last_token: u64,
     cluster_id: Option<ClusterId>,
 }
@@ -517,7 +559,7 @@ impl Model {
     fn apply(&mut self, command: &Command) -> ApplyResult {
         match command.clone() {
             Command::Grant { key, lease_ms, owner } => match self.position(&key) {
-                Some(i) if self.locks[i].2 == owner => {
+                Some(i) if self.locks[i].2 == owner && !self.locks[i].4 => {
                     self.locks[i].3 = self.locks[i].3.max(lease_ms);
                     ApplyResult::Granted { token: self.locks[i].1, lease_ms: self.locks[i].3, existing: true }
                 }
@@ -528,11 +570,12 @@ impl Model {
                     };
                     self.last_token = next;
                     let t = token(self.last_token);
-                    self.locks.push((key, t, owner, lease_ms));
+                    self.locks.push((key, t, owner, lease_ms, false));
                     ApplyResult::Granted { token: t, lease_ms, existing: false }
                 }
             },
             Command::Release { key, token, user } => match self.position(&key) {
+                Some(i) if self.locks[i].4 && token.is_some() => ApplyResult::NotFound { holder_token: None },
                 Some(i) if token.is_none() || token == Some(self.locks[i].1) => {
                     if user.is_some_and(|user| !model_owned_by(&self.locks[i].2, &user)) {
                         return ApplyResult::Denied { token: self.locks[i].1 };
@@ -541,14 +584,23 @@ impl Model {
                 }
                 other => ApplyResult::NotFound { holder_token: other.map(|i| self.locks[i].1) },
             },
-            Command::Expire { key, token } => match self.position(&key) {
-                Some(i) if self.locks[i].1 == token => {
-                    self.locks.remove(i);
-                    ApplyResult::Expired { existed: true }
-                }
+            Command::Expire { key, token, delay } => match self.position(&key) {
+                Some(i) if self.locks[i].1 == token => match (self.locks[i].4, delay) {
+                    (false, Some(delay_ms)) => {
+                        self.locks[i].3 = delay_ms;
+                        self.locks[i].4 = true;
+                        ApplyResult::Delayed { token, delay_ms }
+                    }
+                    (true, Some(_)) => ApplyResult::Expired { existed: false },
+                    (_, None) => {
+                        self.locks.remove(i);
+                        ApplyResult::Expired { existed: true }
+                    }
+                },
                 _ => ApplyResult::Expired { existed: false },
             },
             Command::Renew { key, token, lease_ms, user } => match self.position(&key) {
+                Some(i) if self.locks[i].4 => ApplyResult::NotFound { holder_token: None },
                 Some(i) if self.locks[i].1 == token => match user {
                     None => {
                         self.locks[i].3 = lease_ms;
@@ -610,7 +662,8 @@ fn arb_command() -> impl Strategy<Value = Command> {
     prop_oneof![
         4 => (arb_key(), arb_lease(), arb_owner()).prop_map(|(key, lease_ms, owner)| Command::Grant { key, lease_ms, owner }),
         2 => (arb_key(), prop::option::weighted(0.8, arb_token()), arb_user()).prop_map(|(key, token, user)| Command::Release { key, token, user }),
-        2 => (arb_key(), arb_token()).prop_map(|(key, token)| Command::Expire { key, token }),
+        2 => (arb_key(), arb_token(), prop::option::weighted(0.4, arb_lease()))
+            .prop_map(|(key, token, delay)| Command::Expire { key, token, delay }),
         2 => (arb_key(), arb_token(), arb_lease(), arb_user()).prop_map(|(key, token, lease_ms, user)| Command::Renew { key, token, lease_ms, user }),
         1 => Just(Command::Noop),
         1 => (1u8..=3, prop::sample::select(vec![0u64, 2, 5, 1_000, u64::MAX - 1]))
@@ -655,7 +708,7 @@ fn arb_snapshot_body() -> impl Strategy<Value = pb::TableSnapshot> {
     let lease = arb_varint(31).prop_filter("a valid lease", |ms| *ms <= fencelock_types::LEASE_MS_MAX);
     let records = prop::collection::btree_map(
         prop::collection::vec(any::<u8>(), 1..200),
-        (prop::collection::vec(any::<u8>(), 1..150), lease),
+        (prop::collection::vec(any::<u8>(), 1..150), lease, any::<bool>()),
         0..20,
     );
     let tokens = prop::collection::btree_set(arb_varint(63), 0..=20);
@@ -671,11 +724,12 @@ fn arb_snapshot_body() -> impl Strategy<Value = pb::TableSnapshot> {
             let locks = records
                 .into_iter()
                 .zip(tokens.into_iter().rev())
-                .map(|((key, (owner, lease_ms)), token)| pb::LockRecord {
+                .map(|((key, (owner, lease_ms, delayed)), token)| pb::LockRecord {
                     key,
                     token,
                     owner,
                     lease_ms,
+                    delayed,
                     ..Default::default()
                 })
                 .collect();
@@ -718,8 +772,11 @@ proptest! {
         prop_assert_eq!(table.cluster_id(), model.cluster_id);
         // Quotas count locks per identity: the owner before its first `/`.
         for identity in ["o1", "o2", "o3", "o12", "a", ""] {
-            let held = model.locks.iter().filter(|(_, _, owner, _)| {
+            let held = model.locks.iter().filter(|(_, _, owner, _, delayed)| {
                 let owner = owner.as_bytes();
+                if *delayed {
+                    return false;
+                }
                 owner.split(|byte| *byte == b'/').next() == Some(identity.as_bytes())
             });
             prop_assert_eq!(table.locks_of(identity.as_bytes()), held.count(), "identity {}", identity);
@@ -787,7 +844,8 @@ proptest! {
         for stale in stale_tokens {
             let stale = token(stale);
             for command in [
-                Command::Expire { key: k.clone(), token: stale },
+                Command::Expire { key: k.clone(), token: stale, delay: None },
+                Command::Expire { key: k.clone(), token: stale, delay: Some(lease_ms) },
                 Command::Release { key: k.clone(), token: Some(stale), user: None },
                 Command::Renew { key: k.clone(), token: stale, lease_ms, user: None },
             ] {
@@ -805,7 +863,7 @@ proptest! {
             once.apply(command);
         }
         let mut twice = once.clone();
-        let expire = Command::Expire { key: k, token: t };
+        let expire = Command::Expire { key: k, token: t, delay: None };
         once.apply(expire.clone());
         twice.apply(expire.clone());
         prop_assert_eq!(twice.apply(expire), ApplyResult::Expired { existed: false });

@@ -501,7 +501,7 @@ mod tests {
     #[test]
     fn the_leaders_own_expires_are_known_by_key_until_answered() {
         let mut requests = Requests::default();
-        let expire = Command::Expire { key: key("a"), token: FencingToken::new(1).unwrap() };
+        let expire = Command::Expire { key: key("a"), token: FencingToken::new(1).unwrap(), delay: None };
         requests.insert(RequestId(7), Pending::new(vec![expire], true, None, None));
         assert!(requests.is_expiring(&key("a")));
         requests.remove(RequestId(7), &free);

@@ -1058,8 +1058,13 @@ impl Replica {
                 break;
             }
             let id = self.internal_id();
-            debug!(self.logger, "lease due"; "key" => %key, "token" => token.get(), "now_ms" => self.now_ms);
-            self.submit(id, vec![Command::Expire { key, token }], None, true);
+            // A lock held back by lock-delay is lifted (an Expire without a
+            // delay); a live one is held back if a rule covers its key.
+            let held_back = self.table.holder(key.as_bytes()).is_some_and(|lock| lock.delayed);
+            let delay = if held_back { None } else { self.config.lock_delay(key.as_bytes()) };
+            debug!(self.logger, "lease due"; "key" => %key, "token" => token.get(), "now_ms" => self.now_ms,
+                "held_back" => held_back, "delay_ms" => delay.map(LeaseMs::get));
+            self.submit(id, vec![Command::Expire { key, token, delay }], None, true);
         }
     }
 
@@ -1076,7 +1081,8 @@ impl Replica {
             Command::Grant { key, owner, .. } => self
                 .table
                 .holder(key.as_bytes())
-                .filter(|lock| lock.owner != *owner)
+                // Held back by lock-delay: for its former owner too.
+                .filter(|lock| lock.owner != *owner || lock.delayed)
                 .map(|lock| (key.clone(), lock.token)),
             _ => None,
         })
@@ -1105,7 +1111,14 @@ impl Replica {
             if let Some((key, holder_token)) = self.grant_conflict(&pending.commands) {
                 let max = self.config.waiters_per_key_max;
                 if pending.wait_until_ms.is_none() {
-                    self.finish(id, Err(RequestError::Held { key, holder_token }));
+                    let error = match self.table.holder(key.as_bytes()).filter(|lock| lock.delayed) {
+                        Some(lock) => {
+                            let left_ms = self.held(&key, lock).remaining_ms;
+                            RequestError::Delayed { key, holder_token, left_ms }
+                        }
+                        None => RequestError::Held { key, holder_token },
+                    };
+                    self.finish(id, Err(error));
                 } else if self.requests.waiters_of(&key) >= max {
                     self.finish(id, Err(RequestError::TooManyWaiters { key, max }));
                 } else {
@@ -1155,19 +1168,22 @@ impl Replica {
         let removed = commands
             .iter()
             .filter_map(|command| match command {
-                Command::Release { key, token, user } => Some((key, *token, user.as_ref())),
-                Command::Expire { key, token } => Some((key, Some(*token), None)),
+                Command::Release { key, token, user } => Some((key, *token, user.as_ref(), false)),
+                // With a delay an Expire holds the key back: it frees nothing.
+                Command::Expire { key, token, delay: None } => Some((key, Some(*token), None, true)),
                 _ => None,
             })
-            .filter(|(key, token, user)| {
+            .filter(|(key, token, user, expire)| {
                 // As the table will decide it: a release of another user's
-                // lock is denied and frees nothing.
+                // lock is denied and frees nothing, and a lock held back by
+                // lock-delay is freed only by force or by its lifting Expire.
                 self.table.holder(key.as_bytes()).is_some_and(|lock| {
                     token.is_none_or(|token| token == lock.token)
                         && user.is_none_or(|user| lock.owner.is_of_user(user.as_bytes()))
+                        && (!lock.delayed || *expire || token.is_none())
                 })
             })
-            .map(|(key, _, _)| key.clone())
+            .map(|(key, ..)| key.clone())
             .collect();
         batch.tags.push(pb::RequestTag {
             request_id: id.0,
@@ -1183,7 +1199,7 @@ impl Replica {
     fn stale_expire(&self, id: RequestId) -> Option<Key> {
         let pending = self.requests.get(id).filter(|pending| pending.internal)?;
         match pending.commands.as_slice() {
-            [Command::Expire { key, token }] if !self.leases.is_due(key, *token, self.now_ms) => {
+            [Command::Expire { key, token, .. }] if !self.leases.is_due(key, *token, self.now_ms) => {
                 Some(key.clone())
             }
             _ => None,
@@ -1535,6 +1551,10 @@ impl Replica {
             Command::Expire { token, .. } => Some(*token),
             _ => None,
         };
+        // A lock held back by lock-delay that this command removes (its
+        // lifting Expire, or a force-release) lifts the delay.
+        let was_delayed =
+            key.as_ref().and_then(|key| self.table.holder(key.as_bytes())).is_some_and(|lock| lock.delayed);
         let last_token = self.table.last_token();
         let result = self.table.apply(command);
         assert!(self.table.last_token() >= last_token, "fencing tokens never go backwards");
@@ -1544,9 +1564,18 @@ impl Replica {
                 AppliedEvent::Granted { key, token, lease_ms, existing }
             }
             (ApplyResult::Renewed { token, lease_ms }, _) => AppliedEvent::Renewed { key, token, lease_ms },
+            (ApplyResult::Released { token }, _) if was_delayed => {
+                AppliedEvent::DelayLifted { key, token, proposer, forced: true }
+            }
             (ApplyResult::Released { token }, _) => AppliedEvent::Released { key, token },
+            (ApplyResult::Expired { existed: true }, Some(token)) if was_delayed => {
+                AppliedEvent::DelayLifted { key, token, proposer, forced: false }
+            }
             (ApplyResult::Expired { existed: true }, Some(token)) => {
                 AppliedEvent::Expired { key, token, proposer }
+            }
+            (ApplyResult::Delayed { token, delay_ms }, _) => {
+                AppliedEvent::Delayed { key, token, delay_ms, proposer }
             }
             _ => return result,
         };
@@ -1572,6 +1601,17 @@ impl Replica {
                 self.leases.removed(key, *token);
                 self.grant_index.remove(key);
             }
+            AppliedEvent::Delayed { key, token, delay_ms, .. } => {
+                // The holder's lock ended; the key stays held back, and this
+                // node tracks the delay as it tracked the lease.
+                self.stats.expiries_applied += 1;
+                self.leases.renewed(key.clone(), *token, *delay_ms, now_ms);
+                self.grant_index.remove(key);
+            }
+            AppliedEvent::DelayLifted { key, token, .. } => {
+                self.leases.removed(key, *token);
+                self.grant_index.remove(key);
+            }
             AppliedEvent::Restored => {}
         }
         self.effects.applied.push((index, event));
@@ -1590,7 +1630,7 @@ impl Replica {
                 Response::Holder(self.table.holder(key.as_bytes()).map(|lock| self.held(&key, lock)))
             }
             Query::Check { key, token } => {
-                Response::Check(self.table.holder(key.as_bytes()).is_some_and(|lock| lock.token == token))
+                Response::Check(self.table.holder(key.as_bytes()).is_some_and(|lock| lock.is_held_by(token)))
             }
             Query::List { prefix, limit } => Response::List(
                 self.table

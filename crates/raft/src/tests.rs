@@ -271,7 +271,7 @@ fn an_expire_and_a_renew_of_one_lock_are_never_in_flight_together() {
     let before = net.node(1).stats().commands_proposed;
     let lease_ms = LeaseMs::new(5000).unwrap();
     net.node(1).propose(RequestId(2), vec![Command::Renew { key: key("a"), token, lease_ms, user: None }]);
-    net.node(1).propose(RequestId(3), vec![Command::Expire { key: key("a"), token }]);
+    net.node(1).propose(RequestId(3), vec![Command::Expire { key: key("a"), token, delay: None }]);
     // Another key is not held back.
     net.node(1).propose(RequestId(4), vec![grant("b", "o1")]);
     net.node(1).run_ready().unwrap();
@@ -826,6 +826,78 @@ fn an_expiry_hands_the_key_to_the_first_waiter_and_waiters_fail_over_with_a_retr
     // Waiters live on the leader only: a new leader means queue again.
     net.elect(2);
     assert!(matches!(net.take_reply(RequestId(3)), Some(Err(RequestError::NotLeader { .. }))));
+}
+
+#[test]
+fn a_lock_delay_holds_an_expired_key_back_across_a_leader_change_then_hands_it_to_the_first_waiter() {
+    let mut net = Net::with_config(3, |config| {
+        config.lock_delays = vec![(b"jobs/".to_vec(), LeaseMs::new(3_000).unwrap())];
+    });
+    net.elect(1);
+    for replica in &mut net.replicas {
+        replica.set_now(0);
+    }
+    let lease_ms = LeaseMs::new(1_000).unwrap();
+    net.node(1).acquire(RequestId(1), key("jobs/a"), lease_ms, owner("o1"), 0);
+    net.node(1).acquire(RequestId(2), key("free/a"), lease_ms, owner("o1"), 0);
+    net.settle();
+    let first = applied_token(net.take_reply(RequestId(1)));
+    applied_token(net.take_reply(RequestId(2)));
+    net.node(1).acquire(RequestId(3), key("jobs/a"), lease_ms, owner("o2"), 60_000);
+    net.settle();
+    // Both leases run out: the key under the rule is held back, the other
+    // is free at once.
+    for replica in &mut net.replicas {
+        replica.set_now(1_000);
+    }
+    net.settle();
+    assert!(net.node(1).table().holder(b"free/a").is_none());
+    for id in 1..=3 {
+        let lock = net.node(id).table().holder(b"jobs/a").cloned();
+        assert!(lock.is_some_and(|lock| lock.delayed && lock.token == first), "node {id}");
+    }
+    assert_eq!(net.take_reply(RequestId(3)), None, "a waiter was granted a key held back");
+    // A try-acquire is told, with the time left; its former owner too.
+    for (id, who) in [(4, "o3"), (5, "o1")] {
+        net.node(1).acquire(RequestId(id), key("jobs/a"), lease_ms, owner(who), 0);
+        net.settle();
+        assert_eq!(
+            net.take_reply(RequestId(id)),
+            Some(Err(RequestError::Delayed {
+                key: key("jobs/a"),
+                holder_token: first,
+                left_ms: Some(3_000)
+            })),
+        );
+    }
+    // A leader change mid-delay: the new leader counts the delay from its
+    // own apply, so the key stays held back at least that long.
+    for replica in &mut net.replicas {
+        replica.set_now(2_500);
+    }
+    net.elect(2);
+    net.node(2).acquire(RequestId(6), key("jobs/a"), lease_ms, owner("o2"), 60_000);
+    net.settle();
+    for replica in &mut net.replicas {
+        replica.set_now(3_900);
+    }
+    net.settle();
+    assert!(
+        net.node(2).table().holder(b"jobs/a").is_some_and(|lock| lock.delayed),
+        "the delay was cut short"
+    );
+    assert_eq!(net.take_reply(RequestId(6)), None);
+    // Over: the first waiter gets the key, with a greater token.
+    for replica in &mut net.replicas {
+        replica.set_now(4_000);
+    }
+    net.settle();
+    let next = applied_token(net.take_reply(RequestId(6)));
+    assert!(next > first);
+    for id in 1..=3 {
+        let lock = net.node(id).table().holder(b"jobs/a").cloned();
+        assert!(lock.is_some_and(|lock| !lock.delayed && lock.token == next), "node {id}");
+    }
 }
 
 #[test]

@@ -88,6 +88,13 @@ pub struct Config {
     /// cluster re-created from nothing issues tokens above its old ones.
     /// The default, 0, raises nothing (tokens start at 1).
     pub token_floor: u64,
+    /// Lock-delay, by key prefix (the longest matching prefix wins): a lock
+    /// whose lease runs out (not one released) on a key under a prefix is
+    /// held back that long, granted to no one, before the key is free
+    /// (Chubby's lock-delay: it protects resources that cannot check
+    /// tokens). The leader that proposes the Expire applies its own rules.
+    /// Empty by default.
+    pub lock_delays: Vec<(Vec<u8>, LeaseMs)>,
 }
 
 impl Config {
@@ -121,7 +128,17 @@ impl Config {
             token_floor: 0,
             initial_cluster_state: crate::rejoin::ClusterState::New,
             joining: false,
+            lock_delays: Vec::new(),
         }
+    }
+
+    /// The lock-delay for `key`: the rule of its longest matching prefix.
+    pub fn lock_delay(&self, key: &[u8]) -> Option<LeaseMs> {
+        self.lock_delays
+            .iter()
+            .filter(|(prefix, _)| key.starts_with(prefix))
+            .max_by_key(|(prefix, _)| prefix.len())
+            .map(|(_, delay)| *delay)
     }
 
     /// Checks the lease bounds against the election timeout, given the
@@ -356,6 +373,14 @@ pub enum RequestError {
     /// proposed.
     #[error("key {key} is held under token {holder_token}")]
     Held { key: Key, holder_token: FencingToken },
+    /// A Grant in the request names a key held back by lock-delay (its lock
+    /// under `holder_token` expired); nothing was proposed. `left_ms`: how
+    /// long the delay still lasts by this leader's clock, if it knows.
+    #[error(
+        "key {key} is held back by lock-delay after token {holder_token} expired{}",
+        left_ms.map(|ms| format!("; it can be granted again in {}", human_ms(ms))).unwrap_or_default()
+    )]
+    Delayed { key: Key, holder_token: FencingToken, left_ms: Option<u64> },
     /// A waiting acquire's time ran out before the key was free.
     #[error("waited in vain for key {key}{}", holder_words(*.holder_token))]
     WaitTimedOut { key: Key, holder_token: Option<FencingToken> },
@@ -420,6 +445,24 @@ pub enum AppliedEvent {
         token: FencingToken,
         /// The leader that proposed the Expire, as its entry names it.
         proposer: Option<NodeId>,
+    },
+    /// The lock's lease ran out, under a lock-delay rule: it no longer holds
+    /// the key, which stays held back under the same token, granted to no
+    /// one, for `delay_ms` (then [`AppliedEvent::DelayLifted`]).
+    Delayed {
+        key: Key,
+        token: FencingToken,
+        delay_ms: LeaseMs,
+        proposer: Option<NodeId>,
+    },
+    /// The key held back after `token` expired is free: the delay ran out
+    /// (an Expire proposed by `proposer`), or an administrative
+    /// force-release lifted it early (`forced`).
+    DelayLifted {
+        key: Key,
+        token: FencingToken,
+        proposer: Option<NodeId>,
+        forced: bool,
     },
     /// The table was replaced by a snapshot; rebuild from [`Replica::table`](crate::Replica::table).
     Restored,

@@ -10,6 +10,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
 use fencelock_raft::rejoin::ClusterState;
 use fencelock_raft::{human_ms, Config as DriverConfig, NodeId};
+use fencelock_types::LeaseMs;
 use serde::Deserialize;
 
 use crate::access::{Access, RuleConfig};
@@ -96,6 +97,21 @@ pub struct Flags {
     /// longer wait is refused. [default: 5m]
     #[arg(long, env = "FENCELOCKD_WAIT_MAX_MS", value_parser = parse_ms, value_name = "DURATION")]
     pub wait_max_ms: Option<u64>,
+    /// Lock-delay for keys under PREFIX: a lock whose lease runs out (not
+    /// one released) is held back that long, granted to no one, before its
+    /// key is free; for resources that cannot check tokens. Repeat the flag
+    /// (or separate with commas) for more prefixes; the longest matching
+    /// prefix wins, and an empty prefix (`=10s`) covers every key. Give
+    /// every node the same rules: the leader's apply. In the file: a
+    /// `[lock_delay]` table, `"jobs/" = "10s"`. [default: none]
+    #[arg(
+        long = "lock-delay",
+        env = "FENCELOCKD_LOCK_DELAY",
+        value_delimiter = ',',
+        value_parser = parse_lock_delay,
+        value_name = "PREFIX=DURATION"
+    )]
+    pub lock_delay: Vec<(String, u64)>,
     /// Snapshot the lock table and compact the log every this many applied
     /// entries. [default: 10000]
     #[arg(long, env = "FENCELOCKD_SNAPSHOT_INTERVAL_ENTRIES")]
@@ -219,6 +235,36 @@ pub fn parse_ms(text: &str) -> Result<u64, String> {
     u64::try_from(duration.as_millis()).map_err(|_| format!("`{text}` is too long"))
 }
 
+/// `PREFIX=DURATION`, a lock-delay rule.
+pub fn parse_lock_delay(text: &str) -> Result<(String, u64), String> {
+    let (prefix, delay) =
+        text.rsplit_once('=').ok_or_else(|| format!("`{text}` is not PREFIX=DURATION (say jobs/=10s)"))?;
+    Ok((prefix.to_owned(), parse_ms(delay)?))
+}
+
+/// Checks lock-delay rules: each prefix a valid key prefix, each delay
+/// from 1 ms to the longest lease a client may ask for (`max_ms`).
+fn lock_delays(rules: Vec<(String, u64)>, max_ms: u64) -> Result<Vec<(Vec<u8>, LeaseMs)>> {
+    let mut checked: Vec<(Vec<u8>, LeaseMs)> = Vec::new();
+    for (prefix, delay_ms) in rules {
+        if prefix.len() > fencelock_types::KEY_LEN_MAX {
+            bail!("lock-delay: the prefix `{prefix}` is longer than a key may be");
+        }
+        let delay = LeaseMs::new(delay_ms).ok().filter(|delay| delay.get() <= max_ms).ok_or_else(|| {
+            anyhow!(
+                "lock-delay: {} for `{prefix}` is not a delay from 1ms to {} (the longest lease)",
+                human_ms(delay_ms),
+                human_ms(max_ms)
+            )
+        })?;
+        if checked.iter().any(|(seen, _)| seen == prefix.as_bytes()) {
+            bail!("lock-delay: the prefix `{prefix}` has two rules");
+        }
+        checked.push((prefix.into_bytes(), delay));
+    }
+    Ok(checked)
+}
+
 /// A file's duration setting in milliseconds.
 fn file_ms(name: &str, setting: Option<MsSetting>) -> Result<Option<u64>> {
     match setting {
@@ -263,6 +309,8 @@ struct FileConfig {
     lease_min_ms: Option<MsSetting>,
     lease_max_ms: Option<MsSetting>,
     wait_max_ms: Option<MsSetting>,
+    /// Lock-delay rules: key prefix → delay.
+    lock_delay: Option<BTreeMap<String, MsSetting>>,
     snapshot_interval_entries: Option<u64>,
     max_pending_requests: Option<usize>,
     max_pending_acquires: Option<usize>,
@@ -413,6 +461,17 @@ impl ServerConfig {
         driver.heartbeat_ticks = (heartbeat_ms / tick_ms) as usize;
         driver.lease_ms_min = lease_min_ms;
         driver.lease_ms_max = lease_max_ms;
+        let delay_rules = if flags.lock_delay.is_empty() {
+            let mut rules = Vec::new();
+            for (prefix, setting) in file.lock_delay.unwrap_or_default() {
+                let delay = file_ms(&format!("lock_delay.\"{prefix}\""), Some(setting))?.unwrap_or(0);
+                rules.push((prefix, delay));
+            }
+            rules
+        } else {
+            flags.lock_delay.clone()
+        };
+        driver.lock_delays = lock_delays(delay_rules, lease_max_ms)?;
         if let Some(entries) = flags.snapshot_interval_entries.or(file.snapshot_interval_entries) {
             driver.snapshot_interval_entries = entries;
         }
@@ -595,6 +654,14 @@ impl ServerConfig {
         put("lease_min_ms", text(human_ms(driver.lease_ms_min)));
         put("lease_max_ms", text(human_ms(driver.lease_ms_max)));
         put("wait_max_ms", text(human_ms(self.wait_max_ms)));
+        let delays: Table = driver
+            .lock_delays
+            .iter()
+            .map(|(prefix, delay)| {
+                (String::from_utf8_lossy(prefix).into_owned(), text(human_ms(delay.get())))
+            })
+            .collect();
+        put("lock_delay", Value::Table(delays));
         put("snapshot_interval_entries", number(driver.snapshot_interval_entries));
         put("max_pending_requests", count(driver.pending_requests_max));
         put("max_pending_acquires", count(driver.pending_acquires_max));
@@ -803,9 +870,12 @@ mod tests {
             "json",
             "--metrics-addr",
             "127.0.0.1:9100",
+            "--lock-delay",
+            "jobs/=10s,=1s",
         ]))
         .unwrap();
         let printed = config.to_toml();
+        assert!(printed.contains("[lock_delay]\n\"\" = \"1s\"\n\"jobs/\" = \"10s\"\n"), "{printed}");
         for line in
             ["election_ms = \"1s\"", "tick_ms = \"20ms\"", "max_locks = 77", "idle_timeout_ms = 0", "id = 2"]
         {
@@ -821,6 +891,36 @@ mod tests {
         std::fs::write(&again_path, &defaults).unwrap();
         let again = ServerConfig::load(&flags(&["--config", again_path.to_str().unwrap()])).unwrap();
         assert_eq!(again.to_toml(), defaults);
+    }
+
+    #[test]
+    fn lock_delay_rules_come_from_flags_or_the_file_and_nonsense_is_refused() {
+        let config =
+            ServerConfig::load(&flags(&["--lock-delay", "jobs/=10s", "--lock-delay", "=500ms"])).unwrap();
+        assert_eq!(config.driver.lock_delay(b"jobs/a").map(LeaseMs::get), Some(10_000));
+        assert_eq!(config.driver.lock_delay(b"other").map(LeaseMs::get), Some(500));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fencelock.toml");
+        std::fs::write(&path, "[lock_delay]\n\"jobs/\" = \"2s\"\n\"jobs/slow/\" = 60000\n").unwrap();
+        let config = ServerConfig::load(&flags(&["--config", path.to_str().unwrap()])).unwrap();
+        assert_eq!(config.driver.lock_delay(b"jobs/slow/x").map(LeaseMs::get), Some(60_000));
+        assert_eq!(config.driver.lock_delay(b"jobs/x").map(LeaseMs::get), Some(2_000));
+        assert_eq!(config.driver.lock_delay(b"other"), None);
+        for (bad, why) in [
+            ("jobs/", "is not PREFIX=DURATION"),
+            ("jobs/=soon", "is not a duration"),
+            ("jobs/=0s", "is not a delay from 1ms"),
+            ("jobs/=2d", "is not a delay from 1ms"),
+        ] {
+            let error = match Flags::try_parse_from(["fencelockd", "--lock-delay", bad]) {
+                Err(error) => error.to_string(),
+                Ok(flags) => match ServerConfig::load(&flags) {
+                    Ok(_) => panic!("{bad} was taken"),
+                    Err(error) => format!("{error:#}"),
+                },
+            };
+            assert!(error.contains(why), "{bad}: {error}");
+        }
     }
 
     #[test]

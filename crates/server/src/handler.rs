@@ -251,6 +251,13 @@ impl ClientHandler {
                     other => Err(unexpected(other)),
                 },
                 Err(RequestError::Held { holder_token, .. }) => Ok(held(Some(holder_token))),
+                Err(RequestError::Delayed { holder_token, left_ms, .. }) => {
+                    Ok(Out::acquire(proto::AcquireResponse {
+                        delayed: true,
+                        delay_left_ms: left_ms.unwrap_or(0),
+                        ..outcome(proto::AcquireOutcome::HELD, None, 0, Some(holder_token))
+                    }))
+                }
                 Err(RequestError::WaitTimedOut { holder_token, .. }) => {
                     Ok(Out::acquire(outcome(proto::AcquireOutcome::WAIT_TIMED_OUT, None, 0, holder_token)))
                 }
@@ -689,6 +696,7 @@ fn lock_info(key: &Key, held: &fencelock_raft::HeldLock) -> proto::LockInfo {
         owner: lock.owner.as_bytes().to_vec(),
         lease_ms: lock.lease_ms.get(),
         remaining_ms: held.remaining_ms.unwrap_or(0),
+        delayed: lock.delayed,
         ..Default::default()
     }
 }
@@ -739,9 +747,10 @@ pub fn error_to_response(
         }
         RequestError::MemberChangeBusy(_) | RequestError::TransferFailed(_) => ErrorCode::UNAVAILABLE,
         RequestError::TooManyWaiters { .. } | RequestError::QuotaExceeded(_) => ErrorCode::RESOURCE_EXHAUSTED,
-        RequestError::Held { .. } | RequestError::WaitTimedOut { .. } | RequestError::Internal(_) => {
-            ErrorCode::INTERNAL
-        }
+        RequestError::Held { .. }
+        | RequestError::Delayed { .. }
+        | RequestError::WaitTimedOut { .. }
+        | RequestError::Internal(_) => ErrorCode::INTERNAL,
     };
     let mut response = error_response(id, code, err.to_string());
     if let RequestError::NotLeader { leader_hint } = err {

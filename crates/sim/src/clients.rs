@@ -379,7 +379,8 @@ impl World {
                 self.wake_client(client, pause);
             }
             (Op::Get { key }, Ok(Response::Holder(holder))) => {
-                let token = holder.map(|held| held.lock.token);
+                // A lock held back by lock-delay has no holder.
+                let token = holder.filter(|held| !held.lock.delayed).map(|held| held.lock.token);
                 self.checker.reads.answered(&key, token, sent_ms, self.now_ms)?;
                 self.wake_client(client, pause);
             }
@@ -395,8 +396,10 @@ impl World {
                 }
                 for n in 0..KEYS {
                     let key = Key::new(format!("k{n}").into_bytes()).expect("a valid key");
-                    let token =
-                        locks.iter().find(|(listed, _)| *listed == key).map(|(_, held)| held.lock.token);
+                    let token = locks
+                        .iter()
+                        .find(|(listed, held)| *listed == key && !held.lock.delayed)
+                        .map(|(_, held)| held.lock.token);
                     self.checker.reads.answered(&key, token, sent_ms, self.now_ms)?;
                 }
                 self.wake_client(client, pause);
@@ -417,7 +420,14 @@ impl World {
                     | RequestError::Stopped,
                 ),
             ) => self.retry(client, op, pause),
-            (Op::Acquire { .. }, Err(RequestError::Held { .. } | RequestError::WaitTimedOut { .. })) => {
+            (
+                Op::Acquire { .. },
+                Err(
+                    RequestError::Held { .. }
+                    | RequestError::Delayed { .. }
+                    | RequestError::WaitTimedOut { .. },
+                ),
+            ) => {
                 self.wake_client(client, pause);
             }
             (op, other) => return Err(format!("client {}: {op:?} answered {other:?}", client + 1)),

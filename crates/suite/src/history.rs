@@ -88,7 +88,10 @@ impl Outcome {
     /// outcomes `Held` and `WaitTimedOut`, which are answers.
     pub fn from_error(error: &ClientError) -> Outcome {
         match error {
-            ClientError::Held { holder_token } => Outcome::Held { holder_token: *holder_token },
+            // Held back by lock-delay: not granted, as for a holder.
+            ClientError::Held { holder_token } | ClientError::Delayed { holder_token, .. } => {
+                Outcome::Held { holder_token: *holder_token }
+            }
             ClientError::WaitTimedOut { holder_token } => {
                 Outcome::WaitTimedOut { holder_token: *holder_token }
             }

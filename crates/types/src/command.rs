@@ -17,8 +17,13 @@ pub enum Command {
     /// `user` (the authenticated caller), only a lock that user owns
     /// ([`Owner::is_of_user`]).
     Release { key: Key, token: Option<FencingToken>, user: Option<Owner> },
-    /// Lease expiry, proposed by the leader; acts only while `token` holds `key`.
-    Expire { key: Key, token: FencingToken },
+    /// Lease expiry, proposed by the leader; acts only while `token` holds
+    /// `key`. With a `delay` (lock-delay, the leader's configuration for the
+    /// key), a live lock is held back for that long instead of removed: it
+    /// is granted to no one until an Expire of the same token without a
+    /// delay removes it (one with a delay is then a repeat, and changes
+    /// nothing).
+    Expire { key: Key, token: FencingToken, delay: Option<LeaseMs> },
     /// The holder of `token` extends its lease on `key` to `lease_ms`. With
     /// a `user` (the authenticated caller), only a lock that user owns, and
     /// never to a shorter lease than it has.
@@ -65,6 +70,10 @@ impl Command {
             Kind::expire(expire) => Command::Expire {
                 key: Key::new(expire.key)?,
                 token: FencingToken::new(expire.token).ok_or(InvalidReason::ZeroToken)?,
+                delay: match expire.delay_ms {
+                    0 => None,
+                    ms => Some(LeaseMs::new(ms)?),
+                },
             },
             Kind::renew(renew) => Command::Renew {
                 key: Key::new(renew.key)?,
@@ -94,9 +103,10 @@ impl Command {
                 user: user_value(user),
                 ..Default::default()
             }),
-            Command::Expire { key, token } => Kind::expire(pb::Expire {
+            Command::Expire { key, token, delay } => Kind::expire(pb::Expire {
                 key: key.as_bytes().to_vec(),
                 token: token.get(),
+                delay_ms: delay.map_or(0, LeaseMs::get),
                 ..Default::default()
             }),
             Command::Renew { key, token, lease_ms, user } => Kind::renew(pb::Renew {

@@ -23,6 +23,10 @@ pub enum ApplyResult {
     NotFound { holder_token: Option<FencingToken> },
     /// An Expire was processed; `existed` says whether it removed a lock.
     Expired { existed: bool },
+    /// An Expire with a lock-delay ended the live lock under `token`: its
+    /// key is held back for `delay_ms`, granted to no one, until a later
+    /// Expire of the same token removes it.
+    Delayed { token: FencingToken, delay_ms: LeaseMs },
     /// Nothing happened, by design.
     Noop,
     /// The lease of the lock held under `token` now lasts `lease_ms`.
@@ -55,6 +59,11 @@ impl ApplyResult {
                 ..Default::default()
             }),
             ApplyResult::Expired { existed } => Kind::expired(pb::Expired { existed, ..Default::default() }),
+            ApplyResult::Delayed { token, delay_ms } => Kind::delayed(pb::Delayed {
+                token: token.get(),
+                delay_ms: delay_ms.get(),
+                ..Default::default()
+            }),
             ApplyResult::Noop => Kind::noop(pb::NoopResult::default()),
             ApplyResult::Renewed { token, lease_ms } => Kind::renewed(pb::Renewed {
                 token: token.get(),
@@ -90,6 +99,10 @@ impl ApplyResult {
                 ApplyResult::NotFound { holder_token: FencingToken::new(not_found.holder_token) }
             }
             Kind::expired(expired) => ApplyResult::Expired { existed: expired.existed },
+            Kind::delayed(delayed) => ApplyResult::Delayed {
+                token: token_field("Delayed", delayed.token)?,
+                delay_ms: lease_field("Delayed", delayed.delay_ms)?,
+            },
             Kind::noop(_) => ApplyResult::Noop,
             Kind::renewed(renewed) => ApplyResult::Renewed {
                 token: token_field("Renewed", renewed.token)?,

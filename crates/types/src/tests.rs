@@ -27,7 +27,11 @@ fn command() -> impl Strategy<Value = Command> {
         (key(), lease(), owner()).prop_map(|(key, lease_ms, owner)| Command::Grant { key, lease_ms, owner }),
         (key(), proptest::option::of(token()), proptest::option::of(owner()))
             .prop_map(|(key, token, user)| Command::Release { key, token, user }),
-        (key(), token()).prop_map(|(key, token)| Command::Expire { key, token }),
+        (key(), token(), proptest::option::of(lease())).prop_map(|(key, token, delay)| Command::Expire {
+            key,
+            token,
+            delay
+        }),
         (key(), token(), lease(), proptest::option::of(owner()))
             .prop_map(|(key, token, lease_ms, user)| Command::Renew { key, token, lease_ms, user }),
         Just(Command::Noop),
@@ -50,6 +54,7 @@ fn apply_result() -> impl Strategy<Value = ApplyResult> {
         token().prop_map(|token| ApplyResult::Released { token }),
         proptest::option::of(token()).prop_map(|holder_token| ApplyResult::NotFound { holder_token }),
         any::<bool>().prop_map(|existed| ApplyResult::Expired { existed }),
+        (token(), lease()).prop_map(|(token, delay_ms)| ApplyResult::Delayed { token, delay_ms }),
         Just(ApplyResult::Noop),
         (token(), lease()).prop_map(|(token, lease_ms)| ApplyResult::Renewed { token, lease_ms }),
         invalid_reason().prop_map(|reason| ApplyResult::Invalid { reason }),

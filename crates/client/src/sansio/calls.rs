@@ -41,6 +41,9 @@ pub fn acquire_answer(kind: Response_oneof_kind, lease: Duration) -> Result<Gran
             Ok(Grant { token: response.token, lease, existing: response.existing })
         }
         AcquireOutcome::GRANTED => Err(ClientError::Internal("granted without a token".to_owned())),
+        AcquireOutcome::HELD if response.delayed => {
+            Err(ClientError::Delayed { holder_token, left: Duration::from_millis(response.delay_left_ms) })
+        }
         AcquireOutcome::HELD => Err(ClientError::Held { holder_token }),
         AcquireOutcome::WAIT_TIMED_OUT => Err(ClientError::WaitTimedOut { holder_token }),
         AcquireOutcome::ACQUIRE_OUTCOME_UNSPECIFIED => {

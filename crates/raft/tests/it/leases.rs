@@ -100,7 +100,7 @@ fn a_fast_clock_matters_only_once_its_node_leads_and_then_only_by_its_own_deadli
 fn a_late_expire_after_a_regrant_leaves_the_new_lock_and_a_duplicate_is_harmless() {
     let cluster = Cluster::start(3);
     let old = acquire(&cluster, "a", "o1", 30_000);
-    let expire = |token| Command::Expire { key: key("a"), token };
+    let expire = |token| Command::Expire { key: key("a"), token, delay: None };
     assert_eq!(cluster.propose_on_leader(vec![expire(old)]), [ApplyResult::Expired { existed: true }]);
     assert_eq!(cluster.propose_on_leader(vec![expire(old)]), [ApplyResult::Expired { existed: false }]);
     let new = acquire(&cluster, "a", "o2", 30_000);

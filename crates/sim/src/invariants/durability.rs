@@ -34,10 +34,12 @@ impl Check {
             AppliedEvent::Renewed { key, token, .. } => {
                 self.renewed.insert((key.clone(), *token));
             }
-            AppliedEvent::Released { key, token } | AppliedEvent::Expired { key, token, .. } => {
+            AppliedEvent::Released { key, token }
+            | AppliedEvent::Expired { key, token, .. }
+            | AppliedEvent::Delayed { key, token, .. } => {
                 self.removed.insert((key.clone(), *token));
             }
-            AppliedEvent::Restored => {}
+            AppliedEvent::DelayLifted { .. } | AppliedEvent::Restored => {}
         }
     }
 

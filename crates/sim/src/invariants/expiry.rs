@@ -66,11 +66,13 @@ impl Check {
                 }
                 live.refreshed_ms = live.refreshed_ms.max(now_ms);
             }
-            AppliedEvent::Released { key, token } | AppliedEvent::Expired { key, token, .. } => {
+            AppliedEvent::Released { key, token }
+            | AppliedEvent::Expired { key, token, .. }
+            | AppliedEvent::Delayed { key, token, .. } => {
                 self.live.remove(&(key.clone(), *token));
                 self.removed.insert((key.clone(), *token));
             }
-            AppliedEvent::Restored => {}
+            AppliedEvent::DelayLifted { .. } | AppliedEvent::Restored => {}
         }
     }
 

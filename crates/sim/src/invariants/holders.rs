@@ -97,9 +97,10 @@ impl Check {
     pub fn applied(&mut self, event: &AppliedEvent, now_ms: u64) -> Result<(), String> {
         let (key, token, removed) = match event {
             AppliedEvent::Granted { key, token, existing: false, .. } => (key, *token, false),
-            AppliedEvent::Released { key, token } | AppliedEvent::Expired { key, token, .. } => {
-                (key, *token, true)
-            }
+            // Held back by lock-delay, a lock is its holder's no more.
+            AppliedEvent::Released { key, token }
+            | AppliedEvent::Expired { key, token, .. }
+            | AppliedEvent::Delayed { key, token, .. } => (key, *token, true),
             _ => return Ok(()),
         };
         if !self.seen.insert((key.clone(), token, removed)) {

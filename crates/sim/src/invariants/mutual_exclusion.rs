@@ -1,8 +1,9 @@
 //! At most one holder per key: on every node, a new grant only ever finds
 //! its key free, and a re-grant (a retry by the holder) keeps the holder's
-//! token.
+//! token. A key held back by lock-delay is granted to no one, its former
+//! holder included, and renewed by no one, until the delay is lifted.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use fencelock_fsm::LockTable;
 use fencelock_raft::AppliedEvent;
@@ -14,20 +15,37 @@ use super::Applied;
 #[derive(Debug, Default)]
 pub struct Check {
     holders: Vec<BTreeMap<Key, FencingToken>>,
+    /// Per node, the keys held back by lock-delay (also in `holders`).
+    delayed: Vec<BTreeSet<Key>>,
 }
 
 impl Check {
     pub fn new(nodes: usize) -> Check {
-        Check { holders: vec![BTreeMap::new(); nodes] }
+        Check { holders: vec![BTreeMap::new(); nodes], delayed: vec![BTreeSet::new(); nodes] }
     }
 
     pub fn reset(&mut self, node: usize, table: &LockTable) {
         self.holders[node] =
             table.list(b"", usize::MAX).map(|(key, lock)| (key.clone(), lock.token)).collect();
+        self.delayed[node] = table
+            .list(b"", usize::MAX)
+            .filter(|(_, lock)| lock.delayed)
+            .map(|(key, _)| key.clone())
+            .collect();
     }
 
     pub fn applied(&mut self, applied: &Applied<'_>) -> Result<(), String> {
         let holders = &mut self.holders[applied.node];
+        let delayed = &mut self.delayed[applied.node];
+        if let AppliedEvent::Granted { key, .. } | AppliedEvent::Renewed { key, .. } = applied.event {
+            if delayed.contains(key) {
+                return Err(format!(
+                    "node {}: {key} granted or renewed while held back by lock-delay: {:?}",
+                    applied.node + 1,
+                    applied.event
+                ));
+            }
+        }
         match applied.event {
             AppliedEvent::Granted { key, token, existing: false, .. } => {
                 if let Some(held) = holders.get(key) {
@@ -57,6 +75,24 @@ impl Check {
                 }
                 holders.remove(key);
             }
+            AppliedEvent::Delayed { key, token, .. } | AppliedEvent::DelayLifted { key, token, .. } => {
+                let lifted = matches!(applied.event, AppliedEvent::DelayLifted { .. });
+                if holders.get(key) != Some(token) || delayed.contains(key) != lifted {
+                    return Err(format!(
+                        "node {}: {:?}, but {key} was held under {:?} (held back: {})",
+                        applied.node + 1,
+                        applied.event,
+                        holders.get(key),
+                        delayed.contains(key)
+                    ));
+                }
+                if lifted {
+                    holders.remove(key);
+                    delayed.remove(key);
+                } else {
+                    delayed.insert(key.clone());
+                }
+            }
             AppliedEvent::Renewed { .. } | AppliedEvent::Restored => {}
         }
         Ok(())
@@ -80,6 +116,31 @@ mod tests {
         check.applied(&on(1, &granted(1, false))).unwrap();
         let err = check.applied(&on(1, &granted(2, false))).unwrap_err();
         assert!(err.contains("node 2: k granted under token 2 while held under 1"), "{err}");
+    }
+
+    #[test]
+    fn a_key_held_back_by_lock_delay_is_granted_to_no_one_until_lifted() {
+        let delayed = AppliedEvent::Delayed {
+            key: key(),
+            token: token(1),
+            delay_ms: LeaseMs::new(400).unwrap(),
+            proposer: None,
+        };
+        let lifted = AppliedEvent::DelayLifted { key: key(), token: token(1), proposer: None, forced: false };
+        let mut check = Check::new(1);
+        check.applied(&on(0, &granted(1, false))).unwrap();
+        check.applied(&on(0, &delayed)).unwrap();
+        for event in [granted(2, false), granted(1, true)] {
+            let mut during = Check::new(1);
+            during.applied(&on(0, &granted(1, false))).unwrap();
+            during.applied(&on(0, &delayed)).unwrap();
+            let err = during.applied(&on(0, &event)).unwrap_err();
+            assert!(err.contains("while held back by lock-delay"), "{err}");
+        }
+        // Lifted twice, or lifted without a delay: caught.
+        check.applied(&on(0, &lifted)).unwrap();
+        assert!(check.applied(&on(0, &lifted)).is_err());
+        check.applied(&on(0, &granted(2, false))).unwrap();
     }
 
     #[test]

@@ -22,9 +22,11 @@ impl Check {
     pub fn applied(&mut self, event: &AppliedEvent, now_ms: u64) {
         let (key, token, holder) = match event {
             AppliedEvent::Granted { key, token, existing: false, .. } => (key, *token, Some(*token)),
-            AppliedEvent::Released { key, token } | AppliedEvent::Expired { key, token, .. } => {
-                (key, *token, None)
-            }
+            // A lock held back by lock-delay has no holder (reads are judged
+            // by holder: the clients read a held-back lock as none).
+            AppliedEvent::Released { key, token }
+            | AppliedEvent::Expired { key, token, .. }
+            | AppliedEvent::Delayed { key, token, .. } => (key, *token, None),
             _ => return,
         };
         if self.seen.insert((key.clone(), token, holder.is_none())) {

@@ -44,10 +44,24 @@ impl Check {
             | AppliedEvent::Renewed { key, token, lease_ms } => {
                 refreshed.insert(key.clone(), (*token, applied.local_ms, lease_ms.get(), applied.replaying));
             }
-            AppliedEvent::Expired { key, token, proposer } => {
+            AppliedEvent::Expired { key, token, proposer }
+            | AppliedEvent::Delayed { key, token, proposer, .. }
+            | AppliedEvent::DelayLifted { key, token, proposer, .. } => {
+                // A lock-delay is held to its length as a lease is: the
+                // Expire that lifts it comes no earlier on its proposer.
+                let delay = match applied.event {
+                    AppliedEvent::Delayed { delay_ms, .. } => Some(delay_ms.get()),
+                    _ => None,
+                };
+                // A force-release lifts a delay at once: no clock to hold it to.
+                let forced = matches!(applied.event, AppliedEvent::DelayLifted { forced: true, .. });
                 // A replayed grant or renewal was first applied earlier, at a
                 // time this node no longer knows: nothing to hold it to.
-                if let Some((held, at_ms, lease_ms, false)) = refreshed.remove(key) {
+                let last = refreshed.remove(key);
+                if let Some(delay_ms) = delay {
+                    refreshed.insert(key.clone(), (*token, applied.local_ms, delay_ms, applied.replaying));
+                }
+                if let Some((held, at_ms, lease_ms, false)) = last.filter(|_| !forced) {
                     let due_ms = at_ms + lease_ms;
                     // Checked where the Expire was decided: on its proposer,
                     // applying it while still leading (so with the clock it
