@@ -7,6 +7,7 @@
 mod bench;
 mod canaries;
 mod cluster;
+mod python;
 mod suite;
 mod tidy;
 
@@ -36,7 +37,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Task {
     /// Everything CI checks: format, clippy (warnings denied), tidy, build, all tests,
-    /// every suite briefly, a 10,000-seed simulation sweep
+    /// every suite briefly, the Python client's tests, a 10,000-seed simulation sweep
     Ci,
     /// Architecture rules: dependency arrows, module docs, banned APIs in the cores
     Tidy,
@@ -51,6 +52,8 @@ enum Task {
     /// Deliberate bugs applied to a scratch copy of HEAD, each of which its test must catch
     /// (not part of ci)
     Canaries,
+    /// The Python client's tests (clients/python) against real fencelockd processes
+    Python,
 }
 
 /// `cargo xtask sim`: every argument goes to the `fencelock-sim` binary.
@@ -84,6 +87,7 @@ fn main() -> Result<()> {
         Some(Task::Cluster(options)) => cluster::run(&root, options),
         Some(Task::Suite(options)) => suite::run(&root, options),
         Some(Task::Canaries) => canaries::run(&root),
+        Some(Task::Python) => python::run(&root),
     }
 }
 
@@ -115,6 +119,8 @@ fn ci(root: &Path) -> Result<()> {
     cargo(root, &["test", "--workspace", "--locked"])?;
     // Every multi-process suite briefly, with the debug binaries built above.
     suite::ci(root)?;
+    // The Python client's tests, against the debug binaries built above.
+    python::ci(root)?;
     // A larger simulation sweep than `cargo test`'s, in release, on every
     // core, from a first seed that differs from run to run so that CI
     // explores new seeds each time.

@@ -1,0 +1,57 @@
+"""A Python client for fencelock, a distributed lock service with fencing
+tokens (the wire protocol: docs/protocol.md in the fencelock repository).
+
+    from fencelock import Client, Held
+
+    client = Client(["127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7103"])
+    try:
+        with client.lock("jobs/nightly", ttl=10) as lock:
+            write_to_resource(token=lock.token)   # the resource checks the token
+            if lock.is_lost():
+                ...                               # stop: the lock is not ours any more
+    except Held as held:
+        print("held by token", held.holder_token)
+
+Standard library and ``protobuf`` only; thread-based.
+"""
+
+from .client import Client, Grant, LockInfo, Member, NodeStatus, default_owner
+from .errors import (
+    Delayed,
+    FencelockError,
+    Held,
+    Internal,
+    InvalidArgument,
+    NotAcquired,
+    PermissionDenied,
+    ResourceExhausted,
+    StaleToken,
+    Unavailable,
+    WaitTimedOut,
+)
+from .fenced import FencedRegister
+from .lock import Lock
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client",
+    "Delayed",
+    "FencedRegister",
+    "FencelockError",
+    "Grant",
+    "Held",
+    "Internal",
+    "InvalidArgument",
+    "Lock",
+    "LockInfo",
+    "Member",
+    "NodeStatus",
+    "NotAcquired",
+    "PermissionDenied",
+    "ResourceExhausted",
+    "StaleToken",
+    "Unavailable",
+    "WaitTimedOut",
+    "default_owner",
+]

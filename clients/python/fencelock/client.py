@@ -1,0 +1,571 @@
+"""The :class:`Client`: connections, the retry loop and the calls.
+
+Every call goes through one retry loop (docs/protocol.md, "Retry rules"). It
+starts at the node that last answered, follows ``NOT_LEADER`` to the leader's
+address (the first redirect at once, a chain of them with backoff), moves on
+to the next endpoint after a backoff of 20 ms doubling to 500 ms, with
+jitter, when a node is unavailable, times out, closes the connection or
+cannot be reached, and gives up with :class:`~fencelock.Unavailable` once
+the call's ``retry_for`` is spent. Retrying is safe: an acquire carries the
+client's owner, the same on every retry, and a retried acquire by the same
+owner gets the same token back, never a second grant.
+"""
+
+import getpass
+import logging
+import os
+import random
+import secrets
+import socket
+import ssl
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
+
+from . import client_pb2 as pb
+from ._wire import Closed, Connection, TimedOut, split_endpoint
+from .errors import (
+    Delayed,
+    FencelockError,
+    Held,
+    Internal,
+    InvalidArgument,
+    PermissionDenied,
+    ResourceExhausted,
+    Unavailable,
+    WaitTimedOut,
+)
+from .lock import Lock, LockContext, local_holds
+
+log = logging.getLogger("fencelock")
+
+Key = Union[str, bytes, bytearray, memoryview]
+
+#: The first pause after a failed attempt; it doubles up to BACKOFF_MAX.
+BACKOFF_MIN = 0.020
+BACKOFF_MAX = 0.500
+#: The least time an attempt gets, even at the end of its call's budget.
+ATTEMPT_MIN = 0.100
+#: The environment variable that names the owner, when the client is not
+#: given one.
+OWNER_ENV = "FENCELOCK_OWNER"
+
+
+def to_bytes(value: Key, what: str = "key") -> bytes:
+    """A key, prefix or owner as bytes: str as UTF-8."""
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"a {what} is str or bytes, not {type(value).__name__}")
+
+
+def _millis(seconds: float, what: str) -> int:
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds != seconds:
+        raise TypeError(f"{what} is a number of seconds, not {seconds!r}")
+    if seconds < 0:
+        raise InvalidArgument(f"{what} may not be negative ({seconds} s)")
+    return min(int(round(seconds * 1000)), (1 << 64) - 1)
+
+
+def default_owner() -> str:
+    """``user@host-pid-random``: unique per call, and telling whose it is."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in the environment or passwd
+        user = "user"
+    host = socket.gethostname() or "host"
+    return f"{user[:64]}@{host[:64]}-{os.getpid()}-{secrets.token_hex(6)}"
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A granted acquire: the fencing token, the lease the server granted
+    (seconds), whether this owner held the key already (``existing``: a
+    retried acquire, and the token is the one granted then), and when the
+    request that got it was sent (``time.monotonic()``): the lease counts
+    from then."""
+
+    key: bytes
+    token: int
+    ttl: float
+    existing: bool
+    sent: float
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """The holder of a key, as a node sees it. ``ttl`` is the lease of the
+    last grant or renewal and ``remaining`` the time left on it by the
+    answering node's clock, both in seconds (``remaining`` 0: it has run out
+    and its expiry is on its way). ``delayed``: the lock expired and the key
+    is held back by lock-delay: no one holds it (``token`` and ``owner`` were
+    the last holder's), ``ttl`` is the delay and ``remaining`` what is left."""
+
+    key: bytes
+    token: int
+    owner: bytes
+    ttl: float
+    remaining: float
+    delayed: bool = False
+
+    @classmethod
+    def _from(cls, info: "pb.LockInfo") -> "LockInfo":
+        return cls(
+            info.key, info.token, info.owner, info.lease_ms / 1000.0, info.remaining_ms / 1000.0, info.delayed
+        )
+
+
+@dataclass(frozen=True)
+class Member:
+    id: int
+    peer_addr: str
+    client_addr: str
+    reachable: bool
+    role: str
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """One node's view of the cluster (docs/protocol.md, "The status
+    answer"); ``raw`` is the whole protobuf answer."""
+
+    node_id: int
+    role: str
+    term: int
+    leader_id: int
+    leader_addr: str
+    commit_index: int
+    applied_index: int
+    locks: int
+    last_token: int
+    quorum: bool
+    starting: bool
+    rejoining: bool
+    cluster_id: str
+    members: List[Member] = field(default_factory=list)
+    raw: Optional["pb.StatusResponse"] = field(default=None, repr=False, compare=False)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.role == "leader"
+
+    @classmethod
+    def _from(cls, status: "pb.StatusResponse") -> "NodeStatus":
+        members = [Member(m.id, m.peer_addr, m.client_addr, m.reachable, m.role) for m in status.members]
+        return cls(
+            status.node_id,
+            status.role,
+            status.term,
+            status.leader_id,
+            status.leader_addr,
+            status.commit_index,
+            status.applied_index,
+            status.locks,
+            status.last_token,
+            status.quorum,
+            status.starting,
+            status.rejoining,
+            status.cluster_id,
+            members,
+            status,
+        )
+
+
+class _Outcome:
+    """How one attempt (one request to one node) ended."""
+
+    DONE, REDIRECT, RETRY = range(3)
+
+    def __init__(self, kind: int, reason: str = "", response: Optional[pb.Response] = None,
+                 leader: str = "", refused: bool = False):
+        self.kind = kind
+        self.reason = reason
+        self.response = response
+        self.leader = leader
+        self.refused = refused
+
+
+class Client:
+    """A thread-safe fencelock client.
+
+    ``endpoints``: the client addresses of any nodes of the cluster, as
+    ``"host:port"`` strings (a list, or one comma-separated string).
+    ``owner``: the identity every acquire carries (str or bytes); by default
+    ``$FENCELOCK_OWNER``, else a fresh ``user@host-pid-random`` per client.
+    It is the same on every retry, which is what makes retries safe.
+    ``request_timeout``: the longest one attempt may take (an acquire that
+    waits gets its wait on top). ``retry_for``: the longest one call keeps
+    retrying. ``drift``: the clock-rate error ρ allowed for when counting a
+    lease (docs/leases.md). ``tls``: ``(ca_file, cert_file, key_file)`` to
+    speak TLS 1.3 with a client certificate of the cluster's CA.
+
+    Connections open on first use, so a client can be made while the
+    cluster is down. :meth:`close` (or leaving a ``with Client(...)`` block)
+    releases the locks still held through it and closes its connections.
+    """
+
+    def __init__(
+        self,
+        endpoints: Union[str, Iterable[str]],
+        *,
+        owner: Optional[Key] = None,
+        request_timeout: float = 5.0,
+        retry_for: float = 30.0,
+        drift: float = 0.01,
+        tls: Optional[Tuple[str, str, str]] = None,
+    ):
+        if isinstance(endpoints, str):
+            endpoints = endpoints.split(",")
+        self.endpoints: List[str] = [e.strip() for e in endpoints if e.strip()]
+        if not self.endpoints:
+            raise InvalidArgument("no endpoints given")
+        for endpoint in self.endpoints:
+            try:
+                split_endpoint(endpoint)
+            except ValueError as err:
+                raise InvalidArgument(str(err)) from None
+        if not request_timeout > 0 or not retry_for >= 0:
+            raise InvalidArgument("request_timeout must be positive and retry_for not negative")
+        if not 0 <= drift < 1:
+            raise InvalidArgument(f"drift is a rate error between 0 and 1, not {drift}")
+        self.request_timeout = float(request_timeout)
+        self.retry_for = float(retry_for)
+        self.drift = float(drift)
+        self._tls: Optional[ssl.SSLContext] = None
+        tls_user = None
+        if tls is not None:
+            self._tls, tls_user = _tls_context(tls)
+        if owner is None:
+            owner = os.environ.get(OWNER_ENV) or None
+        if owner is None:
+            # Over TLS an owner belongs to the user: `user/suffix`.
+            owner = f"{tls_user}/{default_owner()}" if tls_user else default_owner()
+        self.owner: bytes = to_bytes(owner, "owner")
+        if not self.owner:
+            raise InvalidArgument("the owner is empty")
+        self._connections: Dict[str, Connection] = {}
+        self._pool = threading.Lock()
+        self._preferred: Optional[str] = None
+        self._locks: Set[Lock] = set()
+        self._random = random.Random()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"Client(endpoints={self.endpoints!r}, owner={self.owner!r})"
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def preferred_endpoint(self) -> Optional[str]:
+        """The endpoint that last answered a call: where the next starts."""
+        return self._preferred
+
+    # -- locks -------------------------------------------------------------
+
+    def lock(self, key: Key, ttl: float, wait: float = 0, *,
+             on_lost: Optional[Callable[[Lock], None]] = None) -> LockContext:
+        """``with client.lock(key, ttl=10, wait=0) as lock:`` acquires on
+        entering (see :meth:`acquire`) and releases on leaving, best effort."""
+        return LockContext(self, key, ttl, wait, on_lost)
+
+    def acquire(self, key: Key, ttl: float, wait: float = 0, *,
+                on_lost: Optional[Callable[[Lock], None]] = None) -> Lock:
+        """Acquires ``key`` for ``ttl`` seconds, waiting up to ``wait`` seconds
+        in the leader's queue if another owner holds it (0: answer at once).
+        The :class:`Lock` is renewed in the background until released.
+
+        Raises :class:`Held` (``wait=0``) or :class:`WaitTimedOut` when it did
+        not get the lock. Within this process, a key that another Lock of
+        the same owner holds is waited for (up to ``wait``) or refused the
+        same way: the server would hand the same lock over (``existing``),
+        and one Lock's release would end the other's."""
+        key_bytes = to_bytes(key)
+        started = time.monotonic()
+        hold = local_holds.take(self.owner, key_bytes, wait)
+        try:
+            grant = self.acquire_raw(key_bytes, ttl, max(0.0, wait - (time.monotonic() - started)))
+            hold.granted(grant.token)
+            lock = Lock(self, key, key_bytes, grant, hold, on_lost)
+        except BaseException:
+            hold.free()
+            raise
+        with self._pool:
+            self._locks.add(lock)
+        lock._start()
+        return lock
+
+    def acquire_raw(self, key: Key, ttl: float, wait: float = 0, *, owner: Optional[Key] = None) -> Grant:
+        """One acquire, retried as needed, and nothing else: no renewal, no
+        release, no check against other Locks of this process. The lock
+        lives until its lease runs out or it is released by token. Under
+        ``owner`` if given, else the client's."""
+        key_bytes = to_bytes(key)
+        owner_bytes = self.owner if owner is None else to_bytes(owner, "owner")
+        lease_ms = _millis(ttl, "ttl")
+        wait_until = time.monotonic() + _millis(wait, "wait") / 1000.0
+        timeout = self.request_timeout
+
+        def make() -> Tuple[pb.Request, float]:
+            # A retry (after a leader change, say) waits only for what is
+            # left of the caller's wait.
+            wait_left = max(0.0, wait_until - time.monotonic())
+            request = pb.Request(acquire=pb.AcquireRequest(
+                key=key_bytes, lease_ms=lease_ms, owner=owner_bytes, wait_ms=_millis(wait_left, "wait")))
+            return request, wait_left + timeout
+
+        response, sent, _ = self._call(make, self.retry_for + wait)
+        answer = _expect(response, "acquire").acquire
+        holder = answer.holder_token or None
+        if answer.outcome == pb.GRANTED:
+            if answer.token == 0:
+                raise Internal("granted without a token")
+            granted_ms = answer.lease_ms or lease_ms
+            return Grant(key_bytes, answer.token, granted_ms / 1000.0, answer.existing, sent)
+        if answer.outcome == pb.HELD and answer.delayed:
+            raise Delayed(holder, answer.delay_left_ms / 1000.0)
+        if answer.outcome == pb.HELD:
+            raise Held(holder)
+        if answer.outcome == pb.WAIT_TIMED_OUT:
+            raise WaitTimedOut(holder)
+        raise Internal("an acquire answered without an outcome")
+
+    def release(self, key: Key, token: int) -> bool:
+        """Releases ``key`` if ``token`` holds it. False: it did not (any
+        more); a retried release whose first attempt worked says False too."""
+        return self._release(to_bytes(key), token, False, self.retry_for)
+
+    def force_release(self, key: Key) -> bool:
+        """Releases ``key`` whoever holds it (needs the ``force`` right over
+        TLS). False: it was free."""
+        return self._release(to_bytes(key), 0, True, self.retry_for)
+
+    def renew(self, key: Key, token: int, ttl: float) -> bool:
+        """Renews ``key`` held under ``token`` to ``ttl`` seconds from now.
+        False: that token no longer holds the key; the lock is lost."""
+        renewed, _, _, _ = self._renew(to_bytes(key), token, ttl, self.retry_for)
+        return renewed
+
+    def get(self, key: Key, linearizable: bool = True) -> Optional[LockInfo]:
+        """Who holds ``key``, or None when it is free. Linearizable reads ask
+        the leader; others take the answering node's (maybe stale) table."""
+        request = pb.Request(get=pb.GetRequest(key=to_bytes(key), linearizable=linearizable))
+        answer = _expect(self._call_simple(request), "get").get
+        return LockInfo._from(answer.holder) if answer.HasField("holder") else None
+
+    def check(self, key: Key, token: int) -> bool:
+        """Whether ``token`` holds ``key`` now (linearizable)."""
+        request = pb.Request(check=pb.CheckRequest(key=to_bytes(key), token=token))
+        return _expect(self._call_simple(request), "check").check.holds
+
+    def list(self, prefix: Key = "", limit: int = 0) -> List[LockInfo]:
+        """Up to ``limit`` locks whose keys start with ``prefix``, in key
+        order (linearizable); ``limit`` 0 means the server's maximum."""
+        request = pb.Request(list=pb.ListRequest(prefix=to_bytes(prefix, "prefix"), limit=limit))
+        return [LockInfo._from(info) for info in _expect(self._call_simple(request), "list").list.locks]
+
+    def status(self, endpoint: str) -> NodeStatus:
+        """Asks the node at ``endpoint`` (in the endpoints or not) about
+        itself: one attempt, no retries elsewhere."""
+        if self._closed:
+            raise FencelockError("the client is closed")
+        outcome = self._attempt(endpoint, pb.Request(status=pb.StatusRequest()), self.request_timeout)
+        if outcome.kind != _Outcome.DONE:
+            raise Unavailable(outcome.reason)
+        assert outcome.response is not None
+        return NodeStatus._from(_expect(outcome.response, "status").status)
+
+    def close(self) -> None:
+        """Releases every Lock still held through this client (best effort,
+        one request timeout each) and closes the connections."""
+        with self._pool:
+            locks = list(self._locks)
+        for lock in locks:
+            lock._release_quietly()
+        self._closed = True
+        with self._pool:
+            connections = list(self._connections.values())
+            self._connections.clear()
+        for connection in connections:
+            connection.close()
+
+    # -- internals ---------------------------------------------------------
+
+    def _forget_lock(self, lock: Lock) -> None:
+        with self._pool:
+            self._locks.discard(lock)
+
+    def _release(self, key: bytes, token: int, force: bool, budget: float) -> bool:
+        request = pb.Request(release=pb.ReleaseRequest(key=key, token=token, force=force))
+        response, _, _ = self._call(lambda: (request, self.request_timeout), budget)
+        return _expect(response, "release").release.released
+
+    def _renew(self, key: bytes, token: int, ttl: float, budget: float) -> Tuple[bool, float, float, int]:
+        """One renewal, retried within ``budget``: whether it was renewed,
+        when the attempt that got the answer was sent, the lease granted
+        (seconds), and the holder's token when it was not renewed."""
+        lease_ms = _millis(ttl, "ttl")
+        request = pb.Request(renew=pb.RenewRequest(locks=[pb.LockRef(key=key, token=token)], lease_ms=lease_ms))
+        response, sent, _ = self._call(lambda: (request, self.request_timeout), budget)
+        answer = _expect(response, "renew").renew
+        for result in answer.results:
+            if result.key == key and result.token == token:
+                return result.renewed, sent, (answer.lease_ms or lease_ms) / 1000.0, result.holder_token
+        raise Internal("a renewal answered without the lock it renewed")
+
+    def _call_simple(self, request: pb.Request) -> pb.Response:
+        return self._call(lambda: (request, self.request_timeout), self.retry_for)[0]
+
+    def _call(self, make: Callable[[], Tuple[pb.Request, float]], budget: float) -> Tuple[pb.Response, float, str]:
+        """The retry loop. ``make`` builds each attempt's request and its
+        timeout; ``budget`` bounds the whole call. Returns the answer, when
+        the attempt that got it was sent, and the endpoint that answered."""
+        started = time.monotonic()
+        deadline = started + budget
+        target = self._preferred or self.endpoints[0]
+        # Where "the next endpoint" goes on from; a leader outside the list
+        # goes on from the top.
+        index = self.endpoints.index(target) if target in self.endpoints else len(self.endpoints) - 1
+        backoff = BACKOFF_MIN
+        redirected = False
+        attempted = False
+        last_reason = "no node answered in time"
+        refused: Set[str] = set()
+        while True:
+            if self._closed:
+                raise FencelockError("the client is closed")
+            sent = time.monotonic()
+            left = deadline - sent
+            # Every call makes one attempt at least, even when a busy
+            # machine ate its budget before it started.
+            if left <= 0 and attempted:
+                raise Unavailable(f"no node could serve the request within {budget:.1f} s; last: {last_reason}")
+            attempted = True
+            request, attempt_timeout = make()
+            outcome = self._attempt(target, request, min(attempt_timeout, max(left, ATTEMPT_MIN)))
+            if outcome.kind == _Outcome.DONE:
+                self._preferred = target
+                assert outcome.response is not None
+                return outcome.response, sent, target
+            last_reason = outcome.reason
+            if outcome.kind == _Outcome.REDIRECT and outcome.leader != target:
+                target = outcome.leader
+                # The first redirect is followed at once; a chain of them
+                # (stale views during an election) backs off.
+                pause = redirected
+                redirected = True
+            else:
+                if outcome.refused:
+                    refused.add(target)
+                    if refused.issuperset(self.endpoints):
+                        raise InvalidArgument(f"every endpoint refused this client's connection; last: {last_reason}")
+                index = (index + 1) % len(self.endpoints)
+                target = self.endpoints[index]
+                pause = True
+            if pause:
+                # Jitter: clients that failed together do not retry together.
+                sleep = self._random.uniform(backoff / 2, backoff)
+                time.sleep(max(0.0, min(sleep, deadline - time.monotonic())))
+                backoff = min(backoff * 2, BACKOFF_MAX)
+
+    def _attempt(self, endpoint: str, request: pb.Request, timeout: float) -> _Outcome:
+        """One request to one node, connecting first if needed."""
+        started = time.monotonic()
+        try:
+            connection = self._connection(endpoint, timeout)
+            response = connection.call(request, max(0.0, timeout - (time.monotonic() - started)))
+        except TimedOut:
+            return _Outcome(_Outcome.RETRY, f"{endpoint}: no answer within {timeout:.2f} s")
+        except Closed as err:
+            return _Outcome(_Outcome.RETRY, f"{endpoint}: {err.reason}", refused=err.refused)
+        return _classify(endpoint, response)
+
+    def _connection(self, endpoint: str, timeout: float) -> Connection:
+        with self._pool:
+            connection = self._connections.get(endpoint)
+        if connection is not None and not connection.closed:
+            return connection
+        # Connecting happens outside the pool's lock, so that a slow node
+        # does not hold up calls to the others.
+        fresh = Connection(endpoint, timeout, self._tls)
+        with self._pool:
+            current = self._connections.get(endpoint)
+            if current is not None and not current.closed:
+                keep, spare = current, fresh
+            else:
+                self._connections[endpoint] = keep = fresh
+                spare = None
+        if spare is not None:
+            spare.close()
+        return keep
+
+
+def _classify(endpoint: str, response: pb.Response) -> _Outcome:
+    if response.HasField("error") and response.error.code != pb.OK:
+        error = response.error
+        reason = f"{endpoint}: {pb.ErrorCode.Name(error.code) if error.code in pb.ErrorCode.values() else error.code}"
+        if error.message:
+            reason += f": {error.message}"
+        if error.code == pb.NOT_LEADER and error.leader_addr:
+            return _Outcome(_Outcome.REDIRECT, reason, leader=error.leader_addr)
+        if error.code in (pb.NOT_LEADER, pb.TIMEOUT, pb.UNAVAILABLE):
+            return _Outcome(_Outcome.RETRY, reason)
+        if error.code == pb.INVALID_ARGUMENT:
+            raise InvalidArgument(error.message)
+        if error.code == pb.PERMISSION_DENIED:
+            raise PermissionDenied(error.message)
+        if error.code == pb.RESOURCE_EXHAUSTED:
+            raise ResourceExhausted(error.message)
+        # INTERNAL, or a code newer than this client.
+        raise Internal(reason)
+    if response.WhichOneof("kind") is None:
+        raise Internal(f"{endpoint}: answered without a result")
+    return _Outcome(_Outcome.DONE, response=response)
+
+
+def _expect(response: pb.Response, kind: str) -> pb.Response:
+    got = response.WhichOneof("kind")
+    if got != kind:
+        raise Internal(f"a {kind} request was answered with a {got} response")
+    return response
+
+
+def _tls_context(tls: Sequence[str]) -> Tuple[ssl.SSLContext, Optional[str]]:
+    """The TLS 1.3 context for ``(ca_file, cert_file, key_file)``, and the
+    user the certificate names (its ``fencelock://user/NAME`` URI)."""
+    try:
+        ca_file, cert_file, key_file = tls
+    except (TypeError, ValueError):
+        raise InvalidArgument("tls is (ca_file, cert_file, key_file)") from None
+    try:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.minimum_version = ssl.TLSVersion.TLSv1_3
+        context.load_verify_locations(cafile=ca_file)
+        context.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError) as err:
+        raise InvalidArgument(f"TLS: {err}") from None
+    return context, _certificate_user(cert_file)
+
+
+def _certificate_user(cert_file: str) -> Optional[str]:
+    """The user a client certificate names, or None if it cannot be read
+    (then the owner names no user, and the server may refuse it)."""
+    prefix = "fencelock://user/"
+    try:
+        # CPython's own decoder; it has no public name but has been there
+        # since 3.3.
+        decoded = ssl._ssl._test_decode_cert(cert_file)  # type: ignore[attr-defined]
+    except Exception:
+        return None
+    for kind, value in decoded.get("subjectAltName", ()):
+        if kind == "URI" and value.startswith(prefix):
+            return value[len(prefix):]
+    return None
+
+
+__all__ = ["Client", "Grant", "LockInfo", "Member", "NodeStatus", "FencelockError", "default_owner"]

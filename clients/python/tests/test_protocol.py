@@ -1,0 +1,225 @@
+"""The wire protocol and the retry rules, against scripted fake nodes."""
+
+import threading
+import time
+
+import pytest
+
+import fencelock
+import fencelock.client
+from fencelock import client_pb2 as pb
+from harness import CONNECTION_LEVEL, FakeNode
+
+
+def _check_answer(holds: bool = True) -> pb.Response:
+    return pb.Response(check=pb.CheckResponse(holds=holds))
+
+
+def _error(code: int, message: str = "", leader_addr: str = "") -> pb.Response:
+    return pb.Response(error=pb.Error(code=code, message=message, leader_addr=leader_addr))
+
+
+@pytest.fixture
+def sleeps(monkeypatch):
+    """Records the client's backoff pauses (and still pauses)."""
+    recorded = []
+    real_sleep = time.sleep
+
+    class Clock:
+        monotonic = staticmethod(time.monotonic)
+
+        @staticmethod
+        def sleep(seconds):
+            recorded.append(seconds)
+            real_sleep(seconds)
+
+    monkeypatch.setattr(fencelock.client, "time", Clock)
+    return recorded
+
+
+def test_frames_and_pipelined_answers_out_of_order():
+    # The first request is answered last: answers are matched by id.
+    def handler(request):
+        key = request.check.key
+        return (0.3 if key == b"slow" else 0.0), _check_answer(key == b"slow")
+
+    node = FakeNode(handler)
+    client = fencelock.Client([node.addr])
+    results = {}
+    slow = threading.Thread(target=lambda: results.__setitem__("slow", client.check("slow", 1)))
+    slow.start()
+    time.sleep(0.05)
+    started = time.monotonic()
+    assert client.check("fast", 1) is False
+    assert time.monotonic() - started < 0.25, "the fast answer waited for the slow one"
+    slow.join(5)
+    assert results == {"slow": True}
+    # One connection, two requests in flight on it, with distinct non-zero ids.
+    assert node.connections == 1
+    ids = [r.id for r in node.requests]
+    assert len(set(ids)) == 2 and 0 not in ids
+    assert node.requests[0].check.token == 1
+    client.close()
+    node.close()
+
+
+def test_the_first_redirect_is_followed_at_once_and_a_chain_backs_off(sleeps):
+    leader = FakeNode(lambda request: _check_answer())
+    stale = FakeNode(lambda request: _error(pb.NOT_LEADER, "not the leader", leader.addr))
+    follower = FakeNode(lambda request: _error(pb.NOT_LEADER, "not the leader", stale.addr))
+    client = fencelock.Client([follower.addr])
+    assert client.check("k", 7) is True
+    # follower -> stale (at once) -> leader (after a backoff)
+    assert len(sleeps) == 1 and 0.010 <= sleeps[0] <= 0.020, sleeps
+    assert client.preferred_endpoint == leader.addr
+    sleeps.clear()
+    assert client.check("k", 7) is True
+    assert sleeps == [] and len(leader.requests) == 2
+    for node in (leader, stale, follower):
+        node.close()
+
+
+def test_unavailable_nodes_are_retried_with_growing_jittered_backoff(sleeps):
+    answers = []
+
+    def busy(request):
+        answers.append(request)
+        return _error(pb.UNAVAILABLE, "no leader yet")
+
+    node = FakeNode(busy)
+    client = fencelock.Client([node.addr], retry_for=2.5)
+    with pytest.raises(fencelock.Unavailable) as unavailable:
+        client.check("k", 1)
+    assert "no leader yet" in str(unavailable.value)
+    pauses = sleeps[:-1]  # the last one is cut short by the deadline
+    assert len(pauses) >= 6
+    nominal = [min(0.020 * 2**i, 0.500) for i in range(len(pauses))]
+    for pause, cap in zip(pauses, nominal):
+        assert cap / 2 <= pause <= cap, (pauses, nominal)
+    assert len(set(pauses)) == len(pauses), "no jitter"
+    assert max(pauses) > 0.25, pauses
+    assert len(answers) == len(sleeps)
+    node.close()
+
+
+def test_timeouts_closed_connections_and_refusals_move_on_to_the_next_endpoint(sleeps):
+    good = FakeNode(lambda request: _check_answer())
+    silent = FakeNode(lambda request: (10.0, _check_answer(False)))
+    closing = FakeNode(lambda request: None)
+    refusing = FakeNode(lambda request: _error(pb.UNAVAILABLE, "overloaded"))
+    client = fencelock.Client([silent.addr, closing.addr, refusing.addr, good.addr], request_timeout=0.3)
+    started = time.monotonic()
+    assert client.check("k", 1) is True
+    assert time.monotonic() - started < 2.0
+    assert [len(n.requests) for n in (silent, closing, refusing, good)] == [1, 1, 1, 1]
+    assert client.preferred_endpoint == good.addr
+    for node in (good, silent, closing, refusing):
+        node.close()
+
+
+def test_a_connection_refusal_of_id_0_fails_the_call_on_it():
+    # id 0: about the connection itself; it fails what is in flight on it.
+    def refuse(request):
+        return CONNECTION_LEVEL, _error(pb.UNAVAILABLE, "too many connections")
+
+    refusing = FakeNode(refuse)
+    good = FakeNode(lambda request: _check_answer())
+    client = fencelock.Client([refusing.addr, good.addr])
+    started = time.monotonic()
+    assert client.check("k", 1) is True
+    assert time.monotonic() - started < 1.0, "the refusal was not taken for the call's answer"
+    assert len(refusing.requests) == 1 and len(good.requests) == 1
+    refusing.close()
+    good.close()
+
+
+def test_errors_that_retrying_cannot_fix_are_raised_at_once():
+    for code, error in [
+        (pb.INVALID_ARGUMENT, fencelock.InvalidArgument),
+        (pb.PERMISSION_DENIED, fencelock.PermissionDenied),
+        (pb.RESOURCE_EXHAUSTED, fencelock.ResourceExhausted),
+        (pb.INTERNAL, fencelock.Internal),
+    ]:
+        node = FakeNode(lambda request, code=code: _error(code, "told so"))
+        backup = FakeNode(lambda request: _check_answer())
+        client = fencelock.Client([node.addr, backup.addr])
+        with pytest.raises(error, match="told so"):
+            client.check("k", 1)
+        assert backup.requests == []
+        node.close()
+        backup.close()
+
+
+def test_an_acquire_carries_its_owner_lease_and_wait_and_reads_the_outcome():
+    outcomes = iter([
+        pb.AcquireResponse(outcome=pb.GRANTED, token=41, lease_ms=3000, existing=True),
+        pb.AcquireResponse(outcome=pb.HELD, holder_token=40),
+        pb.AcquireResponse(outcome=pb.WAIT_TIMED_OUT),
+    ])
+    node = FakeNode(lambda request: pb.Response(acquire=next(outcomes)))
+    client = fencelock.Client([node.addr], owner=b"me/1")
+    grant = client.acquire_raw("k", ttl=2.5, wait=1.5)
+    assert (grant.token, grant.ttl, grant.existing) == (41, 3.0, True)
+    sent = node.requests[0].acquire
+    assert (sent.key, sent.owner, sent.lease_ms) == (b"k", b"me/1", 2500)
+    assert 1000 < sent.wait_ms <= 1500
+    with pytest.raises(fencelock.Held) as held:
+        client.acquire_raw("k", ttl=2.5)
+    assert held.value.holder_token == 40
+    with pytest.raises(fencelock.WaitTimedOut) as timed_out:
+        client.acquire_raw("k", ttl=2.5)
+    assert timed_out.value.holder_token is None
+    node.close()
+
+
+def test_a_plain_client_against_a_tls_port_says_so():
+    # What a TLS node sends a plain client: an alert record, read as a
+    # frame header it is a length of about 350 MB.
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        conn, _ = listener.accept()
+        conn.recv(100)
+        conn.sendall(bytes([0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32]))
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    client = fencelock.Client(["127.0.0.1:%d" % listener.getsockname()[1]], retry_for=5)
+    started = time.monotonic()
+    with pytest.raises(fencelock.InvalidArgument, match="speaks TLS"):
+        client.check("k", 1)
+    assert time.monotonic() - started < 1.0, "a refusal was retried until retry_for"
+    listener.close()
+
+
+def test_a_lease_counts_from_when_the_request_was_sent_less_the_drift_margin():
+    # The grant comes back 0.5 s after the acquire was sent: those 0.5 s are
+    # already gone from the lease, and the margin for clock drift too.
+    def handler(request):
+        kind = request.WhichOneof("kind")
+        if kind == "acquire":
+            return 0.5, pb.Response(acquire=pb.AcquireResponse(outcome=pb.GRANTED, token=9, lease_ms=4000))
+        if kind == "renew":
+            results = [pb.RenewResult(key=ref.key, token=ref.token, renewed=True) for ref in request.renew.locks]
+            return pb.Response(renew=pb.RenewResponse(results=results, lease_ms=request.renew.lease_ms))
+        return pb.Response(release=pb.ReleaseResponse(released=True))
+
+    node = FakeNode(handler)
+    client = fencelock.Client([node.addr], drift=0.05)
+    lock = client.acquire("k", ttl=4)
+    safe = 4 * 0.95 / 1.05
+    assert safe - 0.6 < lock.time_left() <= safe - 0.5
+    # Renewed a third of the ttl after the acquire was sent: the lease then
+    # counts from that renewal's sending.
+    assert node.requests[-1].WhichOneof("kind") == "acquire"
+    time.sleep(4 / 3 - 0.5 + 0.3)
+    assert [r.WhichOneof("kind") for r in node.requests] == ["acquire", "renew"]
+    assert node.requests[1].renew.lease_ms == 4000
+    # (without the renewal, about safe - 1.6 would be left)
+    assert lock.renewals == 1 and safe - 1.0 < lock.time_left() <= safe
+    assert lock.release() is True
+    assert node.requests[-1].WhichOneof("kind") == "release"
+    client.close()
+    node.close()
