@@ -126,23 +126,32 @@ impl Connection {
         }
         let mut frame = Vec::new();
         encode_frame(&request, &mut frame);
-        let exchange = async {
-            {
-                let mut writer = self.writer.lock().await;
-                if let Err(err) = writer.write_all(&frame).await {
-                    let reason = format!("write failed: {err}");
-                    fail(&self.pending, &reason);
-                    return Err(CallError::Closed(reason));
-                }
+        let deadline = tokio::time::Instant::now() + timeout;
+        // A write cut short would leave part of a frame on the stream, and
+        // every later frame unreadable: one that does not finish in time
+        // closes the connection instead.
+        let written = tokio::time::timeout_at(deadline, async {
+            let mut writer = self.writer.lock().await;
+            writer.write_all(&frame).await
+        })
+        .await;
+        match written {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                let reason = format!("write failed: {err}");
+                fail(&self.pending, &reason);
+                return Err(CallError::Closed(reason));
             }
-            match receiver.await {
-                Ok(Ok(response)) => Ok(*response),
-                Ok(Err(reason)) => Err(CallError::Closed(reason)),
-                Err(_) => Err(CallError::Closed("the connection's reader ended".to_owned())),
+            Err(_) => {
+                let reason = "a write did not finish in time (the node does not read)".to_owned();
+                fail(&self.pending, &reason);
+                return Err(CallError::Closed(reason));
             }
-        };
-        match tokio::time::timeout(timeout, exchange).await {
-            Ok(result) => result,
+        }
+        match tokio::time::timeout_at(deadline, receiver).await {
+            Ok(Ok(Ok(response))) => Ok(*response),
+            Ok(Ok(Err(reason))) => Err(CallError::Closed(reason)),
+            Ok(Err(_)) => Err(CallError::Closed("the connection's reader ended".to_owned())),
             Err(_) => {
                 // The answer may still come; it is then dropped.
                 lock(&self.pending).waiting.remove(&id);
