@@ -226,3 +226,37 @@ fn fail(pending: &Mutex<Pending>, reason: &str) {
         let _ = waiter.send(Err(reason.to_owned()));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use fencelock_client::{ClientConfig, ClientError};
+
+    use crate::AsyncClient;
+
+    /// A node that accepts and never reads: a large request fills the
+    /// socket buffers, and the write that cannot finish closes the
+    /// connection within the call's time instead of hanging it.
+    #[tokio::test]
+    async fn a_node_that_never_reads_costs_a_call_its_timeout_not_a_hang() {
+        // Connections complete in the listener's backlog and are never read.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a listener");
+        let addr = listener.local_addr().expect("an address");
+        let mut config = ClientConfig::new([addr.to_string()]);
+        config.request_timeout = Duration::from_millis(300);
+        config.retry_for = Duration::from_millis(900);
+        let client = AsyncClient::connect(config).expect("a client");
+        let started = Instant::now();
+        let huge = vec![b'k'; 32 << 20];
+        let answer = client.get(&huge, true).await;
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+        match answer {
+            Err(ClientError::Unavailable(reason)) => {
+                assert!(reason.contains("did not finish in time"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+        drop(listener);
+    }
+}
