@@ -245,6 +245,11 @@ pub fn parse_lock_delay(text: &str) -> Result<(String, u64), String> {
 /// Checks lock-delay rules: each prefix a valid key prefix, each delay
 /// from 1 ms to the longest lease a client may ask for (`max_ms`).
 fn lock_delays(rules: Vec<(String, u64)>, max_ms: u64) -> Result<Vec<(Vec<u8>, LeaseMs)>> {
+    // Each due lease is matched against every rule: a bound keeps that cheap.
+    const RULES_MAX: usize = 1_024;
+    if rules.len() > RULES_MAX {
+        bail!("lock-delay: {} rules, more than the {RULES_MAX} allowed", rules.len());
+    }
     let mut checked: Vec<(Vec<u8>, LeaseMs)> = Vec::new();
     for (prefix, delay_ms) in rules {
         if prefix.len() > fencelock_types::KEY_LEN_MAX {
@@ -911,6 +916,7 @@ mod tests {
             ("jobs/=soon", "is not a duration"),
             ("jobs/=0s", "is not a delay from 1ms"),
             ("jobs/=2d", "is not a delay from 1ms"),
+            ("jobs/=1s,jobs/=2s", "has two rules"),
         ] {
             let error = match Flags::try_parse_from(["fencelockd", "--lock-delay", bad]) {
                 Err(error) => error.to_string(),
@@ -921,6 +927,10 @@ mod tests {
             };
             assert!(error.contains(why), "{bad}: {error}");
         }
+        let many: Vec<String> = (0..1_025).map(|n| format!("k{n}/=1s")).collect();
+        let flags = Flags::try_parse_from(["fencelockd", "--lock-delay", &many.join(",")]).unwrap();
+        let error = ServerConfig::load(&flags).map(|_| ()).unwrap_err();
+        assert!(format!("{error:#}").contains("more than the 1024 allowed"), "{error:#}");
     }
 
     #[test]
