@@ -43,3 +43,9 @@ pub use fencelock_client::{
     ClientConfig, ClientError, Drift, Grant, LockInfo, NodeStatus, Released, Renewed, Retrying, TlsConfig,
 };
 pub use guard::AsyncLockGuard;
+
+/// docs/recipes.md, whose Rust examples (blocking and async) compile as
+/// doctests of this crate, which can use both clients.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/recipes.md")]
+pub struct RecipesDoc;
