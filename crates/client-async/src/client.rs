@@ -69,10 +69,6 @@ impl AsyncClient {
     pub fn connect(config: ClientConfig) -> Result<AsyncClient, ClientError> {
         let endpoints = config.checked_endpoints()?;
         let tls = config.rustls()?;
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |elapsed| u64::from(elapsed.subsec_nanos()))
-            ^ (u64::from(std::process::id()) << 32);
         let inner = Inner {
             endpoints,
             tls,
@@ -83,7 +79,7 @@ impl AsyncClient {
             connections: Pool::default(),
             preferred: Mutex::new(None),
             retrying: Mutex::new(None),
-            seeds: AtomicU64::new(seed),
+            seeds: AtomicU64::new(fencelock_client::jitter_seed()),
         };
         Ok(AsyncClient { inner: Arc::new(inner) })
     }

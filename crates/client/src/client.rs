@@ -74,19 +74,6 @@ impl std::fmt::Debug for RetryObserver {
     }
 }
 
-/// The answer to one renew request.
-pub(crate) struct Renewal {
-    /// `(key, token, renewed)` per lock.
-    pub(crate) results: Vec<(Vec<u8>, u64, bool)>,
-    /// Per lock not renewed, the token that holds its key (0: free).
-    pub(crate) holders: Vec<u64>,
-    /// When the attempt that got the answer was sent: the renewed leases
-    /// count from then.
-    pub(crate) sent: Instant,
-    /// The lease the server renewed to.
-    pub(crate) lease: Duration,
-}
-
 impl Client {
     /// Builds a client. Connections are opened on first use, so this does
     /// not fail when the cluster is down; it fails only on an empty endpoint
@@ -107,7 +94,7 @@ impl Client {
             renewer: Renewer::default(),
             retrying: Mutex::new(None),
             drift: config.drift,
-            seeds: AtomicU64::new(jitter_seed()),
+            seeds: AtomicU64::new(crate::config::jitter_seed()),
         };
         Ok(Client { inner: Arc::new(inner) })
     }
@@ -199,7 +186,7 @@ impl Client {
         locks: &[(Vec<u8>, u64)],
         lease: Duration,
     ) -> Result<Vec<(Vec<u8>, u64, bool)>, ClientError> {
-        self.inner.renew(locks, lease, self.inner.retry_for).map(|renewal| renewal.results)
+        self.inner.renew(locks, lease, self.inner.retry_for).map(|(answer, _)| answer.results)
     }
 
     /// Renews `key` held under `token` to `lease`, saying, when it was not
@@ -210,12 +197,8 @@ impl Client {
         token: u64,
         lease: Duration,
     ) -> Result<Renewed, ClientError> {
-        let renewal = self.inner.renew(&[(key.as_ref().to_vec(), token)], lease, self.inner.retry_for)?;
-        Ok(calls::renewed_one(&RenewAnswer {
-            results: renewal.results,
-            holders: renewal.holders,
-            lease: renewal.lease,
-        }))
+        let (answer, _) = self.inner.renew(&[(key.as_ref().to_vec(), token)], lease, self.inner.retry_for)?;
+        Ok(calls::renewed_one(&answer))
     }
 
     /// Who holds `key`, or `None` when it is free. Linearizable reads ask the
@@ -282,18 +265,19 @@ impl Inner {
         calls::release_answer(self.call(|| (request.clone(), timeout), budget)?.0)
     }
 
-    /// One renew request, retried within `budget`.
+    /// One renew request, retried within `budget`; also returns when the
+    /// attempt that got the answer was sent: the renewed leases count from
+    /// then.
     pub(crate) fn renew(
         &self,
         locks: &[(Vec<u8>, u64)],
         lease: Duration,
         budget: Duration,
-    ) -> Result<Renewal, ClientError> {
+    ) -> Result<(RenewAnswer, Instant), ClientError> {
         let request = calls::renew(locks, lease);
         let timeout = self.request_timeout;
         let (kind, sent) = self.call(|| (request.clone(), timeout), budget)?;
-        let answer = calls::renew_answer(kind, lease)?;
-        Ok(Renewal { results: answer.results, holders: answer.holders, sent, lease: answer.lease })
+        Ok((calls::renew_answer(kind, lease)?, sent))
     }
 
     pub(crate) fn call_simple(&self, kind: Request_oneof_kind) -> Result<Response_oneof_kind, ClientError> {
@@ -405,15 +389,6 @@ fn a_call_that_keeps_retrying_is_reported_with_its_last_error() {
         "{seen:?}"
     );
     assert!(seen[0].last_error.starts_with(&format!("{endpoint}: cannot connect")), "{seen:?}");
-}
-
-/// A seed for this client's jitter: the clock and the process, so that
-/// clients started together do not pause in step.
-fn jitter_seed() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.subsec_nanos());
-    (u64::from(std::process::id()) << 32) ^ u64::from(nanos)
 }
 
 /// Locks a mutex whose data stays consistent across a panic (each update is a

@@ -121,6 +121,14 @@ pub(crate) fn default_owner() -> Vec<u8> {
     format!("{}-{}-{}", hostname(), std::process::id(), nanos).into_bytes()
 }
 
+/// A seed for a client's retry jitter: the clock and the process, so that
+/// clients started together do not pause in step. Both Rust clients take
+/// theirs here; the sans-IO core takes it as an argument.
+pub fn jitter_seed() -> u64 {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.subsec_nanos());
+    (u64::from(std::process::id()) << 32) ^ u64::from(nanos)
+}
+
 fn hostname() -> String {
     let from_file = |path: &str| std::fs::read_to_string(path).ok().map(|text| text.trim().to_owned());
     from_file("/proc/sys/kernel/hostname")

@@ -49,7 +49,7 @@ mod types;
 
 pub use backup::BackupInfo;
 pub use client::Client;
-pub use config::{ClientConfig, TlsConfig, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY_FOR};
+pub use config::{jitter_seed, ClientConfig, TlsConfig, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY_FOR};
 pub use error::ClientError;
 pub use fenced::{FencedRegister, StaleToken};
 pub use guard::LockGuard;

@@ -200,7 +200,7 @@ fn renew_round(inner: &Inner, registry: &Registry) {
         }
         let refs: Vec<(Vec<u8>, u64)> = group.iter().map(|held| (held.key.clone(), held.token)).collect();
         match inner.renew(&refs, lease, budget) {
-            Ok(renewal) => {
+            Ok((renewal, sent)) => {
                 let by_ref: HashMap<(&[u8], u64), &Arc<HeldLock>> =
                     group.iter().map(|held| ((held.key.as_slice(), held.token), held)).collect();
                 for ((key, token, renewed), holder) in renewal.results.into_iter().zip(renewal.holders) {
@@ -208,7 +208,7 @@ fn renew_round(inner: &Inner, registry: &Registry) {
                         continue;
                     };
                     if renewed {
-                        held.renewed(renewal.sent, renewal.lease);
+                        held.renewed(sent, renewal.lease);
                     } else {
                         held.mark_lost(calls::refused_reason(token, holder));
                     }
