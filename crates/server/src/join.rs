@@ -102,17 +102,21 @@ pub fn spawn_promoter(
                     info!(logger, "promoted to voter"; "node_id" => id);
                     return;
                 }
-                // Catching up, or another change under way: ask again.
-                Err(ClientError::Unavailable(why)) => {
-                    asked += 1;
-                    if asked % 10 == 1 {
-                        info!(logger, "waiting to be promoted to voter"; "why" => %why);
-                    }
-                }
-                Err(err) => {
+                // Refusals that asking again cannot change: the node is not
+                // a member (removed), or this identity may not promote.
+                Err(err @ (ClientError::InvalidArgument(_) | ClientError::PermissionDenied(_))) => {
                     warn!(logger, "cannot be promoted to voter; promote it with `fencelock member promote`";
                         "node_id" => id, "error" => %err);
                     return;
+                }
+                // Catching up, another change under way, a leader change,
+                // a cluster out of reach for longer than a call retries:
+                // ask again.
+                Err(err) => {
+                    asked += 1;
+                    if asked % 10 == 1 {
+                        info!(logger, "waiting to be promoted to voter"; "why" => %err);
+                    }
                 }
             }
             std::thread::sleep(PROMOTE_EVERY);
