@@ -285,14 +285,19 @@ fn describe(info: &LockInfo) -> String {
             human(std::time::Duration::from_millis(info.remaining_ms / 100 * 100))
         );
     }
-    format!(
+    let mut line = format!(
         "{} token={} owner={} lease={} left={}",
         String::from_utf8_lossy(&info.key),
         info.token,
         String::from_utf8_lossy(&info.owner),
         human(std::time::Duration::from_millis(info.lease_ms)),
         human(std::time::Duration::from_millis(info.remaining_ms / 100 * 100))
-    )
+    );
+    // The value last: it may hold spaces.
+    if !info.value.is_empty() {
+        line.push_str(&format!(" value={}", String::from_utf8_lossy(&info.value)));
+    }
+    line
 }
 
 #[cfg(test)]
@@ -310,8 +315,11 @@ mod tests {
             lease_ms: 10_000,
             remaining_ms: 7_467,
             delayed: false,
+            value: Vec::new(),
         };
         assert_eq!(describe(&info), "jobs/a token=7 owner=o lease=10s left=7s 400ms");
+        let leader = LockInfo { value: b"10.0.0.1:80".to_vec(), ..info.clone() };
+        assert_eq!(describe(&leader), "jobs/a token=7 owner=o lease=10s left=7s 400ms value=10.0.0.1:80");
         let held_back = LockInfo { delayed: true, lease_ms: 30_000, remaining_ms: 12_050, ..info.clone() };
         assert_eq!(
             describe(&held_back),

@@ -227,7 +227,7 @@ impl Inner {
         let make = || {
             // A retry waits only for what is left of the caller's wait.
             let wait_left = wait_until.saturating_duration_since(Instant::now());
-            (calls::acquire(owner, key, lease, wait_left), wait_left + request_timeout)
+            (calls::acquire(owner, key, b"", lease, wait_left), wait_left + request_timeout)
         };
         let (kind, sent) = self.call(make, self.retry_for + wait).await?;
         calls::acquire_answer(kind, lease).map(|grant| (grant, sent))

@@ -24,6 +24,7 @@ use crate::sansio::calls::{self, RenewAnswer};
 use crate::sansio::pool::Pool;
 use crate::sansio::{Drift, Outcome, RetryLoop, Retrying, Verdict};
 use crate::types::{Grant, LockInfo, NodeStatus, Released, Renewed};
+use crate::watch::{Observer, Watch};
 use crate::ClientError;
 
 pub(crate) use crate::sansio::calls::unexpected;
@@ -134,7 +135,34 @@ impl Client {
         lease: Duration,
         wait: Duration,
     ) -> Result<LockGuard, ClientError> {
-        let key = key.as_ref();
+        self.acquire_with(owner, key.as_ref(), b"", lease, wait)
+    }
+
+    /// Campaigns in `election` with `value` (what this candidate says of
+    /// itself: its address, say): waits up to `wait` in the leader's FIFO
+    /// queue of candidates, and leads once granted, with a fencing token,
+    /// for as long as the guard is renewed. [`LockGuard::proclaim`] changes
+    /// the value; dropping or releasing the guard resigns. Observers
+    /// ([`Client::observe`]) see each leader and value.
+    pub fn campaign(
+        &self,
+        election: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<LockGuard, ClientError> {
+        let owner = self.inner.owner.clone();
+        self.acquire_with(&owner, election.as_ref(), value.as_ref(), lease, wait)
+    }
+
+    fn acquire_with(
+        &self,
+        owner: &[u8],
+        key: &[u8],
+        value: &[u8],
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<LockGuard, ClientError> {
         // Started before the request, so that a lock is never granted with
         // nothing to renew it.
         self.inner.renewer.start(&self.inner).map_err(ClientError::Internal)?;
@@ -142,7 +170,8 @@ impl Client {
         // waited for first: the server would hand its lock over (crate::local).
         let started = Instant::now();
         let local = LocalHold::take(owner, key, wait)?;
-        let (grant, sent) = self.inner.acquire(owner, key, lease, wait.saturating_sub(started.elapsed()))?;
+        let (grant, sent) =
+            self.inner.acquire(owner, key, value, lease, wait.saturating_sub(started.elapsed()))?;
         local.granted(grant.token);
         let lock = Arc::new(HeldLock::new(key.to_vec(), grant.token, grant.lease, sent, self.inner.drift));
         self.inner.renewer.add(Arc::clone(&lock));
@@ -160,7 +189,51 @@ impl Client {
         lease: Duration,
         wait: Duration,
     ) -> Result<Grant, ClientError> {
-        self.inner.acquire(owner, key.as_ref(), lease, wait).map(|(grant, _)| grant)
+        self.inner.acquire(owner, key.as_ref(), b"", lease, wait).map(|(grant, _)| grant)
+    }
+
+    /// [`Client::acquire_raw`] with the lock's `value` (shown by `get`,
+    /// `list` and watches).
+    pub fn acquire_raw_with_value(
+        &self,
+        owner: &[u8],
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<Grant, ClientError> {
+        self.inner.acquire(owner, key.as_ref(), value.as_ref(), lease, wait).map(|(grant, _)| grant)
+    }
+
+    /// The holder of `key` under `token` replaces its lock's value (an
+    /// election leader proclaims). False: that token does not hold the key
+    /// (any more); `holder_token` then says which does.
+    pub fn proclaim(&self, key: impl AsRef<[u8]>, token: u64, value: impl AsRef<[u8]>) -> Result<Released, ClientError> {
+        let request = calls::proclaim(key.as_ref(), token, value.as_ref());
+        let timeout = self.inner.request_timeout;
+        calls::proclaim_answer(self.inner.call(|| (request.clone(), timeout), self.inner.retry_for)?.0)
+    }
+
+    /// Follows the holders of the keys under `prefix` from now on: the
+    /// first [`Watch::next`] brings the current holders, the next ones the
+    /// changes, in log order.
+    pub fn watch(&self, prefix: impl AsRef<[u8]>) -> Watch {
+        Watch::new(self.clone(), prefix.as_ref().to_vec(), None)
+    }
+
+    /// Follows the holders of the keys under `prefix` from log index
+    /// `position` on (a [`Watch::position`] seen before): the changes after
+    /// it, or, if a node no longer holds them, a compacted answer with the
+    /// current holders.
+    pub fn watch_from(&self, prefix: impl AsRef<[u8]>, position: u64) -> Watch {
+        Watch::new(self.clone(), prefix.as_ref().to_vec(), Some(position))
+    }
+
+    /// Follows `election`: who leads now, then each new leader and value
+    /// ([`Observer::next`]).
+    pub fn observe(&self, election: impl AsRef<[u8]>) -> Observer {
+        let key = election.as_ref().to_vec();
+        Observer::new(Watch::new(self.clone(), key.clone(), None), key)
     }
 
     /// Releases `key` if `token` holds it. False: it did not (any more).
@@ -238,6 +311,7 @@ impl Inner {
         &self,
         owner: &[u8],
         key: &[u8],
+        value: &[u8],
         lease: Duration,
         wait: Duration,
     ) -> Result<(Grant, Instant), ClientError> {
@@ -247,7 +321,7 @@ impl Inner {
             // A retry (say, after a leader change) waits only for what is
             // left of the caller's wait.
             let wait_left = wait_until.saturating_duration_since(Instant::now());
-            (calls::acquire(owner, key, lease, wait_left), wait_left + request_timeout)
+            (calls::acquire(owner, key, value, lease, wait_left), wait_left + request_timeout)
         };
         let (kind, sent) = self.call(make, self.retry_for + wait)?;
         calls::acquire_answer(kind, lease).map(|grant| (grant, sent))
@@ -288,7 +362,7 @@ impl Inner {
     /// The retry loop. `make` builds each attempt's request and its timeout;
     /// `budget` bounds the whole call. Returns the answer and when the
     /// attempt that got it was sent.
-    fn call(
+    pub(crate) fn call(
         &self,
         make: impl FnMut() -> (Request_oneof_kind, Duration),
         budget: Duration,

@@ -70,6 +70,12 @@ impl LockGuard {
         self.held.lost_reason()
     }
 
+    /// Replaces the lock's value (an election leader proclaims a new one).
+    /// False: the token no longer holds the key.
+    pub fn proclaim(&self, value: impl AsRef<[u8]>) -> Result<bool, ClientError> {
+        self.client.proclaim(&self.held.key, self.held.token, value).map(|outcome| outcome.released)
+    }
+
     /// Stops renewing and releases the lock. False: the token no longer held
     /// the key.
     pub fn release(mut self) -> Result<bool, ClientError> {

@@ -46,6 +46,7 @@ mod members;
 mod renewer;
 pub mod sansio;
 mod types;
+mod watch;
 
 pub use backup::BackupInfo;
 pub use client::Client;
@@ -56,7 +57,8 @@ pub use guard::LockGuard;
 pub use local::LocalHold;
 pub use members::Membership;
 pub use sansio::{Drift, Retrying, DEFAULT_DRIFT, RETRY_NOTICE_AFTER};
-pub use types::{Grant, LockInfo, Member, NodeStatus, Released, Renewed};
+pub use types::{Grant, LockInfo, Member, NodeStatus, Released, Renewed, WatchBatch, WatchEvent, WatchEventKind};
+pub use watch::{Leader, LeaderChange, Observer, Watch};
 
 #[cfg(test)]
 mod tests;

@@ -27,6 +27,10 @@ pub struct LockInfo {
     /// granted it before the delay is over; `lease_ms` is the delay and
     /// `remaining_ms` what is left of it.
     pub delayed: bool,
+    /// What the holder says of itself (its acquire's value, or its last
+    /// proclaim; an election leader's value); empty for none.
+    #[serde(serialize_with = "lossy_utf8")]
+    pub value: Vec<u8>,
 }
 
 impl From<client_pb::LockInfo> for LockInfo {
@@ -38,6 +42,102 @@ impl From<client_pb::LockInfo> for LockInfo {
             lease_ms: info.lease_ms,
             remaining_ms: info.remaining_ms,
             delayed: info.delayed,
+            value: info.value,
+        }
+    }
+}
+
+/// What changed on a watched key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WatchEventKind {
+    /// A new holder, under a new token.
+    Granted,
+    /// The holder released the lock (or an admin released it by force).
+    Released,
+    /// The holder's lease ran out.
+    Expired,
+    /// The holder's lease ran out and the key is held back by lock-delay.
+    Delayed,
+    /// The lock-delay is over: the key is free.
+    DelayLifted,
+    /// The holder proclaimed a new value.
+    Proclaimed,
+    /// A kind this client does not know (a newer server).
+    Unknown,
+}
+
+impl WatchEventKind {
+    /// Whether the key has no holder after this change.
+    pub fn frees(self) -> bool {
+        matches!(self, WatchEventKind::Released | WatchEventKind::Expired | WatchEventKind::Delayed | WatchEventKind::DelayLifted)
+    }
+}
+
+/// One change of a watched key, with the log index of the entry that made
+/// it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct WatchEvent {
+    pub index: u64,
+    #[serde(serialize_with = "lossy_utf8")]
+    pub key: Vec<u8>,
+    pub kind: WatchEventKind,
+    /// The token of the lock the change is about.
+    pub token: u64,
+    /// The lock's owner, and its value after the change.
+    #[serde(serialize_with = "lossy_utf8")]
+    pub owner: Vec<u8>,
+    #[serde(serialize_with = "lossy_utf8")]
+    pub value: Vec<u8>,
+}
+
+impl From<client_pb::WatchEvent> for WatchEvent {
+    fn from(event: client_pb::WatchEvent) -> WatchEvent {
+        use client_pb::WatchEventKind as Kind;
+        WatchEvent {
+            index: event.index,
+            key: event.key,
+            kind: match event.kind {
+                Kind::GRANTED => WatchEventKind::Granted,
+                Kind::RELEASED => WatchEventKind::Released,
+                Kind::EXPIRED => WatchEventKind::Expired,
+                Kind::DELAYED => WatchEventKind::Delayed,
+                Kind::DELAY_LIFTED => WatchEventKind::DelayLifted,
+                Kind::PROCLAIMED => WatchEventKind::Proclaimed,
+                Kind::WATCH_EVENT_KIND_UNSPECIFIED => WatchEventKind::Unknown,
+            },
+            token: event.token,
+            owner: event.owner,
+            value: event.value,
+        }
+    }
+}
+
+/// One answer of a watch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct WatchBatch {
+    /// The changes after the asked index, in log order.
+    pub events: Vec<WatchEvent>,
+    /// Every change up to this index has been told: the position to watch
+    /// from next.
+    pub index: u64,
+    /// The holders of the watched keys as of `index`: at the start, or
+    /// when the position was `compacted` away.
+    pub current: Option<Vec<LockInfo>>,
+    /// The asked position was older than the node's history: changes may
+    /// have been missed; `current` says where things stand.
+    pub compacted: bool,
+}
+
+impl From<client_pb::WatchResponse> for WatchBatch {
+    fn from(response: client_pb::WatchResponse) -> WatchBatch {
+        WatchBatch {
+            events: response.events.into_iter().map(WatchEvent::from).collect(),
+            index: response.index,
+            current: response
+                .has_current
+                .then(|| response.current.into_iter().map(LockInfo::from).collect()),
+            compacted: response.compacted,
         }
     }
 }
@@ -163,7 +263,7 @@ impl From<client_pb::StatusResponse> for NodeStatus {
 
 /// Writes bytes as a string, replacing invalid UTF-8: keys and owners are
 /// usually text, and JSON has no byte strings.
-fn lossy_utf8<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn lossy_utf8<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
     serializer.serialize_str(&String::from_utf8_lossy(bytes))
 }
 
@@ -180,11 +280,12 @@ mod tests {
             lease_ms: 1000,
             remaining_ms: 250,
             delayed: false,
+            value: b"10.0.0.1:80".to_vec(),
         };
         let json = serde_json::to_value(&info).unwrap();
         assert_eq!(
             json,
-            serde_json::json!({"key": "jobs/a", "token": 7, "owner": "w\u{fffd}", "lease_ms": 1000, "remaining_ms": 250, "delayed": false})
+            serde_json::json!({"key": "jobs/a", "token": 7, "owner": "w\u{fffd}", "lease_ms": 1000, "remaining_ms": 250, "delayed": false, "value": "10.0.0.1:80"})
         );
     }
 }

@@ -27,6 +27,7 @@ fn grant(i: usize) -> Command {
         key: key(i),
         lease_ms: LeaseMs::new(10_000).expect("valid lease"),
         owner: Owner::new(format!("client-{}", i % 256).into_bytes()).expect("valid owner"),
+        value: fencelock_types::Value::none(),
     }
 }
 

@@ -26,6 +26,10 @@
 //!   table never interprets it. It travels in the snapshot.
 //! - Leases are lengths here, not deadlines: this crate never reads a clock.
 //!   A lock leaves the table only by a committed Release or Expire.
+//! - A lock carries a value (an election leader's): set by the Grant that
+//!   made it (a retried Grant keeps it), replaced by a Proclaim of its token
+//!   (with a user: only that user's lock), kept while held back by
+//!   lock-delay, and in the snapshot.
 //! - Lock-delay: an Expire that carries a delay does not remove a live lock
 //!   but holds it back ([`Lock::delayed`], same token, `lease_ms` the
 //!   delay): it is granted to no one (a Grant is rejected naming its
@@ -38,7 +42,7 @@
 //!
 //! ```
 //! use fencelock_fsm::LockTable;
-//! use fencelock_types::{ApplyResult, Command, Key, LeaseMs, Owner};
+//! use fencelock_types::{ApplyResult, Command, Key, LeaseMs, Owner, Value};
 //!
 //! let mut table = LockTable::new();
 //! let key = Key::new(b"jobs/nightly".to_vec())?;
@@ -46,6 +50,7 @@
 //!     key: key.clone(),
 //!     lease_ms: LeaseMs::new(10_000).unwrap(),
 //!     owner: Owner::new(owner.to_vec()).unwrap(),
+//!     value: Value::none(),
 //! };
 //!
 //! let ApplyResult::Granted { token, .. } = table.apply(grant(b"worker-1")) else {
@@ -77,7 +82,7 @@ use imbl::OrdMap;
 use std::ops::Bound;
 
 use fencelock_types::{
-    decode_batch, ApplyResult, ClusterId, Command, FencingToken, InvalidReason, Key, LeaseMs, Owner,
+    decode_batch, ApplyResult, ClusterId, Command, FencingToken, InvalidReason, Key, LeaseMs, Owner, Value,
 };
 
 /// One held lock.
@@ -92,6 +97,9 @@ pub struct Lock {
     /// Held back by lock-delay: the lock expired; nobody holds it, and
     /// nobody is granted the key until an Expire of `token` removes it.
     pub delayed: bool,
+    /// What the holder says of itself (an election leader's value): from
+    /// its Grant, replaced by its Proclaims.
+    pub value: Value,
 }
 
 impl Lock {
@@ -137,7 +145,8 @@ impl LockTable {
     /// Applies one committed command.
     pub fn apply(&mut self, command: Command) -> ApplyResult {
         match command {
-            Command::Grant { key, lease_ms, owner } => self.grant(key, lease_ms, owner),
+            Command::Grant { key, lease_ms, owner, value } => self.grant(key, lease_ms, owner, value),
+            Command::Proclaim { key, token, value, user } => self.proclaim(&key, token, value, user.as_ref()),
             Command::Release { key, token, user } => self.release(&key, token, user.as_ref()),
             Command::Expire { key, token, delay } => self.expire(&key, token, delay),
             Command::Renew { key, token, lease_ms, user } => self.renew(&key, token, lease_ms, user.as_ref()),
@@ -249,7 +258,7 @@ impl LockTable {
         LockTable { cluster_id: None, members: OrdMap::new(), ..self.clone() }
     }
 
-    fn grant(&mut self, key: Key, lease_ms: LeaseMs, owner: Owner) -> ApplyResult {
+    fn grant(&mut self, key: Key, lease_ms: LeaseMs, owner: Owner, value: Value) -> ApplyResult {
         if let Some(lock) = self.locks.get_mut(&key) {
             // Held back by lock-delay: for its own former owner too.
             if lock.owner != owner || lock.delayed {
@@ -270,7 +279,7 @@ impl LockTable {
         assert!(self.last_token < Some(token), "fencing tokens never go backwards");
         self.last_token = Some(token);
         self.count(&owner, true);
-        self.locks.insert(key, Lock { token, owner, lease_ms, delayed: false });
+        self.locks.insert(key, Lock { token, owner, lease_ms, delayed: false, value });
         ApplyResult::Granted { token, lease_ms, existing: false }
     }
 
@@ -339,6 +348,21 @@ impl LockTable {
                 self.remove(key);
                 ApplyResult::Expired { existed: true }
             }
+        }
+    }
+
+    fn proclaim(&mut self, key: &Key, token: FencingToken, value: Value, user: Option<&Owner>) -> ApplyResult {
+        match self.locks.get_mut(key) {
+            // Held back by lock-delay: the key is free of holders.
+            Some(lock) if lock.delayed => ApplyResult::NotFound { holder_token: None },
+            Some(lock) if lock.token == token => {
+                if user.is_some_and(|user| !lock.owner.is_of_user(user.as_bytes())) {
+                    return ApplyResult::Denied { token };
+                }
+                lock.value = value;
+                ApplyResult::Proclaimed { token }
+            }
+            other => ApplyResult::NotFound { holder_token: other.map(|lock| lock.token) },
         }
     }
 

@@ -19,7 +19,7 @@ use std::collections::BTreeSet;
 
 use imbl::OrdMap;
 
-use fencelock_types::{pb, ClusterId, FencingToken, InvalidReason, Key, LeaseMs, Owner};
+use fencelock_types::{pb, ClusterId, FencingToken, InvalidReason, Key, LeaseMs, Owner, Value};
 use protobuf::Message;
 
 use crate::{Lock, LockTable, MemberAddrs};
@@ -114,6 +114,10 @@ impl LockTable {
             if lock.delayed {
                 len += 2;
             }
+            let value = lock.value.as_bytes();
+            if !value.is_empty() {
+                len += bytes_size(6, value);
+            }
             out.write_tag(2, WireTypeLengthDelimited)?;
             out.write_raw_varint32(len)?;
             if !key.is_empty() {
@@ -130,6 +134,9 @@ impl LockTable {
             }
             if lock.delayed {
                 out.write_bool(5, true)?;
+            }
+            if !value.is_empty() {
+                out.write_bytes(6, value)?;
             }
         }
         if let Some(id) = &self.cluster_id {
@@ -168,6 +175,7 @@ impl LockTable {
             let owner = Owner::new(record.owner).map_err(invalid)?;
             let lease_ms = LeaseMs::new(record.lease_ms).map_err(invalid)?;
             let token = FencingToken::new(record.token).ok_or(invalid(InvalidReason::ZeroToken))?;
+            let value = Value::new(record.value).map_err(invalid)?;
             if locks.last().is_some_and(|(previous, _): &(Key, Lock)| *previous >= key) {
                 return Err(SnapshotError::KeysOutOfOrder { index });
             }
@@ -177,7 +185,7 @@ impl LockTable {
             if !tokens.insert(token) {
                 return Err(SnapshotError::DuplicateToken { index, token });
             }
-            locks.push((key, Lock { token, owner, lease_ms, delayed: record.delayed }));
+            locks.push((key, Lock { token, owner, lease_ms, delayed: record.delayed, value }));
         }
         let mut identities: OrdMap<Vec<u8>, usize> = OrdMap::new();
         for (_, lock) in locks.iter().filter(|(_, lock)| !lock.delayed) {

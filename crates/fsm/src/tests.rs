@@ -2,7 +2,7 @@
 //! histories checked against a reference model, and snapshot corruption.
 
 use fencelock_types::{
-    encode_batch, pb, ApplyResult, ClusterId, Command, FencingToken, InvalidReason, Key, LeaseMs, Owner,
+    encode_batch, pb, ApplyResult, ClusterId, Command, FencingToken, InvalidReason, Key, LeaseMs, Owner, Value,
 };
 use proptest::prelude::*;
 use protobuf::Message;
@@ -26,7 +26,7 @@ fn token(value: u64) -> FencingToken {
 }
 
 fn grant(k: &str, o: &str) -> Command {
-    Command::Grant { key: key(k), lease_ms: lease(1000), owner: owner(o) }
+    Command::Grant { key: key(k), lease_ms: lease(1000), owner: owner(o), value: Value::none() }
 }
 
 fn granted(table: &mut LockTable, k: &str, o: &str) -> FencingToken {
@@ -55,11 +55,11 @@ fn tokens_start_at_one_and_increase_across_keys() {
 fn grant_by_the_holder_is_idempotent_and_restarts_the_lease() {
     let mut table = LockTable::new();
     let first = granted(&mut table, "a", "o1");
-    let retry = table.apply(Command::Grant { key: key("a"), lease_ms: lease(5000), owner: owner("o1") });
+    let retry = table.apply(Command::Grant { key: key("a"), lease_ms: lease(5000), owner: owner("o1"), value: Value::none() });
     assert_eq!(retry, ApplyResult::Granted { token: first, lease_ms: lease(5000), existing: true });
     assert_eq!(table.holder(b"a").unwrap().lease_ms, lease(5000));
     // A stale retry with a shorter lease keeps the longer one.
-    let stale = table.apply(Command::Grant { key: key("a"), lease_ms: lease(700), owner: owner("o1") });
+    let stale = table.apply(Command::Grant { key: key("a"), lease_ms: lease(700), owner: owner("o1"), value: Value::none() });
     assert_eq!(stale, ApplyResult::Granted { token: first, lease_ms: lease(5000), existing: true });
     assert_eq!(table.holder(b"a").unwrap().lease_ms, lease(5000));
     // No token was burnt by the retry.
@@ -207,6 +207,63 @@ fn with_a_user_only_its_own_locks_are_released_or_renewed() {
     granted(&mut table, "a", "carol");
     let force = Command::Release { key: key("a"), token: None, user: None };
     assert!(matches!(table.apply(force), ApplyResult::Released { .. }));
+}
+
+fn value(text: &str) -> Value {
+    Value::new(text.as_bytes().to_vec()).unwrap()
+}
+
+#[test]
+fn a_lock_carries_its_grants_value_and_only_its_holder_proclaims_a_new_one() {
+    let mut table = LockTable::new();
+    let campaign = |o: &str, v: &str| Command::Grant { key: key("e"), lease_ms: lease(1000), owner: owner(o), value: value(v) };
+    let ApplyResult::Granted { token: t1, .. } = table.apply(campaign("o1", "10.0.0.1:80")) else { panic!() };
+    assert_eq!(table.holder(b"e").unwrap().value, value("10.0.0.1:80"));
+    // A retried Grant keeps the value the lock has.
+    assert!(matches!(table.apply(campaign("o1", "other")), ApplyResult::Granted { existing: true, .. }));
+    assert_eq!(table.holder(b"e").unwrap().value, value("10.0.0.1:80"));
+    // The holder proclaims; a stale token, another user, or a free key does not.
+    let proclaim = |t: FencingToken, v: &str, user: Option<&str>| Command::Proclaim {
+        key: key("e"),
+        token: t,
+        value: value(v),
+        user: user.map(owner),
+    };
+    assert_eq!(table.apply(proclaim(t1, "10.0.0.2:80", None)), ApplyResult::Proclaimed { token: t1 });
+    assert_eq!(table.holder(b"e").unwrap().value, value("10.0.0.2:80"));
+    assert_eq!(table.apply(proclaim(token(99), "x", None)), ApplyResult::NotFound { holder_token: Some(t1) });
+    assert_eq!(table.apply(proclaim(t1, "x", Some("o2"))), ApplyResult::Denied { token: t1 });
+    assert_eq!(table.holder(b"e").unwrap().value, value("10.0.0.2:80"));
+    // The value travels in the snapshot.
+    assert_eq!(LockTable::restore(&table.snapshot()).unwrap(), table);
+    // Held back by lock-delay: nobody holds the key, nobody proclaims.
+    table.apply(Command::Expire { key: key("e"), token: t1, delay: Some(lease(500)) });
+    assert_eq!(table.apply(proclaim(t1, "y", None)), ApplyResult::NotFound { holder_token: None });
+    table.apply(Command::Expire { key: key("e"), token: t1, delay: None });
+    assert_eq!(table.apply(proclaim(t1, "y", None)), ApplyResult::NotFound { holder_token: None });
+    // The next leader's lock carries its own value.
+    let ApplyResult::Granted { token: t2, .. } = table.apply(campaign("o2", "10.0.0.3:80")) else { panic!() };
+    assert!(t2 > t1);
+    assert_eq!(table.holder(b"e").unwrap().value, value("10.0.0.3:80"));
+}
+
+#[test]
+fn values_over_the_bound_are_refused_in_commands_and_snapshots() {
+    let long = vec![b'v'; fencelock_types::VALUE_LEN_MAX + 1];
+    assert_eq!(Value::new(long.clone()), Err(InvalidReason::ValueTooLong));
+    let mut grant = pb::Grant { key: b"k".to_vec(), lease_ms: 10, owner: b"o".to_vec(), ..Default::default() };
+    grant.value = long.clone();
+    let command = pb::Command { kind: Some(pb::Command_oneof_kind::grant(grant)), ..Default::default() };
+    let batch = pb::CommandBatch { commands: vec![command].into(), ..Default::default() };
+    let results = LockTable::new().apply_entry(&batch.write_to_bytes().unwrap());
+    assert_eq!(results, [ApplyResult::Invalid { reason: InvalidReason::ValueTooLong }]);
+    let mut record = record("k", 1);
+    record.value = long;
+    let body = pb::TableSnapshot { last_token: 1, locks: vec![record].into(), ..Default::default() };
+    assert_eq!(
+        LockTable::restore(&framed(&body)),
+        Err(SnapshotError::InvalidRecord { index: 0, reason: InvalidReason::ValueTooLong })
+    );
 }
 
 #[test]
@@ -547,18 +604,25 @@ struct Model {
     /// Key, token, owner, lease (the delay once held back), held back by
     /// lock-delay.
     locks: Vec<(Key, FencingToken, Owner, LeaseMs, bool)>,
+    /// The value of each lock, by token.
+    values: Vec<(FencingToken, Value)>,
     last_token: u64,
     cluster_id: Option<ClusterId>,
 }
 
 impl Model {
+    /// The value the lock under `token` carries: the last one given it.
+    fn value_of(&self, token: FencingToken) -> Value {
+        self.values.iter().rev().find(|(t, _)| *t == token).map(|(_, value)| value.clone()).unwrap_or_default()
+    }
+
     fn position(&self, key: &Key) -> Option<usize> {
         self.locks.iter().position(|(k, ..)| k == key)
     }
 
     fn apply(&mut self, command: &Command) -> ApplyResult {
         match command.clone() {
-            Command::Grant { key, lease_ms, owner } => match self.position(&key) {
+            Command::Grant { key, lease_ms, owner, value } => match self.position(&key) {
                 Some(i) if self.locks[i].2 == owner && !self.locks[i].4 => {
                     self.locks[i].3 = self.locks[i].3.max(lease_ms);
                     ApplyResult::Granted { token: self.locks[i].1, lease_ms: self.locks[i].3, existing: true }
@@ -571,6 +635,7 @@ impl Model {
                     self.last_token = next;
                     let t = token(self.last_token);
                     self.locks.push((key, t, owner, lease_ms, false));
+                    self.values.push((t, value));
                     ApplyResult::Granted { token: t, lease_ms, existing: false }
                 }
             },
@@ -616,6 +681,17 @@ impl Model {
                 },
                 other => ApplyResult::NotFound { holder_token: other.map(|i| self.locks[i].1) },
             },
+            Command::Proclaim { key, token, value, user } => match self.position(&key) {
+                Some(i) if self.locks[i].4 => ApplyResult::NotFound { holder_token: None },
+                Some(i) if self.locks[i].1 == token => {
+                    if user.is_some_and(|user| !model_owned_by(&self.locks[i].2, &user)) {
+                        return ApplyResult::Denied { token };
+                    }
+                    self.values.push((token, value));
+                    ApplyResult::Proclaimed { token }
+                }
+                other => ApplyResult::NotFound { holder_token: other.map(|i| self.locks[i].1) },
+            },
             Command::Noop => ApplyResult::Noop,
             Command::Bootstrap { cluster_id, token_floor } => {
                 if self.cluster_id.is_none() {
@@ -648,6 +724,10 @@ fn arb_owner() -> impl Strategy<Value = Owner> {
     prop::sample::select(vec!["o1", "o2", "o3", "o1/a", "o2/a", "o12"]).prop_map(owner)
 }
 
+fn arb_value() -> impl Strategy<Value = Value> {
+    prop::sample::select(vec!["", "10.0.0.1:80", "v2"]).prop_map(|v| Value::new(v.as_bytes().to_vec()).unwrap())
+}
+
 fn arb_lease() -> impl Strategy<Value = LeaseMs> {
     prop::sample::select(vec![1u64, 500, 30_000]).prop_map(lease)
 }
@@ -660,7 +740,10 @@ fn arb_token() -> impl Strategy<Value = FencingToken> {
 
 fn arb_command() -> impl Strategy<Value = Command> {
     prop_oneof![
-        4 => (arb_key(), arb_lease(), arb_owner()).prop_map(|(key, lease_ms, owner)| Command::Grant { key, lease_ms, owner }),
+        4 => (arb_key(), arb_lease(), arb_owner(), arb_value())
+            .prop_map(|(key, lease_ms, owner, value)| Command::Grant { key, lease_ms, owner, value }),
+        1 => (arb_key(), arb_token(), arb_value(), arb_user())
+            .prop_map(|(key, token, value, user)| Command::Proclaim { key, token, value, user }),
         2 => (arb_key(), prop::option::weighted(0.8, arb_token()), arb_user()).prop_map(|(key, token, user)| Command::Release { key, token, user }),
         2 => (arb_key(), arb_token(), prop::option::weighted(0.4, arb_lease()))
             .prop_map(|(key, token, delay)| Command::Expire { key, token, delay }),
@@ -708,7 +791,7 @@ fn arb_snapshot_body() -> impl Strategy<Value = pb::TableSnapshot> {
     let lease = arb_varint(31).prop_filter("a valid lease", |ms| *ms <= fencelock_types::LEASE_MS_MAX);
     let records = prop::collection::btree_map(
         prop::collection::vec(any::<u8>(), 1..200),
-        (prop::collection::vec(any::<u8>(), 1..150), lease, any::<bool>()),
+        (prop::collection::vec(any::<u8>(), 1..150), lease, any::<bool>(), prop::collection::vec(any::<u8>(), 0..40)),
         0..20,
     );
     let tokens = prop::collection::btree_set(arb_varint(63), 0..=20);
@@ -724,12 +807,13 @@ fn arb_snapshot_body() -> impl Strategy<Value = pb::TableSnapshot> {
             let locks = records
                 .into_iter()
                 .zip(tokens.into_iter().rev())
-                .map(|((key, (owner, lease_ms, delayed)), token)| pb::LockRecord {
+                .map(|((key, (owner, lease_ms, delayed, value)), token)| pb::LockRecord {
                     key,
                     token,
                     owner,
                     lease_ms,
                     delayed,
+                    value,
                     ..Default::default()
                 })
                 .collect();
@@ -764,9 +848,11 @@ proptest! {
             let expected = model.apply(&command);
             prop_assert_eq!(table.apply(command), expected);
         }
-        let mut model_locks: Vec<_> = model.locks.iter().map(|(k, t, ..)| (k.clone(), *t)).collect();
+        let mut model_locks: Vec<_> =
+            model.locks.iter().map(|(k, t, ..)| (k.clone(), *t, model.value_of(*t))).collect();
         model_locks.sort();
-        let table_locks: Vec<_> = table.list(b"", usize::MAX).map(|(k, l)| (k.clone(), l.token)).collect();
+        let table_locks: Vec<_> =
+            table.list(b"", usize::MAX).map(|(k, l)| (k.clone(), l.token, l.value.clone())).collect();
         prop_assert_eq!(table_locks, model_locks);
         prop_assert_eq!(table.last_token().map_or(0, FencingToken::get), model.last_token);
         prop_assert_eq!(table.cluster_id(), model.cluster_id);

@@ -55,6 +55,7 @@ mod replica;
 pub mod shell;
 mod storage;
 mod types;
+pub mod watch;
 mod worker;
 
 pub use node::{Action, ClientRequest, Event, Node, NodeConfig};

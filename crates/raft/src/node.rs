@@ -24,7 +24,7 @@
 //!
 //! ```
 //! use fencelock_raft::{Action, ClientRequest, Config, ConnId, Event, Node, NodeConfig, NodeId, Recovered};
-//! use fencelock_types::{Key, LeaseMs, Owner};
+//! use fencelock_types::{Key, LeaseMs, Owner, Value};
 //!
 //! let logger = slog::Logger::root(slog::Discard, slog::o!());
 //! let config = NodeConfig { driver: Config::new(NodeId(1), vec![NodeId(1)]), tick_ms: Some(10), election_seed: None };
@@ -34,6 +34,7 @@
 //!     key: Key::new(b"jobs/nightly".to_vec())?,
 //!     lease_ms: LeaseMs::new(10_000)?,
 //!     owner: Owner::new(b"worker-1".to_vec())?,
+//!     value: Value::none(),
 //!     wait_ms: 0,
 //! };
 //! let mut answer = None;
@@ -68,7 +69,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use fencelock_fsm::{LockTable, SnapshotError};
-use fencelock_types::{ClusterId, Command, Key, LeaseMs, Owner};
+use fencelock_types::{ClusterId, Command, Key, LeaseMs, Owner, Value};
 use raft::prelude::{Message, MessageType};
 use slog::{info, warn, Logger};
 
@@ -76,6 +77,7 @@ use crate::registry::{Answered, ConnId, Registry};
 use crate::rejoin::{self, PeerReport, Start};
 use crate::replica::{Effects, GrantRef, NodeStatus, Replica, SnapshotJob, Stats};
 use crate::storage::{Recovered, Write};
+use crate::watch::WatchQuery;
 use crate::types::{
     AppliedEvent, Config, FatalError, Member, MemberChange, NodeId, Query, Reply, RequestError, RoleChange,
 };
@@ -101,13 +103,16 @@ pub enum ClientRequest {
     Propose(Vec<Command>),
     /// Acquire `key`, waiting up to `wait_ms` for it when another owner
     /// holds it (0: do not wait).
-    Acquire { key: Key, lease_ms: LeaseMs, owner: Owner, wait_ms: u64 },
+    Acquire { key: Key, lease_ms: LeaseMs, owner: Owner, value: Value, wait_ms: u64 },
     /// A linearizable read, through ReadIndex on the leader.
     Read(Query),
     /// A read of this node's applied table, at once: it may be stale.
     ReadLocal(Query),
     /// A membership change, on the leader.
     ChangeMembers(MemberChange),
+    /// The changes of holders under a prefix after a log index, on any
+    /// node ([`crate::watch`]).
+    Watch(WatchQuery),
     /// Hand leadership to this voter, on the leader.
     TransferLeader(NodeId),
 }
@@ -363,9 +368,10 @@ impl<T> Node<T> {
         replica.set_now(now_ms);
         match request {
             ClientRequest::Propose(commands) => replica.propose(id, commands),
-            ClientRequest::Acquire { key, lease_ms, owner, wait_ms } => {
-                replica.acquire(id, key, lease_ms, owner, wait_ms)
+            ClientRequest::Acquire { key, lease_ms, owner, value, wait_ms } => {
+                replica.acquire(id, key, lease_ms, owner, value, wait_ms)
             }
+            ClientRequest::Watch(query) => replica.watch(id, query),
             ClientRequest::Read(query) => replica.read(id, query),
             ClientRequest::ChangeMembers(change) => replica.change_members(id, change),
             ClientRequest::TransferLeader(to) => replica.transfer(id, to),

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner};
+use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner, Value};
 
 use crate::node::{Action, ClientRequest, Event, Node, NodeConfig};
 use crate::registry::ConnId;
@@ -134,6 +134,7 @@ fn acquire(key: &str, owner: &str) -> ClientRequest {
         key: Key::new(key.as_bytes().to_vec()).unwrap(),
         lease_ms: LeaseMs::new(30_000).unwrap(),
         owner: Owner::new(owner.as_bytes().to_vec()).unwrap(),
+        value: Value::none(),
         wait_ms: 0,
     }
 }
@@ -279,6 +280,7 @@ fn a_waiting_acquire_whose_connection_closes_is_forgotten_and_never_granted() {
         key: Key::new(b"k".to_vec()).unwrap(),
         lease_ms: LeaseMs::new(30_000).unwrap(),
         owner: Owner::new(b"Y".to_vec()).unwrap(),
+        value: Value::none(),
         wait_ms: 60_000,
     };
     one.send(2, 2, waiting);
@@ -598,6 +600,7 @@ fn a_snapshot_from_the_leader_is_decoded_by_the_shell_and_installed_from_that_ta
             key: Key::new(name.as_bytes().to_vec()).unwrap(),
             lease_ms: LeaseMs::new(30_000).unwrap(),
             owner: Owner::new(b"o".to_vec()).unwrap(),
+            value: fencelock_types::Value::none(),
         });
     }
     let snapshot_message = |index: u64, term: u64| {

@@ -386,6 +386,7 @@ mod tests {
             key: key(name),
             lease_ms: LeaseMs::new(1_000).unwrap(),
             owner: Owner::new(b"o".to_vec()).unwrap(),
+            value: fencelock_types::Value::none(),
         }
     }
 

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use fencelock_fsm::LockTable;
 use fencelock_lease::LeaseTracker;
 use fencelock_types::{
-    decode_batch, encode_batch, pb, ApplyResult, ClusterId, Command, FencingToken, Key, LeaseMs, Owner,
+    decode_batch, encode_batch, pb, ApplyResult, ClusterId, Command, FencingToken, Key, LeaseMs, Owner, Value,
 };
 use protobuf::Message as _;
 use raft::prelude::{ConfState, Entry, EntryType, Message, MessageType, Snapshot};
@@ -22,6 +22,7 @@ use crate::gate::{self, RefusalLog, Refusals};
 use crate::queue::{Pending, Requests};
 use crate::rejoin::{self, Floor, Membership, PinVote, RaftPosition};
 use crate::storage::{LogCache, Recovered, Write, WriteBatch};
+use crate::watch::{TooManyWatches, WatchEvent, WatchKind, WatchQuery, Watches};
 use crate::types::{
     AppliedEvent, Config, FatalError, HeldLock, NodeId, Query, Quota, Reply, RequestError, RequestId,
     Response, RoleChange,
@@ -294,6 +295,8 @@ pub struct Replica {
     /// This node applied its own removal, at this index, written by this
     /// write: it stops once that write is durable.
     removed: Option<(u64, u64)>,
+    /// Recent changes, and the watches parked until the next one.
+    watches: Watches,
 }
 
 impl std::fmt::Debug for Replica {
@@ -377,6 +380,7 @@ impl Replica {
         raft_config.validate()?;
         let raw = RawNode::new(&raft_config, cache, &logger)?;
         let reported = (raw.raft.state, raw.raft.term, raw.raft.leader_id);
+        let (watch_history_bytes_max, watches_max) = (config.watch_history_bytes_max, config.watches_max);
         let mut replica = Replica {
             id: config.id,
             config,
@@ -415,6 +419,7 @@ impl Replica {
             conf_version: 0,
             snapshot_wanted: false,
             removed: None,
+            watches: Watches::new(snapshot_index, watch_history_bytes_max, watches_max),
         };
         replica.check_rejoined();
         Ok(replica)
@@ -429,9 +434,17 @@ impl Replica {
     /// Accepts an acquire. With `wait_ms` > 0, a key held by another owner
     /// queues the request (FIFO per key) for up to `wait_ms` on this node's
     /// clock; with 0 it is answered [`RequestError::Held`] at once.
-    pub fn acquire(&mut self, id: RequestId, key: Key, lease_ms: LeaseMs, owner: Owner, wait_ms: u64) {
+    pub fn acquire(
+        &mut self,
+        id: RequestId,
+        key: Key,
+        lease_ms: LeaseMs,
+        owner: Owner,
+        value: Value,
+        wait_ms: u64,
+    ) {
         let wait_until_ms = (wait_ms > 0).then(|| self.now_ms.saturating_add(wait_ms));
-        self.submit(id, vec![Command::Grant { key, lease_ms, owner }], wait_until_ms, false);
+        self.submit(id, vec![Command::Grant { key, lease_ms, owner, value }], wait_until_ms, false);
     }
 
     /// Releases a lock whose grant could not be delivered: its client is
@@ -451,6 +464,9 @@ impl Replica {
     /// true when it is gone without a trace, false when it is in flight (or
     /// unknown), and will be answered.
     pub fn cancel(&mut self, id: RequestId) -> bool {
+        if self.watches.cancel(id) {
+            return true;
+        }
         if self.reads.remove(&id).is_some() {
             self.reads_at_index.retain(|(_, read)| *read != id);
             self.reads_before_ready.retain(|read| *read != id);
@@ -462,6 +478,34 @@ impl Replica {
         let table = &self.table;
         self.requests.remove(id, &|key| table.holder(key.as_bytes()).is_none());
         true
+    }
+
+    /// Accepts a watch, on any node: answered now if there is a change to
+    /// tell (or it does not wait), else when one applies or its wait runs
+    /// out ([`crate::watch`]).
+    pub fn watch(&mut self, id: RequestId, query: WatchQuery) {
+        match self.watches.ask(id, query, &self.table, self.table_index, self.now_ms) {
+            Ok(Some(answer)) => self.reply(id, Ok(Response::Watch(answer))),
+            Ok(None) => {}
+            Err(TooManyWatches { max }) => self.reply(id, Err(RequestError::TooManyWatches { max })),
+        }
+    }
+
+    /// Answers the parked watches that have a change to tell, or whose
+    /// wait ran out.
+    fn answer_watches(&mut self) {
+        if self.watches.parked() == 0 {
+            return;
+        }
+        for (id, answer) in self.watches.ready(&self.table, self.table_index, self.now_ms) {
+            self.reply(id, Ok(Response::Watch(answer)));
+        }
+    }
+
+    /// Watches parked, and the history's length in events and bytes.
+    pub fn watch_stats(&self) -> (usize, usize, usize) {
+        let (events, bytes) = self.watches.history_len();
+        (self.watches.parked(), events, bytes)
     }
 
     /// Sets this node's monotonic time, in milliseconds. Time never goes
@@ -829,6 +873,7 @@ impl Replica {
         self.propose_expiries();
         self.propose_ready_requests();
         self.handle_ready()?;
+        self.answer_watches();
         self.notice_role_change();
         self.check_transfer();
         // A decoded snapshot is installed by the ready right after its
@@ -1430,6 +1475,8 @@ impl Replica {
         info!(self.logger, "installing snapshot"; "index" => index, "locks" => table.len());
         self.table = table;
         self.table_index = index;
+        // The changes before the snapshot are not known here.
+        self.watches.reset(index);
         // Which grant each lock is, is not in a snapshot: a ghost release
         // from before finds no match and is dropped (the lease runs out).
         self.grant_index.clear();
@@ -1555,10 +1602,19 @@ impl Replica {
         // lifting Expire, or a force-release) lifts the delay.
         let was_delayed =
             key.as_ref().and_then(|key| self.table.holder(key.as_bytes())).is_some_and(|lock| lock.delayed);
+        // The lock a Release or Expire may remove, for the watchers: who
+        // held it and with what value.
+        let before = match &command {
+            Command::Release { key, .. } | Command::Expire { key, .. } => {
+                self.table.holder(key.as_bytes()).map(|lock| (lock.owner.clone(), lock.value.clone()))
+            }
+            _ => None,
+        };
         let last_token = self.table.last_token();
         let result = self.table.apply(command);
         assert!(self.table.last_token() >= last_token, "fencing tokens never go backwards");
         let Some(key) = key else { return result };
+        self.record_watch_event(&key, &result, expire_token, was_delayed, before, index);
         let event = match (result, expire_token) {
             (ApplyResult::Granted { token, lease_ms, existing }, _) => {
                 AppliedEvent::Granted { key, token, lease_ms, existing }
@@ -1577,6 +1633,7 @@ impl Replica {
             (ApplyResult::Delayed { token, delay_ms }, _) => {
                 AppliedEvent::Delayed { key, token, delay_ms, proposer }
             }
+            (ApplyResult::Proclaimed { token }, _) => AppliedEvent::Proclaimed { key, token },
             _ => return result,
         };
         let now_ms = self.now_ms;
@@ -1612,10 +1669,41 @@ impl Replica {
                 self.leases.removed(key, *token);
                 self.grant_index.remove(key);
             }
-            AppliedEvent::Restored => {}
+            AppliedEvent::Proclaimed { .. } | AppliedEvent::Restored => {}
         }
         self.effects.applied.push((index, event));
         result
+    }
+
+    /// Records what a command applied at `index` changed on `key` for the
+    /// watchers: a new holder, a holder gone, a delay, a new value.
+    fn record_watch_event(
+        &mut self,
+        key: &Key,
+        result: &ApplyResult,
+        expire_token: Option<FencingToken>,
+        was_delayed: bool,
+        before: Option<(Owner, Value)>,
+        index: u64,
+    ) {
+        let (kind, token) = match (*result, expire_token) {
+            (ApplyResult::Granted { token, existing: false, .. }, _) => (WatchKind::Granted, token),
+            (ApplyResult::Proclaimed { token }, _) => (WatchKind::Proclaimed, token),
+            (ApplyResult::Released { token }, _) if was_delayed => (WatchKind::DelayLifted, token),
+            (ApplyResult::Released { token }, _) => (WatchKind::Released, token),
+            (ApplyResult::Expired { existed: true }, Some(token)) if was_delayed => (WatchKind::DelayLifted, token),
+            (ApplyResult::Expired { existed: true }, Some(token)) => (WatchKind::Expired, token),
+            (ApplyResult::Delayed { token, .. }, _) => (WatchKind::Delayed, token),
+            _ => return,
+        };
+        let (owner, value) = match before {
+            Some(held) => held,
+            None => match self.table.holder(key.as_bytes()) {
+                Some(lock) => (lock.owner.clone(), lock.value.clone()),
+                None => return,
+            },
+        };
+        self.watches.record(WatchEvent { index, key: key.clone(), kind, token, owner, value });
     }
 
     /// Answers `query` from the applied table at once, on any node. Not

@@ -560,7 +560,7 @@ impl Driver {
             Request::ConnectionClosed(conn) => Event::ConnectionClosed(conn),
             Request::Propose { commands, reply } => client(ClientRequest::Propose(commands), reply),
             Request::Acquire { key, lease_ms, owner, wait_ms, reply } => {
-                client(ClientRequest::Acquire { key, lease_ms, owner, wait_ms }, reply)
+                client(ClientRequest::Acquire { key, lease_ms, owner, value: fencelock_types::Value::none(), wait_ms }, reply)
             }
             Request::Read { query, reply } => client(ClientRequest::Read(query), reply),
             Request::ReadLocal { query, reply } => client(ClientRequest::ReadLocal(query), reply),

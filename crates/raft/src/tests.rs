@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner};
+use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner, Value};
 use raft::prelude::{Entry, HardState, Message, MessageType, Snapshot};
 
 use crate::storage::{Durable, Recovered, WriteBatch};
@@ -28,6 +28,7 @@ fn grant(name: &str, owner: &str) -> Command {
         key: key(name),
         lease_ms: LeaseMs::new(1000).unwrap(),
         owner: Owner::new(owner.as_bytes().to_vec()).unwrap(),
+        value: fencelock_types::Value::none(),
     }
 }
 
@@ -773,17 +774,17 @@ fn a_hot_key_handoff_to_the_first_waiter_costs_one_entry_and_a_try_acquire_waits
     let mut net = Net::new(3);
     net.elect(1);
     let lease_ms = LeaseMs::new(1000).unwrap();
-    net.node(1).acquire(RequestId(1), key("hot"), lease_ms, owner("holder"), 0);
+    net.node(1).acquire(RequestId(1), key("hot"), lease_ms, owner("holder"), Value::none(), 0);
     net.settle();
     let holder = applied_token(net.take_reply(RequestId(1)));
-    net.node(1).acquire(RequestId(2), key("hot"), lease_ms, owner("waiter"), 60_000);
+    net.node(1).acquire(RequestId(2), key("hot"), lease_ms, owner("waiter"), Value::none(), 60_000);
     net.settle();
     assert!(net.take_reply(RequestId(2)).is_none(), "the waiter waits");
 
     let before = net.node(1).stats();
     net.node(1)
         .propose(RequestId(3), vec![Command::Release { key: key("hot"), token: Some(holder), user: None }]);
-    net.node(1).acquire(RequestId(4), key("hot"), lease_ms, owner("impatient"), 0);
+    net.node(1).acquire(RequestId(4), key("hot"), lease_ms, owner("impatient"), Value::none(), 0);
     net.node(1).run_ready().unwrap();
     let after = net.node(1).stats();
     assert_eq!(after.entries_proposed - before.entries_proposed, 1, "release and handoff share one entry");
@@ -811,11 +812,11 @@ fn an_expiry_hands_the_key_to_the_first_waiter_and_waiters_fail_over_with_a_retr
     for replica in &mut net.replicas {
         replica.set_now(0);
     }
-    net.node(1).acquire(RequestId(1), key("a"), lease_ms, owner("o1"), 0);
+    net.node(1).acquire(RequestId(1), key("a"), lease_ms, owner("o1"), Value::none(), 0);
     net.settle();
     let first = applied_token(net.take_reply(RequestId(1)));
-    net.node(1).acquire(RequestId(2), key("a"), lease_ms, owner("o2"), 60_000);
-    net.node(1).acquire(RequestId(3), key("a"), lease_ms, owner("o3"), 60_000);
+    net.node(1).acquire(RequestId(2), key("a"), lease_ms, owner("o2"), Value::none(), 60_000);
+    net.node(1).acquire(RequestId(3), key("a"), lease_ms, owner("o3"), Value::none(), 60_000);
     net.settle();
     net.node(1).set_now(1_000);
     net.settle();
@@ -838,12 +839,12 @@ fn a_lock_delay_holds_an_expired_key_back_across_a_leader_change_then_hands_it_t
         replica.set_now(0);
     }
     let lease_ms = LeaseMs::new(1_000).unwrap();
-    net.node(1).acquire(RequestId(1), key("jobs/a"), lease_ms, owner("o1"), 0);
-    net.node(1).acquire(RequestId(2), key("free/a"), lease_ms, owner("o1"), 0);
+    net.node(1).acquire(RequestId(1), key("jobs/a"), lease_ms, owner("o1"), Value::none(), 0);
+    net.node(1).acquire(RequestId(2), key("free/a"), lease_ms, owner("o1"), Value::none(), 0);
     net.settle();
     let first = applied_token(net.take_reply(RequestId(1)));
     applied_token(net.take_reply(RequestId(2)));
-    net.node(1).acquire(RequestId(3), key("jobs/a"), lease_ms, owner("o2"), 60_000);
+    net.node(1).acquire(RequestId(3), key("jobs/a"), lease_ms, owner("o2"), Value::none(), 60_000);
     net.settle();
     // Both leases run out: the key under the rule is held back, the other
     // is free at once.
@@ -859,7 +860,7 @@ fn a_lock_delay_holds_an_expired_key_back_across_a_leader_change_then_hands_it_t
     assert_eq!(net.take_reply(RequestId(3)), None, "a waiter was granted a key held back");
     // A try-acquire is told, with the time left; its former owner too.
     for (id, who) in [(4, "o3"), (5, "o1")] {
-        net.node(1).acquire(RequestId(id), key("jobs/a"), lease_ms, owner(who), 0);
+        net.node(1).acquire(RequestId(id), key("jobs/a"), lease_ms, owner(who), Value::none(), 0);
         net.settle();
         assert_eq!(
             net.take_reply(RequestId(id)),
@@ -876,7 +877,7 @@ fn a_lock_delay_holds_an_expired_key_back_across_a_leader_change_then_hands_it_t
         replica.set_now(2_500);
     }
     net.elect(2);
-    net.node(2).acquire(RequestId(6), key("jobs/a"), lease_ms, owner("o2"), 60_000);
+    net.node(2).acquire(RequestId(6), key("jobs/a"), lease_ms, owner("o2"), Value::none(), 60_000);
     net.settle();
     for replica in &mut net.replicas {
         replica.set_now(3_900);
@@ -919,7 +920,7 @@ fn renewals_of_many_locks_travel_in_one_entry() {
     let lease_ms = LeaseMs::new(1000).unwrap();
     let mut tokens = Vec::new();
     for i in 0..5u64 {
-        net.node(1).acquire(RequestId(i), key(&format!("k{i}")), lease_ms, owner("o1"), 0);
+        net.node(1).acquire(RequestId(i), key(&format!("k{i}")), lease_ms, owner("o1"), Value::none(), 0);
         net.settle();
         tokens.push(applied_token(net.take_reply(RequestId(i))));
     }
@@ -1515,19 +1516,19 @@ fn acquires_that_fill_their_budget_leave_room_for_renewals_releases_and_expiries
     }
     let long = LeaseMs::new(60_000).unwrap();
     let short = LeaseMs::new(1_000).unwrap();
-    net.node(1).acquire(RequestId(1), key("held"), long, owner("holder"), 0);
-    net.node(1).acquire(RequestId(2), key("short"), short, owner("o1"), 0);
-    net.node(1).acquire(RequestId(3), key("renewed"), short, owner("o1"), 0);
+    net.node(1).acquire(RequestId(1), key("held"), long, owner("holder"), Value::none(), 0);
+    net.node(1).acquire(RequestId(2), key("short"), short, owner("o1"), Value::none(), 0);
+    net.node(1).acquire(RequestId(3), key("renewed"), short, owner("o1"), Value::none(), 0);
     net.settle();
     applied_token(net.take_reply(RequestId(1)));
     let short_token = applied_token(net.take_reply(RequestId(2)));
     let renewed = applied_token(net.take_reply(RequestId(3)));
     // A careless client: four acquires wait for a key held for a minute.
     for id in 10..14 {
-        net.node(1).acquire(RequestId(id), key("held"), long, owner(&format!("w{id}")), 50_000);
+        net.node(1).acquire(RequestId(id), key("held"), long, owner(&format!("w{id}")), Value::none(), 50_000);
     }
     net.settle();
-    net.node(1).acquire(RequestId(20), key("free"), long, owner("o1"), 0);
+    net.node(1).acquire(RequestId(20), key("free"), long, owner("o1"), Value::none(), 0);
     net.settle();
     assert_eq!(
         net.take_reply(RequestId(20)),
@@ -1558,13 +1559,13 @@ fn the_waiters_of_one_key_are_bounded() {
     let mut net = Net::with_config(3, |config| config.waiters_per_key_max = 2);
     net.elect(1);
     let lease_ms = LeaseMs::new(60_000).unwrap();
-    net.node(1).acquire(RequestId(1), key("hot"), lease_ms, owner("holder"), 0);
+    net.node(1).acquire(RequestId(1), key("hot"), lease_ms, owner("holder"), Value::none(), 0);
     net.settle();
     let holder = applied_token(net.take_reply(RequestId(1)));
     for id in 2..=4 {
-        net.node(1).acquire(RequestId(id), key("hot"), lease_ms, owner(&format!("w{id}")), 50_000);
+        net.node(1).acquire(RequestId(id), key("hot"), lease_ms, owner(&format!("w{id}")), Value::none(), 50_000);
     }
-    net.node(1).acquire(RequestId(5), key("cold"), lease_ms, owner("w5"), 50_000);
+    net.node(1).acquire(RequestId(5), key("cold"), lease_ms, owner("w5"), Value::none(), 50_000);
     net.settle();
     assert!(net.take_reply(RequestId(2)).is_none() && net.take_reply(RequestId(3)).is_none());
     assert_eq!(
@@ -1590,7 +1591,7 @@ fn quotas_bound_the_table_and_each_identity_counting_locks_in_flight() {
     // Four grants of one identity in one turn: the fourth is refused although
     // none of the first three has applied yet.
     for (id, name) in [(1, "alice"), (2, "alice/w2"), (3, "alice/w3"), (4, "alice/w4")] {
-        net.node(1).acquire(RequestId(id), key(&format!("a{id}")), lease_ms, owner(name), 0);
+        net.node(1).acquire(RequestId(id), key(&format!("a{id}")), lease_ms, owner(name), Value::none(), 0);
     }
     net.settle();
     for id in 1..=3 {
@@ -1602,11 +1603,11 @@ fn quotas_bound_the_table_and_each_identity_counting_locks_in_flight() {
         Some(Err(RequestError::QuotaExceeded(crate::Quota::Identity { identity: "alice".into(), max: 3 })))
     );
     // A retry of a holder adds no lock: it is not refused.
-    net.node(1).acquire(RequestId(5), key("a1"), lease_ms, owner("alice"), 0);
+    net.node(1).acquire(RequestId(5), key("a1"), lease_ms, owner("alice"), Value::none(), 0);
     // Others fill the table to 5; the sixth lock is refused.
-    net.node(1).acquire(RequestId(6), key("b1"), lease_ms, owner("bob"), 0);
-    net.node(1).acquire(RequestId(7), key("c1"), lease_ms, owner("carol"), 0);
-    net.node(1).acquire(RequestId(8), key("d1"), lease_ms, owner("dave"), 0);
+    net.node(1).acquire(RequestId(6), key("b1"), lease_ms, owner("bob"), Value::none(), 0);
+    net.node(1).acquire(RequestId(7), key("c1"), lease_ms, owner("carol"), Value::none(), 0);
+    net.node(1).acquire(RequestId(8), key("d1"), lease_ms, owner("dave"), Value::none(), 0);
     net.settle();
     assert!(matches!(net.take_reply(RequestId(5)), Some(Ok(_))));
     applied_token(net.take_reply(RequestId(6)));
@@ -1619,7 +1620,7 @@ fn quotas_bound_the_table_and_each_identity_counting_locks_in_flight() {
     assert_eq!(net.node(2).table().locks_of(b"alice"), 3);
     // A waiter handed a lock of another identity is held to its own quota:
     // bob waits for alice's a1; alice releases; bob (1 lock) gets it.
-    net.node(1).acquire(RequestId(9), key("a1"), lease_ms, owner("bob/2"), 50_000);
+    net.node(1).acquire(RequestId(9), key("a1"), lease_ms, owner("bob/2"), Value::none(), 50_000);
     net.settle();
     assert!(net.take_reply(RequestId(9)).is_none());
     let a1 = net.node(1).table().holder(b"a1").unwrap().token;
@@ -1629,7 +1630,7 @@ fn quotas_bound_the_table_and_each_identity_counting_locks_in_flight() {
     assert!(applied_token(net.take_reply(RequestId(9))) > a1);
     assert_eq!((net.node(1).table().locks_of(b"bob"), net.node(1).table().locks_of(b"alice")), (2, 2));
     // Freed places can be taken again.
-    net.node(1).acquire(RequestId(11), key("a9"), lease_ms, owner("alice"), 0);
+    net.node(1).acquire(RequestId(11), key("a9"), lease_ms, owner("alice"), Value::none(), 0);
     net.settle();
     assert_eq!(
         net.take_reply(RequestId(11)),
@@ -1639,7 +1640,7 @@ fn quotas_bound_the_table_and_each_identity_counting_locks_in_flight() {
     net.node(1)
         .propose(RequestId(12), vec![Command::Release { key: key("b1"), token: Some(b1), user: None }]);
     net.settle();
-    net.node(1).acquire(RequestId(13), key("a9"), lease_ms, owner("alice"), 0);
+    net.node(1).acquire(RequestId(13), key("a9"), lease_ms, owner("alice"), Value::none(), 0);
     net.settle();
     applied_token(net.take_reply(RequestId(13)));
 }
@@ -1649,13 +1650,13 @@ fn a_waiter_over_its_quota_is_answered_and_the_key_goes_to_the_next() {
     let mut net = Net::with_config(3, |config| config.locks_per_identity_max = 1);
     net.elect(1);
     let lease_ms = LeaseMs::new(60_000).unwrap();
-    net.node(1).acquire(RequestId(1), key("hot"), lease_ms, owner("holder"), 0);
-    net.node(1).acquire(RequestId(2), key("mine"), lease_ms, owner("greedy"), 0);
+    net.node(1).acquire(RequestId(1), key("hot"), lease_ms, owner("holder"), Value::none(), 0);
+    net.node(1).acquire(RequestId(2), key("mine"), lease_ms, owner("greedy"), Value::none(), 0);
     net.settle();
     let holder = applied_token(net.take_reply(RequestId(1)));
     applied_token(net.take_reply(RequestId(2)));
-    net.node(1).acquire(RequestId(3), key("hot"), lease_ms, owner("greedy/2"), 50_000);
-    net.node(1).acquire(RequestId(4), key("hot"), lease_ms, owner("patient"), 50_000);
+    net.node(1).acquire(RequestId(3), key("hot"), lease_ms, owner("greedy/2"), Value::none(), 50_000);
+    net.node(1).acquire(RequestId(4), key("hot"), lease_ms, owner("patient"), Value::none(), 50_000);
     net.settle();
     net.node(1)
         .propose(RequestId(5), vec![Command::Release { key: key("hot"), token: Some(holder), user: None }]);

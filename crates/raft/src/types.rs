@@ -95,6 +95,12 @@ pub struct Config {
     /// tokens). The leader that proposes the Expire applies its own rules.
     /// Empty by default.
     pub lock_delays: Vec<(Vec<u8>, LeaseMs)>,
+    /// The bytes of recent changes kept for watches ([`crate::watch`]): a
+    /// watch further behind is answered `compacted`, with the current
+    /// holders.
+    pub watch_history_bytes_max: usize,
+    /// Watches parked at once, waiting for a change.
+    pub watches_max: usize,
 }
 
 impl Config {
@@ -129,6 +135,8 @@ impl Config {
             initial_cluster_state: crate::rejoin::ClusterState::New,
             joining: false,
             lock_delays: Vec::new(),
+            watch_history_bytes_max: 16 << 20,
+            watches_max: 4_096,
         }
     }
 
@@ -189,6 +197,7 @@ impl Config {
             ("entry_commands_max", self.entry_commands_max),
             ("max_locks", self.locks_max),
             ("max_locks_per_owner", self.locks_per_identity_max),
+            ("max_watches", self.watches_max),
         ];
         if let Some((name, _)) = counts.iter().find(|(_, value)| *value == 0) {
             return invalid(format!("{name} must be positive"));
@@ -253,6 +262,8 @@ pub enum Response {
     Transferred {
         leader: NodeId,
     },
+    /// The changes a watch asked for.
+    Watch(crate::watch::WatchAnswer),
 }
 
 /// A held lock as a read answers it: the lock, and the time left on its
@@ -365,6 +376,9 @@ pub enum RequestError {
     /// Too many acquires already wait for this key; nothing was proposed.
     #[error("{max} acquires already wait for key {key}")]
     TooManyWaiters { key: Key, max: usize },
+    /// Too many watches already wait on this node.
+    #[error("{max} watches already wait on this node")]
+    TooManyWatches { max: usize },
     /// A grant would take the table, or its owner's identity, past its
     /// quota of locks; nothing was proposed.
     #[error("{0}")]
@@ -454,6 +468,11 @@ pub enum AppliedEvent {
         token: FencingToken,
         delay_ms: LeaseMs,
         proposer: Option<NodeId>,
+    },
+    /// The holder of `token` proclaimed a new value for its lock.
+    Proclaimed {
+        key: Key,
+        token: FencingToken,
     },
     /// The key held back after `token` expired is free: the delay ran out
     /// (an Expire proposed by `proposer`), or an administrative

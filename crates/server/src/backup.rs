@@ -443,6 +443,7 @@ mod tests {
                 key: Key::new(name.as_bytes().to_vec()).unwrap(),
                 lease_ms: LeaseMs::new(1_000).unwrap(),
                 owner: Owner::new(b"o".to_vec()).unwrap(),
+                value: fencelock_types::Value::none(),
             });
         }
         let encoded = Encoded::of(&table, 12);

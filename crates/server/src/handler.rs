@@ -15,13 +15,20 @@ use fencelock_raft::{
 use fencelock_types::client_pb::{
     self as proto, ErrorCode, Request_oneof_kind as Kind, Response_oneof_kind as Out,
 };
-use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner};
+use fencelock_raft::watch::{WatchEvent, WatchKind, WatchQuery};
+use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner, Value};
 
 use crate::access::{Access, Right};
 use crate::backup::Backups;
 
 /// The most locks one list answers.
 const LIST_LIMIT_MAX: u32 = 10_000;
+
+/// About the most events one watch answers (and the most current holders).
+const WATCH_LIMIT_MAX: u32 = 1_000;
+
+/// The longest a watch waits for a change before it is answered empty.
+const WATCH_WAIT_MAX_MS: u64 = 60_000;
 
 /// Where the leader's clients connect, by node id, as far as this node knows.
 pub trait Directory: Send + Sync {
@@ -94,6 +101,8 @@ impl Handler for ClientHandler {
                 Ok(())
             }
             Kind::backup(backup) => self.backup(backup, user, sink),
+            Kind::proclaim(proclaim) => self.proclaim(proclaim, user, sink),
+            Kind::watch(watch) => self.watch(watch, user, sink),
             Kind::member_list(_) => self.membership(None, user, sink),
             Kind::member_add(add) => {
                 let change = match (host_port(&add.peer_addr), host_port(&add.client_addr)) {
@@ -211,6 +220,10 @@ impl ClientHandler {
             Ok(owner) => owner,
             Err(err) => return Err(invalid(sink, format!("owner: {err}"))),
         };
+        let value = match Value::new(acquire.value) {
+            Ok(value) => value,
+            Err(err) => return Err(invalid(sink, format!("value: {err}"))),
+        };
         if acquire.wait_ms > self.wait_max_ms {
             let message = format!(
                 "wait_ms {} is over this server's maximum of {} ms",
@@ -265,7 +278,8 @@ impl ClientHandler {
                 Ok(other) => Err(unexpected(&other)),
             }
         });
-        self.client(conn, ClientRequest::Acquire { key, lease_ms, owner, wait_ms: acquire.wait_ms }, reply);
+        let request = ClientRequest::Acquire { key, lease_ms, owner, value, wait_ms: acquire.wait_ms };
+        self.client(conn, request, reply);
         Ok(())
     }
 
@@ -311,6 +325,110 @@ impl ClientHandler {
             Ok(other) => Err(unexpected(&other)),
         });
         self.client(conn, ClientRequest::Propose(vec![Command::Release { key, token, user }]), reply);
+        Ok(())
+    }
+
+    /// A holder replaces its lock's value: like a release with a token, the
+    /// `lock` right, and only the user's own lock.
+    fn proclaim(
+        &self,
+        proclaim: proto::ProclaimRequest,
+        user: Option<&str>,
+        sink: ResponseSink,
+    ) -> Result<(), Refusal> {
+        let conn = ConnId(sink.connection());
+        let key = match Key::new(proclaim.key) {
+            Ok(key) => key,
+            Err(err) => return Err(invalid(sink, format!("key: {err}"))),
+        };
+        let Some(token) = FencingToken::new(proclaim.token) else {
+            return Err(invalid(sink, "a proclaim needs the lock's token".to_owned()));
+        };
+        let value = match Value::new(proclaim.value) {
+            Ok(value) => value,
+            Err(err) => return Err(invalid(sink, format!("value: {err}"))),
+        };
+        let sink = self.require(user, Right::Lock, &key, sink)?;
+        let user = match user.map(|user| Owner::new(user.as_bytes().to_vec())).transpose() {
+            Ok(user) => user,
+            Err(err) => return Err(invalid(sink, format!("user: {err}"))),
+        };
+        let denied_key = key.clone();
+        let reply = self.responder(sink, move |reply| match reply {
+            Ok(Response::Applied(results)) => match results.as_slice() {
+                [ApplyResult::Proclaimed { token }] => Ok(Out::proclaim(proto::ProclaimResponse {
+                    proclaimed: true,
+                    token: token.get(),
+                    ..Default::default()
+                })),
+                [ApplyResult::NotFound { holder_token }] => Ok(Out::proclaim(proto::ProclaimResponse {
+                    token: token.get(),
+                    holder_token: holder_token.map_or(0, FencingToken::get),
+                    ..Default::default()
+                })),
+                [ApplyResult::Denied { token }] => Err(not_yours(&[(&denied_key, *token)])),
+                other => Err(unexpected(other)),
+            },
+            Err(err) => Err(err.into()),
+            Ok(other) => Err(unexpected(&other)),
+        });
+        let command = Command::Proclaim { key, token, value, user };
+        self.client(conn, ClientRequest::Propose(vec![command]), reply);
+        Ok(())
+    }
+
+    /// The changes under a prefix after a log index, from this node (a long
+    /// poll): the `read` right on every key under the prefix.
+    fn watch(&self, watch: proto::WatchRequest, user: Option<&str>, sink: ResponseSink) -> Result<(), Refusal> {
+        let conn = ConnId(sink.connection());
+        if let (Some(user), Some(access)) = (user, &self.access) {
+            if !access.allows_all_under(user, Right::Read, &watch.prefix) {
+                let message = format!(
+                    "permission denied: user {user} has no `read` right on every key under prefix `{}`",
+                    watch.prefix.escape_ascii()
+                );
+                return Err(denied(sink, message));
+            }
+        }
+        if watch.prefix.len() > fencelock_types::KEY_LEN_MAX {
+            let message = format!("prefix: longer than a key may be ({} bytes)", fencelock_types::KEY_LEN_MAX);
+            return Err(invalid(sink, message));
+        }
+        if watch.wait_ms > WATCH_WAIT_MAX_MS {
+            let message =
+                format!("wait_ms {} is over the maximum of {WATCH_WAIT_MAX_MS} ms for a watch", watch.wait_ms);
+            return Err(invalid(sink, message));
+        }
+        let limit = match watch.limit {
+            0 => WATCH_LIMIT_MAX,
+            limit => limit.min(WATCH_LIMIT_MAX),
+        };
+        let query = WatchQuery {
+            prefix: watch.prefix,
+            after: (!watch.start).then_some(watch.after_index),
+            wait_ms: watch.wait_ms,
+            limit: limit as usize,
+        };
+        let reply = self.responder(sink, |reply| match reply {
+            Ok(Response::Watch(answer)) => Ok(Out::watch(proto::WatchResponse {
+                events: answer.events.iter().map(watch_event).collect(),
+                index: answer.index,
+                has_current: answer.current.is_some(),
+                current: answer
+                    .current
+                    .iter()
+                    .flatten()
+                    .map(|(key, lock)| {
+                        lock_info(key, &fencelock_raft::HeldLock { lock: lock.clone(), remaining_ms: None })
+                    })
+                    .collect(),
+                compacted: answer.compacted,
+                ..Default::default()
+            })),
+            Err(err) => Err(err.into()),
+            Ok(other) => Err(unexpected(&other)),
+        });
+        self.client(conn, ClientRequest::Watch(query), reply);
         Ok(())
     }
 
@@ -697,6 +815,27 @@ fn lock_info(key: &Key, held: &fencelock_raft::HeldLock) -> proto::LockInfo {
         lease_ms: lock.lease_ms.get(),
         remaining_ms: held.remaining_ms.unwrap_or(0),
         delayed: lock.delayed,
+        value: lock.value.as_bytes().to_vec(),
+        ..Default::default()
+    }
+}
+
+/// A watch's change as the protocol says it.
+fn watch_event(event: &WatchEvent) -> proto::WatchEvent {
+    proto::WatchEvent {
+        index: event.index,
+        key: event.key.as_bytes().to_vec(),
+        kind: match event.kind {
+            WatchKind::Granted => proto::WatchEventKind::GRANTED,
+            WatchKind::Released => proto::WatchEventKind::RELEASED,
+            WatchKind::Expired => proto::WatchEventKind::EXPIRED,
+            WatchKind::Delayed => proto::WatchEventKind::DELAYED,
+            WatchKind::DelayLifted => proto::WatchEventKind::DELAY_LIFTED,
+            WatchKind::Proclaimed => proto::WatchEventKind::PROCLAIMED,
+        },
+        token: event.token.get(),
+        owner: event.owner.as_bytes().to_vec(),
+        value: event.value.as_bytes().to_vec(),
         ..Default::default()
     }
 }
@@ -746,7 +885,9 @@ pub fn error_to_response(
             ErrorCode::INVALID_ARGUMENT
         }
         RequestError::MemberChangeBusy(_) | RequestError::TransferFailed(_) => ErrorCode::UNAVAILABLE,
-        RequestError::TooManyWaiters { .. } | RequestError::QuotaExceeded(_) => ErrorCode::RESOURCE_EXHAUSTED,
+        RequestError::TooManyWaiters { .. }
+        | RequestError::TooManyWatches { .. }
+        | RequestError::QuotaExceeded(_) => ErrorCode::RESOURCE_EXHAUSTED,
         RequestError::Held { .. }
         | RequestError::Delayed { .. }
         | RequestError::WaitTimedOut { .. }

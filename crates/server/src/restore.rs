@@ -103,6 +103,7 @@ mod tests {
                 key: Key::new(name.as_bytes().to_vec()).unwrap(),
                 lease_ms: LeaseMs::new(60_000).unwrap(),
                 owner: Owner::new(b"worker".to_vec()).unwrap(),
+                value: fencelock_types::Value::none(),
             });
         }
         table.set_member(

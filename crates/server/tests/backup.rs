@@ -190,6 +190,7 @@ fn a_damaged_backup_is_refused_at_start() {
         key: fencelock_types::Key::new(b"jobs/a".to_vec()).unwrap(),
         lease_ms: fencelock_types::LeaseMs::new(60_000).unwrap(),
         owner: fencelock_types::Owner::new(b"alice".to_vec()).unwrap(),
+        value: fencelock_types::Value::none(),
     });
     let mut bytes = table.snapshot();
     let middle = bytes.len() / 2 + 10;

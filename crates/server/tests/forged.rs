@@ -44,6 +44,7 @@ fn forgeries(from: u64, to: u64, term: u64, last_index: u64, commit: u64) -> Vec
             key: Key::new(b"vault".to_vec()).unwrap(),
             lease_ms: LeaseMs::new(30 * 24 * 3_600_000).unwrap(),
             owner: Owner::new(b"attacker".to_vec()).unwrap(),
+            value: fencelock_types::Value::none(),
         },
     ];
     steal.set_entries(vec![Entry { data: encode_batch(&commands).into(), ..Default::default() }].into());

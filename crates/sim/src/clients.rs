@@ -7,7 +7,7 @@
 //! ghost the node must release.
 
 use fencelock_raft::{ClientRequest, Query, Reply, RequestError, Response};
-use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner};
+use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner, Value};
 
 use crate::world::{Event, World};
 
@@ -252,7 +252,10 @@ impl World {
         let user = self.clients[client].user.clone();
         let request = match op.clone() {
             Op::Acquire { key, lease_ms, wait_ms } => {
-                ClientRequest::Acquire { key, lease_ms, owner, wait_ms }
+                // The owner as the lock's value, as an election candidate
+                // names itself.
+                let value = Value::new(owner.as_bytes().to_vec()).unwrap_or_default();
+                ClientRequest::Acquire { key, lease_ms, owner, value, wait_ms }
             }
             Op::Renew { key, token, lease_ms } => {
                 ClientRequest::Propose(vec![Command::Renew { key, token, lease_ms, user }])

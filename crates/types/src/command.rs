@@ -4,14 +4,16 @@
 use protobuf::Message;
 
 use crate::pb::{self, Command_oneof_kind as Kind};
-use crate::{optional_token, token_value, ClusterId, FencingToken, InvalidReason, Key, LeaseMs, Owner};
+use crate::{optional_token, token_value, ClusterId, FencingToken, InvalidReason, Key, LeaseMs, Owner, Value};
 
 /// A replicated command, valid by construction. The leader proposes these;
 /// every replica applies them in log order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
-    /// Acquire `key` for `owner`. The token is assigned at apply time.
-    Grant { key: Key, lease_ms: LeaseMs, owner: Owner },
+    /// Acquire `key` for `owner`. The token is assigned at apply time. The
+    /// `value` goes with the lock (an election candidate's value); a retry
+    /// by the holder keeps the value the lock has.
+    Grant { key: Key, lease_ms: LeaseMs, owner: Owner, value: Value },
     /// Release `key`; with a token only while that token holds it, without
     /// one unconditionally (the administrative force-release). With a
     /// `user` (the authenticated caller), only a lock that user owns
@@ -28,6 +30,9 @@ pub enum Command {
     /// a `user` (the authenticated caller), only a lock that user owns, and
     /// never to a shorter lease than it has.
     Renew { key: Key, token: FencingToken, lease_ms: LeaseMs, user: Option<Owner> },
+    /// The holder of `token` replaces the value of its lock on `key` (an
+    /// election leader proclaims). With a `user`, only a lock that user owns.
+    Proclaim { key: Key, token: FencingToken, value: Value, user: Option<Owner> },
     /// Does nothing; a barrier the driver may put in the log.
     Noop,
     /// Founds the cluster, if it has no id yet (the first one applied
@@ -44,7 +49,8 @@ impl Command {
             Command::Grant { key, .. }
             | Command::Release { key, .. }
             | Command::Expire { key, .. }
-            | Command::Renew { key, .. } => Some(key),
+            | Command::Renew { key, .. }
+            | Command::Proclaim { key, .. } => Some(key),
             Command::Noop | Command::Bootstrap { .. } => None,
         }
     }
@@ -61,6 +67,7 @@ impl Command {
                 key: Key::new(grant.key)?,
                 lease_ms: LeaseMs::new(grant.lease_ms)?,
                 owner: Owner::new(grant.owner)?,
+                value: Value::new(grant.value)?,
             },
             Kind::release(release) => Command::Release {
                 key: Key::new(release.key)?,
@@ -81,6 +88,12 @@ impl Command {
                 lease_ms: LeaseMs::new(renew.lease_ms)?,
                 user: optional_user(renew.user)?,
             },
+            Kind::proclaim(proclaim) => Command::Proclaim {
+                key: Key::new(proclaim.key)?,
+                token: FencingToken::new(proclaim.token).ok_or(InvalidReason::ZeroToken)?,
+                value: Value::new(proclaim.value)?,
+                user: optional_user(proclaim.user)?,
+            },
             Kind::noop(_) => Command::Noop,
             Kind::bootstrap(bootstrap) => Command::Bootstrap {
                 cluster_id: ClusterId::from_slice(&bootstrap.cluster_id)?,
@@ -91,10 +104,18 @@ impl Command {
 
     pub fn to_pb(&self) -> pb::Command {
         let kind = match self {
-            Command::Grant { key, lease_ms, owner } => Kind::grant(pb::Grant {
+            Command::Grant { key, lease_ms, owner, value } => Kind::grant(pb::Grant {
                 key: key.as_bytes().to_vec(),
                 lease_ms: lease_ms.get(),
                 owner: owner.as_bytes().to_vec(),
+                value: value.as_bytes().to_vec(),
+                ..Default::default()
+            }),
+            Command::Proclaim { key, token, value, user } => Kind::proclaim(pb::Proclaim {
+                key: key.as_bytes().to_vec(),
+                token: token.get(),
+                value: value.as_bytes().to_vec(),
+                user: user_value(user),
                 ..Default::default()
             }),
             Command::Release { key, token, user } => Kind::release(pb::Release {

@@ -16,12 +16,13 @@
 //! panics on bytes from outside: every decoder returns an error instead.
 //!
 //! ```
-//! use fencelock_types::{decode_batch, encode_batch, Command, Key, LeaseMs, Owner};
+//! use fencelock_types::{decode_batch, encode_batch, Command, Key, LeaseMs, Owner, Value};
 //!
 //! let grant = Command::Grant {
 //!     key: Key::new(b"jobs/nightly".to_vec())?,
 //!     lease_ms: LeaseMs::new(10_000)?,
 //!     owner: Owner::new(b"worker-7".to_vec())?,
+//!     value: Value::none(),
 //! };
 //! let entry = encode_batch(&[grant.clone()]);
 //! let decoded = decode_batch(&entry)?;
@@ -58,6 +59,9 @@ pub const KEY_LEN_MAX: usize = 1024;
 
 /// The longest owner identity, in bytes.
 pub const OWNER_LEN_MAX: usize = 256;
+
+/// The longest value a lock may carry ([`Value`]), in bytes.
+pub const VALUE_LEN_MAX: usize = 4096;
 
 /// The longest lease a command may carry: 30 days, in milliseconds. Servers
 /// configure tighter bounds; this one only keeps deadline arithmetic far from
@@ -138,6 +142,8 @@ pub enum InvalidReason {
     TokensExhausted,
     #[error("a cluster id is {CLUSTER_ID_LEN} bytes")]
     BadClusterId,
+    #[error("value is longer than {VALUE_LEN_MAX} bytes")]
+    ValueTooLong,
 }
 
 /// An error decoding bytes that came from outside: a log entry, a snapshot, a
@@ -275,6 +281,55 @@ impl Owner {
     }
 }
 
+/// What a holder says of itself while it holds a key: an election
+/// candidate's value (its address, say). 0 to [`VALUE_LEN_MAX`] bytes;
+/// empty is no value.
+#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Value(Vec<u8>);
+
+impl Value {
+    pub fn new(bytes: Vec<u8>) -> Result<Value, InvalidReason> {
+        if bytes.len() > VALUE_LEN_MAX {
+            return Err(InvalidReason::ValueTooLong);
+        }
+        Ok(Value(bytes))
+    }
+
+    /// No value.
+    pub fn none() -> Value {
+        Value(Vec::new())
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+impl fmt::Debug for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Value(\"{}\")", self.0.escape_ascii())
+    }
+}
+
+/// Printable ASCII as is, other bytes escaped.
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0.escape_ascii())
+    }
+}
+
 /// Lets maps keyed by [`Key`] be searched with plain byte slices.
 impl std::borrow::Borrow<[u8]> for Key {
     fn borrow(&self) -> &[u8] {
@@ -310,7 +365,7 @@ impl fmt::Debug for LeaseMs {
 
 impl InvalidReason {
     /// Every reason, in wire order.
-    pub const ALL: [InvalidReason; 11] = [
+    pub const ALL: [InvalidReason; 12] = [
         InvalidReason::Undecodable,
         InvalidReason::UnknownCommand,
         InvalidReason::EmptyKey,
@@ -322,6 +377,7 @@ impl InvalidReason {
         InvalidReason::ZeroToken,
         InvalidReason::TokensExhausted,
         InvalidReason::BadClusterId,
+        InvalidReason::ValueTooLong,
     ];
 
     pub fn to_pb(self) -> pb::InvalidReason {
@@ -337,6 +393,7 @@ impl InvalidReason {
             InvalidReason::ZeroToken => pb::InvalidReason::ZERO_TOKEN,
             InvalidReason::TokensExhausted => pb::InvalidReason::TOKENS_EXHAUSTED,
             InvalidReason::BadClusterId => pb::InvalidReason::BAD_CLUSTER_ID,
+            InvalidReason::ValueTooLong => pb::InvalidReason::VALUE_TOO_LONG,
         }
     }
 
@@ -355,6 +412,7 @@ impl InvalidReason {
             pb::InvalidReason::ZERO_TOKEN => InvalidReason::ZeroToken,
             pb::InvalidReason::TOKENS_EXHAUSTED => InvalidReason::TokensExhausted,
             pb::InvalidReason::BAD_CLUSTER_ID => InvalidReason::BadClusterId,
+            pb::InvalidReason::VALUE_TOO_LONG => InvalidReason::ValueTooLong,
         })
     }
 }

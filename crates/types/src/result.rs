@@ -36,6 +36,8 @@ pub enum ApplyResult {
     /// A Release or Renew with a user, of the lock `token` holds for
     /// another user: nothing changed.
     Denied { token: FencingToken },
+    /// The lock held under `token` now carries the value of the Proclaim.
+    Proclaimed { token: FencingToken },
 }
 
 impl ApplyResult {
@@ -76,6 +78,9 @@ impl ApplyResult {
             ApplyResult::Denied { token } => {
                 Kind::denied(pb::Denied { token: token.get(), ..Default::default() })
             }
+            ApplyResult::Proclaimed { token } => {
+                Kind::proclaimed(pb::Proclaimed { token: token.get(), ..Default::default() })
+            }
         };
         pb::Result { kind: Some(kind), ..Default::default() }
     }
@@ -113,6 +118,9 @@ impl ApplyResult {
                     .ok_or(DecodeError::Missing { message: "Invalid", field: "reason" })?,
             },
             Kind::denied(denied) => ApplyResult::Denied { token: token_field("Denied", denied.token)? },
+            Kind::proclaimed(proclaimed) => {
+                ApplyResult::Proclaimed { token: token_field("Proclaimed", proclaimed.token)? }
+            }
         })
     }
 }

@@ -24,7 +24,10 @@ fn token() -> impl Strategy<Value = FencingToken> {
 
 fn command() -> impl Strategy<Value = Command> {
     prop_oneof![
-        (key(), lease(), owner()).prop_map(|(key, lease_ms, owner)| Command::Grant { key, lease_ms, owner }),
+        (key(), lease(), owner(), proptest::collection::vec(any::<u8>(), 0..8))
+            .prop_map(|(key, lease_ms, owner, value)| Command::Grant { key, lease_ms, owner, value: Value::new(value).unwrap() }),
+        (key(), token(), proptest::collection::vec(any::<u8>(), 0..8), proptest::option::of(owner()))
+            .prop_map(|(key, token, value, user)| Command::Proclaim { key, token, value: Value::new(value).unwrap(), user }),
         (key(), proptest::option::of(token()), proptest::option::of(owner()))
             .prop_map(|(key, token, user)| Command::Release { key, token, user }),
         (key(), token(), proptest::option::of(lease())).prop_map(|(key, token, delay)| Command::Expire {

@@ -4,11 +4,11 @@
 use std::time::Duration;
 
 use fencelock_types::client_pb::{
-    AcquireOutcome, AcquireRequest, CheckRequest, GetRequest, ListRequest, LockRef, ReleaseRequest,
-    RenewRequest, Request_oneof_kind, Response_oneof_kind, StatusRequest,
+    AcquireOutcome, AcquireRequest, CheckRequest, GetRequest, ListRequest, LockRef, ProclaimRequest,
+    ReleaseRequest, RenewRequest, Request_oneof_kind, Response_oneof_kind, StatusRequest, WatchRequest,
 };
 
-use crate::types::{Grant, LockInfo, NodeStatus, Released, Renewed};
+use crate::types::{Grant, LockInfo, NodeStatus, Released, Renewed, WatchBatch};
 use crate::ClientError;
 
 /// Milliseconds, saturating: a lease too long for the wire is refused by the
@@ -17,16 +17,71 @@ pub fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// An acquire of `key` for `owner`, waiting up to `wait` in the leader's
-/// queue. A retry sends what is left of the caller's wait.
-pub fn acquire(owner: &[u8], key: &[u8], lease: Duration, wait: Duration) -> Request_oneof_kind {
+/// An acquire of `key` for `owner`, with the lock's `value` (empty for
+/// none), waiting up to `wait` in the leader's queue. A retry sends what
+/// is left of the caller's wait.
+pub fn acquire(owner: &[u8], key: &[u8], value: &[u8], lease: Duration, wait: Duration) -> Request_oneof_kind {
     Request_oneof_kind::acquire(AcquireRequest {
         key: key.to_vec(),
         lease_ms: millis(lease),
         owner: owner.to_vec(),
         wait_ms: millis(wait),
+        value: value.to_vec(),
         ..Default::default()
     })
+}
+
+/// The holder of `key` under `token` replaces its lock's value.
+pub fn proclaim(key: &[u8], token: u64, value: &[u8]) -> Request_oneof_kind {
+    Request_oneof_kind::proclaim(ProclaimRequest {
+        key: key.to_vec(),
+        token,
+        value: value.to_vec(),
+        ..Default::default()
+    })
+}
+
+/// How a proclaim ended: done, or not, and then which token holds the key
+/// (`None`: it is free). The same shape as a release's.
+pub fn proclaim_answer(kind: Response_oneof_kind) -> Result<Released, ClientError> {
+    match kind {
+        Response_oneof_kind::proclaim(response) => Ok(Released {
+            released: response.proclaimed,
+            holder_token: Some(response.holder_token).filter(|holder| *holder != 0 && !response.proclaimed),
+        }),
+        other => Err(unexpected("proclaim", &other)),
+    }
+}
+
+/// A watch of the keys under `prefix`: the changes after `after` (`None`:
+/// start, with the current holders), waiting up to `wait` for one.
+pub fn watch(prefix: &[u8], after: Option<u64>, wait: Duration, limit: u32) -> Request_oneof_kind {
+    Request_oneof_kind::watch(WatchRequest {
+        prefix: prefix.to_vec(),
+        after_index: after.unwrap_or(0),
+        start: after.is_none(),
+        wait_ms: millis(wait),
+        limit,
+        ..Default::default()
+    })
+}
+
+/// What a watch was answered. An answer whose index goes below the asked
+/// one is a node's bug, refused.
+pub fn watch_answer(kind: Response_oneof_kind, after: Option<u64>) -> Result<WatchBatch, ClientError> {
+    match kind {
+        Response_oneof_kind::watch(response) => {
+            if after.is_some_and(|after| response.index < after) {
+                return Err(ClientError::Internal(format!(
+                    "a watch after index {} was answered with index {}",
+                    after.unwrap_or(0),
+                    response.index
+                )));
+            }
+            Ok(WatchBatch::from(response))
+        }
+        other => Err(unexpected("watch", &other)),
+    }
 }
 
 /// The grant an acquire for `lease` was answered with, or why not.
@@ -188,6 +243,8 @@ pub fn unexpected(call: &str, kind: &Response_oneof_kind) -> ClientError {
         Response_oneof_kind::backup(_) => "backup",
         Response_oneof_kind::member(_) => "member",
         Response_oneof_kind::leader_transfer(_) => "leader transfer",
+        Response_oneof_kind::proclaim(_) => "proclaim",
+        Response_oneof_kind::watch(_) => "watch",
     };
     ClientError::Internal(format!("a {call} request was answered with a {got} response"))
 }
@@ -273,7 +330,7 @@ mod tests {
         assert_eq!(millis(Duration::from_micros(2_999)), 2);
         assert_eq!(millis(Duration::MAX), u64::MAX);
         let Request_oneof_kind::acquire(request) =
-            acquire(b"o", b"k", Duration::from_secs(2), Duration::from_millis(1_500))
+            acquire(b"o", b"k", b"", Duration::from_secs(2), Duration::from_millis(1_500))
         else {
             panic!("an acquire")
         };

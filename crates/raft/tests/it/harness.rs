@@ -425,6 +425,7 @@ pub fn grant(key_name: &str, owner: &str) -> Command {
         key: key(key_name),
         lease_ms: LeaseMs::new(30_000).unwrap(),
         owner: Owner::new(owner.as_bytes().to_vec()).unwrap(),
+        value: fencelock_types::Value::none(),
     }
 }
 

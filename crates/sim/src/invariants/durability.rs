@@ -39,7 +39,7 @@ impl Check {
             | AppliedEvent::Delayed { key, token, .. } => {
                 self.removed.insert((key.clone(), *token));
             }
-            AppliedEvent::DelayLifted { .. } | AppliedEvent::Restored => {}
+            AppliedEvent::DelayLifted { .. } | AppliedEvent::Proclaimed { .. } | AppliedEvent::Restored => {}
         }
     }
 

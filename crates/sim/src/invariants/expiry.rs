@@ -72,7 +72,7 @@ impl Check {
                 self.live.remove(&(key.clone(), *token));
                 self.removed.insert((key.clone(), *token));
             }
-            AppliedEvent::DelayLifted { .. } | AppliedEvent::Restored => {}
+            AppliedEvent::DelayLifted { .. } | AppliedEvent::Proclaimed { .. } | AppliedEvent::Restored => {}
         }
     }
 

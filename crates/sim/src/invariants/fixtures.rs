@@ -35,6 +35,7 @@ pub(crate) fn grant(owner: &[u8]) -> Command {
         key: key(),
         lease_ms: LeaseMs::new(1_000).unwrap(),
         owner: Owner::new(owner.to_vec()).unwrap(),
+        value: fencelock_types::Value::none(),
     }
 }
 

@@ -93,7 +93,7 @@ impl Check {
                     delayed.insert(key.clone());
                 }
             }
-            AppliedEvent::Renewed { .. } | AppliedEvent::Restored => {}
+            AppliedEvent::Renewed { .. } | AppliedEvent::Proclaimed { .. } | AppliedEvent::Restored => {}
         }
         Ok(())
     }
@@ -202,6 +202,7 @@ mod tests {
             key: key(),
             lease_ms: LeaseMs::new(1_000).unwrap(),
             owner: Owner::new(b"a".to_vec()).unwrap(),
+            value: fencelock_types::Value::none(),
         });
         check.reset(0, &table);
         check.applied(&on(0, &released(1))).unwrap();

@@ -79,7 +79,7 @@ impl Check {
             AppliedEvent::Released { key, .. } => {
                 refreshed.remove(key);
             }
-            AppliedEvent::Restored => {}
+            AppliedEvent::Proclaimed { .. } | AppliedEvent::Restored => {}
         }
         Ok(())
     }
@@ -209,6 +209,7 @@ mod tests {
             key: key(),
             lease_ms: LeaseMs::new(5_000).unwrap(),
             owner: Owner::new(b"a".to_vec()).unwrap(),
+            value: fencelock_types::Value::none(),
         });
         let mut check = Check::new(3);
         check.applied(&leader(1_000, &granted(1, 5_000, false))).unwrap();

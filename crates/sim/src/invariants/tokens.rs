@@ -131,6 +131,7 @@ mod tests {
             key: key(b"a"),
             lease_ms: LeaseMs::new(1_000).unwrap(),
             owner: Owner::new(b"o".to_vec()).unwrap(),
+            value: fencelock_types::Value::none(),
         });
         check.reset(0, &table);
         check.applied(&at(0, 2, &granted(b"b", 2, false))).unwrap();

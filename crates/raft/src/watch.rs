@@ -1,0 +1,432 @@
+//! Watches: the changes of holders of keys under a prefix, in log order,
+//! each with the index of the entry that made it, resumable from an index.
+//!
+//! Each replica records, as it applies them, the changes a watcher cares
+//! about ([`WatchKind`]: a new holder, a holder gone, a lock held back by
+//! lock-delay or lifted, a new value proclaimed; not renewals) in a history
+//! bounded in bytes. A watch asks for the changes after an index it has
+//! seen: answered at once when the history holds some, else parked until
+//! one applies or its wait runs out (a long poll). A position older than
+//! the history covers is answered `compacted`, with the current holders, so
+//! that the watcher starts again from there; so is a watch with no
+//! position (its start).
+//!
+//! Any node answers, from what it applied: log indexes are the same on
+//! every node, so a watcher that moves to another node resumes where it
+//! was, and a node that is behind parks the watch until it catches up (or
+//! answers nothing new, never an index below the one asked).
+//!
+//! What it owns: the history and the parked watches, by request id. What it
+//! does not: answering (the replica turns [`Ready`] answers into replies),
+//! connections, clocks (time is an argument).
+
+use std::collections::{BTreeMap, VecDeque};
+
+use fencelock_fsm::LockTable;
+use fencelock_types::{FencingToken, Key, Owner, Value};
+
+use crate::types::RequestId;
+
+/// What changed on a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WatchKind {
+    /// A new holder, under a new token.
+    Granted,
+    /// The holder released the lock (or it was released by force).
+    Released,
+    /// The holder's lease ran out.
+    Expired,
+    /// The holder's lease ran out and the key is held back by lock-delay.
+    Delayed,
+    /// The lock-delay is over (or was lifted by force): the key is free.
+    DelayLifted,
+    /// The holder proclaimed a new value.
+    Proclaimed,
+}
+
+impl WatchKind {
+    /// The stable lower-case name used on the wire's JSON and in logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            WatchKind::Granted => "granted",
+            WatchKind::Released => "released",
+            WatchKind::Expired => "expired",
+            WatchKind::Delayed => "delayed",
+            WatchKind::DelayLifted => "delay_lifted",
+            WatchKind::Proclaimed => "proclaimed",
+        }
+    }
+}
+
+/// One change, with the index of the log entry that made it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchEvent {
+    pub index: u64,
+    pub key: Key,
+    pub kind: WatchKind,
+    /// The token of the lock the change is about.
+    pub token: FencingToken,
+    /// The lock's owner (a grant: the new holder).
+    pub owner: Owner,
+    /// The lock's value after the change.
+    pub value: Value,
+}
+
+impl WatchEvent {
+    /// What the event costs the history, roughly, in bytes.
+    fn cost(&self) -> usize {
+        self.key.as_bytes().len() + self.owner.as_bytes().len() + self.value.len() + 64
+    }
+}
+
+/// What a watch asks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchQuery {
+    /// Keys that start with this (empty: every key).
+    pub prefix: Vec<u8>,
+    /// The changes after this index; `None`: start now, with the current
+    /// holders.
+    pub after: Option<u64>,
+    /// How long to wait for a change when there is none yet (0: answer at
+    /// once), on the node's clock.
+    pub wait_ms: u64,
+    /// At most about this many events per answer (an entry's events are
+    /// never split, so a few more may come).
+    pub limit: usize,
+}
+
+/// The answer to a watch.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WatchAnswer {
+    /// Changes after the asked index, in log order.
+    pub events: Vec<WatchEvent>,
+    /// The holders of the watched keys as of `index`: given when the watch
+    /// started (no position) or when its position was compacted away
+    /// (`compacted`); `None` otherwise.
+    pub current: Option<Vec<(Key, fencelock_fsm::Lock)>>,
+    /// The position was older than this node's history: changes may have
+    /// been missed, and `current` says where things stand.
+    pub compacted: bool,
+    /// Every change to the watched keys up to this index has been told
+    /// (here or before): the next watch asks for the changes after it.
+    /// Never below the asked index.
+    pub index: u64,
+}
+
+/// A parked watch.
+#[derive(Clone, Debug)]
+struct Parked {
+    query: WatchQuery,
+    until_ms: u64,
+    /// The changes up to this index were looked at and none matched: the
+    /// next look starts after it, so that a watch parked through much
+    /// traffic on other keys does not scan it again each time.
+    scanned: u64,
+}
+
+/// The history of changes and the parked watches. See the module docs.
+#[derive(Debug)]
+pub struct Watches {
+    history: VecDeque<WatchEvent>,
+    history_bytes: usize,
+    history_bytes_max: usize,
+    /// Every change after this index is in the history.
+    covered_after: u64,
+    parked: BTreeMap<RequestId, Parked>,
+    parked_max: usize,
+}
+
+/// Why a watch was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TooManyWatches {
+    pub max: usize,
+}
+
+impl Watches {
+    /// An empty history covering everything after `applied` (the index the
+    /// node opened at), at most `history_bytes_max` bytes of it, and at
+    /// most `parked_max` watches parked at once.
+    pub fn new(applied: u64, history_bytes_max: usize, parked_max: usize) -> Watches {
+        Watches {
+            history: VecDeque::new(),
+            history_bytes: 0,
+            history_bytes_max,
+            covered_after: applied,
+            parked: BTreeMap::new(),
+            parked_max,
+        }
+    }
+
+    /// Records a change (applied in log order), dropping the oldest ones
+    /// past the bound.
+    pub fn record(&mut self, event: WatchEvent) {
+        self.history_bytes += event.cost();
+        self.history.push_back(event);
+        while self.history_bytes > self.history_bytes_max {
+            let Some(oldest) = self.history.pop_front() else { break };
+            self.history_bytes -= oldest.cost();
+            self.covered_after = self.covered_after.max(oldest.index);
+        }
+    }
+
+    /// A snapshot replaced the table at `index`: the changes before it are
+    /// not known here.
+    pub fn reset(&mut self, index: u64) {
+        self.history.clear();
+        self.history_bytes = 0;
+        self.covered_after = index;
+    }
+
+    /// Answers `query` now if there is something to say (or it does not
+    /// wait), else parks it as `id` until `now_ms + wait_ms`. `applied` is
+    /// the index `table` is applied up to.
+    pub fn ask(
+        &mut self,
+        id: RequestId,
+        query: WatchQuery,
+        table: &LockTable,
+        applied: u64,
+        now_ms: u64,
+    ) -> Result<Option<WatchAnswer>, TooManyWatches> {
+        let scanned = query.after.unwrap_or(0);
+        if let Some(answer) = self.answer(&query, scanned, table, applied, query.wait_ms == 0) {
+            return Ok(Some(answer));
+        }
+        if self.parked.len() >= self.parked_max {
+            return Err(TooManyWatches { max: self.parked_max });
+        }
+        let until_ms = now_ms.saturating_add(query.wait_ms);
+        let scanned = self.last_index().max(scanned);
+        self.parked.insert(id, Parked { query, until_ms, scanned });
+        Ok(None)
+    }
+
+    /// The parked watches that have an answer now (new changes applied, or
+    /// their wait ran out at `now_ms`), taken out of the park.
+    pub fn ready(&mut self, table: &LockTable, applied: u64, now_ms: u64) -> Vec<(RequestId, WatchAnswer)> {
+        let mut answers = Vec::new();
+        let last = self.last_index();
+        let mut parked = std::mem::take(&mut self.parked);
+        parked.retain(|id, parked| {
+            let out_of_time = now_ms >= parked.until_ms;
+            match self.answer(&parked.query, parked.scanned, table, applied, out_of_time) {
+                Some(answer) => {
+                    answers.push((*id, answer));
+                    false
+                }
+                None => {
+                    parked.scanned = parked.scanned.max(last);
+                    true
+                }
+            }
+        });
+        self.parked = parked;
+        answers
+    }
+
+    /// Forgets parked watch `id` (its connection closed); true if it was
+    /// parked.
+    pub fn cancel(&mut self, id: RequestId) -> bool {
+        self.parked.remove(&id).is_some()
+    }
+
+    /// Takes every parked watch out (the node stops): their ids.
+    pub fn drain(&mut self) -> Vec<RequestId> {
+        std::mem::take(&mut self.parked).into_keys().collect()
+    }
+
+    pub fn parked(&self) -> usize {
+        self.parked.len()
+    }
+
+    /// The history's length in events, and its cost in bytes.
+    pub fn history_len(&self) -> (usize, usize) {
+        (self.history.len(), self.history_bytes)
+    }
+
+    /// The index of the newest change recorded (0 without any).
+    fn last_index(&self) -> u64 {
+        self.history.back().map_or(0, |event| event.index)
+    }
+
+    /// The answer to `query` now, looking at the changes after `scanned`
+    /// (at least its position), or `None` when there is nothing to say and
+    /// `even_empty` is false.
+    fn answer(
+        &self,
+        query: &WatchQuery,
+        scanned: u64,
+        table: &LockTable,
+        applied: u64,
+        even_empty: bool,
+    ) -> Option<WatchAnswer> {
+        let Some(after) = query.after else {
+            return Some(current(query, table, applied, false));
+        };
+        // The changes up to `scanned` were looked at before (none matched):
+        // only what came after must still be in the history.
+        let from = scanned.max(after);
+        if from < self.covered_after {
+            return Some(current(query, table, applied, true));
+        }
+        let mut events = Vec::new();
+        // Changes are in index order: skip the ones already looked at.
+        let start = self.history.partition_point(|event| event.index <= from);
+        for event in self.history.range(start..) {
+            if events.len() >= query.limit.max(1) && events.last().is_some_and(|last: &WatchEvent| last.index != event.index) {
+                // Full, at an entry's boundary: the rest is for next time.
+                let index = events.last().map_or(after, |last: &WatchEvent| last.index);
+                return Some(WatchAnswer { events, current: None, compacted: false, index });
+            }
+            if event.key.as_bytes().starts_with(&query.prefix) {
+                events.push(event.clone());
+            }
+        }
+        if events.is_empty() && !even_empty {
+            return None;
+        }
+        Some(WatchAnswer { events, current: None, compacted: false, index: applied.max(after) })
+    }
+}
+
+/// The holders of the watched keys now, as a watch's starting point.
+fn current(query: &WatchQuery, table: &LockTable, applied: u64, compacted: bool) -> WatchAnswer {
+    let locks = table.list(&query.prefix, query.limit.max(1)).map(|(key, lock)| (key.clone(), lock.clone()));
+    WatchAnswer { events: Vec::new(), current: Some(locks.collect()), compacted, index: applied }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fencelock_types::{Command, LeaseMs};
+
+    fn event(index: u64, key: &str, token: u64) -> WatchEvent {
+        WatchEvent {
+            index,
+            key: Key::new(key.as_bytes().to_vec()).unwrap(),
+            kind: WatchKind::Granted,
+            token: FencingToken::new(token).unwrap(),
+            owner: Owner::new(b"o".to_vec()).unwrap(),
+            value: Value::none(),
+        }
+    }
+
+    fn query(prefix: &str, after: Option<u64>, wait_ms: u64) -> WatchQuery {
+        WatchQuery { prefix: prefix.as_bytes().to_vec(), after, wait_ms, limit: 100 }
+    }
+
+    fn indexes(answer: &WatchAnswer) -> Vec<u64> {
+        answer.events.iter().map(|event| event.index).collect()
+    }
+
+    #[test]
+    fn a_watch_gets_the_changes_after_its_position_under_its_prefix_in_log_order() {
+        let table = LockTable::new();
+        let mut watches = Watches::new(0, 1 << 20, 10);
+        for (index, key) in [(1, "a/1"), (2, "b/1"), (3, "a/2"), (3, "a/3"), (5, "a/1")] {
+            watches.record(event(index, key, index));
+        }
+        let answer = watches.ask(RequestId(1), query("a/", Some(1), 0), &table, 5, 0).unwrap().unwrap();
+        assert_eq!(indexes(&answer), [3, 3, 5]);
+        assert_eq!(answer.index, 5);
+        assert!(!answer.compacted && answer.current.is_none());
+        // Nothing after 5 yet: an empty answer that keeps the position.
+        let answer = watches.ask(RequestId(2), query("a/", Some(5), 0), &table, 5, 0).unwrap().unwrap();
+        assert!(answer.events.is_empty());
+        assert_eq!(answer.index, 5);
+        // A node behind the asker never answers an index below the asked one.
+        let answer = watches.ask(RequestId(3), query("a/", Some(9), 0), &table, 5, 0).unwrap().unwrap();
+        assert_eq!(answer.index, 9);
+    }
+
+    #[test]
+    fn a_full_answer_ends_at_an_entry_boundary_and_the_next_one_resumes_there() {
+        let table = LockTable::new();
+        let mut watches = Watches::new(0, 1 << 20, 10);
+        for (index, key) in [(1, "a"), (2, "b"), (2, "c"), (3, "d")] {
+            watches.record(event(index, key, 1));
+        }
+        let mut ask = query("", Some(0), 0);
+        ask.limit = 2;
+        let first = watches.ask(RequestId(1), ask.clone(), &table, 3, 0).unwrap().unwrap();
+        // The limit falls inside entry 2, which is not split.
+        assert_eq!(indexes(&first), [1, 2, 2]);
+        assert_eq!(first.index, 2);
+        ask.after = Some(first.index);
+        let second = watches.ask(RequestId(2), ask, &table, 3, 0).unwrap().unwrap();
+        assert_eq!(indexes(&second), [3]);
+    }
+
+    #[test]
+    fn a_parked_watch_is_answered_by_the_next_change_or_when_its_wait_runs_out() {
+        let mut table = LockTable::new();
+        let mut watches = Watches::new(0, 1 << 20, 10);
+        assert_eq!(watches.ask(RequestId(1), query("a", Some(0), 1_000), &table, 0, 0), Ok(None));
+        assert_eq!(watches.ask(RequestId(2), query("b", Some(0), 1_000), &table, 0, 0), Ok(None));
+        assert_eq!(watches.parked(), 2);
+        // A change elsewhere answers no one.
+        watches.record(event(1, "c", 1));
+        assert!(watches.ready(&table, 1, 10).is_empty());
+        watches.record(event(2, "a", 2));
+        let ready = watches.ready(&table, 2, 20);
+        assert_eq!(ready.len(), 1);
+        assert_eq!(ready[0].0, RequestId(1));
+        assert_eq!(indexes(&ready[0].1), [2]);
+        // Out of time: answered with nothing new, at the applied index.
+        table.apply(Command::Noop);
+        let ready = watches.ready(&table, 2, 1_000);
+        assert_eq!(ready, [(RequestId(2), WatchAnswer { index: 2, ..WatchAnswer::default() })]);
+        assert_eq!(watches.parked(), 0);
+    }
+
+    #[test]
+    fn watches_past_the_bound_are_refused_and_cancelled_ones_leave() {
+        let table = LockTable::new();
+        let mut watches = Watches::new(0, 1 << 20, 2);
+        assert_eq!(watches.ask(RequestId(1), query("", Some(0), 1_000), &table, 0, 0), Ok(None));
+        assert_eq!(watches.ask(RequestId(2), query("", Some(0), 1_000), &table, 0, 0), Ok(None));
+        assert_eq!(watches.ask(RequestId(3), query("", Some(0), 1_000), &table, 0, 0), Err(TooManyWatches { max: 2 }));
+        assert!(watches.cancel(RequestId(1)));
+        assert!(!watches.cancel(RequestId(1)));
+        assert_eq!(watches.ask(RequestId(3), query("", Some(0), 1_000), &table, 0, 0), Ok(None));
+        // A watch that does not wait is answered even at the bound.
+        assert!(watches.ask(RequestId(4), query("", Some(0), 0), &table, 0, 0).unwrap().is_some());
+    }
+
+    #[test]
+    fn a_position_older_than_the_history_is_answered_compacted_with_the_current_holders() {
+        let mut table = LockTable::new();
+        let grant = |k: &str| Command::Grant {
+            key: Key::new(k.as_bytes().to_vec()).unwrap(),
+            lease_ms: LeaseMs::new(1_000).unwrap(),
+            owner: Owner::new(b"o".to_vec()).unwrap(),
+            value: Value::new(b"v".to_vec()).unwrap(),
+        };
+        table.apply(grant("a/1"));
+        table.apply(grant("b/1"));
+        // Room for about two events.
+        let one = event(1, "a/1", 1).cost();
+        let mut watches = Watches::new(0, 2 * one, 10);
+        for index in 1..=5 {
+            watches.record(event(index, "a/1", index));
+        }
+        assert_eq!(watches.history_len().0, 2);
+        let answer = watches.ask(RequestId(1), query("a/", Some(1), 0), &table, 5, 0).unwrap().unwrap();
+        assert!(answer.compacted);
+        assert_eq!(answer.index, 5);
+        let current = answer.current.unwrap();
+        assert_eq!(current.len(), 1);
+        assert_eq!(current[0].0.as_bytes(), b"a/1");
+        assert_eq!(current[0].1.value.as_bytes(), b"v");
+        // Within the history: the events.
+        let answer = watches.ask(RequestId(2), query("a/", Some(3), 0), &table, 5, 0).unwrap().unwrap();
+        assert_eq!(indexes(&answer), [4, 5]);
+        // A start (no position) gets the current holders, not compacted.
+        let answer = watches.ask(RequestId(3), query("a/", None, 0), &table, 5, 0).unwrap().unwrap();
+        assert!(!answer.compacted && answer.current.is_some());
+        // A snapshot install forgets everything before it.
+        watches.reset(9);
+        let answer = watches.ask(RequestId(4), query("a/", Some(5), 0), &table, 9, 0).unwrap().unwrap();
+        assert!(answer.compacted);
+    }
+}
