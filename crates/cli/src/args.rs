@@ -114,6 +114,27 @@ pub enum Command {
     /// Leadership: `leader transfer ID`.
     #[command(subcommand)]
     Leader(crate::members::LeaderCommand),
+    /// Run CMD while this process leads election NAME: campaign (FIFO,
+    /// waiting as long as it takes, or --wait), run, keep the lead renewed,
+    /// resign when CMD ends.
+    ///
+    /// As `lock` does: CMD gets FENCELOCK_KEY (NAME) and FENCELOCK_TOKEN,
+    /// runs in a process group of its own, and is stopped (SIGTERM, then
+    /// SIGKILL after --grace) if the lead is lost or fencelock is killed;
+    /// fencelock then exits with 3 (--lost-exit-code). Observers see
+    /// --value while this process leads.
+    Elect(ElectArgs),
+    /// Print who leads election NAME, then each new leader and value as
+    /// they change (one line, or one JSON object with --json, each), until
+    /// stopped. With --once, print the leader now and exit (2: none).
+    Observe(ObserveArgs),
+    /// The leader of election NAME (under --token) says a new value.
+    Proclaim(ProclaimArgs),
+    /// Print the holders of the keys under PREFIX, then each change
+    /// (granted, released, expired, delayed, delay_lifted, proclaimed) in
+    /// log order with its log index, until stopped. --from INDEX resumes
+    /// after an index printed before.
+    Watch(WatchArgs),
 }
 
 // The subcommands' names are the contract (`fencelock cert create-ca`...).
@@ -212,6 +233,86 @@ pub struct AcquireArgs {
     /// starts with USER/.
     #[arg(long, env = "FENCELOCK_OWNER")]
     pub owner: Option<String>,
+    /// What the holder says of itself (shown by get, list, watch), up to
+    /// 4 KiB.
+    #[arg(long, default_value = "")]
+    pub value: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ElectArgs {
+    /// The election: a key, like a lock's.
+    pub name: String,
+    /// What this candidate says of itself while it leads (its address,
+    /// say), up to 4 KiB.
+    #[arg(long, default_value = "")]
+    pub value: String,
+    /// The lease of the lead; renewed in the background while CMD runs.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub ttl: Duration,
+    /// How long to campaign before giving up (exit 2) [default: as long as
+    /// it takes].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub wait: Option<Duration>,
+    /// As `lock --grace` [default: a third of --ttl].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub grace: Option<Duration>,
+    /// Exit with N, not 2, when --wait runs out before this process leads.
+    #[arg(long, value_name = "N", default_value_t = crate::output::EXIT_NOT_OBTAINED)]
+    pub conflict_exit_code: u8,
+    /// Exit with N, not 3, when the lead is lost while CMD runs.
+    #[arg(long, value_name = "N", default_value_t = crate::output::EXIT_LOST)]
+    pub lost_exit_code: u8,
+    /// As `lock --json-file`.
+    #[arg(long, value_name = "FILE")]
+    pub json_file: Option<std::path::PathBuf>,
+    /// The command to run while leading, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+impl ElectArgs {
+    /// The `lock` this election runs as (its wait is the campaign's).
+    pub fn as_lock(&self) -> LockArgs {
+        LockArgs {
+            key: self.name.clone(),
+            ttl: self.ttl,
+            wait: self.wait.unwrap_or(Duration::MAX),
+            grace: self.grace,
+            conflict_exit_code: self.conflict_exit_code,
+            lost_exit_code: self.lost_exit_code,
+            json_file: self.json_file.clone(),
+            command: self.command.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ObserveArgs {
+    pub name: String,
+    /// Print the leader now and exit: 0 with a leader, 2 without.
+    #[arg(long)]
+    pub once: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ProclaimArgs {
+    pub name: String,
+    /// The leader's fencing token (FENCELOCK_TOKEN in `elect`'s CMD).
+    #[arg(long, env = "FENCELOCK_TOKEN", value_parser = token_parser())]
+    pub token: u64,
+    /// The new value, up to 4 KiB.
+    pub value: String,
+}
+
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    #[arg(default_value = "")]
+    pub prefix: String,
+    /// Resume after this log index (one printed before) instead of
+    /// starting with the holders now.
+    #[arg(long, value_name = "INDEX")]
+    pub from: Option<u64>,
 }
 
 #[derive(Debug, Args)]

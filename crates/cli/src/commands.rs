@@ -77,7 +77,7 @@ pub fn acquire(cli: &Cli, args: &AcquireArgs) -> Result<Exit> {
     let owner = owner_of(cli, &args.owner.clone().unwrap_or_else(default_owner));
     // No guard: this process exits right away, and the lock must outlive it.
     let grant = client
-        .acquire_raw(&owner, &args.key, args.ttl, args.wait)
+        .acquire_raw_with_value(&owner, &args.key, args.value.as_bytes(), args.ttl, args.wait)
         .with_context(|| format!("cannot acquire {}", args.key))?;
     if cli.json {
         print_json(&acquire_json(&args.key, &grant, &owner));
@@ -262,7 +262,7 @@ fn leader_answer(
 
 /// A release or renewal that found the lock not held under its token:
 /// `not held (held under token N)`, or `not held (free)`.
-fn not_held(holder_token: Option<u64>) -> String {
+pub fn not_held(holder_token: Option<u64>) -> String {
     match holder_token {
         Some(holder) => format!("not held (held under token {holder})"),
         None => "not held (free)".to_owned(),
@@ -274,7 +274,7 @@ fn not_held(holder_token: Option<u64>) -> String {
 /// node's clock: the leader's unless `get --stale`). A key held back by
 /// lock-delay: `KEY held back by lock-delay after token=T (owner=O) expired
 /// delay=30s left=12s`.
-fn describe(info: &LockInfo) -> String {
+pub fn describe(info: &LockInfo) -> String {
     if info.delayed {
         return format!(
             "{} held back by lock-delay after token={} (owner={}) expired delay={} left={}",

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use fencelock_client::{ClientError, LockGuard};
 use nix::sys::signal::{killpg, SigSet, Signal};
 use nix::unistd::Pid;
 
@@ -104,9 +105,19 @@ impl Drop for Foreground {
 }
 
 pub fn run(cli: &Cli, args: &LockArgs) -> Result<Exit> {
-    let (program, program_args) = args.command.split_first().context("no command given")?;
     let client = connect(cli)?;
-    let guard = match client.acquire(&args.key, args.ttl, args.wait) {
+    hold(cli, args, || client.acquire(&args.key, args.ttl, args.wait))
+}
+
+/// Runs `args.command` while holding the lock `acquire` gets (`lock`, or
+/// `elect`'s campaign), with `lock`'s loss handling, exit codes and JSON.
+pub fn hold(
+    cli: &Cli,
+    args: &LockArgs,
+    acquire: impl FnOnce() -> Result<LockGuard, ClientError>,
+) -> Result<Exit> {
+    let (program, program_args) = args.command.split_first().context("no command given")?;
+    let guard = match acquire() {
         Ok(guard) => guard,
         Err(error) if error.is_not_obtained() => {
             let error = anyhow::Error::new(error).context(format!("cannot acquire {}", args.key));

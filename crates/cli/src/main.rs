@@ -7,6 +7,8 @@
 //! ```text
 //! fencelock lock jobs/nightly --ttl 10s -- ./nightly.sh   # run while holding
 //! fencelock acquire jobs/x --ttl 1m                        # prints the token
+//! fencelock elect svc/leader --value h1:80 -- ./serve.sh    # run while leading
+//! fencelock observe svc/leader                              # print each leader
 //! fencelock release jobs/x --token 42
 //! fencelock status --endpoints h1:7101,h2:7101,h3:7101
 //! fencelock cert create-ca --certs-dir certs                 # then create-node, create-client
@@ -25,6 +27,7 @@
 mod args;
 mod cert;
 mod commands;
+mod elect;
 mod lock;
 mod members;
 mod output;
@@ -66,6 +69,11 @@ fn main() -> ExitCode {
                         eprintln!("fencelock: {sink:#}");
                     }
                 }
+                Command::Elect(args) => {
+                    if let Err(sink) = lock::emit_json(&cli, &args.as_lock(), &error_json(&error)) {
+                        eprintln!("fencelock: {sink:#}");
+                    }
+                }
                 _ if cli.json => commands::print_json(&error_json(&error)),
                 _ => {}
             }
@@ -88,5 +96,9 @@ fn run(cli: &Cli) -> Result<Exit> {
         Command::Snapshot(command) => snapshot::run(cli, command),
         Command::Member(command) => members::run(cli, command),
         Command::Leader(command) => members::run_leader(cli, command),
+        Command::Elect(args) => elect::elect(cli, args),
+        Command::Observe(args) => elect::observe(cli, args),
+        Command::Proclaim(args) => elect::proclaim(cli, args),
+        Command::Watch(args) => elect::watch(cli, args),
     }
 }
