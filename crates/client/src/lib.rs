@@ -58,7 +58,8 @@ pub use local::LocalHold;
 pub use members::Membership;
 pub use sansio::{Drift, Retrying, DEFAULT_DRIFT, RETRY_NOTICE_AFTER};
 pub use types::{Grant, LockInfo, Member, NodeStatus, Released, Renewed, WatchBatch, WatchEvent, WatchEventKind};
-pub use watch::{Leader, LeaderChange, Observer, Watch};
+pub use sansio::observe::{Leader, LeaderChange};
+pub use watch::{Observer, Watch};
 
 #[cfg(test)]
 mod tests;

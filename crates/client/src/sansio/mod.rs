@@ -18,14 +18,19 @@
 //!   ([`Lease`]): the drift margin ρ of `docs/leases.md`, when to renew,
 //!   when it is lost, the time left.
 //!
+//! - [`observe`]: an election observer's fold ([`ObserverState`]): a
+//!   watch's answers in, each change of leader out, once, in log order.
+//!
 //! It does not own the frame format (`fencelock-net`), opening connections, or the
 //! background renewal's schedule across locks (each shell has its own).
 
 pub mod calls;
 pub mod inbound;
 pub mod lease;
+pub mod observe;
 pub mod pool;
 pub mod retry;
 
 pub use lease::{Drift, Lease, DEFAULT_DRIFT};
+pub use observe::{Leader, LeaderChange, ObserverState};
 pub use retry::{Outcome, RetryLoop, Retrying, Try, Verdict, RETRY_NOTICE_AFTER};
