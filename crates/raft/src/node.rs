@@ -371,7 +371,7 @@ impl<T> Node<T> {
             ClientRequest::Acquire { key, lease_ms, owner, value, wait_ms } => {
                 replica.acquire(id, key, lease_ms, owner, value, wait_ms)
             }
-            ClientRequest::Watch(query) => replica.watch(id, query),
+            ClientRequest::Watch(query) => replica.watch(id, conn, query),
             ClientRequest::Read(query) => replica.read(id, query),
             ClientRequest::ChangeMembers(change) => replica.change_members(id, change),
             ClientRequest::TransferLeader(to) => replica.transfer(id, to),

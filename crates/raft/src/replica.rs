@@ -22,6 +22,7 @@ use crate::gate::{self, RefusalLog, Refusals};
 use crate::queue::{Pending, Requests};
 use crate::rejoin::{self, Floor, Membership, PinVote, RaftPosition};
 use crate::storage::{LogCache, Recovered, Write, WriteBatch};
+use crate::registry::ConnId;
 use crate::watch::{TooManyWatches, WatchEvent, WatchKind, WatchQuery, Watches};
 use crate::types::{
     AppliedEvent, Config, FatalError, HeldLock, NodeId, Query, Quota, Reply, RequestError, RequestId,
@@ -380,7 +381,8 @@ impl Replica {
         raft_config.validate()?;
         let raw = RawNode::new(&raft_config, cache, &logger)?;
         let reported = (raw.raft.state, raw.raft.term, raw.raft.leader_id);
-        let (watch_history_bytes_max, watches_max) = (config.watch_history_bytes_max, config.watches_max);
+        let (watch_history_bytes_max, watches_max, watches_per_connection_max) =
+            (config.watch_history_bytes_max, config.watches_max, config.watches_per_connection_max);
         let mut replica = Replica {
             id: config.id,
             config,
@@ -419,7 +421,12 @@ impl Replica {
             conf_version: 0,
             snapshot_wanted: false,
             removed: None,
-            watches: Watches::new(snapshot_index, watch_history_bytes_max, watches_max),
+            watches: Watches::new(
+                snapshot_index,
+                watch_history_bytes_max,
+                watches_max,
+                watches_per_connection_max,
+            ),
         };
         replica.check_rejoined();
         Ok(replica)
@@ -483,11 +490,13 @@ impl Replica {
     /// Accepts a watch, on any node: answered now if there is a change to
     /// tell (or it does not wait), else when one applies or its wait runs
     /// out ([`crate::watch`]).
-    pub fn watch(&mut self, id: RequestId, query: WatchQuery) {
-        match self.watches.ask(id, query, &self.table, self.table_index, self.now_ms) {
+    pub fn watch(&mut self, id: RequestId, conn: ConnId, query: WatchQuery) {
+        match self.watches.ask(id, conn, query, &self.table, self.table_index, self.now_ms) {
             Ok(Some(answer)) => self.reply(id, Ok(Response::Watch(answer))),
             Ok(None) => {}
-            Err(TooManyWatches { max }) => self.reply(id, Err(RequestError::TooManyWatches { max })),
+            Err(TooManyWatches { max, per_connection }) => {
+                self.reply(id, Err(RequestError::TooManyWatches { max, per_connection }))
+            }
         }
     }
 

@@ -101,6 +101,8 @@ pub struct Config {
     pub watch_history_bytes_max: usize,
     /// Watches parked at once, waiting for a change.
     pub watches_max: usize,
+    /// Watches parked at once on one client connection.
+    pub watches_per_connection_max: usize,
 }
 
 impl Config {
@@ -137,6 +139,7 @@ impl Config {
             lock_delays: Vec::new(),
             watch_history_bytes_max: 16 << 20,
             watches_max: 4_096,
+            watches_per_connection_max: 64,
         }
     }
 
@@ -198,6 +201,8 @@ impl Config {
             ("max_locks", self.locks_max),
             ("max_locks_per_owner", self.locks_per_identity_max),
             ("max_watches", self.watches_max),
+            ("watch_history_bytes", self.watch_history_bytes_max),
+            ("max_watches_per_connection", self.watches_per_connection_max),
         ];
         if let Some((name, _)) = counts.iter().find(|(_, value)| *value == 0) {
             return invalid(format!("{name} must be positive"));
@@ -376,9 +381,9 @@ pub enum RequestError {
     /// Too many acquires already wait for this key; nothing was proposed.
     #[error("{max} acquires already wait for key {key}")]
     TooManyWaiters { key: Key, max: usize },
-    /// Too many watches already wait on this node.
-    #[error("{max} watches already wait on this node")]
-    TooManyWatches { max: usize },
+    /// Too many watches already wait on this node, or on this connection.
+    #[error("{max} watches already wait on this {}", if *per_connection { "connection" } else { "node" })]
+    TooManyWatches { max: usize, per_connection: bool },
     /// A grant would take the table, or its owner's identity, past its
     /// quota of locks; nothing was proposed.
     #[error("{0}")]

@@ -25,6 +25,7 @@ use std::collections::{BTreeMap, VecDeque};
 use fencelock_fsm::LockTable;
 use fencelock_types::{FencingToken, Key, Owner, Value};
 
+use crate::registry::ConnId;
 use crate::types::RequestId;
 
 /// What changed on a key.
@@ -116,6 +117,7 @@ pub struct WatchAnswer {
 /// A parked watch.
 #[derive(Clone, Debug)]
 struct Parked {
+    conn: ConnId,
     query: WatchQuery,
     until_ms: u64,
     /// The changes up to this index were looked at and none matched: the
@@ -134,19 +136,26 @@ pub struct Watches {
     covered_after: u64,
     parked: BTreeMap<RequestId, Parked>,
     parked_max: usize,
+    /// Parked watches per connection, and their bound: one client cannot
+    /// take every place.
+    per_conn: BTreeMap<ConnId, usize>,
+    per_conn_max: usize,
 }
 
-/// Why a watch was refused.
+/// Why a watch was refused: too many are parked on the node, or on the
+/// connection (`per_connection`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TooManyWatches {
     pub max: usize,
+    pub per_connection: bool,
 }
 
 impl Watches {
     /// An empty history covering everything after `applied` (the index the
     /// node opened at), at most `history_bytes_max` bytes of it, and at
-    /// most `parked_max` watches parked at once.
-    pub fn new(applied: u64, history_bytes_max: usize, parked_max: usize) -> Watches {
+    /// most `parked_max` watches parked at once, `per_conn_max` of them on
+    /// one connection.
+    pub fn new(applied: u64, history_bytes_max: usize, parked_max: usize, per_conn_max: usize) -> Watches {
         Watches {
             history: VecDeque::new(),
             history_bytes: 0,
@@ -154,6 +163,8 @@ impl Watches {
             covered_after: applied,
             parked: BTreeMap::new(),
             parked_max,
+            per_conn: BTreeMap::new(),
+            per_conn_max,
         }
     }
 
@@ -183,6 +194,7 @@ impl Watches {
     pub fn ask(
         &mut self,
         id: RequestId,
+        conn: ConnId,
         query: WatchQuery,
         table: &LockTable,
         applied: u64,
@@ -193,11 +205,16 @@ impl Watches {
             return Ok(Some(answer));
         }
         if self.parked.len() >= self.parked_max {
-            return Err(TooManyWatches { max: self.parked_max });
+            return Err(TooManyWatches { max: self.parked_max, per_connection: false });
         }
+        let on_conn = self.per_conn.entry(conn).or_default();
+        if *on_conn >= self.per_conn_max {
+            return Err(TooManyWatches { max: self.per_conn_max, per_connection: true });
+        }
+        *on_conn += 1;
         let until_ms = now_ms.saturating_add(query.wait_ms);
         let scanned = self.last_index().max(scanned);
-        self.parked.insert(id, Parked { query, until_ms, scanned });
+        self.parked.insert(id, Parked { conn, query, until_ms, scanned });
         Ok(None)
     }
 
@@ -207,11 +224,13 @@ impl Watches {
         let mut answers = Vec::new();
         let last = self.last_index();
         let mut parked = std::mem::take(&mut self.parked);
+        let mut left = Vec::new();
         parked.retain(|id, parked| {
             let out_of_time = now_ms >= parked.until_ms;
             match self.answer(&parked.query, parked.scanned, table, applied, out_of_time) {
                 Some(answer) => {
                     answers.push((*id, answer));
+                    left.push(parked.conn);
                     false
                 }
                 None => {
@@ -221,18 +240,32 @@ impl Watches {
             }
         });
         self.parked = parked;
+        for conn in left {
+            self.unpark(conn);
+        }
         answers
+    }
+
+    /// One watch of `conn` left the park.
+    fn unpark(&mut self, conn: ConnId) {
+        if let Some(count) = self.per_conn.get_mut(&conn) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_conn.remove(&conn);
+            }
+        }
     }
 
     /// Forgets parked watch `id` (its connection closed); true if it was
     /// parked.
     pub fn cancel(&mut self, id: RequestId) -> bool {
-        self.parked.remove(&id).is_some()
-    }
-
-    /// Takes every parked watch out (the node stops): their ids.
-    pub fn drain(&mut self) -> Vec<RequestId> {
-        std::mem::take(&mut self.parked).into_keys().collect()
+        match self.parked.remove(&id) {
+            Some(parked) => {
+                self.unpark(parked.conn);
+                true
+            }
+            None => false,
+        }
     }
 
     pub fn parked(&self) -> usize {
@@ -311,6 +344,8 @@ mod tests {
         }
     }
 
+    const C1: ConnId = ConnId(1);
+
     fn query(prefix: &str, after: Option<u64>, wait_ms: u64) -> WatchQuery {
         WatchQuery { prefix: prefix.as_bytes().to_vec(), after, wait_ms, limit: 100 }
     }
@@ -322,47 +357,47 @@ mod tests {
     #[test]
     fn a_watch_gets_the_changes_after_its_position_under_its_prefix_in_log_order() {
         let table = LockTable::new();
-        let mut watches = Watches::new(0, 1 << 20, 10);
+        let mut watches = Watches::new(0, 1 << 20, 10, 10);
         for (index, key) in [(1, "a/1"), (2, "b/1"), (3, "a/2"), (3, "a/3"), (5, "a/1")] {
             watches.record(event(index, key, index));
         }
-        let answer = watches.ask(RequestId(1), query("a/", Some(1), 0), &table, 5, 0).unwrap().unwrap();
+        let answer = watches.ask(RequestId(1), C1, query("a/", Some(1), 0), &table, 5, 0).unwrap().unwrap();
         assert_eq!(indexes(&answer), [3, 3, 5]);
         assert_eq!(answer.index, 5);
         assert!(!answer.compacted && answer.current.is_none());
         // Nothing after 5 yet: an empty answer that keeps the position.
-        let answer = watches.ask(RequestId(2), query("a/", Some(5), 0), &table, 5, 0).unwrap().unwrap();
+        let answer = watches.ask(RequestId(2), C1, query("a/", Some(5), 0), &table, 5, 0).unwrap().unwrap();
         assert!(answer.events.is_empty());
         assert_eq!(answer.index, 5);
         // A node behind the asker never answers an index below the asked one.
-        let answer = watches.ask(RequestId(3), query("a/", Some(9), 0), &table, 5, 0).unwrap().unwrap();
+        let answer = watches.ask(RequestId(3), C1, query("a/", Some(9), 0), &table, 5, 0).unwrap().unwrap();
         assert_eq!(answer.index, 9);
     }
 
     #[test]
     fn a_full_answer_ends_at_an_entry_boundary_and_the_next_one_resumes_there() {
         let table = LockTable::new();
-        let mut watches = Watches::new(0, 1 << 20, 10);
+        let mut watches = Watches::new(0, 1 << 20, 10, 10);
         for (index, key) in [(1, "a"), (2, "b"), (2, "c"), (3, "d")] {
             watches.record(event(index, key, 1));
         }
         let mut ask = query("", Some(0), 0);
         ask.limit = 2;
-        let first = watches.ask(RequestId(1), ask.clone(), &table, 3, 0).unwrap().unwrap();
+        let first = watches.ask(RequestId(1), C1, ask.clone(), &table, 3, 0).unwrap().unwrap();
         // The limit falls inside entry 2, which is not split.
         assert_eq!(indexes(&first), [1, 2, 2]);
         assert_eq!(first.index, 2);
         ask.after = Some(first.index);
-        let second = watches.ask(RequestId(2), ask, &table, 3, 0).unwrap().unwrap();
+        let second = watches.ask(RequestId(2), C1, ask, &table, 3, 0).unwrap().unwrap();
         assert_eq!(indexes(&second), [3]);
     }
 
     #[test]
     fn a_parked_watch_is_answered_by_the_next_change_or_when_its_wait_runs_out() {
         let mut table = LockTable::new();
-        let mut watches = Watches::new(0, 1 << 20, 10);
-        assert_eq!(watches.ask(RequestId(1), query("a", Some(0), 1_000), &table, 0, 0), Ok(None));
-        assert_eq!(watches.ask(RequestId(2), query("b", Some(0), 1_000), &table, 0, 0), Ok(None));
+        let mut watches = Watches::new(0, 1 << 20, 10, 10);
+        assert_eq!(watches.ask(RequestId(1), C1, query("a", Some(0), 1_000), &table, 0, 0), Ok(None));
+        assert_eq!(watches.ask(RequestId(2), C1, query("b", Some(0), 1_000), &table, 0, 0), Ok(None));
         assert_eq!(watches.parked(), 2);
         // A change elsewhere answers no one.
         watches.record(event(1, "c", 1));
@@ -382,15 +417,37 @@ mod tests {
     #[test]
     fn watches_past_the_bound_are_refused_and_cancelled_ones_leave() {
         let table = LockTable::new();
-        let mut watches = Watches::new(0, 1 << 20, 2);
-        assert_eq!(watches.ask(RequestId(1), query("", Some(0), 1_000), &table, 0, 0), Ok(None));
-        assert_eq!(watches.ask(RequestId(2), query("", Some(0), 1_000), &table, 0, 0), Ok(None));
-        assert_eq!(watches.ask(RequestId(3), query("", Some(0), 1_000), &table, 0, 0), Err(TooManyWatches { max: 2 }));
+        let mut watches = Watches::new(0, 1 << 20, 2, 10);
+        assert_eq!(watches.ask(RequestId(1), C1, query("", Some(0), 1_000), &table, 0, 0), Ok(None));
+        assert_eq!(watches.ask(RequestId(2), C1, query("", Some(0), 1_000), &table, 0, 0), Ok(None));
+        assert_eq!(watches.ask(RequestId(3), C1, query("", Some(0), 1_000), &table, 0, 0), Err(TooManyWatches { max: 2, per_connection: false }));
         assert!(watches.cancel(RequestId(1)));
         assert!(!watches.cancel(RequestId(1)));
-        assert_eq!(watches.ask(RequestId(3), query("", Some(0), 1_000), &table, 0, 0), Ok(None));
+        assert_eq!(watches.ask(RequestId(3), C1, query("", Some(0), 1_000), &table, 0, 0), Ok(None));
         // A watch that does not wait is answered even at the bound.
-        assert!(watches.ask(RequestId(4), query("", Some(0), 0), &table, 0, 0).unwrap().is_some());
+        assert!(watches.ask(RequestId(4), C1, query("", Some(0), 0), &table, 0, 0).unwrap().is_some());
+    }
+
+    #[test]
+    fn one_connection_parks_at_most_its_share() {
+        let table = LockTable::new();
+        let mut watches = Watches::new(0, 1 << 20, 10, 2);
+        let (c1, c2) = (ConnId(1), ConnId(2));
+        assert_eq!(watches.ask(RequestId(1), c1, query("", Some(0), 1_000), &table, 0, 0), Ok(None));
+        assert_eq!(watches.ask(RequestId(2), c1, query("", Some(0), 1_000), &table, 0, 0), Ok(None));
+        assert_eq!(
+            watches.ask(RequestId(3), c1, query("", Some(0), 1_000), &table, 0, 0),
+            Err(TooManyWatches { max: 2, per_connection: true })
+        );
+        // Another connection still has its places.
+        assert_eq!(watches.ask(RequestId(4), c2, query("", Some(0), 1_000), &table, 0, 0), Ok(None));
+        // Answered watches give their places back.
+        watches.record(event(1, "k", 1));
+        assert_eq!(watches.ready(&table, 1, 10).len(), 3);
+        assert_eq!(watches.ask(RequestId(5), c1, query("", Some(1), 1_000), &table, 1, 10), Ok(None));
+        assert!(watches.cancel(RequestId(5)));
+        assert_eq!(watches.ask(RequestId(6), c1, query("", Some(1), 1_000), &table, 1, 10), Ok(None));
+        assert_eq!(watches.ask(RequestId(7), c1, query("", Some(1), 1_000), &table, 1, 10), Ok(None));
     }
 
     #[test]
@@ -406,12 +463,12 @@ mod tests {
         table.apply(grant("b/1"));
         // Room for about two events.
         let one = event(1, "a/1", 1).cost();
-        let mut watches = Watches::new(0, 2 * one, 10);
+        let mut watches = Watches::new(0, 2 * one, 10, 10);
         for index in 1..=5 {
             watches.record(event(index, "a/1", index));
         }
         assert_eq!(watches.history_len().0, 2);
-        let answer = watches.ask(RequestId(1), query("a/", Some(1), 0), &table, 5, 0).unwrap().unwrap();
+        let answer = watches.ask(RequestId(1), C1, query("a/", Some(1), 0), &table, 5, 0).unwrap().unwrap();
         assert!(answer.compacted);
         assert_eq!(answer.index, 5);
         let current = answer.current.unwrap();
@@ -419,14 +476,14 @@ mod tests {
         assert_eq!(current[0].0.as_bytes(), b"a/1");
         assert_eq!(current[0].1.value.as_bytes(), b"v");
         // Within the history: the events.
-        let answer = watches.ask(RequestId(2), query("a/", Some(3), 0), &table, 5, 0).unwrap().unwrap();
+        let answer = watches.ask(RequestId(2), C1, query("a/", Some(3), 0), &table, 5, 0).unwrap().unwrap();
         assert_eq!(indexes(&answer), [4, 5]);
         // A start (no position) gets the current holders, not compacted.
-        let answer = watches.ask(RequestId(3), query("a/", None, 0), &table, 5, 0).unwrap().unwrap();
+        let answer = watches.ask(RequestId(3), C1, query("a/", None, 0), &table, 5, 0).unwrap().unwrap();
         assert!(!answer.compacted && answer.current.is_some());
         // A snapshot install forgets everything before it.
         watches.reset(9);
-        let answer = watches.ask(RequestId(4), query("a/", Some(5), 0), &table, 9, 0).unwrap().unwrap();
+        let answer = watches.ask(RequestId(4), C1, query("a/", Some(5), 0), &table, 9, 0).unwrap().unwrap();
         assert!(answer.compacted);
     }
 }

@@ -128,6 +128,18 @@ pub struct Flags {
     /// [default: 4096]
     #[arg(long, env = "FENCELOCKD_MAX_WAITERS_PER_KEY")]
     pub max_waiters_per_key: Option<usize>,
+    /// Watches waiting for a change on this node; more are answered
+    /// RESOURCE_EXHAUSTED. [default: 4096]
+    #[arg(long, env = "FENCELOCKD_MAX_WATCHES")]
+    pub max_watches: Option<usize>,
+    /// Watches waiting for a change on one client connection. [default: 64]
+    #[arg(long, env = "FENCELOCKD_MAX_WATCHES_PER_CONNECTION")]
+    pub max_watches_per_connection: Option<usize>,
+    /// Bytes of recent changes each node keeps for watches; a watch further
+    /// behind is answered `compacted`, with the current holders.
+    /// [default: 16777216]
+    #[arg(long, env = "FENCELOCKD_WATCH_HISTORY_BYTES")]
+    pub watch_history_bytes: Option<usize>,
     /// Locks the table may hold; a new lock past it is answered
     /// RESOURCE_EXHAUSTED. [default: 1000000]
     #[arg(long, env = "FENCELOCKD_MAX_LOCKS")]
@@ -320,6 +332,9 @@ struct FileConfig {
     max_pending_requests: Option<usize>,
     max_pending_acquires: Option<usize>,
     max_waiters_per_key: Option<usize>,
+    max_watches: Option<usize>,
+    max_watches_per_connection: Option<usize>,
+    watch_history_bytes: Option<usize>,
     max_locks: Option<usize>,
     max_locks_per_owner: Option<usize>,
     max_connections: Option<usize>,
@@ -484,6 +499,12 @@ impl ServerConfig {
             (flags.max_pending_requests.or(file.max_pending_requests), &mut driver.pending_requests_max),
             (flags.max_pending_acquires.or(file.max_pending_acquires), &mut driver.pending_acquires_max),
             (flags.max_waiters_per_key.or(file.max_waiters_per_key), &mut driver.waiters_per_key_max),
+            (flags.max_watches.or(file.max_watches), &mut driver.watches_max),
+            (
+                flags.max_watches_per_connection.or(file.max_watches_per_connection),
+                &mut driver.watches_per_connection_max,
+            ),
+            (flags.watch_history_bytes.or(file.watch_history_bytes), &mut driver.watch_history_bytes_max),
             (flags.max_locks.or(file.max_locks), &mut driver.locks_max),
             (flags.max_locks_per_owner.or(file.max_locks_per_owner), &mut driver.locks_per_identity_max),
         ];
@@ -671,6 +692,9 @@ impl ServerConfig {
         put("max_pending_requests", count(driver.pending_requests_max));
         put("max_pending_acquires", count(driver.pending_acquires_max));
         put("max_waiters_per_key", count(driver.waiters_per_key_max));
+        put("max_watches", count(driver.watches_max));
+        put("max_watches_per_connection", count(driver.watches_per_connection_max));
+        put("watch_history_bytes", count(driver.watch_history_bytes_max));
         put("max_locks", count(driver.locks_max));
         put("max_locks_per_owner", count(driver.locks_per_identity_max));
         put("max_connections", count(self.max_connections));
