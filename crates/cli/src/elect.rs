@@ -34,11 +34,18 @@ pub fn elect(cli: &Cli, args: &ElectArgs) -> Result<Exit> {
 fn campaign(client: &Client, args: &ElectArgs) -> Result<LockGuard, ClientError> {
     let deadline = args.wait.map(|wait| Instant::now() + wait);
     loop {
-        let left = deadline.map_or(CAMPAIGN_CHUNK, |deadline| deadline.saturating_duration_since(Instant::now()));
+        let left =
+            deadline.map_or(CAMPAIGN_CHUNK, |deadline| deadline.saturating_duration_since(Instant::now()));
+        let more_time = || deadline.is_none_or(|deadline| Instant::now() < deadline);
         match client.campaign(&args.name, &args.value, args.ttl, left.min(CAMPAIGN_CHUNK)) {
             // Still someone else's turn: ask again (the wait goes on).
-            Err(ClientError::WaitTimedOut { .. })
-                if deadline.is_none_or(|deadline| Instant::now() < deadline) => {}
+            Err(ClientError::WaitTimedOut { .. }) if more_time() => {}
+            // No cluster for --retry-for, or a grant lost before it could
+            // be used: a candidate keeps campaigning.
+            Err(ClientError::Unavailable(why)) if more_time() => {
+                eprintln!("fencelock: still campaigning in {}: {why}", args.name);
+                std::thread::sleep(Duration::from_secs(1));
+            }
             other => return other,
         }
     }

@@ -170,8 +170,25 @@ impl Client {
         // waited for first: the server would hand its lock over (crate::local).
         let started = Instant::now();
         let local = LocalHold::take(owner, key, wait)?;
-        let (grant, sent) =
+        let (grant, mut sent) =
             self.inner.acquire(owner, key, value, lease, wait.saturating_sub(started.elapsed()))?;
+        // Granted after a wait in the queue: the lease the client can prove
+        // starts at the send time, long ago. A renewal now starts one it
+        // can count on (or finds the lock already gone).
+        if crate::sansio::lease::needs_fresh_start(sent, grant.lease, self.inner.drift, Instant::now()) {
+            let (answer, renewed_at) =
+                self.inner.renew(&[(key.to_vec(), grant.token)], grant.lease, self.inner.retry_for)?;
+            let renewed = calls::renewed_one(&answer);
+            if !renewed.renewed {
+                return Err(ClientError::Unavailable(format!(
+                    "{} was granted under token {} after a wait, but its lease ran out before it could be \
+                     renewed",
+                    String::from_utf8_lossy(key),
+                    grant.token
+                )));
+            }
+            sent = renewed_at;
+        }
         local.granted(grant.token);
         let lock = Arc::new(HeldLock::new(key.to_vec(), grant.token, grant.lease, sent, self.inner.drift));
         self.inner.renewer.add(Arc::clone(&lock));
@@ -208,7 +225,12 @@ impl Client {
     /// The holder of `key` under `token` replaces its lock's value (an
     /// election leader proclaims). False: that token does not hold the key
     /// (any more); `holder_token` then says which does.
-    pub fn proclaim(&self, key: impl AsRef<[u8]>, token: u64, value: impl AsRef<[u8]>) -> Result<Released, ClientError> {
+    pub fn proclaim(
+        &self,
+        key: impl AsRef<[u8]>,
+        token: u64,
+        value: impl AsRef<[u8]>,
+    ) -> Result<Released, ClientError> {
         let request = calls::proclaim(key.as_ref(), token, value.as_ref());
         let timeout = self.inner.request_timeout;
         calls::proclaim_answer(self.inner.call(|| (request.clone(), timeout), self.inner.retry_for)?.0)

@@ -56,9 +56,11 @@ pub use fenced::{FencedRegister, StaleToken};
 pub use guard::LockGuard;
 pub use local::LocalHold;
 pub use members::Membership;
-pub use sansio::{Drift, Retrying, DEFAULT_DRIFT, RETRY_NOTICE_AFTER};
-pub use types::{Grant, LockInfo, Member, NodeStatus, Released, Renewed, WatchBatch, WatchEvent, WatchEventKind};
 pub use sansio::observe::{Leader, LeaderChange};
+pub use sansio::{Drift, Retrying, DEFAULT_DRIFT, RETRY_NOTICE_AFTER};
+pub use types::{
+    Grant, LockInfo, Member, NodeStatus, Released, Renewed, WatchBatch, WatchEvent, WatchEventKind,
+};
 pub use watch::{Observer, Watch};
 
 #[cfg(test)]

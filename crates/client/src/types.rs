@@ -70,7 +70,13 @@ pub enum WatchEventKind {
 impl WatchEventKind {
     /// Whether the key has no holder after this change.
     pub fn frees(self) -> bool {
-        matches!(self, WatchEventKind::Released | WatchEventKind::Expired | WatchEventKind::Delayed | WatchEventKind::DelayLifted)
+        matches!(
+            self,
+            WatchEventKind::Released
+                | WatchEventKind::Expired
+                | WatchEventKind::Delayed
+                | WatchEventKind::DelayLifted
+        )
     }
 }
 
@@ -134,9 +140,7 @@ impl From<client_pb::WatchResponse> for WatchBatch {
         WatchBatch {
             events: response.events.into_iter().map(WatchEvent::from).collect(),
             index: response.index,
-            current: response
-                .has_current
-                .then(|| response.current.into_iter().map(LockInfo::from).collect()),
+            current: response.has_current.then(|| response.current.into_iter().map(LockInfo::from).collect()),
             compacted: response.compacted,
         }
     }

@@ -77,10 +77,10 @@ use crate::registry::{Answered, ConnId, Registry};
 use crate::rejoin::{self, PeerReport, Start};
 use crate::replica::{Effects, GrantRef, NodeStatus, Replica, SnapshotJob, Stats};
 use crate::storage::{Recovered, Write};
-use crate::watch::WatchQuery;
 use crate::types::{
     AppliedEvent, Config, FatalError, Member, MemberChange, NodeId, Query, Reply, RequestError, RoleChange,
 };
+use crate::watch::WatchQuery;
 
 /// A node's settings.
 #[derive(Clone, Debug)]

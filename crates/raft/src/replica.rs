@@ -20,14 +20,14 @@ pub use membership::{PROMOTE_LAG_MAX, TRANSFER_WAIT_MS};
 
 use crate::gate::{self, RefusalLog, Refusals};
 use crate::queue::{Pending, Requests};
+use crate::registry::ConnId;
 use crate::rejoin::{self, Floor, Membership, PinVote, RaftPosition};
 use crate::storage::{LogCache, Recovered, Write, WriteBatch};
-use crate::registry::ConnId;
-use crate::watch::{TooManyWatches, WatchEvent, WatchKind, WatchQuery, Watches};
 use crate::types::{
     AppliedEvent, Config, FatalError, HeldLock, NodeId, Query, Quota, Reply, RequestError, RequestId,
     Response, RoleChange,
 };
+use crate::watch::{TooManyWatches, WatchEvent, WatchKind, WatchQuery, Watches};
 
 /// What the driver asks its shell to do, drained with [`Replica::take_effects`].
 #[derive(Debug, Default)]
@@ -1700,7 +1700,9 @@ impl Replica {
             (ApplyResult::Proclaimed { token }, _) => (WatchKind::Proclaimed, token),
             (ApplyResult::Released { token }, _) if was_delayed => (WatchKind::DelayLifted, token),
             (ApplyResult::Released { token }, _) => (WatchKind::Released, token),
-            (ApplyResult::Expired { existed: true }, Some(token)) if was_delayed => (WatchKind::DelayLifted, token),
+            (ApplyResult::Expired { existed: true }, Some(token)) if was_delayed => {
+                (WatchKind::DelayLifted, token)
+            }
             (ApplyResult::Expired { existed: true }, Some(token)) => (WatchKind::Expired, token),
             (ApplyResult::Delayed { token, .. }, _) => (WatchKind::Delayed, token),
             _ => return,

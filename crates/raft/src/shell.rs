@@ -559,9 +559,16 @@ impl Driver {
             Request::Client { conn, request, reply } => Event::Request { conn, reply_to: reply, request },
             Request::ConnectionClosed(conn) => Event::ConnectionClosed(conn),
             Request::Propose { commands, reply } => client(ClientRequest::Propose(commands), reply),
-            Request::Acquire { key, lease_ms, owner, wait_ms, reply } => {
-                client(ClientRequest::Acquire { key, lease_ms, owner, value: fencelock_types::Value::none(), wait_ms }, reply)
-            }
+            Request::Acquire { key, lease_ms, owner, wait_ms, reply } => client(
+                ClientRequest::Acquire {
+                    key,
+                    lease_ms,
+                    owner,
+                    value: fencelock_types::Value::none(),
+                    wait_ms,
+                },
+                reply,
+            ),
             Request::Read { query, reply } => client(ClientRequest::Read(query), reply),
             Request::ReadLocal { query, reply } => client(ClientRequest::ReadLocal(query), reply),
             Request::TransferLeader { to } => Event::TransferLeader(to),

@@ -1525,7 +1525,14 @@ fn acquires_that_fill_their_budget_leave_room_for_renewals_releases_and_expiries
     let renewed = applied_token(net.take_reply(RequestId(3)));
     // A careless client: four acquires wait for a key held for a minute.
     for id in 10..14 {
-        net.node(1).acquire(RequestId(id), key("held"), long, owner(&format!("w{id}")), Value::none(), 50_000);
+        net.node(1).acquire(
+            RequestId(id),
+            key("held"),
+            long,
+            owner(&format!("w{id}")),
+            Value::none(),
+            50_000,
+        );
     }
     net.settle();
     net.node(1).acquire(RequestId(20), key("free"), long, owner("o1"), Value::none(), 0);
@@ -1563,7 +1570,14 @@ fn the_waiters_of_one_key_are_bounded() {
     net.settle();
     let holder = applied_token(net.take_reply(RequestId(1)));
     for id in 2..=4 {
-        net.node(1).acquire(RequestId(id), key("hot"), lease_ms, owner(&format!("w{id}")), Value::none(), 50_000);
+        net.node(1).acquire(
+            RequestId(id),
+            key("hot"),
+            lease_ms,
+            owner(&format!("w{id}")),
+            Value::none(),
+            50_000,
+        );
     }
     net.node(1).acquire(RequestId(5), key("cold"), lease_ms, owner("w5"), Value::none(), 50_000);
     net.settle();

@@ -306,7 +306,9 @@ impl Watches {
         // Changes are in index order: skip the ones already looked at.
         let start = self.history.partition_point(|event| event.index <= from);
         for event in self.history.range(start..) {
-            if events.len() >= query.limit.max(1) && events.last().is_some_and(|last: &WatchEvent| last.index != event.index) {
+            if events.len() >= query.limit.max(1)
+                && events.last().is_some_and(|last: &WatchEvent| last.index != event.index)
+            {
                 // Full, at an entry's boundary: the rest is for next time.
                 let index = events.last().map_or(after, |last: &WatchEvent| last.index);
                 return Some(WatchAnswer { events, current: None, compacted: false, index });
@@ -420,7 +422,10 @@ mod tests {
         let mut watches = Watches::new(0, 1 << 20, 2, 10);
         assert_eq!(watches.ask(RequestId(1), C1, query("", Some(0), 1_000), &table, 0, 0), Ok(None));
         assert_eq!(watches.ask(RequestId(2), C1, query("", Some(0), 1_000), &table, 0, 0), Ok(None));
-        assert_eq!(watches.ask(RequestId(3), C1, query("", Some(0), 1_000), &table, 0, 0), Err(TooManyWatches { max: 2, per_connection: false }));
+        assert_eq!(
+            watches.ask(RequestId(3), C1, query("", Some(0), 1_000), &table, 0, 0),
+            Err(TooManyWatches { max: 2, per_connection: false })
+        );
         assert!(watches.cancel(RequestId(1)));
         assert!(!watches.cancel(RequestId(1)));
         assert_eq!(watches.ask(RequestId(3), C1, query("", Some(0), 1_000), &table, 0, 0), Ok(None));

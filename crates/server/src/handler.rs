@@ -9,13 +9,13 @@ use std::sync::Arc;
 use crossbeam_channel::Sender;
 use fencelock_net::{error_response, Handler, ResponseSink};
 use fencelock_raft::shell::{Request as DriverRequest, Responder, StatusCallback};
+use fencelock_raft::watch::{WatchEvent, WatchKind, WatchQuery};
 use fencelock_raft::{
     ClientRequest, ConnId, MemberChange, NodeId, NodeStatus, Query, Reply, RequestError, Response, Role,
 };
 use fencelock_types::client_pb::{
     self as proto, ErrorCode, Request_oneof_kind as Kind, Response_oneof_kind as Out,
 };
-use fencelock_raft::watch::{WatchEvent, WatchKind, WatchQuery};
 use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner, Value};
 
 use crate::access::{Access, Right};
@@ -379,7 +379,12 @@ impl ClientHandler {
 
     /// The changes under a prefix after a log index, from this node (a long
     /// poll): the `read` right on every key under the prefix.
-    fn watch(&self, watch: proto::WatchRequest, user: Option<&str>, sink: ResponseSink) -> Result<(), Refusal> {
+    fn watch(
+        &self,
+        watch: proto::WatchRequest,
+        user: Option<&str>,
+        sink: ResponseSink,
+    ) -> Result<(), Refusal> {
         let conn = ConnId(sink.connection());
         if let (Some(user), Some(access)) = (user, &self.access) {
             if !access.allows_all_under(user, Right::Read, &watch.prefix) {
@@ -391,12 +396,15 @@ impl ClientHandler {
             }
         }
         if watch.prefix.len() > fencelock_types::KEY_LEN_MAX {
-            let message = format!("prefix: longer than a key may be ({} bytes)", fencelock_types::KEY_LEN_MAX);
+            let message =
+                format!("prefix: longer than a key may be ({} bytes)", fencelock_types::KEY_LEN_MAX);
             return Err(invalid(sink, message));
         }
         if watch.wait_ms > WATCH_WAIT_MAX_MS {
-            let message =
-                format!("wait_ms {} is over the maximum of {WATCH_WAIT_MAX_MS} ms for a watch", watch.wait_ms);
+            let message = format!(
+                "wait_ms {} is over the maximum of {WATCH_WAIT_MAX_MS} ms for a watch",
+                watch.wait_ms
+            );
             return Err(invalid(sink, message));
         }
         let limit = match watch.limit {

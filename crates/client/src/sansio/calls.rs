@@ -20,7 +20,13 @@ pub fn millis(duration: Duration) -> u64 {
 /// An acquire of `key` for `owner`, with the lock's `value` (empty for
 /// none), waiting up to `wait` in the leader's queue. A retry sends what
 /// is left of the caller's wait.
-pub fn acquire(owner: &[u8], key: &[u8], value: &[u8], lease: Duration, wait: Duration) -> Request_oneof_kind {
+pub fn acquire(
+    owner: &[u8],
+    key: &[u8],
+    value: &[u8],
+    lease: Duration,
+    wait: Duration,
+) -> Request_oneof_kind {
     Request_oneof_kind::acquire(AcquireRequest {
         key: key.to_vec(),
         lease_ms: millis(lease),

@@ -69,6 +69,16 @@ pub fn retry_every(lease: Duration) -> Duration {
     (lease / 10).max(ROUND_MIN)
 }
 
+/// Whether a lock granted by a request sent at `sent` should be renewed at
+/// once, at `now`, before it is handed to the caller: half of its usable
+/// lease or more is gone. That is an acquire that waited in the leader's
+/// queue: the server's lease starts when it grants, but all the client can
+/// prove is the send time, so it starts a lease it can count on with a
+/// renewal (whose send time is now).
+pub fn needs_fresh_start(sent: Instant, lease: Duration, drift: Drift, now: Instant) -> bool {
+    now.saturating_duration_since(sent) >= drift.usable(lease) / 2
+}
+
 /// One held lock's lease, on the client's clock. See the module doc.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
@@ -160,6 +170,22 @@ impl Lease {
     /// runs out (nothing is left to save after that), at most `retry_for`.
     pub fn renew_budget(&self, now: Instant, retry_for: Duration) -> Duration {
         self.valid_until.saturating_duration_since(now).min(retry_for)
+    }
+}
+
+#[cfg(test)]
+mod fresh_start_tests {
+    use super::*;
+
+    #[test]
+    fn a_grant_after_a_long_wait_is_renewed_before_it_is_used() {
+        let sent = Instant::now();
+        let lease = Duration::from_secs(10);
+        let drift = Drift::new(0.0).unwrap();
+        assert!(!needs_fresh_start(sent, lease, drift, sent + Duration::from_millis(100)));
+        assert!(!needs_fresh_start(sent, lease, drift, sent + Duration::from_millis(4_999)));
+        assert!(needs_fresh_start(sent, lease, drift, sent + Duration::from_secs(5)));
+        assert!(needs_fresh_start(sent, lease, drift, sent + Duration::from_secs(30)));
     }
 }
 

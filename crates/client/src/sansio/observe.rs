@@ -84,7 +84,11 @@ impl ObserverState {
 }
 
 fn leader_of(info: &LockInfo) -> Option<Leader> {
-    (!info.delayed).then(|| Leader { token: info.token, owner: info.owner.clone(), value: info.value.clone() })
+    (!info.delayed).then(|| Leader {
+        token: info.token,
+        owner: info.owner.clone(),
+        value: info.value.clone(),
+    })
 }
 
 fn leader_from(event: &WatchEvent) -> Leader {
@@ -126,7 +130,12 @@ mod tests {
             delayed: false,
             value: b"a".to_vec(),
         };
-        observer.take(WatchBatch { events: vec![], index: 10, current: Some(vec![current]), compacted: false });
+        observer.take(WatchBatch {
+            events: vec![],
+            index: 10,
+            current: Some(vec![current]),
+            compacted: false,
+        });
         observer.take(WatchBatch {
             events: vec![
                 // Another key under the prefix: not this election.
@@ -160,7 +169,12 @@ mod tests {
             delayed: false,
             value: b"c".to_vec(),
         };
-        observer.take(WatchBatch { events: vec![], index: 20, current: Some(vec![current]), compacted: true });
+        observer.take(WatchBatch {
+            events: vec![],
+            index: 20,
+            current: Some(vec![current]),
+            compacted: true,
+        });
         assert!(observer.queue.is_empty());
     }
 }
