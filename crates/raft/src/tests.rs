@@ -1685,3 +1685,90 @@ fn a_waiter_over_its_quota_is_answered_and_the_key_goes_to_the_next() {
 
 #[path = "membership_tests.rs"]
 mod membership;
+
+/// A watch's answer, or a failure naming what came instead.
+fn watch_answer(reply: Option<crate::Reply>) -> crate::watch::WatchAnswer {
+    match reply {
+        Some(Ok(Response::Watch(answer))) => answer,
+        other => panic!("a watch answered {other:?}"),
+    }
+}
+
+#[test]
+fn watches_on_followers_follow_the_log_across_a_leader_change_and_a_snapshot_install() {
+    use crate::registry::ConnId;
+    use crate::watch::{WatchKind, WatchQuery};
+    let watch =
+        |after: Option<u64>, wait_ms: u64| WatchQuery { prefix: b"e/".to_vec(), after, wait_ms, limit: 100 };
+    let mut net = Net::with_config(3, |config| config.snapshot_interval_entries = 5);
+    net.elect(1);
+    // A start, on a follower: no holders yet, and the index to go on from.
+    net.node(2).watch(RequestId(10), ConnId(1), watch(None, 0));
+    net.settle();
+    let start = watch_answer(net.take_reply(RequestId(10)));
+    assert_eq!(start.current, Some(Vec::new()));
+    // Parked on both followers until a change under the prefix applies.
+    net.node(2).watch(RequestId(11), ConnId(1), watch(Some(start.index), 60_000));
+    net.node(3).watch(RequestId(12), ConnId(1), watch(Some(start.index), 60_000));
+    net.node(1).propose(RequestId(1), vec![grant("other", "o1")]);
+    net.settle();
+    assert!(net.take_reply(RequestId(11)).is_none(), "a change outside the prefix answered a watch");
+    net.node(1).propose(RequestId(2), vec![grant("e/1", "o1")]);
+    net.settle();
+    let token = applied_token(net.take_reply(RequestId(2)));
+    for id in [11, 12] {
+        let answer = watch_answer(net.take_reply(RequestId(id)));
+        assert_eq!(answer.events.len(), 1, "{answer:?}");
+        let event = &answer.events[0];
+        assert_eq!((event.kind, event.token, event.key.as_bytes()), (WatchKind::Granted, token, &b"e/1"[..]));
+        assert_eq!(answer.index, event.index);
+    }
+    let seen = net.node(2).status().applied_index;
+    // Leadership moves; a watch parked on the old leader (now a follower)
+    // is answered by what the new leader commits.
+    net.node(1).watch(RequestId(13), ConnId(2), watch(Some(seen), 60_000));
+    net.elect(2);
+    net.node(2).propose(
+        RequestId(3),
+        vec![Command::Proclaim {
+            key: key("e/1"),
+            token,
+            value: fencelock_types::Value::new(b"v2".to_vec()).unwrap(),
+            user: None,
+        }],
+    );
+    net.settle();
+    let answer = watch_answer(net.take_reply(RequestId(13)));
+    assert_eq!(answer.events.iter().map(|event| event.kind).collect::<Vec<_>>(), [WatchKind::Proclaimed]);
+    assert_eq!(answer.events[0].value.as_bytes(), b"v2");
+    // Node 3 misses many entries and catches up from a snapshot: it cannot
+    // tell what happened before it, so an old position is answered
+    // compacted, with the holders now; a new one gets the changes.
+    net.down.insert(3);
+    for n in 0..12u64 {
+        net.node(2).propose(RequestId(100 + n), vec![grant(&format!("e/x{n}"), "o2")]);
+        net.settle();
+    }
+    net.down.remove(&3);
+    net.settle();
+    assert!(net.node(3).status().snapshot_index > seen, "{:?}", net.node(3).status());
+    net.node(3).watch(RequestId(14), ConnId(3), watch(Some(seen), 0));
+    net.settle();
+    let answer = watch_answer(net.take_reply(RequestId(14)));
+    assert!(answer.compacted && answer.events.is_empty(), "{answer:?}");
+    assert_eq!(answer.current.as_ref().map(Vec::len), Some(13));
+    let caught_up = answer.index;
+    net.node(3).watch(RequestId(15), ConnId(3), watch(Some(caught_up), 60_000));
+    net.node(2)
+        .propose(RequestId(4), vec![Command::Release { key: key("e/1"), token: Some(token), user: None }]);
+    net.settle();
+    let answer = watch_answer(net.take_reply(RequestId(15)));
+    assert_eq!(answer.events.iter().map(|event| event.kind).collect::<Vec<_>>(), [WatchKind::Released]);
+    assert!(answer.index > caught_up);
+    // A closed connection's parked watch is forgotten.
+    net.node(3).watch(RequestId(16), ConnId(3), watch(Some(answer.index), 60_000));
+    assert!(net.node(3).cancel(RequestId(16)));
+    net.node(2).propose(RequestId(5), vec![grant("e/2", "o1")]);
+    net.settle();
+    assert!(net.take_reply(RequestId(16)).is_none());
+}
