@@ -6,6 +6,7 @@
 //! Some give an acquire up instead (a disconnect): what it is granted is a
 //! ghost the node must release.
 
+use fencelock_raft::watch::WatchQuery;
 use fencelock_raft::{ClientRequest, Query, Reply, RequestError, Response};
 use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner, Value};
 
@@ -19,6 +20,10 @@ const HEAL_SETTLE_MS: u64 = 1_000;
 const KEYS: u64 = 3;
 /// The most locks a simulated list asks for (more than clients can hold).
 const LIST_LIMIT: usize = 100;
+
+/// The events one watch answer holds (about): small, so that answers end
+/// at entry boundaries often.
+const WATCH_LIMIT: usize = 3;
 
 /// Who an answer is for: a client's request, on the connection it was
 /// sent on.
@@ -57,6 +62,12 @@ pub(crate) enum Op {
     /// A linearizable list of the locks under a prefix.
     List {
         prefix: Vec<u8>,
+    },
+    /// The changes under a prefix after a position (none: the start).
+    Watch {
+        prefix: Vec<u8>,
+        after: Option<u64>,
+        wait_ms: u64,
     },
 }
 
@@ -97,6 +108,8 @@ pub struct Client {
     pub(crate) final_key: Key,
     pub(crate) served_after_heal: bool,
     next_seq: u64,
+    /// Where its watch of the keys is: the index of the last answer.
+    watch_at: Option<u64>,
 }
 
 impl Client {
@@ -112,6 +125,7 @@ impl Client {
             final_key: Key::new(format!("final/{}", index + 1).into_bytes()).expect("a valid key"),
             served_after_heal: false,
             next_seq: 0,
+            watch_at: None,
         }
     }
 }
@@ -171,8 +185,13 @@ impl World {
             Key::new(name.into_bytes()).expect("a valid key")
         };
         if !after_heal && self.rng.chance(200_000) {
-            return match self.rng.range(0, 3) {
+            return match self.rng.range(0, 4) {
                 0 => Op::Get { key },
+                3 => Op::Watch {
+                    prefix: b"k".to_vec(),
+                    after: self.clients[client].watch_at,
+                    wait_ms: self.rng.pick(&[0, 400]),
+                },
                 1 => {
                     let highest = self.checker.tokens.highest_issued().map_or(1, FencingToken::get);
                     let token = FencingToken::new(self.rng.range(1, highest + 1)).expect("a token from 1");
@@ -266,6 +285,9 @@ impl World {
             Op::Get { key } => ClientRequest::Read(Query::Holder(key)),
             Op::Check { key, token } => ClientRequest::Read(Query::Check { key, token }),
             Op::List { prefix } => ClientRequest::Read(Query::List { prefix, limit: LIST_LIMIT }),
+            Op::Watch { prefix, after, wait_ms } => {
+                ClientRequest::Watch(WatchQuery { prefix, after, wait_ms, limit: WATCH_LIMIT })
+            }
         };
         if self.trace_clients {
             self.note(&format!("client {} sends {seq} {op:?} to {} on {conn}", client + 1, node + 1));
@@ -273,7 +295,10 @@ impl World {
         // Requests on one connection arrive in order, before its close.
         let delay = self.network.delay_min_ms + self.network.delay_jitter_ms / 2;
         self.schedule(delay, Event::Request { node, conn, ask, request });
-        let wait_ms = if let Op::Acquire { wait_ms, .. } = &op { *wait_ms } else { 0 };
+        let wait_ms = match &op {
+            Op::Acquire { wait_ms, .. } | Op::Watch { wait_ms, .. } => *wait_ms,
+            _ => 0,
+        };
         let deadline_ms = self.now_ms + REQUEST_TIMEOUT_MS + wait_ms;
         if let Op::Acquire { .. } = &op {
             if self.rng.chance(self.swarm.abandon_ppm) {
@@ -407,6 +432,11 @@ impl World {
                 }
                 self.wake_client(client, pause);
             }
+            (Op::Watch { prefix, after, .. }, Ok(Response::Watch(answer))) => {
+                self.checker.watches.answered(&prefix, after, &answer)?;
+                self.clients[client].watch_at = Some(answer.index);
+                self.wake_client(client, pause);
+            }
             (op, Err(RequestError::NotLeader { leader_hint })) => {
                 self.clients[client].target = match leader_hint {
                     Some(leader) => (leader.0 - 1) as usize,
@@ -441,7 +471,9 @@ impl World {
     /// Sends `op` again after `pause_ms`, keeping a held lock held meanwhile.
     fn retry(&mut self, client: usize, op: Op, pause_ms: u64) {
         self.clients[client].state = match op {
-            Op::Acquire { .. } | Op::Get { .. } | Op::Check { .. } | Op::List { .. } => ClientState::Idle,
+            Op::Acquire { .. } | Op::Get { .. } | Op::Check { .. } | Op::List { .. } | Op::Watch { .. } => {
+                ClientState::Idle
+            }
             // The renewal's answer was lost: release soon rather than hold on.
             Op::Renew { key, token, lease_ms } => {
                 ClientState::Holding { key, token, lease_ms, release_at_ms: self.now_ms }

@@ -15,7 +15,9 @@
 //! - [`reads`]: a linearizable read names a holder the key had while the
 //!   read was in flight;
 //! - [`expiry`]: after the heal, a lock nobody renews is freed within its
-//!   lease (stretched by drift) and a bound, once a leader is ready.
+//!   lease (stretched by drift) and a bound, once a leader is ready;
+//! - [`watches`]: a watch's answer tells exactly the changes the log made
+//!   under its prefix after its position, in order, with their indexes.
 
 pub mod convergence;
 pub mod durability;
@@ -28,6 +30,7 @@ pub mod mutual_exclusion;
 pub mod reads;
 pub mod renewal;
 pub mod tokens;
+pub mod watches;
 
 use fencelock_fsm::LockTable;
 use fencelock_raft::AppliedEvent;
@@ -60,6 +63,7 @@ pub struct Checker {
     pub holders: holders::Check,
     pub reads: reads::Check,
     pub expiry: expiry::Check,
+    pub watches: watches::Check,
     /// Applied changes each per-node check judged.
     judged_changes: u64,
     /// Per node: the highest index it applied, and the highest it had
@@ -109,6 +113,8 @@ impl Checker {
             ("lock expiries", self.expiry.judged()),
             ("acknowledgements", self.durability.acknowledgements() as u64),
             ("tables compared", self.convergence.compared()),
+            ("watch answers", self.watches.judged().0),
+            ("watch events", self.watches.judged().1),
         ]
     }
 
@@ -146,6 +152,7 @@ impl Checker {
         for (index, event) in events {
             self.durability.applied(*index, event);
         }
+        self.watches.applied(events);
         if restored_at.is_some() {
             self.reset(node, table);
             self.renewal.restored(node, table, local_ms);
