@@ -82,7 +82,46 @@ pub fn check(input: &Input<'_>) -> Vec<Check> {
         checks.push(skewed);
     }
     checks.push(convergence(input));
+    checks.push(observers(input));
     checks
+}
+
+/// An election observer tells leaders in log order: for each observer and
+/// key, the leaders' tokens and the log indexes it was told never go back
+/// (a leader's token is greater than every earlier leader's), whichever
+/// node answered, across kills, partitions and restarts.
+fn observers(input: &Input<'_>) -> Check {
+    let mut check = Check::new(
+        "observers",
+        "election observers were told leaders in log order: tokens and log indexes never went back",
+    );
+    let mut last: BTreeMap<(usize, &str), (u64, u64, &Op)> = BTreeMap::new();
+    let mut told = input.ops.iter().filter(|op| matches!(op.kind, OpKind::Observe)).collect::<Vec<_>>();
+    told.sort_by_key(|op| (op.complete_us, op.id));
+    for op in told {
+        let Outcome::Observed { token, index } = op.outcome else { continue };
+        let token = token.unwrap_or(0);
+        let slot = (op.client, op.key.as_str());
+        if let Some((last_token, last_index, before)) = last.get(&slot) {
+            if token != 0 && token < *last_token {
+                check.violation(format!(
+                    "leader token {token} told after {last_token}: {} after {}",
+                    describe(op),
+                    describe(before)
+                ));
+            }
+            if index < *last_index {
+                check.violation(format!(
+                    "log index {index} told after {last_index}: {} after {}",
+                    describe(op),
+                    describe(before)
+                ));
+            }
+        }
+        let entry = last.entry(slot).or_insert((0, 0, op));
+        *entry = (entry.0.max(token), index, op);
+    }
+    check
 }
 
 fn describe(op: &Op) -> String {
@@ -269,6 +308,8 @@ fn mutual_exclusion(input: &Input<'_>) -> Check {
             (_, Outcome::Granted { token, .. }) => *token,
             (OpKind::Release { token }, Outcome::Released) => *token,
             (OpKind::Check { token }, Outcome::Holds) => *token,
+            // Applied through the log while the token held the key.
+            (OpKind::Proclaim { token }, Outcome::Proclaimed) => *token,
             _ => continue,
         };
         observations.push((op.key.as_str(), token, Seen { invoke_us: op.invoke_us, what: Evidence::Op(op) }));

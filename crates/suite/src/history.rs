@@ -40,6 +40,14 @@ pub enum OpKind {
         token: u64,
         ms: u64,
     },
+    /// The holder of the election key (`token`) proclaims a new value: a
+    /// write through the log, answered only while the token holds the key.
+    Proclaim {
+        token: u64,
+    },
+    /// An election observer was told a change of leader (not
+    /// linearizable: from whichever node answered).
+    Observe,
 }
 
 /// How an operation ended.
@@ -72,6 +80,14 @@ pub enum Outcome {
     Holds,
     /// `check` answered that it does not.
     DoesNotHold,
+    /// The proclaim was applied: the token held the key.
+    Proclaimed,
+    /// An observer was told that `token` leads (none: no one) from log
+    /// index `index` on.
+    Observed {
+        token: Option<u64>,
+        index: u64,
+    },
     Paused,
     /// No definite answer: the call may or may not have taken effect.
     Unknown {

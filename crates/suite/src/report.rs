@@ -82,7 +82,7 @@ pub fn figures(ops: &[Op], faults: &[FaultRecord], samples: &[LeaderSample], run
             }
             (OpKind::Write { .. }, Outcome::Accepted) => f.writes_accepted += 1,
             (OpKind::Write { .. }, Outcome::Rejected { .. }) => f.stale_rejections += 1,
-            (OpKind::Write { .. }, _) => {}
+            (OpKind::Write { .. } | OpKind::Observe, _) => {}
             (_, outcome) => {
                 f.calls += 1;
                 if outcome.is_definite() {
@@ -126,7 +126,9 @@ pub fn figures(ops: &[Op], faults: &[FaultRecord], samples: &[LeaderSample], run
     f.quiet_s = round1(quiet_us as f64 / 1e6);
     let (mut calls_fault, mut calls_quiet, mut grants_fault, mut grants_quiet) = (0u64, 0u64, 0u64, 0u64);
     for op in ops.iter().filter(|op| op.complete_us <= run_us) {
-        if matches!(op.kind, OpKind::Write { .. } | OpKind::Pause { .. }) || !op.outcome.is_definite() {
+        if matches!(op.kind, OpKind::Write { .. } | OpKind::Pause { .. } | OpKind::Observe)
+            || !op.outcome.is_definite()
+        {
             continue;
         }
         let granted = matches!(op.outcome, Outcome::Granted { .. });

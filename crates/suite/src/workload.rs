@@ -20,6 +20,11 @@
 //! is then held for a while, as a client doing work under it would, so that
 //! a lock taken from under its holder shows in the history.
 //!
+//! One of the keys is an election (`suite/election`): its acquires carry
+//! the candidate's value, its holders proclaim a new value before they
+//! write (a proclaim applied is evidence that the token held the key), and
+//! an observer thread follows its leaders, which must come in log order.
+//!
 //! Every loop is bounded: a thread starts no operation after the run's
 //! deadline, and every call is bounded by the client's retry budget.
 
@@ -59,13 +64,17 @@ pub struct WorkloadConfig {
     pub reset_hold_ms: (u64, u64),
     pub request_timeout: Duration,
     pub retry_for: Duration,
+    /// One of `keys` is an election: its acquires are campaigns with the
+    /// client's value, and its holders proclaim a new value before they
+    /// write. An observer thread follows it.
+    pub election_key: Option<String>,
 }
 
 impl WorkloadConfig {
     pub fn new(nodes: u64) -> WorkloadConfig {
         WorkloadConfig {
             clients: usize::try_from(2 * nodes + 2).unwrap_or(8),
-            keys: (0..3).map(|i| format!("suite/key-{i}")).collect(),
+            keys: (0..3).map(|i| format!("suite/key-{i}")).chain(["suite/election".to_owned()]).collect(),
             lease_ms: (1_000, 2_000),
             wait_ms: (100, 800),
             overstay_chance: 0.01,
@@ -74,6 +83,7 @@ impl WorkloadConfig {
             reset_hold_ms: (100, 400),
             request_timeout: Duration::from_millis(1_000),
             retry_for: Duration::from_secs(3),
+            election_key: Some("suite/election".to_owned()),
         }
     }
 }
@@ -136,7 +146,63 @@ pub fn spawn(
             .context("cannot start a client thread")?;
         threads.push(thread);
     }
+    if let Some(election) = &config.election_key {
+        let mut client_config = crate::tls::client_config(endpoints.iter().cloned());
+        client_config.request_timeout = config.request_timeout;
+        client_config.retry_for = config.retry_for;
+        let observer = Observer {
+            index: config.clients,
+            key: election.clone(),
+            client: Client::connect(client_config)?,
+            shared: Arc::clone(shared),
+            deadline,
+        };
+        let thread = std::thread::Builder::new()
+            .name("observer".into())
+            .spawn(move || observer.run())
+            .context("cannot start the observer thread")?;
+        threads.push(thread);
+    }
     Ok(threads)
+}
+
+/// Follows the election key and records every change of leader it is told.
+struct Observer {
+    /// Its client number in the history: after the workers'.
+    index: usize,
+    key: String,
+    client: Client,
+    shared: Arc<Shared>,
+    deadline: Instant,
+}
+
+impl Observer {
+    fn run(self) {
+        let mut observer = self.client.observe(&self.key);
+        while Instant::now() < self.deadline {
+            let invoke_us = self.shared.recorder.now_us();
+            let outcome = match observer.next(Duration::from_millis(500)) {
+                Ok(Some(change)) => {
+                    Outcome::Observed { token: change.leader.map(|leader| leader.token), index: change.index }
+                }
+                Ok(None) => continue,
+                Err(error) => {
+                    std::thread::sleep(Duration::from_millis(100));
+                    Outcome::Unknown { error: error.to_string() }
+                }
+            };
+            self.shared.recorder.record(Op {
+                id: 0,
+                client: self.index,
+                owner: "observer".to_owned(),
+                key: self.key.clone(),
+                invoke_us,
+                complete_us: self.shared.recorder.now_us(),
+                kind: OpKind::Observe,
+                outcome,
+            });
+        }
+    }
 }
 
 struct Worker {
@@ -180,11 +246,15 @@ impl Worker {
         } else {
             self.rng.between(self.config.wait_ms.0, self.config.wait_ms.1)
         };
+        let election = self.config.election_key.as_deref() == Some(key.as_str());
         let reset = self.shared.faults.resets.is_on() && self.abandon(&key, lease_ms, wait_ms);
         let invoke = self.shared.recorder.now_us();
-        let answer = self.client.acquire_raw(
+        // A campaign names its candidate (a retried one keeps the value).
+        let value = if election { format!("candidate-{}", self.index) } else { String::new() };
+        let answer = self.client.acquire_raw_with_value(
             self.owner.as_bytes(),
             &key,
+            value.as_bytes(),
             Duration::from_millis(lease_ms),
             Duration::from_millis(wait_ms),
         );
@@ -245,6 +315,18 @@ impl Worker {
             let invoke = self.shared.recorder.now_us();
             std::thread::sleep(Duration::from_millis(ms));
             self.record(&key, invoke, OpKind::Pause { token, ms }, Outcome::Paused);
+        }
+
+        if election {
+            // The leader says where it serves now, before it writes.
+            let invoke = self.shared.recorder.now_us();
+            let value = format!("candidate-{} serving", self.index);
+            let outcome = match self.client.proclaim(&key, token, value.as_bytes()) {
+                Ok(done) if done.released => Outcome::Proclaimed,
+                Ok(_) => Outcome::NotHeld,
+                Err(error) => Outcome::from_error(&error),
+            };
+            self.record(&key, invoke, OpKind::Proclaim { token }, outcome);
         }
 
         let invoke = self.shared.recorder.now_us();

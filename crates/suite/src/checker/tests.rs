@@ -208,7 +208,7 @@ fn clean() -> (History, Listing, Convergence) {
 fn a_clean_history_passes_every_check() {
     let (history, listing, convergence) = clean();
     let checks = run(&history, Some(&listing), Some(&convergence), &[]);
-    assert_eq!(checks.len(), 5);
+    assert_eq!(checks.len(), 6);
     assert!(violations(&checks).is_empty(), "{checks:#?}");
     let rejected = history.store.iter().filter(|write| !write.accepted).count();
     assert_eq!(rejected, 1, "the overstaying holder was fenced off");
@@ -433,4 +433,32 @@ fn only_the_first_violations_are_listed_but_all_are_counted() {
     let tokens = &checks["tokens"];
     assert!(tokens.violations >= 30);
     assert_eq!(tokens.examples.len(), LISTED_MAX);
+}
+
+#[test]
+fn an_observer_told_an_older_leader_or_index_after_a_newer_one_is_caught() {
+    let (mut history, listing, convergence) = clean();
+    let observed = |token: Option<u64>, index| Outcome::Observed { token, index };
+    history.push(9, "e", 10, 11, OpKind::Observe, observed(Some(3), 10));
+    history.push(9, "e", 12, 13, OpKind::Observe, observed(None, 12));
+    history.push(9, "e", 14, 15, OpKind::Observe, observed(Some(5), 14));
+    // Another observer has its own order.
+    history.push(8, "e", 14, 16, OpKind::Observe, observed(Some(3), 10));
+    let checks = run(&history, Some(&listing), Some(&convergence), &[]);
+    assert!(checks["observers"].passed(), "{:?}", checks["observers"]);
+    history.push(9, "e", 16, 17, OpKind::Observe, observed(Some(4), 16));
+    history.push(9, "e", 18, 19, OpKind::Observe, observed(Some(5), 15));
+    let checks = run(&history, Some(&listing), Some(&convergence), &[]);
+    assert_eq!(checks["observers"].violations, 2, "{:?}", checks["observers"]);
+}
+
+#[test]
+fn a_proclaim_applied_under_an_old_token_after_a_newer_grant_is_two_holders() {
+    let mut h = History::default();
+    h.grant(0, "e", 0, 10, 1);
+    h.grant(1, "e", 20, 30, 2);
+    // Token 1 proclaimed through the log after token 2 was granted.
+    h.push(0, "e", 40, 45, OpKind::Proclaim { token: 1 }, Outcome::Proclaimed);
+    let checks = run(&h, Some(&listing(1_000, &[])), Some(&converged(2)), &[]);
+    assert!(checks["mutual-exclusion"].fails_run(), "{:?}", checks["mutual-exclusion"]);
 }
