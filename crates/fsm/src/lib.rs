@@ -30,6 +30,14 @@
 //!   made it (a retried Grant keeps it), replaced by a Proclaim of its token
 //!   (with a user: only that user's lock), kept while held back by
 //!   lock-delay, and in the snapshot.
+//! - A key is one kind at a time: a plain lock (Grant), a read-write lock
+//!   or a semaphore (GrantShared, [`Shared`]). A read-write lock has
+//!   readers or one writer; a semaphore at most its permits, fixed by its
+//!   first acquire (an acquire naming other permits, or the other kind, is
+//!   answered Mismatch). Each holder has a token of its own from the one
+//!   counter, and Release, Renew and Expire act on the holder of their
+//!   token; a force-release frees every holder. The key leaves the table
+//!   with its last holder. Lock-delay and values are for plain locks.
 //! - Lock-delay: an Expire that carries a delay does not remove a live lock
 //!   but holds it back ([`Lock::delayed`], same token, `lease_ms` the
 //!   delay): it is granted to no one (a Grant is rejected naming its
@@ -82,7 +90,8 @@ use imbl::OrdMap;
 use std::ops::Bound;
 
 use fencelock_types::{
-    decode_batch, ApplyResult, ClusterId, Command, FencingToken, InvalidReason, Key, LeaseMs, Owner, Value,
+    decode_batch, ApplyResult, ClusterId, Command, FencingToken, InvalidReason, Key, LeaseMs, Owner, Share,
+    Value,
 };
 
 /// One held lock.
@@ -110,6 +119,55 @@ impl Lock {
     }
 }
 
+/// One holder of a read-write lock or a semaphore.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    pub owner: Owner,
+    /// As [`Lock::lease_ms`].
+    pub lease_ms: LeaseMs,
+    /// A reader, the writer, or a permit (of the key's permits).
+    pub share: Share,
+}
+
+/// A read-write lock (`permits` 0) or a semaphore of `permits`, and its
+/// holders by token: never empty (the key leaves the table with its last
+/// holder); a semaphore's hold permits and at most `permits` of them; a
+/// read-write lock's, readers, or one writer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shared {
+    pub permits: u32,
+    pub holders: OrdMap<FencingToken, Holder>,
+}
+
+impl Shared {
+    /// The lowest token holding the key: what an acquire turned away is
+    /// told.
+    pub fn first_token(&self) -> Option<FencingToken> {
+        self.holders.keys().next().copied()
+    }
+
+    /// The token `owner` holds the key under, if it does.
+    pub fn token_of(&self, owner: &Owner) -> Option<FencingToken> {
+        self.holders.iter().find(|(_, holder)| holder.owner == *owner).map(|(token, _)| *token)
+    }
+}
+
+/// What a shared acquire would meet, as [`LockTable::shared_decision`]
+/// tells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SharedDecision {
+    /// A new holder, under a new token.
+    Grant,
+    /// The owner holds the key already, under this token, in this share.
+    Existing(FencingToken),
+    /// Turned away: the key is held (by this token, among others) in a way
+    /// this share cannot join, or it is a plain lock.
+    Rejected(FencingToken),
+    /// The key is another kind: a semaphore of these permits, or a
+    /// read-write lock (0).
+    Mismatch(u32),
+}
+
 /// Where a member is reached: its peer port and its client port, each
 /// `HOST:PORT`, as the membership change that added it said.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -134,6 +192,11 @@ pub struct LockTable {
     identities: OrdMap<Vec<u8>, usize>,
     /// The member directory, by node id.
     members: OrdMap<u64, MemberAddrs>,
+    /// The read-write locks and semaphores; no key is both here and in
+    /// `locks`.
+    shared: OrdMap<Key, Shared>,
+    /// Holders in `shared`, all keys together. Derived: not in the snapshot.
+    shared_holders: usize,
 }
 
 impl LockTable {
@@ -146,6 +209,9 @@ impl LockTable {
     pub fn apply(&mut self, command: Command) -> ApplyResult {
         match command {
             Command::Grant { key, lease_ms, owner, value } => self.grant(key, lease_ms, owner, value),
+            Command::GrantShared { key, lease_ms, owner, share } => {
+                self.grant_shared(key, lease_ms, owner, share)
+            }
             Command::Proclaim { key, token, value, user } => self.proclaim(&key, token, value, user.as_ref()),
             Command::Release { key, token, user } => self.release(&key, token, user.as_ref()),
             Command::Expire { key, token, delay } => self.expire(&key, token, delay),
@@ -205,13 +271,75 @@ impl LockTable {
             .take(limit)
     }
 
-    /// The number of locks held.
+    /// The read-write lock or semaphore on `key`, if it has holders.
+    pub fn shared(&self, key: &[u8]) -> Option<&Shared> {
+        self.shared.get(key)
+    }
+
+    /// Up to `limit` read-write locks and semaphores whose keys start with
+    /// `prefix`, in key order.
+    pub fn list_shared<'a>(
+        &'a self,
+        prefix: &'a [u8],
+        limit: usize,
+    ) -> impl Iterator<Item = (&'a Key, &'a Shared)> + 'a {
+        self.shared
+            .range::<_, [u8]>((Bound::Included(prefix), Bound::Unbounded))
+            .take_while(move |(key, _)| key.as_bytes().starts_with(prefix))
+            .take(limit)
+    }
+
+    /// Whether `token` holds `key` now, alone or shared.
+    pub fn holds(&self, key: &[u8], token: FencingToken) -> bool {
+        match self.locks.get(key) {
+            Some(lock) => lock.is_held_by(token),
+            None => self.shared.get(key).is_some_and(|shared| shared.holders.contains_key(&token)),
+        }
+    }
+
+    /// The number of locks held: plain locks (held back by lock-delay
+    /// included) and holders of read-write locks and semaphores.
     pub fn len(&self) -> usize {
-        self.locks.len()
+        self.locks.len() + self.shared_holders
     }
 
     pub fn is_empty(&self) -> bool {
-        self.locks.is_empty()
+        self.locks.is_empty() && self.shared.is_empty()
+    }
+
+    /// What a shared acquire of `key` by `owner` would meet now.
+    pub fn shared_decision(&self, key: &[u8], owner: &Owner, share: Share) -> SharedDecision {
+        if let Some(lock) = self.locks.get(key) {
+            return SharedDecision::Rejected(lock.token);
+        }
+        let Some(shared) = self.shared.get(key) else { return SharedDecision::Grant };
+        let kind_matches = match share {
+            Share::Permit(permits) => shared.permits == permits,
+            Share::Read | Share::Write => shared.permits == 0,
+        };
+        if !kind_matches {
+            return SharedDecision::Mismatch(shared.permits);
+        }
+        if let Some((token, holder)) = shared.holders.iter().find(|(_, holder)| holder.owner == *owner) {
+            // The owner's retry in the share it holds; in another (a reader
+            // asking to write), it is turned away like anyone.
+            return if holder.share == share {
+                SharedDecision::Existing(*token)
+            } else {
+                SharedDecision::Rejected(*token)
+            };
+        }
+        let first = shared.first_token().expect("a shared key has holders");
+        let fits = match share {
+            Share::Permit(permits) => shared.holders.len() < permits as usize,
+            Share::Read => shared.holders.values().all(|holder| holder.share == Share::Read),
+            Share::Write => false,
+        };
+        if fits {
+            SharedDecision::Grant
+        } else {
+            SharedDecision::Rejected(first)
+        }
     }
 
     /// The number of locks held by owners of `identity` ([`Owner::identity`]).
@@ -259,6 +387,10 @@ impl LockTable {
     }
 
     fn grant(&mut self, key: Key, lease_ms: LeaseMs, owner: Owner, value: Value) -> ApplyResult {
+        // A read-write lock or a semaphore is held, for a plain lock.
+        if let Some(first) = self.shared.get(&key).and_then(Shared::first_token) {
+            return ApplyResult::GrantRejected { holder_token: first };
+        }
         if let Some(lock) = self.locks.get_mut(&key) {
             // Held back by lock-delay: for its own former owner too.
             if lock.owner != owner || lock.delayed {
@@ -269,18 +401,119 @@ impl LockTable {
             lock.lease_ms = lock.lease_ms.max(lease_ms);
             return ApplyResult::Granted { token: lock.token, lease_ms: lock.lease_ms, existing: true };
         }
-        let token = match self.last_token {
-            None => FencingToken::FIRST,
-            Some(last) => match last.next() {
-                Some(token) => token,
-                None => return ApplyResult::Invalid { reason: InvalidReason::TokensExhausted },
-            },
+        let Some(token) = self.next_token() else {
+            return ApplyResult::Invalid { reason: InvalidReason::TokensExhausted };
         };
-        assert!(self.last_token < Some(token), "fencing tokens never go backwards");
-        self.last_token = Some(token);
         self.count(&owner, true);
         self.locks.insert(key, Lock { token, owner, lease_ms, delayed: false, value });
         ApplyResult::Granted { token, lease_ms, existing: false }
+    }
+
+    /// Issues the next token, or `None` when every one has been issued.
+    fn next_token(&mut self) -> Option<FencingToken> {
+        let token = match self.last_token {
+            None => FencingToken::FIRST,
+            Some(last) => last.next()?,
+        };
+        assert!(self.last_token < Some(token), "fencing tokens never go backwards");
+        self.last_token = Some(token);
+        Some(token)
+    }
+
+    fn grant_shared(&mut self, key: Key, lease_ms: LeaseMs, owner: Owner, share: Share) -> ApplyResult {
+        match self.shared_decision(key.as_bytes(), &owner, share) {
+            SharedDecision::Rejected(holder_token) => ApplyResult::GrantRejected { holder_token },
+            SharedDecision::Mismatch(permits) => ApplyResult::Mismatch { permits },
+            SharedDecision::Existing(token) => {
+                let holder = self
+                    .shared
+                    .get_mut(&key)
+                    .and_then(|shared| shared.holders.get_mut(&token))
+                    .expect("an existing holder is in the table");
+                // Never shortened, as a plain lock's retry.
+                holder.lease_ms = holder.lease_ms.max(lease_ms);
+                ApplyResult::Granted { token, lease_ms: holder.lease_ms, existing: true }
+            }
+            SharedDecision::Grant => {
+                let Some(token) = self.next_token() else {
+                    return ApplyResult::Invalid { reason: InvalidReason::TokensExhausted };
+                };
+                self.count(&owner, true);
+                self.shared_holders += 1;
+                let shared = self
+                    .shared
+                    .entry(key)
+                    .or_insert_with(|| Shared { permits: share.permits(), holders: OrdMap::new() });
+                shared.holders.insert(token, Holder { owner, lease_ms, share });
+                ApplyResult::Granted { token, lease_ms, existing: false }
+            }
+        }
+    }
+
+    /// Removes holder `token` of the shared key `key`, and the key with its
+    /// last holder.
+    fn remove_holder(&mut self, key: &Key, token: FencingToken) -> Option<Holder> {
+        let shared = self.shared.get_mut(key)?;
+        let holder = shared.holders.remove(&token)?;
+        if shared.holders.is_empty() {
+            self.shared.remove(key);
+        }
+        self.shared_holders -= 1;
+        self.count(&holder.owner, false);
+        Some(holder)
+    }
+
+    /// Release, Renew, Expire or Proclaim of a shared key's holder.
+    fn shared_command(&mut self, key: &Key, command: SharedCommand<'_>) -> ApplyResult {
+        let Some(shared) = self.shared.get_mut(key) else {
+            return match command {
+                SharedCommand::Expire(_) => ApplyResult::Expired { existed: false },
+                _ => ApplyResult::NotFound { holder_token: None },
+            };
+        };
+        let first = shared.first_token();
+        match command {
+            SharedCommand::Release(None, _) => {
+                // The administrative force-release: every holder goes.
+                let tokens: Vec<FencingToken> = shared.holders.keys().copied().collect();
+                let last = tokens.last().copied();
+                for token in tokens {
+                    self.remove_holder(key, token);
+                }
+                match last {
+                    Some(token) => ApplyResult::Released { token },
+                    None => ApplyResult::NotFound { holder_token: None },
+                }
+            }
+            SharedCommand::Release(Some(token), user) => {
+                let Some(holder) = shared.holders.get(&token) else {
+                    return ApplyResult::NotFound { holder_token: first };
+                };
+                if user.is_some_and(|user| !holder.owner.is_of_user(user.as_bytes())) {
+                    return ApplyResult::Denied { token };
+                }
+                self.remove_holder(key, token);
+                ApplyResult::Released { token }
+            }
+            SharedCommand::Expire(token) => {
+                ApplyResult::Expired { existed: self.remove_holder(key, token).is_some() }
+            }
+            SharedCommand::Renew(token, lease_ms, user) => {
+                let Some(holder) = shared.holders.get_mut(&token) else {
+                    return ApplyResult::NotFound { holder_token: first };
+                };
+                match user {
+                    None => holder.lease_ms = lease_ms,
+                    Some(user) if holder.owner.is_of_user(user.as_bytes()) => {
+                        holder.lease_ms = holder.lease_ms.max(lease_ms);
+                    }
+                    Some(_) => return ApplyResult::Denied { token },
+                }
+                ApplyResult::Renewed { token, lease_ms: holder.lease_ms }
+            }
+            // Shared holders carry no value.
+            SharedCommand::Proclaim => ApplyResult::NotFound { holder_token: first },
+        }
     }
 
     /// Counts a lock of `owner` in (`added`) or out of its identity's total.
@@ -302,6 +535,9 @@ impl LockTable {
     }
 
     fn release(&mut self, key: &Key, token: Option<FencingToken>, user: Option<&Owner>) -> ApplyResult {
+        if self.shared.contains_key(key) {
+            return self.shared_command(key, SharedCommand::Release(token, user));
+        }
         match self.locks.get(key) {
             // A lock held back by lock-delay is no one's to release: only
             // the administrative force-release (no token) lifts it.
@@ -329,6 +565,10 @@ impl LockTable {
     }
 
     fn expire(&mut self, key: &Key, token: FencingToken, delay: Option<LeaseMs>) -> ApplyResult {
+        // Lock-delay is for plain locks: a shared holder's lease ends it.
+        if self.shared.contains_key(key) {
+            return self.shared_command(key, SharedCommand::Expire(token));
+        }
         let Some(lock) = self.locks.get_mut(key).filter(|lock| lock.token == token) else {
             return ApplyResult::Expired { existed: false };
         };
@@ -351,7 +591,16 @@ impl LockTable {
         }
     }
 
-    fn proclaim(&mut self, key: &Key, token: FencingToken, value: Value, user: Option<&Owner>) -> ApplyResult {
+    fn proclaim(
+        &mut self,
+        key: &Key,
+        token: FencingToken,
+        value: Value,
+        user: Option<&Owner>,
+    ) -> ApplyResult {
+        if self.shared.contains_key(key) {
+            return self.shared_command(key, SharedCommand::Proclaim);
+        }
         match self.locks.get_mut(key) {
             // Held back by lock-delay: the key is free of holders.
             Some(lock) if lock.delayed => ApplyResult::NotFound { holder_token: None },
@@ -373,6 +622,9 @@ impl LockTable {
         lease_ms: LeaseMs,
         user: Option<&Owner>,
     ) -> ApplyResult {
+        if self.shared.contains_key(key) {
+            return self.shared_command(key, SharedCommand::Renew(token, lease_ms, user));
+        }
         match self.locks.get_mut(key) {
             // Held back by lock-delay: the key is free of holders.
             Some(lock) if lock.delayed => ApplyResult::NotFound { holder_token: None },
@@ -391,6 +643,14 @@ impl LockTable {
             other => ApplyResult::NotFound { holder_token: other.map(|lock| lock.token) },
         }
     }
+}
+
+/// What a command does to a shared key's holder.
+enum SharedCommand<'a> {
+    Release(Option<FencingToken>, Option<&'a Owner>),
+    Expire(FencingToken),
+    Renew(FencingToken, LeaseMs, Option<&'a Owner>),
+    Proclaim,
 }
 
 #[cfg(test)]

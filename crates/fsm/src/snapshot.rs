@@ -19,10 +19,12 @@ use std::collections::BTreeSet;
 
 use imbl::OrdMap;
 
-use fencelock_types::{pb, ClusterId, FencingToken, InvalidReason, Key, LeaseMs, Owner, Value};
+use fencelock_types::{
+    pb, ClusterId, FencingToken, InvalidReason, Key, LeaseMs, Owner, Share, Value, PERMITS_MAX,
+};
 use protobuf::Message;
 
-use crate::{Lock, LockTable, MemberAddrs};
+use crate::{Holder, Lock, LockTable, MemberAddrs, Shared};
 
 /// The longest member address a snapshot may hold (a host name of 253
 /// bytes, a colon and a port, with room to spare).
@@ -63,6 +65,8 @@ pub enum SnapshotError {
     BadClusterId,
     #[error("member record {index} is invalid: {reason}")]
     InvalidMember { index: usize, reason: &'static str },
+    #[error("shared record {index} is invalid: {reason}")]
+    InvalidShared { index: usize, reason: &'static str },
 }
 
 impl LockTable {
@@ -151,6 +155,26 @@ impl LockTable {
             };
             out.write_message(4, &record)?;
         }
+        for (key, shared) in &self.shared {
+            let holders = shared
+                .holders
+                .iter()
+                .map(|(token, holder)| pb::HolderRecord {
+                    token: token.get(),
+                    owner: holder.owner.as_bytes().to_vec(),
+                    lease_ms: holder.lease_ms.get(),
+                    share: holder.share.to_pb().0,
+                    ..Default::default()
+                })
+                .collect();
+            let record = pb::SharedRecord {
+                key: key.as_bytes().to_vec(),
+                permits: shared.permits,
+                holders,
+                ..Default::default()
+            };
+            out.write_message(5, &record)?;
+        }
         out.flush()
     }
 
@@ -214,7 +238,70 @@ impl LockTable {
                 MemberAddrs { peer_addr: record.peer_addr, client_addr: record.client_addr },
             );
         }
-        Ok(LockTable { locks: OrdMap::from_iter(locks), last_token, cluster_id, identities, members })
+        let mut shared_keys: Vec<(Key, Shared)> = Vec::with_capacity(snapshot.shared.len());
+        let mut shared_holders = 0;
+        for (index, record) in snapshot.shared.into_iter().enumerate() {
+            let invalid = |reason: &'static str| SnapshotError::InvalidShared { index, reason };
+            let key = Key::new(record.key).map_err(|_| invalid("a bad key"))?;
+            if shared_keys.last().is_some_and(|(previous, _): &(Key, Shared)| *previous >= key) {
+                return Err(invalid("out of key order"));
+            }
+            if locks.binary_search_by(|(locked, _)| locked.cmp(&key)).is_ok() {
+                return Err(invalid("a key that is also a plain lock"));
+            }
+            if record.holders.is_empty() {
+                return Err(invalid("no holders"));
+            }
+            let mut holders = OrdMap::new();
+            for holder in record.holders {
+                let owner = Owner::new(holder.owner).map_err(|_| invalid("a bad owner"))?;
+                let lease_ms = LeaseMs::new(holder.lease_ms).map_err(|_| invalid("a bad lease"))?;
+                let token = FencingToken::new(holder.token).ok_or(invalid("token 0"))?;
+                let share = match (holder.share, record.permits) {
+                    (pb::Share::PERMIT, permits) if permits > 0 => Share::Permit(permits),
+                    (pb::Share::READ, 0) => Share::Read,
+                    (pb::Share::WRITE, 0) => Share::Write,
+                    _ => return Err(invalid("a share of another kind than the key")),
+                };
+                if last_token.is_none_or(|last| token > last) {
+                    return Err(SnapshotError::TokenPastLast { index, token });
+                }
+                if !tokens.insert(token) {
+                    return Err(SnapshotError::DuplicateToken { index, token });
+                }
+                if holders.values().any(|other: &Holder| other.owner == owner) {
+                    return Err(invalid("an owner holding the key twice"));
+                }
+                holders.insert(token, Holder { owner, lease_ms, share });
+            }
+            let valid = if record.permits > 0 {
+                record.permits <= PERMITS_MAX && holders.len() <= record.permits as usize
+            } else {
+                holders.values().all(|holder| holder.share == Share::Read) || holders.len() == 1
+            };
+            if !valid {
+                return Err(invalid("more holders than the kind allows"));
+            }
+            for holder in holders.values() {
+                match identities.get_mut(holder.owner.identity()) {
+                    Some(count) => *count += 1,
+                    None => {
+                        identities.insert(holder.owner.identity().to_vec(), 1);
+                    }
+                }
+            }
+            shared_holders += holders.len();
+            shared_keys.push((key, Shared { permits: record.permits, holders }));
+        }
+        Ok(LockTable {
+            locks: OrdMap::from_iter(locks),
+            last_token,
+            cluster_id,
+            identities,
+            members,
+            shared: OrdMap::from_iter(shared_keys),
+            shared_holders,
+        })
     }
 }
 

@@ -2,7 +2,8 @@
 //! histories checked against a reference model, and snapshot corruption.
 
 use fencelock_types::{
-    encode_batch, pb, ApplyResult, ClusterId, Command, FencingToken, InvalidReason, Key, LeaseMs, Owner, Value,
+    encode_batch, pb, ApplyResult, ClusterId, Command, FencingToken, InvalidReason, Key, LeaseMs, Owner,
+    Share, Value,
 };
 use proptest::prelude::*;
 use protobuf::Message;
@@ -55,11 +56,21 @@ fn tokens_start_at_one_and_increase_across_keys() {
 fn grant_by_the_holder_is_idempotent_and_restarts_the_lease() {
     let mut table = LockTable::new();
     let first = granted(&mut table, "a", "o1");
-    let retry = table.apply(Command::Grant { key: key("a"), lease_ms: lease(5000), owner: owner("o1"), value: Value::none() });
+    let retry = table.apply(Command::Grant {
+        key: key("a"),
+        lease_ms: lease(5000),
+        owner: owner("o1"),
+        value: Value::none(),
+    });
     assert_eq!(retry, ApplyResult::Granted { token: first, lease_ms: lease(5000), existing: true });
     assert_eq!(table.holder(b"a").unwrap().lease_ms, lease(5000));
     // A stale retry with a shorter lease keeps the longer one.
-    let stale = table.apply(Command::Grant { key: key("a"), lease_ms: lease(700), owner: owner("o1"), value: Value::none() });
+    let stale = table.apply(Command::Grant {
+        key: key("a"),
+        lease_ms: lease(700),
+        owner: owner("o1"),
+        value: Value::none(),
+    });
     assert_eq!(stale, ApplyResult::Granted { token: first, lease_ms: lease(5000), existing: true });
     assert_eq!(table.holder(b"a").unwrap().lease_ms, lease(5000));
     // No token was burnt by the retry.
@@ -216,7 +227,12 @@ fn value(text: &str) -> Value {
 #[test]
 fn a_lock_carries_its_grants_value_and_only_its_holder_proclaims_a_new_one() {
     let mut table = LockTable::new();
-    let campaign = |o: &str, v: &str| Command::Grant { key: key("e"), lease_ms: lease(1000), owner: owner(o), value: value(v) };
+    let campaign = |o: &str, v: &str| Command::Grant {
+        key: key("e"),
+        lease_ms: lease(1000),
+        owner: owner(o),
+        value: value(v),
+    };
     let ApplyResult::Granted { token: t1, .. } = table.apply(campaign("o1", "10.0.0.1:80")) else { panic!() };
     assert_eq!(table.holder(b"e").unwrap().value, value("10.0.0.1:80"));
     // A retried Grant keeps the value the lock has.
@@ -251,7 +267,8 @@ fn a_lock_carries_its_grants_value_and_only_its_holder_proclaims_a_new_one() {
 fn values_over_the_bound_are_refused_in_commands_and_snapshots() {
     let long = vec![b'v'; fencelock_types::VALUE_LEN_MAX + 1];
     assert_eq!(Value::new(long.clone()), Err(InvalidReason::ValueTooLong));
-    let mut grant = pb::Grant { key: b"k".to_vec(), lease_ms: 10, owner: b"o".to_vec(), ..Default::default() };
+    let mut grant =
+        pb::Grant { key: b"k".to_vec(), lease_ms: 10, owner: b"o".to_vec(), ..Default::default() };
     grant.value = long.clone();
     let command = pb::Command { kind: Some(pb::Command_oneof_kind::grant(grant)), ..Default::default() };
     let batch = pb::CommandBatch { commands: vec![command].into(), ..Default::default() };
@@ -606,6 +623,9 @@ struct Model {
     locks: Vec<(Key, FencingToken, Owner, LeaseMs, bool)>,
     /// The value of each lock, by token.
     values: Vec<(FencingToken, Value)>,
+    /// Read-write locks (permits 0) and semaphores: key, permits, and
+    /// holders (token, owner, lease, share) in grant order.
+    shared: Vec<(Key, u32, Vec<(FencingToken, Owner, LeaseMs, Share)>)>,
     last_token: u64,
     cluster_id: Option<ClusterId>,
 }
@@ -613,15 +633,149 @@ struct Model {
 impl Model {
     /// The value the lock under `token` carries: the last one given it.
     fn value_of(&self, token: FencingToken) -> Value {
-        self.values.iter().rev().find(|(t, _)| *t == token).map(|(_, value)| value.clone()).unwrap_or_default()
+        self.values
+            .iter()
+            .rev()
+            .find(|(t, _)| *t == token)
+            .map(|(_, value)| value.clone())
+            .unwrap_or_default()
     }
 
     fn position(&self, key: &Key) -> Option<usize> {
         self.locks.iter().position(|(k, ..)| k == key)
     }
 
+    fn shared_position(&self, key: &Key) -> Option<usize> {
+        self.shared.iter().position(|(k, ..)| k == key)
+    }
+
+    fn next_token(&mut self) -> Option<FencingToken> {
+        self.last_token = self.last_token.checked_add(1)?;
+        Some(token(self.last_token))
+    }
+
+    /// A shared key's command on holder `t`: its index among the holders.
+    fn shared_holder(&self, at: usize, t: FencingToken) -> Option<usize> {
+        self.shared[at].2.iter().position(|(held, ..)| *held == t)
+    }
+
+    fn lowest(&self, at: usize) -> FencingToken {
+        self.shared[at].2.iter().map(|(t, ..)| *t).min().unwrap()
+    }
+
+    fn drop_holder(&mut self, at: usize, i: usize) -> FencingToken {
+        let (t, ..) = self.shared[at].2.remove(i);
+        if self.shared[at].2.is_empty() {
+            self.shared.remove(at);
+        }
+        t
+    }
+
+    fn grant_shared(&mut self, key: Key, lease_ms: LeaseMs, owner: Owner, share: Share) -> ApplyResult {
+        if let Some(i) = self.position(&key) {
+            return ApplyResult::GrantRejected { holder_token: self.locks[i].1 };
+        }
+        let permits = match share {
+            Share::Permit(n) => n,
+            _ => 0,
+        };
+        let Some(at) = self.shared_position(&key) else {
+            let Some(t) = self.next_token() else {
+                return ApplyResult::Invalid { reason: InvalidReason::TokensExhausted };
+            };
+            self.shared.push((key, permits, vec![(t, owner, lease_ms, share)]));
+            return ApplyResult::Granted { token: t, lease_ms, existing: false };
+        };
+        if self.shared[at].1 != permits {
+            return ApplyResult::Mismatch { permits: self.shared[at].1 };
+        }
+        if let Some(i) = self.shared[at].2.iter().position(|(_, o, ..)| *o == owner) {
+            let (t, _, held_lease, held_share) = self.shared[at].2[i].clone();
+            if held_share != share {
+                return ApplyResult::GrantRejected { holder_token: t };
+            }
+            let lease_ms = held_lease.max(lease_ms);
+            self.shared[at].2[i].2 = lease_ms;
+            return ApplyResult::Granted { token: t, lease_ms, existing: true };
+        }
+        let holders = &self.shared[at].2;
+        let fits = match share {
+            Share::Permit(n) => holders.len() < n as usize,
+            Share::Read => holders.iter().all(|(.., s)| *s == Share::Read),
+            Share::Write => false,
+        };
+        if !fits {
+            return ApplyResult::GrantRejected { holder_token: self.lowest(at) };
+        }
+        let Some(t) = self.next_token() else {
+            return ApplyResult::Invalid { reason: InvalidReason::TokensExhausted };
+        };
+        self.shared[at].2.push((t, owner, lease_ms, share));
+        ApplyResult::Granted { token: t, lease_ms, existing: false }
+    }
+
+    /// Release, Renew, Expire or Proclaim of a shared key, or `None` when
+    /// the key is not shared.
+    fn shared_command(&mut self, command: &Command) -> Option<ApplyResult> {
+        let key = command.key()?;
+        let at = self.shared_position(key)?;
+        let lowest = self.lowest(at);
+        Some(match command.clone() {
+            Command::Release { token: None, .. } => {
+                let last = self.shared[at].2.iter().map(|(t, ..)| *t).max().unwrap();
+                self.shared.remove(at);
+                ApplyResult::Released { token: last }
+            }
+            Command::Release { token: Some(t), user, .. } => match self.shared_holder(at, t) {
+                None => ApplyResult::NotFound { holder_token: Some(lowest) },
+                Some(i)
+                    if user.as_ref().is_some_and(|user| !model_owned_by(&self.shared[at].2[i].1, user)) =>
+                {
+                    ApplyResult::Denied { token: t }
+                }
+                Some(i) => ApplyResult::Released { token: self.drop_holder(at, i) },
+            },
+            Command::Expire { token: t, .. } => match self.shared_holder(at, t) {
+                None => ApplyResult::Expired { existed: false },
+                Some(i) => {
+                    self.drop_holder(at, i);
+                    ApplyResult::Expired { existed: true }
+                }
+            },
+            Command::Renew { token: t, lease_ms, user, .. } => match self.shared_holder(at, t) {
+                None => ApplyResult::NotFound { holder_token: Some(lowest) },
+                Some(i) => match user {
+                    None => {
+                        self.shared[at].2[i].2 = lease_ms;
+                        ApplyResult::Renewed { token: t, lease_ms }
+                    }
+                    Some(user) if model_owned_by(&self.shared[at].2[i].1, &user) => {
+                        let lease_ms = self.shared[at].2[i].2.max(lease_ms);
+                        self.shared[at].2[i].2 = lease_ms;
+                        ApplyResult::Renewed { token: t, lease_ms }
+                    }
+                    Some(_) => ApplyResult::Denied { token: t },
+                },
+            },
+            Command::Proclaim { .. } => ApplyResult::NotFound { holder_token: Some(lowest) },
+            _ => return None,
+        })
+    }
+
     fn apply(&mut self, command: &Command) -> ApplyResult {
+        if !matches!(command, Command::GrantShared { .. } | Command::Grant { .. }) {
+            if let Some(result) = self.shared_command(command) {
+                return result;
+            }
+        }
         match command.clone() {
+            Command::GrantShared { key, lease_ms, owner, share } => {
+                self.grant_shared(key, lease_ms, owner, share)
+            }
+            Command::Grant { key, .. } if self.shared_position(&key).is_some() => {
+                let at = self.shared_position(&key).unwrap();
+                ApplyResult::GrantRejected { holder_token: self.lowest(at) }
+            }
             Command::Grant { key, lease_ms, owner, value } => match self.position(&key) {
                 Some(i) if self.locks[i].2 == owner && !self.locks[i].4 => {
                     self.locks[i].3 = self.locks[i].3.max(lease_ms);
@@ -724,8 +878,13 @@ fn arb_owner() -> impl Strategy<Value = Owner> {
     prop::sample::select(vec!["o1", "o2", "o3", "o1/a", "o2/a", "o12"]).prop_map(owner)
 }
 
+fn arb_share() -> impl Strategy<Value = Share> {
+    prop::sample::select(vec![Share::Read, Share::Read, Share::Write, Share::Permit(2), Share::Permit(3)])
+}
+
 fn arb_value() -> impl Strategy<Value = Value> {
-    prop::sample::select(vec!["", "10.0.0.1:80", "v2"]).prop_map(|v| Value::new(v.as_bytes().to_vec()).unwrap())
+    prop::sample::select(vec!["", "10.0.0.1:80", "v2"])
+        .prop_map(|v| Value::new(v.as_bytes().to_vec()).unwrap())
 }
 
 fn arb_lease() -> impl Strategy<Value = LeaseMs> {
@@ -748,6 +907,8 @@ fn arb_command() -> impl Strategy<Value = Command> {
         2 => (arb_key(), arb_token(), prop::option::weighted(0.4, arb_lease()))
             .prop_map(|(key, token, delay)| Command::Expire { key, token, delay }),
         2 => (arb_key(), arb_token(), arb_lease(), arb_user()).prop_map(|(key, token, lease_ms, user)| Command::Renew { key, token, lease_ms, user }),
+        4 => (arb_key(), arb_lease(), arb_owner(), arb_share())
+            .prop_map(|(key, lease_ms, owner, share)| Command::GrantShared { key, lease_ms, owner, share }),
         1 => Just(Command::Noop),
         1 => (1u8..=3, prop::sample::select(vec![0u64, 2, 5, 1_000, u64::MAX - 1]))
             .prop_map(|(n, token_floor)| Command::Bootstrap { cluster_id: ClusterId::new([n; 16]), token_floor }),
@@ -791,7 +952,12 @@ fn arb_snapshot_body() -> impl Strategy<Value = pb::TableSnapshot> {
     let lease = arb_varint(31).prop_filter("a valid lease", |ms| *ms <= fencelock_types::LEASE_MS_MAX);
     let records = prop::collection::btree_map(
         prop::collection::vec(any::<u8>(), 1..200),
-        (prop::collection::vec(any::<u8>(), 1..150), lease, any::<bool>(), prop::collection::vec(any::<u8>(), 0..40)),
+        (
+            prop::collection::vec(any::<u8>(), 1..150),
+            lease,
+            any::<bool>(),
+            prop::collection::vec(any::<u8>(), 0..40),
+        ),
         0..20,
     );
     let tokens = prop::collection::btree_set(arb_varint(63), 0..=20);
@@ -854,6 +1020,36 @@ proptest! {
         let table_locks: Vec<_> =
             table.list(b"", usize::MAX).map(|(k, l)| (k.clone(), l.token, l.value.clone())).collect();
         prop_assert_eq!(table_locks, model_locks);
+        let mut model_shared: Vec<_> = model
+            .shared
+            .iter()
+            .map(|(k, permits, holders)| {
+                let mut holders: Vec<_> = holders.iter().map(|(t, o, l, s)| (*t, o.clone(), *l, *s)).collect();
+                holders.sort_by_key(|(t, ..)| *t);
+                (k.clone(), *permits, holders)
+            })
+            .collect();
+        model_shared.sort_by(|a, b| a.0.cmp(&b.0));
+        let table_shared: Vec<_> = table
+            .list_shared(b"", usize::MAX)
+            .map(|(k, shared)| {
+                let holders: Vec<_> =
+                    shared.holders.iter().map(|(t, h)| (*t, h.owner.clone(), h.lease_ms, h.share)).collect();
+                (k.clone(), shared.permits, holders)
+            })
+            .collect();
+        prop_assert_eq!(table_shared, model_shared);
+        // The invariants of each kind hold in every table reached.
+        for (_, shared) in table.list_shared(b"", usize::MAX) {
+            prop_assert!(!shared.holders.is_empty());
+            if shared.permits > 0 {
+                prop_assert!(shared.holders.len() <= shared.permits as usize);
+            } else {
+                let writers = shared.holders.values().filter(|h| h.share == Share::Write).count();
+                prop_assert!(writers == 0 || shared.holders.len() == 1, "a writer beside other holders");
+            }
+        }
+        prop_assert_eq!(table.len(), model.locks.len() + model.shared.iter().map(|(_, _, h)| h.len()).sum::<usize>());
         prop_assert_eq!(table.last_token().map_or(0, FencingToken::get), model.last_token);
         prop_assert_eq!(table.cluster_id(), model.cluster_id);
         // Quotas count locks per identity: the owner before its first `/`.
@@ -865,7 +1061,13 @@ proptest! {
                 }
                 owner.split(|byte| *byte == b'/').next() == Some(identity.as_bytes())
             });
-            prop_assert_eq!(table.locks_of(identity.as_bytes()), held.count(), "identity {}", identity);
+            let shared_held = model
+                .shared
+                .iter()
+                .flat_map(|(_, _, holders)| holders)
+                .filter(|(_, owner, ..)| owner.as_bytes().split(|byte| *byte == b'/').next() == Some(identity.as_bytes()))
+                .count();
+            prop_assert_eq!(table.locks_of(identity.as_bytes()), held.count() + shared_held, "identity {}", identity);
         }
         // And so does a table restored from its snapshot.
         let restored = LockTable::restore(&table.snapshot()).unwrap();
@@ -960,4 +1162,132 @@ proptest! {
     fn random_snapshot_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..128)) {
         let _ = LockTable::restore(&bytes);
     }
+}
+
+fn holder_record(token: u64, owner: &str, share: pb::Share) -> pb::HolderRecord {
+    pb::HolderRecord { token, owner: owner.as_bytes().to_vec(), lease_ms: 1_000, share, ..Default::default() }
+}
+
+fn shared_record(key: &str, permits: u32, holders: Vec<pb::HolderRecord>) -> pb::SharedRecord {
+    pb::SharedRecord { key: key.as_bytes().to_vec(), permits, holders: holders.into(), ..Default::default() }
+}
+
+#[test]
+fn read_write_locks_and_semaphores_travel_in_snapshots_and_bad_ones_are_refused() {
+    let mut table = LockTable::new();
+    let share = |k: &str, o: &str, share| Command::GrantShared {
+        key: key(k),
+        lease_ms: lease(1000),
+        owner: owner(o),
+        share,
+    };
+    assert!(matches!(table.apply(share("rw", "o1", Share::Read)), ApplyResult::Granted { .. }));
+    assert!(matches!(table.apply(share("rw", "o2", Share::Read)), ApplyResult::Granted { .. }));
+    assert!(matches!(table.apply(share("rw", "o3", Share::Write)), ApplyResult::GrantRejected { .. }));
+    assert!(matches!(table.apply(share("sem", "o1", Share::Permit(2))), ApplyResult::Granted { .. }));
+    assert_eq!(table.apply(share("sem", "o2", Share::Permit(3))), ApplyResult::Mismatch { permits: 2 });
+    assert_eq!(table.apply(share("rw", "o4", Share::Permit(3))), ApplyResult::Mismatch { permits: 0 });
+    granted(&mut table, "plain", "o1");
+    assert_eq!(table.len(), 4);
+    let restored = LockTable::restore(&table.snapshot()).unwrap();
+    assert_eq!(restored, table);
+    assert_eq!(restored.locks_of(b"o1"), 3);
+
+    let bad = |shared: Vec<pb::SharedRecord>, locks: Vec<pb::LockRecord>| {
+        let body = pb::TableSnapshot {
+            last_token: 9,
+            locks: locks.into(),
+            shared: shared.into(),
+            ..Default::default()
+        };
+        LockTable::restore(&framed(&body))
+    };
+    let read = pb::Share::READ;
+    let write = pb::Share::WRITE;
+    let permit = pb::Share::PERMIT;
+    assert!(bad(
+        vec![shared_record("k", 0, vec![holder_record(1, "a", read), holder_record(2, "b", read)])],
+        vec![]
+    )
+    .is_ok());
+    let refused = [
+        // A writer beside a reader.
+        bad(
+            vec![shared_record("k", 0, vec![holder_record(1, "a", read), holder_record(2, "b", write)])],
+            vec![],
+        ),
+        // More holders than permits.
+        bad(
+            vec![shared_record("k", 1, vec![holder_record(1, "a", permit), holder_record(2, "b", permit)])],
+            vec![],
+        ),
+        // A permit in a read-write lock.
+        bad(vec![shared_record("k", 0, vec![holder_record(1, "a", permit)])], vec![]),
+        // No holders.
+        bad(vec![shared_record("k", 0, vec![])], vec![]),
+        // One owner twice.
+        bad(
+            vec![shared_record("k", 2, vec![holder_record(1, "a", permit), holder_record(2, "a", permit)])],
+            vec![],
+        ),
+        // A token also a plain lock's, and a key that is both.
+        bad(vec![shared_record("k", 0, vec![holder_record(1, "a", read)])], vec![record("j", 1)]),
+        bad(vec![shared_record("k", 0, vec![holder_record(2, "a", read)])], vec![record("k", 1)]),
+        // Past the last token.
+        bad(vec![shared_record("k", 0, vec![holder_record(10, "a", read)])], vec![]),
+        // Out of key order.
+        bad(
+            vec![
+                shared_record("m", 0, vec![holder_record(1, "a", read)]),
+                shared_record("k", 0, vec![holder_record(2, "a", read)]),
+            ],
+            vec![],
+        ),
+    ];
+    for (i, result) in refused.into_iter().enumerate() {
+        assert!(result.is_err(), "bad record {i} was restored");
+    }
+}
+
+#[test]
+fn a_force_release_frees_every_holder_and_each_holder_renews_and_expires_alone() {
+    let mut table = LockTable::new();
+    let permit = |o: &str| Command::GrantShared {
+        key: key("s"),
+        lease_ms: lease(1000),
+        owner: owner(o),
+        share: Share::Permit(3),
+    };
+    let tokens: Vec<FencingToken> = ["o1", "o2", "o3"]
+        .iter()
+        .map(|o| match table.apply(permit(o)) {
+            ApplyResult::Granted { token, existing: false, .. } => token,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert!(
+        matches!(table.apply(permit("o4")), ApplyResult::GrantRejected { holder_token } if holder_token == tokens[0])
+    );
+    // A retry by a holder gets its own token back.
+    assert!(
+        matches!(table.apply(permit("o2")), ApplyResult::Granted { token, existing: true, .. } if token == tokens[1])
+    );
+    assert_eq!(
+        table.apply(Command::Renew { key: key("s"), token: tokens[1], lease_ms: lease(5000), user: None }),
+        ApplyResult::Renewed { token: tokens[1], lease_ms: lease(5000) }
+    );
+    assert_eq!(
+        table.apply(Command::Expire { key: key("s"), token: tokens[0], delay: Some(lease(500)) }),
+        ApplyResult::Expired { existed: true }
+    );
+    assert!(table.holds(b"s", tokens[1]) && !table.holds(b"s", tokens[0]));
+    assert!(matches!(table.apply(permit("o4")), ApplyResult::Granted { existing: false, .. }));
+    assert_eq!(
+        table.apply(Command::Release { key: key("s"), token: None, user: None }),
+        ApplyResult::Released { token: table.last_token().unwrap() }
+    );
+    assert!(table.shared(b"s").is_none() && table.is_empty());
+    assert_eq!(table.locks_of(b"o2"), 0);
+    // The key is free for any kind now.
+    assert!(matches!(table.apply(grant("s", "o9")), ApplyResult::Granted { .. }));
 }

@@ -4,7 +4,9 @@
 use protobuf::Message;
 
 use crate::pb::{self, Command_oneof_kind as Kind};
-use crate::{optional_token, token_value, ClusterId, FencingToken, InvalidReason, Key, LeaseMs, Owner, Value};
+use crate::{
+    optional_token, token_value, ClusterId, FencingToken, InvalidReason, Key, LeaseMs, Owner, Share, Value,
+};
 
 /// A replicated command, valid by construction. The leader proposes these;
 /// every replica applies them in log order.
@@ -30,6 +32,10 @@ pub enum Command {
     /// a `user` (the authenticated caller), only a lock that user owns, and
     /// never to a shorter lease than it has.
     Renew { key: Key, token: FencingToken, lease_ms: LeaseMs, user: Option<Owner> },
+    /// Acquire `key` for `owner` in a shared mode: a reader or the writer of
+    /// a read-write lock, or a permit of a semaphore. Each holder gets a
+    /// token of its own; a retry by a holder answers its own token.
+    GrantShared { key: Key, lease_ms: LeaseMs, owner: Owner, share: Share },
     /// The holder of `token` replaces the value of its lock on `key` (an
     /// election leader proclaims). With a `user`, only a lock that user owns.
     Proclaim { key: Key, token: FencingToken, value: Value, user: Option<Owner> },
@@ -47,6 +53,7 @@ impl Command {
     pub fn key(&self) -> Option<&Key> {
         match self {
             Command::Grant { key, .. }
+            | Command::GrantShared { key, .. }
             | Command::Release { key, .. }
             | Command::Expire { key, .. }
             | Command::Renew { key, .. }
@@ -88,6 +95,12 @@ impl Command {
                 lease_ms: LeaseMs::new(renew.lease_ms)?,
                 user: optional_user(renew.user)?,
             },
+            Kind::grant_shared(grant) => Command::GrantShared {
+                key: Key::new(grant.key)?,
+                lease_ms: LeaseMs::new(grant.lease_ms)?,
+                owner: Owner::new(grant.owner)?,
+                share: Share::from_pb(grant.share, grant.permits)?,
+            },
             Kind::proclaim(proclaim) => Command::Proclaim {
                 key: Key::new(proclaim.key)?,
                 token: FencingToken::new(proclaim.token).ok_or(InvalidReason::ZeroToken)?,
@@ -111,6 +124,17 @@ impl Command {
                 value: value.as_bytes().to_vec(),
                 ..Default::default()
             }),
+            Command::GrantShared { key, lease_ms, owner, share } => {
+                let (share, permits) = share.to_pb();
+                Kind::grant_shared(pb::GrantShared {
+                    key: key.as_bytes().to_vec(),
+                    lease_ms: lease_ms.get(),
+                    owner: owner.as_bytes().to_vec(),
+                    share,
+                    permits,
+                    ..Default::default()
+                })
+            }
             Command::Proclaim { key, token, value, user } => Kind::proclaim(pb::Proclaim {
                 key: key.as_bytes().to_vec(),
                 token: token.get(),

@@ -63,6 +63,9 @@ pub const OWNER_LEN_MAX: usize = 256;
 /// The longest value a lock may carry ([`Value`]), in bytes.
 pub const VALUE_LEN_MAX: usize = 4096;
 
+/// The most permits a semaphore may have.
+pub const PERMITS_MAX: u32 = 100_000;
+
 /// The longest lease a command may carry: 30 days, in milliseconds. Servers
 /// configure tighter bounds; this one only keeps deadline arithmetic far from
 /// overflow on every replica.
@@ -144,6 +147,8 @@ pub enum InvalidReason {
     BadClusterId,
     #[error("value is longer than {VALUE_LEN_MAX} bytes")]
     ValueTooLong,
+    #[error("a shared acquire is READ, WRITE, or PERMIT of 1 to {PERMITS_MAX} permits")]
+    BadShare,
 }
 
 /// An error decoding bytes that came from outside: a log entry, a snapshot, a
@@ -330,6 +335,45 @@ impl fmt::Display for Value {
     }
 }
 
+/// How a shared acquire holds its key: as a reader or the writer of a
+/// read-write lock, or as one of the `permits` of a semaphore (1 to
+/// [`PERMITS_MAX`], fixed by the key's first acquire).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Share {
+    Read,
+    Write,
+    Permit(u32),
+}
+
+impl Share {
+    /// Checks a wire share and permits.
+    pub fn from_pb(share: pb::Share, permits: u32) -> Result<Share, InvalidReason> {
+        match (share, permits) {
+            (pb::Share::READ, 0) => Ok(Share::Read),
+            (pb::Share::WRITE, 0) => Ok(Share::Write),
+            (pb::Share::PERMIT, 1..=PERMITS_MAX) => Ok(Share::Permit(permits)),
+            _ => Err(InvalidReason::BadShare),
+        }
+    }
+
+    /// The wire share and permits.
+    pub fn to_pb(self) -> (pb::Share, u32) {
+        match self {
+            Share::Read => (pb::Share::READ, 0),
+            Share::Write => (pb::Share::WRITE, 0),
+            Share::Permit(permits) => (pb::Share::PERMIT, permits),
+        }
+    }
+
+    /// The semaphore's permits, or 0 for a read-write lock's modes.
+    pub fn permits(self) -> u32 {
+        match self {
+            Share::Permit(permits) => permits,
+            Share::Read | Share::Write => 0,
+        }
+    }
+}
+
 /// Lets maps keyed by [`Key`] be searched with plain byte slices.
 impl std::borrow::Borrow<[u8]> for Key {
     fn borrow(&self) -> &[u8] {
@@ -365,7 +409,7 @@ impl fmt::Debug for LeaseMs {
 
 impl InvalidReason {
     /// Every reason, in wire order.
-    pub const ALL: [InvalidReason; 12] = [
+    pub const ALL: [InvalidReason; 13] = [
         InvalidReason::Undecodable,
         InvalidReason::UnknownCommand,
         InvalidReason::EmptyKey,
@@ -378,6 +422,7 @@ impl InvalidReason {
         InvalidReason::TokensExhausted,
         InvalidReason::BadClusterId,
         InvalidReason::ValueTooLong,
+        InvalidReason::BadShare,
     ];
 
     pub fn to_pb(self) -> pb::InvalidReason {
@@ -394,6 +439,7 @@ impl InvalidReason {
             InvalidReason::TokensExhausted => pb::InvalidReason::TOKENS_EXHAUSTED,
             InvalidReason::BadClusterId => pb::InvalidReason::BAD_CLUSTER_ID,
             InvalidReason::ValueTooLong => pb::InvalidReason::VALUE_TOO_LONG,
+            InvalidReason::BadShare => pb::InvalidReason::BAD_SHARE,
         }
     }
 
@@ -413,6 +459,7 @@ impl InvalidReason {
             pb::InvalidReason::TOKENS_EXHAUSTED => InvalidReason::TokensExhausted,
             pb::InvalidReason::BAD_CLUSTER_ID => InvalidReason::BadClusterId,
             pb::InvalidReason::VALUE_TOO_LONG => InvalidReason::ValueTooLong,
+            pb::InvalidReason::BAD_SHARE => InvalidReason::BadShare,
         })
     }
 }

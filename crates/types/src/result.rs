@@ -38,6 +38,9 @@ pub enum ApplyResult {
     Denied { token: FencingToken },
     /// The lock held under `token` now carries the value of the Proclaim.
     Proclaimed { token: FencingToken },
+    /// A GrantShared of another kind than the key is: the key is a
+    /// semaphore of `permits`, or a read-write lock (`permits` 0).
+    Mismatch { permits: u32 },
 }
 
 impl ApplyResult {
@@ -81,6 +84,9 @@ impl ApplyResult {
             ApplyResult::Proclaimed { token } => {
                 Kind::proclaimed(pb::Proclaimed { token: token.get(), ..Default::default() })
             }
+            ApplyResult::Mismatch { permits } => {
+                Kind::mismatch(pb::Mismatch { permits, ..Default::default() })
+            }
         };
         pb::Result { kind: Some(kind), ..Default::default() }
     }
@@ -121,6 +127,7 @@ impl ApplyResult {
             Kind::proclaimed(proclaimed) => {
                 ApplyResult::Proclaimed { token: token_field("Proclaimed", proclaimed.token)? }
             }
+            Kind::mismatch(mismatch) => ApplyResult::Mismatch { permits: mismatch.permits },
         })
     }
 }

@@ -24,10 +24,33 @@ fn token() -> impl Strategy<Value = FencingToken> {
 
 fn command() -> impl Strategy<Value = Command> {
     prop_oneof![
-        (key(), lease(), owner(), proptest::collection::vec(any::<u8>(), 0..8))
-            .prop_map(|(key, lease_ms, owner, value)| Command::Grant { key, lease_ms, owner, value: Value::new(value).unwrap() }),
+        (key(), lease(), owner(), proptest::collection::vec(any::<u8>(), 0..8)).prop_map(
+            |(key, lease_ms, owner, value)| Command::Grant {
+                key,
+                lease_ms,
+                owner,
+                value: Value::new(value).unwrap()
+            }
+        ),
+        (
+            key(),
+            lease(),
+            owner(),
+            prop_oneof![Just(Share::Read), Just(Share::Write), (1..=PERMITS_MAX).prop_map(Share::Permit)]
+        )
+            .prop_map(|(key, lease_ms, owner, share)| Command::GrantShared {
+                key,
+                lease_ms,
+                owner,
+                share
+            }),
         (key(), token(), proptest::collection::vec(any::<u8>(), 0..8), proptest::option::of(owner()))
-            .prop_map(|(key, token, value, user)| Command::Proclaim { key, token, value: Value::new(value).unwrap(), user }),
+            .prop_map(|(key, token, value, user)| Command::Proclaim {
+                key,
+                token,
+                value: Value::new(value).unwrap(),
+                user
+            }),
         (key(), proptest::option::of(token()), proptest::option::of(owner()))
             .prop_map(|(key, token, user)| Command::Release { key, token, user }),
         (key(), token(), proptest::option::of(lease())).prop_map(|(key, token, delay)| Command::Expire {
@@ -62,6 +85,7 @@ fn apply_result() -> impl Strategy<Value = ApplyResult> {
         (token(), lease()).prop_map(|(token, lease_ms)| ApplyResult::Renewed { token, lease_ms }),
         invalid_reason().prop_map(|reason| ApplyResult::Invalid { reason }),
         token().prop_map(|token| ApplyResult::Denied { token }),
+        any::<u32>().prop_map(|permits| ApplyResult::Mismatch { permits }),
     ]
 }
 
