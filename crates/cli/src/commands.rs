@@ -316,6 +316,8 @@ mod tests {
             remaining_ms: 7_467,
             delayed: false,
             value: Vec::new(),
+            share: fencelock_client::ShareKind::Exclusive,
+            permits: 0,
         };
         assert_eq!(describe(&info), "jobs/a token=7 owner=o lease=10s left=7s 400ms");
         let leader = LockInfo { value: b"10.0.0.1:80".to_vec(), ..info.clone() };

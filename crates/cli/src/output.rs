@@ -346,11 +346,13 @@ mod tests {
             remaining_ms: 60,
             delayed: false,
             value: Vec::new(),
+            share: fencelock_client::ShareKind::Exclusive,
+            permits: 0,
         };
         assert_eq!(get_json("a", None), json!({"key": "a", "holder": null}));
         assert_eq!(
             get_json("a", Some(&info)),
-            json!({"key": "a", "holder": {"key": "a", "token": 3, "owner": "o", "lease_ms": 100, "remaining_ms": 60, "delayed": false, "value": ""}})
+            json!({"key": "a", "holder": {"key": "a", "token": 3, "owner": "o", "lease_ms": 100, "remaining_ms": 60, "delayed": false, "value": "", "share": "exclusive", "permits": 0}})
         );
         assert_eq!(list_json("", std::slice::from_ref(&info))["locks"][0]["token"], json!(3));
         assert_eq!(check_json("a", 3, false), json!({"key": "a", "token": 3, "holds": false}));

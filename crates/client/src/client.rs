@@ -26,8 +26,16 @@ use crate::sansio::{Drift, Outcome, RetryLoop, Retrying, Verdict};
 use crate::types::{Grant, LockInfo, NodeStatus, Released, Renewed};
 use crate::watch::{Observer, Watch};
 use crate::ClientError;
+use fencelock_types::Share;
 
 pub(crate) use crate::sansio::calls::unexpected;
+
+/// What an acquire asks for: a plain lock with its value, or a share.
+#[derive(Debug)]
+pub(crate) enum Acquiring<'a> {
+    Exclusive(&'a [u8]),
+    Shared(Share),
+}
 
 /// A blocking, thread-safe fencelock client. Clones share connections, the
 /// owner identity and the background renewer.
@@ -155,11 +163,73 @@ impl Client {
         self.acquire_with(&owner, election.as_ref(), value.as_ref(), lease, wait)
     }
 
+    /// Acquires `key` shared: as a reader ([`Share::Read`]) or the writer
+    /// ([`Share::Write`]) of a read-write lock, or as one permit of a
+    /// semaphore of N ([`Share::Permit`]`(N)`, N fixed by the key's first
+    /// acquire). Waits up to `wait`, FIFO (a reader does not pass a waiting
+    /// writer). Each holder has a token of its own; the guard is renewed
+    /// and released like a plain lock's. One guard per key and owner in a
+    /// process: for two permits, use two owners
+    /// ([`Client::acquire_shared_as`]).
+    pub fn acquire_shared(
+        &self,
+        key: impl AsRef<[u8]>,
+        share: Share,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<LockGuard, ClientError> {
+        let owner = self.inner.owner.clone();
+        self.acquire_shared_as(&owner, key, share, lease, wait)
+    }
+
+    /// [`Client::acquire_shared`] under an explicit owner identity.
+    pub fn acquire_shared_as(
+        &self,
+        owner: &[u8],
+        key: impl AsRef<[u8]>,
+        share: Share,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<LockGuard, ClientError> {
+        self.acquire_guarded(owner, key.as_ref(), &Acquiring::Shared(share), lease, wait)
+    }
+
+    /// [`Client::acquire_raw`] in a shared mode: no guard, nothing renews
+    /// or releases it (for tools that exit while holding it).
+    pub fn acquire_shared_raw(
+        &self,
+        owner: &[u8],
+        key: impl AsRef<[u8]>,
+        share: Share,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<Grant, ClientError> {
+        let acquiring = Acquiring::Shared(share);
+        self.inner.acquire(owner, key.as_ref(), &acquiring, lease, wait).map(|(grant, _)| grant)
+    }
+
+    /// Every holder of `key`: a read-write lock's readers or writer, a
+    /// semaphore's permits, or a plain lock's holder (empty: free).
+    pub fn holders(&self, key: impl AsRef<[u8]>, linearizable: bool) -> Result<Vec<LockInfo>, ClientError> {
+        calls::holders_answer(self.inner.call_simple(calls::get(key.as_ref(), linearizable))?)
+    }
+
     fn acquire_with(
         &self,
         owner: &[u8],
         key: &[u8],
         value: &[u8],
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<LockGuard, ClientError> {
+        self.acquire_guarded(owner, key, &Acquiring::Exclusive(value), lease, wait)
+    }
+
+    fn acquire_guarded(
+        &self,
+        owner: &[u8],
+        key: &[u8],
+        acquiring: &Acquiring<'_>,
         lease: Duration,
         wait: Duration,
     ) -> Result<LockGuard, ClientError> {
@@ -171,7 +241,7 @@ impl Client {
         let started = Instant::now();
         let local = LocalHold::take(owner, key, wait)?;
         let (grant, mut sent) =
-            self.inner.acquire(owner, key, value, lease, wait.saturating_sub(started.elapsed()))?;
+            self.inner.acquire(owner, key, acquiring, lease, wait.saturating_sub(started.elapsed()))?;
         // Granted after a wait in the queue: the lease the client can prove
         // starts at the send time, long ago. A renewal now starts one it
         // can count on (or finds the lock already gone).
@@ -206,7 +276,9 @@ impl Client {
         lease: Duration,
         wait: Duration,
     ) -> Result<Grant, ClientError> {
-        self.inner.acquire(owner, key.as_ref(), b"", lease, wait).map(|(grant, _)| grant)
+        self.inner
+            .acquire(owner, key.as_ref(), &Acquiring::Exclusive(b""), lease, wait)
+            .map(|(grant, _)| grant)
     }
 
     /// [`Client::acquire_raw`] with the lock's `value` (shown by `get`,
@@ -219,7 +291,8 @@ impl Client {
         lease: Duration,
         wait: Duration,
     ) -> Result<Grant, ClientError> {
-        self.inner.acquire(owner, key.as_ref(), value.as_ref(), lease, wait).map(|(grant, _)| grant)
+        let acquiring = Acquiring::Exclusive(value.as_ref());
+        self.inner.acquire(owner, key.as_ref(), &acquiring, lease, wait).map(|(grant, _)| grant)
     }
 
     /// The holder of `key` under `token` replaces its lock's value (an
@@ -333,7 +406,7 @@ impl Inner {
         &self,
         owner: &[u8],
         key: &[u8],
-        value: &[u8],
+        acquiring: &Acquiring<'_>,
         lease: Duration,
         wait: Duration,
     ) -> Result<(Grant, Instant), ClientError> {
@@ -343,7 +416,11 @@ impl Inner {
             // A retry (say, after a leader change) waits only for what is
             // left of the caller's wait.
             let wait_left = wait_until.saturating_duration_since(Instant::now());
-            (calls::acquire(owner, key, value, lease, wait_left), wait_left + request_timeout)
+            let request = match acquiring {
+                Acquiring::Exclusive(value) => calls::acquire(owner, key, value, lease, wait_left),
+                Acquiring::Shared(share) => calls::acquire_shared(owner, key, *share, lease, wait_left),
+            };
+            (request, wait_left + request_timeout)
         };
         let (kind, sent) = self.call(make, self.retry_for + wait)?;
         calls::acquire_answer(kind, lease).map(|grant| (grant, sent))

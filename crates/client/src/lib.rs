@@ -53,13 +53,14 @@ pub use client::Client;
 pub use config::{jitter_seed, ClientConfig, TlsConfig, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY_FOR};
 pub use error::ClientError;
 pub use fenced::{FencedRegister, StaleToken};
+pub use fencelock_types::Share;
 pub use guard::LockGuard;
 pub use local::LocalHold;
 pub use members::Membership;
 pub use sansio::observe::{Leader, LeaderChange};
 pub use sansio::{Drift, Retrying, DEFAULT_DRIFT, RETRY_NOTICE_AFTER};
 pub use types::{
-    Grant, LockInfo, Member, NodeStatus, Released, Renewed, WatchBatch, WatchEvent, WatchEventKind,
+    Grant, LockInfo, Member, NodeStatus, Released, Renewed, ShareKind, WatchBatch, WatchEvent, WatchEventKind,
 };
 pub use watch::{Observer, Watch};
 

@@ -31,6 +31,22 @@ pub struct LockInfo {
     /// proclaim; an election leader's value); empty for none.
     #[serde(serialize_with = "lossy_utf8")]
     pub value: Vec<u8>,
+    /// How the holder holds the key: `exclusive` (a plain lock), `read` or
+    /// `write` (a read-write lock), `permit` (one of a semaphore's
+    /// `permits`).
+    pub share: ShareKind,
+    /// A semaphore's permits; 0 otherwise.
+    pub permits: u32,
+}
+
+/// How a holder holds its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShareKind {
+    Exclusive,
+    Read,
+    Write,
+    Permit,
 }
 
 impl From<client_pb::LockInfo> for LockInfo {
@@ -43,6 +59,13 @@ impl From<client_pb::LockInfo> for LockInfo {
             remaining_ms: info.remaining_ms,
             delayed: info.delayed,
             value: info.value,
+            share: match info.share {
+                client_pb::Share::EXCLUSIVE => ShareKind::Exclusive,
+                client_pb::Share::READ => ShareKind::Read,
+                client_pb::Share::WRITE => ShareKind::Write,
+                client_pb::Share::PERMIT => ShareKind::Permit,
+            },
+            permits: info.permits,
         }
     }
 }
@@ -285,11 +308,13 @@ mod tests {
             remaining_ms: 250,
             delayed: false,
             value: b"10.0.0.1:80".to_vec(),
+            share: ShareKind::Exclusive,
+            permits: 0,
         };
         let json = serde_json::to_value(&info).unwrap();
         assert_eq!(
             json,
-            serde_json::json!({"key": "jobs/a", "token": 7, "owner": "w\u{fffd}", "lease_ms": 1000, "remaining_ms": 250, "delayed": false, "value": "10.0.0.1:80"})
+            serde_json::json!({"key": "jobs/a", "token": 7, "owner": "w\u{fffd}", "lease_ms": 1000, "remaining_ms": 250, "delayed": false, "value": "10.0.0.1:80", "share": "exclusive", "permits": 0})
         );
     }
 }

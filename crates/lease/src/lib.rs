@@ -44,34 +44,43 @@ pub struct Lease {
 }
 
 /// Lease deadlines by key, and by deadline for cheap "what is due" scans.
-#[derive(Clone, Debug, Default)]
-pub struct LeaseTracker {
-    by_key: BTreeMap<Key, Lease>,
-    by_deadline: BTreeSet<(u64, Key)>,
+/// `K` is what a lease is known by: the key of a plain lock (one holder per
+/// key), or `(Key, FencingToken)` for the holders of a read-write lock or
+/// a semaphore (many per key).
+#[derive(Clone, Debug)]
+pub struct LeaseTracker<K = Key> {
+    by_key: BTreeMap<K, Lease>,
+    by_deadline: BTreeSet<(u64, K)>,
     /// The latest time seen, so that a clock going backwards is clamped.
     latest_ms: u64,
 }
 
-impl LeaseTracker {
-    pub fn new() -> LeaseTracker {
+impl<K: Ord + Clone> Default for LeaseTracker<K> {
+    fn default() -> LeaseTracker<K> {
+        LeaseTracker { by_key: BTreeMap::new(), by_deadline: BTreeSet::new(), latest_ms: 0 }
+    }
+}
+
+impl<K: Ord + Clone> LeaseTracker<K> {
+    pub fn new() -> LeaseTracker<K> {
         LeaseTracker::default()
     }
 
     /// A Grant applied at `now_ms` (a retried Grant by the holder too: its
     /// lease restarts, for the longer of its old and new lease: the state
     /// machine's answer says which, so a stale retry never shortens it).
-    pub fn granted(&mut self, key: Key, token: FencingToken, lease_ms: LeaseMs, now_ms: u64) {
+    pub fn granted(&mut self, key: K, token: FencingToken, lease_ms: LeaseMs, now_ms: u64) {
         self.track(key, token, lease_ms, now_ms);
     }
 
     /// A Renew applied at `now_ms`.
-    pub fn renewed(&mut self, key: Key, token: FencingToken, lease_ms: LeaseMs, now_ms: u64) {
+    pub fn renewed(&mut self, key: K, token: FencingToken, lease_ms: LeaseMs, now_ms: u64) {
         self.track(key, token, lease_ms, now_ms);
     }
 
     /// A Release or Expire of the lock `key` held under `token` applied. A
     /// token that no longer holds the key changes nothing.
-    pub fn removed(&mut self, key: &Key, token: FencingToken) {
+    pub fn removed(&mut self, key: &K, token: FencingToken) {
         if self.by_key.get(key).is_some_and(|lease| lease.token == token) {
             if let Some(lease) = self.by_key.remove(key) {
                 self.by_deadline.remove(&(lease.deadline_ms, key.clone()));
@@ -82,7 +91,7 @@ impl LeaseTracker {
     /// Replaces everything with `locks`, each given a full lease from
     /// `now_ms`: after a restart or a snapshot this node cannot know when
     /// the locks were granted, and it must not expire one early.
-    pub fn restore(&mut self, locks: impl IntoIterator<Item = (Key, FencingToken, LeaseMs)>, now_ms: u64) {
+    pub fn restore(&mut self, locks: impl IntoIterator<Item = (K, FencingToken, LeaseMs)>, now_ms: u64) {
         self.by_key.clear();
         self.by_deadline.clear();
         for (key, token, lease_ms) in locks {
@@ -91,7 +100,7 @@ impl LeaseTracker {
     }
 
     /// The locks whose deadline is at or before `now_ms`, earliest first.
-    pub fn due(&self, now_ms: u64) -> impl Iterator<Item = (&Key, FencingToken)> + '_ {
+    pub fn due(&self, now_ms: u64) -> impl Iterator<Item = (&K, FencingToken)> + '_ {
         self.by_deadline.iter().take_while(move |(deadline, _)| *deadline <= now_ms).filter_map(|(_, key)| {
             let lease = self.by_key.get(key)?;
             Some((key, lease.token))
@@ -99,11 +108,11 @@ impl LeaseTracker {
     }
 
     /// Whether the lock `key` held under `token` is due at `now_ms`.
-    pub fn is_due(&self, key: &Key, token: FencingToken, now_ms: u64) -> bool {
+    pub fn is_due(&self, key: &K, token: FencingToken, now_ms: u64) -> bool {
         self.by_key.get(key).is_some_and(|lease| lease.token == token && lease.deadline_ms <= now_ms)
     }
 
-    pub fn lease(&self, key: &Key) -> Option<Lease> {
+    pub fn lease(&self, key: &K) -> Option<Lease> {
         self.by_key.get(key).copied()
     }
 
@@ -120,7 +129,7 @@ impl LeaseTracker {
         self.by_key.is_empty()
     }
 
-    fn track(&mut self, key: Key, token: FencingToken, lease_ms: LeaseMs, now_ms: u64) {
+    fn track(&mut self, key: K, token: FencingToken, lease_ms: LeaseMs, now_ms: u64) {
         self.latest_ms = self.latest_ms.max(now_ms);
         let deadline_ms = self.latest_ms.saturating_add(lease_ms.get());
         if let Some(old) = self.by_key.insert(key.clone(), Lease { token, deadline_ms }) {

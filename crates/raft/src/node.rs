@@ -69,7 +69,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use fencelock_fsm::{LockTable, SnapshotError};
-use fencelock_types::{ClusterId, Command, Key, LeaseMs, Owner, Value};
+use fencelock_types::{ClusterId, Command, Key, LeaseMs, Owner, Share, Value};
 use raft::prelude::{Message, MessageType};
 use slog::{info, warn, Logger};
 
@@ -104,6 +104,10 @@ pub enum ClientRequest {
     /// Acquire `key`, waiting up to `wait_ms` for it when another owner
     /// holds it (0: do not wait).
     Acquire { key: Key, lease_ms: LeaseMs, owner: Owner, value: Value, wait_ms: u64 },
+    /// Acquire `key` as a reader or the writer of a read-write lock, or a
+    /// permit of a semaphore, waiting up to `wait_ms` (FIFO per key) when
+    /// it cannot be had now.
+    AcquireShared { key: Key, lease_ms: LeaseMs, owner: Owner, share: Share, wait_ms: u64 },
     /// A linearizable read, through ReadIndex on the leader.
     Read(Query),
     /// A read of this node's applied table, at once: it may be stale.
@@ -372,6 +376,9 @@ impl<T> Node<T> {
                 replica.acquire(id, key, lease_ms, owner, value, wait_ms)
             }
             ClientRequest::Watch(query) => replica.watch(id, conn, query),
+            ClientRequest::AcquireShared { key, lease_ms, owner, share, wait_ms } => {
+                replica.acquire_shared(id, key, lease_ms, owner, share, wait_ms)
+            }
             ClientRequest::Read(query) => replica.read(id, query),
             ClientRequest::ChangeMembers(change) => replica.change_members(id, change),
             ClientRequest::TransferLeader(to) => replica.transfer(id, to),

@@ -12,6 +12,10 @@ use fencelock_types::{Command, Key};
 
 use crate::types::RequestId;
 
+/// Whether a key with nothing in flight admits a waiting acquire now: the
+/// caller's answer, from its applied table.
+pub(crate) type Admits<'a> = dyn Fn(&Key, &Pending) -> bool + 'a;
+
 /// A request the leader accepted and has not answered yet.
 #[derive(Debug)]
 pub(crate) struct Pending {
@@ -48,7 +52,10 @@ impl Pending {
         let mut keys: Vec<Key> = commands.iter().filter_map(Command::key).cloned().collect();
         keys.sort();
         keys.dedup();
-        let acquire = !internal && commands.iter().any(|command| matches!(command, Command::Grant { .. }));
+        let acquire = !internal
+            && commands
+                .iter()
+                .any(|command| matches!(command, Command::Grant { .. } | Command::GrantShared { .. }));
         Pending {
             commands,
             keys,
@@ -220,9 +227,10 @@ impl Requests {
     }
 
     /// Forgets `id` (answered) and lets the next request on each of its keys
-    /// go; a key left free (`is_free`) with nothing in flight goes to its
-    /// first waiter.
-    pub fn remove(&mut self, id: RequestId, is_free: &dyn Fn(&Key) -> bool) -> Option<Pending> {
+    /// go; a key with nothing in flight goes to its first waiter if the
+    /// key admits it now (`admits`: a free key, or a read-write lock or
+    /// semaphore with room for it).
+    pub fn remove(&mut self, id: RequestId, is_free: &Admits<'_>) -> Option<Pending> {
         let pending = self.pending.remove(&id)?;
         self.uncount(&pending);
         if pending.internal {
@@ -247,7 +255,7 @@ impl Requests {
     /// `id`, an acquire that met `key` held by another owner, waits for it:
     /// out of the key queues (the next request goes), last among the key's
     /// waiters.
-    pub fn wait_for(&mut self, id: RequestId, key: Key, is_free: &dyn Fn(&Key) -> bool) {
+    pub fn wait_for(&mut self, id: RequestId, key: Key, is_free: &Admits<'_>) {
         let (keys, until_ms) = self
             .pending
             .get(&id)
@@ -320,7 +328,7 @@ impl Requests {
         }
     }
 
-    fn leave_key_queues(&mut self, id: RequestId, keys: &[Key], is_free: &dyn Fn(&Key) -> bool) {
+    fn leave_key_queues(&mut self, id: RequestId, keys: &[Key], is_free: &Admits<'_>) {
         let mut next = Vec::new();
         for key in keys {
             let Some(queue) = self.key_queues.get_mut(key) else { continue };
@@ -336,7 +344,11 @@ impl Requests {
                 Some(head) => next.push(*head),
                 None => {
                     self.key_queues.remove(key);
-                    if is_free(key) {
+                    let admitted = self
+                        .first_waiter(key)
+                        .and_then(|waiter| self.pending.get(&waiter))
+                        .is_some_and(|waiter| is_free(key, waiter));
+                    if admitted {
                         if let Some(waiter) = self.pop_waiter(key) {
                             self.key_queues.entry(key.clone()).or_default().push_back(waiter);
                             next.push(waiter);
@@ -394,11 +406,11 @@ mod tests {
         Command::Release { key: key(name), token: FencingToken::new(1), user: None }
     }
 
-    fn free(_: &Key) -> bool {
+    fn free(_: &Key, _: &Pending) -> bool {
         true
     }
 
-    fn held(_: &Key) -> bool {
+    fn held(_: &Key, _: &Pending) -> bool {
         false
     }
 

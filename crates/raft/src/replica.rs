@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use fencelock_fsm::LockTable;
+use fencelock_fsm::{LockTable, SharedDecision};
 use fencelock_lease::LeaseTracker;
 use fencelock_types::{
     decode_batch, encode_batch, pb, ApplyResult, ClusterId, Command, FencingToken, Key, LeaseMs, Owner, Value,
@@ -236,8 +236,11 @@ pub struct Replica {
     requests: Requests,
     next_internal_id: u64,
 
-    /// Lease deadlines on this node's clock, fed by applied changes.
+    /// Lease deadlines on this node's clock, fed by applied changes: of
+    /// plain locks by key, of the holders of read-write locks and
+    /// semaphores by key and token.
     leases: LeaseTracker,
+    shared_leases: LeaseTracker<(Key, FencingToken)>,
     /// This node's monotonic time, as last given to `set_now`.
     now_ms: u64,
     /// The leases must be rebuilt from the table at the next `set_now` (the
@@ -253,9 +256,10 @@ pub struct Replica {
     /// Reads whose ReadIndex is known, waiting for apply to reach it.
     reads_at_index: Vec<(u64, RequestId)>,
 
-    /// Per held key, the index of the entry that last granted, re-granted or
-    /// renewed its lock (absent for locks restored from a snapshot).
-    grant_index: BTreeMap<Key, u64>,
+    /// Per held lock (key and token: a shared key has many), the index of
+    /// the entry that last granted, re-granted or renewed it (absent for
+    /// locks restored from a snapshot).
+    grant_index: BTreeMap<(Key, FencingToken), u64>,
     /// Votes and acknowledgements waiting until the count of durable writes
     /// reaches the first number.
     held: VecDeque<(u64, Vec<Message>)>,
@@ -397,6 +401,7 @@ impl Replica {
             requests: Requests::default(),
             next_internal_id: 0,
             leases: LeaseTracker::new(),
+            shared_leases: LeaseTracker::new(),
             now_ms: 0,
             leases_need_restore: true,
             last_expiry_scan_ms: None,
@@ -454,6 +459,21 @@ impl Replica {
         self.submit(id, vec![Command::Grant { key, lease_ms, owner, value }], wait_until_ms, false);
     }
 
+    /// Accepts a shared acquire (a reader, the writer, or a permit), like
+    /// [`Replica::acquire`]: waiting FIFO per key up to `wait_ms`.
+    pub fn acquire_shared(
+        &mut self,
+        id: RequestId,
+        key: Key,
+        lease_ms: LeaseMs,
+        owner: Owner,
+        share: fencelock_types::Share,
+        wait_ms: u64,
+    ) {
+        let wait_until_ms = (wait_ms > 0).then(|| self.now_ms.saturating_add(wait_ms));
+        self.submit(id, vec![Command::GrantShared { key, lease_ms, owner, share }], wait_until_ms, false);
+    }
+
     /// Releases a lock whose grant could not be delivered: its client is
     /// gone (a ghost lock). It is proposed only if, when its turn on the key
     /// comes, the lock is still exactly `grant`: not re-granted to its owner
@@ -483,7 +503,7 @@ impl Replica {
             return false;
         }
         let table = &self.table;
-        self.requests.remove(id, &|key| table.holder(key.as_bytes()).is_none());
+        self.requests.remove(id, &|key, waiter| admits(table, key, waiter));
         true
     }
 
@@ -565,7 +585,10 @@ impl Replica {
     fn check_leases(&self, commands: &[Command]) -> Result<(), RequestError> {
         let (min_ms, max_ms) = (self.config.lease_ms_min, self.config.lease_ms_max);
         for command in commands {
-            if let Command::Grant { lease_ms, .. } | Command::Renew { lease_ms, .. } = command {
+            if let Command::Grant { lease_ms, .. }
+            | Command::GrantShared { lease_ms, .. }
+            | Command::Renew { lease_ms, .. } = command
+            {
                 if !(min_ms..=max_ms).contains(&lease_ms.get()) {
                     return Err(RequestError::LeaseOutOfBounds { lease_ms: lease_ms.get(), min_ms, max_ms });
                 }
@@ -1045,8 +1068,18 @@ impl Replica {
         let Some(pending) = self.requests.get(id) else { return Ok(Vec::new()) };
         let mut new_locks: Vec<(Vec<u8>, bool)> = Vec::new();
         for command in &pending.commands {
-            let Command::Grant { key, owner, .. } = command else { continue };
-            let adds = self.table.holder(key.as_bytes()).is_none();
+            let (key, owner, adds) = match command {
+                Command::Grant { key, owner, .. } => {
+                    (key, owner, self.table.holder(key.as_bytes()).is_none())
+                }
+                Command::GrantShared { key, owner, share, .. } => {
+                    let adds =
+                        self.table.shared_decision(key.as_bytes(), owner, *share) == SharedDecision::Grant;
+                    (key, owner, adds)
+                }
+                _ => continue,
+            };
+            let _ = key;
             if !adds && !handed_over {
                 continue;
             }
@@ -1079,13 +1112,13 @@ impl Replica {
     fn finish(&mut self, id: RequestId, reply: Reply) {
         self.reply(id, reply);
         let table = &self.table;
-        self.requests.remove(id, &|key| table.holder(key.as_bytes()).is_none());
+        self.requests.remove(id, &|key, waiter| admits(table, key, waiter));
     }
 
     /// Answers waiters whose time is up; the queue behind them moves up.
     fn time_out_waiters(&mut self) {
         for (key, id) in self.requests.timed_out(self.now_ms) {
-            let holder_token = self.table.holder(key.as_bytes()).map(|lock| lock.token);
+            let holder_token = first_holder(&self.table, &key);
             self.finish(id, Err(RequestError::WaitTimedOut { key, holder_token }));
         }
     }
@@ -1107,6 +1140,26 @@ impl Replica {
             .filter(|(key, _)| !self.requests.is_expiring(key))
             .map(|(key, token)| (key.clone(), token))
             .collect();
+        let shared_due: Vec<(Key, FencingToken)> = self
+            .shared_leases
+            .due(self.now_ms)
+            .filter(|((key, _), _)| !self.requests.is_expiring(key))
+            .map(|((key, _), token)| (key.clone(), token))
+            .collect();
+        // One Expire per key at a time: a shared key's other holders that
+        // are due go at the next scan.
+        let mut expiring = std::collections::BTreeSet::new();
+        for (key, token) in shared_due {
+            if self.requests.internal() >= self.config.internal_pending_max {
+                break;
+            }
+            if !expiring.insert(key.clone()) {
+                continue;
+            }
+            let id = self.internal_id();
+            debug!(self.logger, "shared lease due"; "key" => %key, "token" => token.get(), "now_ms" => self.now_ms);
+            self.submit(id, vec![Command::Expire { key, token, delay: None }], None, true);
+        }
         for (key, token) in due {
             if self.requests.internal() >= self.config.internal_pending_max {
                 break;
@@ -1127,11 +1180,27 @@ impl Replica {
         let locks =
             self.table.list(b"", usize::MAX).map(|(key, lock)| (key.clone(), lock.token, lock.lease_ms));
         self.leases.restore(locks, self.now_ms);
+        let holders = self.table.list_shared(b"", usize::MAX).flat_map(|(key, shared)| {
+            shared.holders.iter().map(move |(token, holder)| ((key.clone(), *token), *token, holder.lease_ms))
+        });
+        self.shared_leases.restore(holders, self.now_ms);
     }
 
-    /// The holder that a Grant in `commands` would be turned away by.
+    /// The holder that a Grant in `commands` would be turned away by. A
+    /// shared acquire also waits behind the acquires already waiting for
+    /// its key (FIFO: a reader does not pass a waiting writer), unless its
+    /// owner holds the key already (a retry).
     fn grant_conflict(&self, commands: &[Command]) -> Option<(Key, FencingToken)> {
         commands.iter().find_map(|command| match command {
+            Command::GrantShared { key, owner, share, .. } => {
+                match self.table.shared_decision(key.as_bytes(), owner, *share) {
+                    SharedDecision::Rejected(token) => Some((key.clone(), token)),
+                    SharedDecision::Grant if self.requests.waiters_of(key) > 0 => {
+                        first_holder(&self.table, key).map(|token| (key.clone(), token))
+                    }
+                    SharedDecision::Grant | SharedDecision::Existing(_) | SharedDecision::Mismatch(_) => None,
+                }
+            }
             Command::Grant { key, owner, .. } => self
                 .table
                 .holder(key.as_bytes())
@@ -1177,7 +1246,7 @@ impl Replica {
                     self.finish(id, Err(RequestError::TooManyWaiters { key, max }));
                 } else {
                     let table = &self.table;
-                    self.requests.wait_for(id, key, &|key| table.holder(key.as_bytes()).is_none());
+                    self.requests.wait_for(id, key, &|key, waiter| admits(table, key, waiter));
                 }
                 continue;
             }
@@ -1253,6 +1322,10 @@ impl Replica {
     fn stale_expire(&self, id: RequestId) -> Option<Key> {
         let pending = self.requests.get(id).filter(|pending| pending.internal)?;
         match pending.commands.as_slice() {
+            [Command::Expire { key, token, .. }] if self.table.shared(key.as_bytes()).is_some() => {
+                let due = self.shared_leases.is_due(&(key.clone(), *token), *token, self.now_ms);
+                (!due).then(|| key.clone())
+            }
             [Command::Expire { key, token, .. }] if !self.leases.is_due(key, *token, self.now_ms) => {
                 Some(key.clone())
             }
@@ -1268,8 +1341,8 @@ impl Replica {
         let index = pending.ghost_of?;
         match pending.commands.as_slice() {
             [Command::Release { key, token: Some(token), user: None }] => {
-                let same_grant = self.grant_index.get(key) == Some(&index)
-                    && self.table.holder(key.as_bytes()).is_some_and(|lock| lock.token == *token);
+                let same_grant = self.grant_index.get(&(key.clone(), *token)) == Some(&index)
+                    && self.table.holds(key.as_bytes(), *token);
                 (!same_grant).then(|| key.clone())
             }
             other => panic!("a ghost release carries one Release with a token, not {other:?}"),
@@ -1551,7 +1624,9 @@ impl Replica {
                 .map(|command| match command {
                     Ok(command) => {
                         grant_keys.push(match &command {
-                            Command::Grant { key, .. } => Some(key.clone()),
+                            Command::Grant { key, .. } | Command::GrantShared { key, .. } => {
+                                Some(key.clone())
+                            }
                             _ => None,
                         });
                         self.apply_command(command, proposer, entry.index)
@@ -1611,18 +1686,58 @@ impl Replica {
         // lifting Expire, or a force-release) lifts the delay.
         let was_delayed =
             key.as_ref().and_then(|key| self.table.holder(key.as_bytes())).is_some_and(|lock| lock.delayed);
+        // A read-write lock's or a semaphore's holders are tracked by key
+        // and token.
+        let shared = matches!(command, Command::GrantShared { .. })
+            || key.as_ref().is_some_and(|key| self.table.shared(key.as_bytes()).is_some());
         // The lock a Release or Expire may remove, for the watchers: who
         // held it and with what value.
         let before = match &command {
+            Command::Release { key, token: Some(token), .. } | Command::Expire { key, token, .. }
+                if shared =>
+            {
+                self.owner_and_value(key, *token)
+            }
             Command::Release { key, .. } | Command::Expire { key, .. } => {
                 self.table.holder(key.as_bytes()).map(|lock| (lock.owner.clone(), lock.value.clone()))
             }
             _ => None,
         };
+        // A force-release of a shared key frees every holder.
+        let forced: Vec<(FencingToken, Owner)> = match &command {
+            Command::Release { key, token: None, .. } if shared => self
+                .table
+                .shared(key.as_bytes())
+                .map(|held| {
+                    held.holders.iter().map(|(token, holder)| (*token, holder.owner.clone())).collect()
+                })
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        };
         let last_token = self.table.last_token();
         let result = self.table.apply(command);
         assert!(self.table.last_token() >= last_token, "fencing tokens never go backwards");
         let Some(key) = key else { return result };
+        if !forced.is_empty() {
+            if let ApplyResult::Released { .. } = result {
+                for (token, owner) in forced {
+                    self.stats.releases_applied += 1;
+                    self.shared_leases.removed(&(key.clone(), token), token);
+                    self.grant_index.remove(&(key.clone(), token));
+                    let watched = WatchEvent {
+                        index,
+                        key: key.clone(),
+                        kind: WatchKind::Released,
+                        token,
+                        owner,
+                        value: Value::none(),
+                    };
+                    self.watches.record(watched);
+                    self.effects.applied.push((index, AppliedEvent::Released { key: key.clone(), token }));
+                }
+            }
+            return result;
+        }
         self.record_watch_event(&key, &result, expire_token, was_delayed, before, index);
         let event = match (result, expire_token) {
             (ApplyResult::Granted { token, lease_ms, existing }, _) => {
@@ -1649,34 +1764,45 @@ impl Replica {
         match &event {
             AppliedEvent::Granted { key, token, lease_ms, .. } => {
                 self.stats.grants_applied += 1;
-                self.leases.granted(key.clone(), *token, *lease_ms, now_ms);
-                self.grant_index.insert(key.clone(), index);
+                if shared {
+                    self.shared_leases.granted((key.clone(), *token), *token, *lease_ms, now_ms);
+                } else {
+                    self.leases.granted(key.clone(), *token, *lease_ms, now_ms);
+                }
+                self.grant_index.insert((key.clone(), *token), index);
             }
             AppliedEvent::Renewed { key, token, lease_ms } => {
                 self.stats.renewals_applied += 1;
-                self.leases.renewed(key.clone(), *token, *lease_ms, now_ms);
-                self.grant_index.insert(key.clone(), index);
+                if shared {
+                    self.shared_leases.renewed((key.clone(), *token), *token, *lease_ms, now_ms);
+                } else {
+                    self.leases.renewed(key.clone(), *token, *lease_ms, now_ms);
+                }
+                self.grant_index.insert((key.clone(), *token), index);
             }
-            AppliedEvent::Released { key, token } => {
-                self.stats.releases_applied += 1;
-                self.leases.removed(key, *token);
-                self.grant_index.remove(key);
-            }
-            AppliedEvent::Expired { key, token, .. } => {
-                self.stats.expiries_applied += 1;
-                self.leases.removed(key, *token);
-                self.grant_index.remove(key);
+            AppliedEvent::Released { key, token } | AppliedEvent::Expired { key, token, .. } => {
+                if matches!(event, AppliedEvent::Released { .. }) {
+                    self.stats.releases_applied += 1;
+                } else {
+                    self.stats.expiries_applied += 1;
+                }
+                if shared {
+                    self.shared_leases.removed(&(key.clone(), *token), *token);
+                } else {
+                    self.leases.removed(key, *token);
+                }
+                self.grant_index.remove(&(key.clone(), *token));
             }
             AppliedEvent::Delayed { key, token, delay_ms, .. } => {
                 // The holder's lock ended; the key stays held back, and this
                 // node tracks the delay as it tracked the lease.
                 self.stats.expiries_applied += 1;
                 self.leases.renewed(key.clone(), *token, *delay_ms, now_ms);
-                self.grant_index.remove(key);
+                self.grant_index.remove(&(key.clone(), *token));
             }
             AppliedEvent::DelayLifted { key, token, .. } => {
                 self.leases.removed(key, *token);
-                self.grant_index.remove(key);
+                self.grant_index.remove(&(key.clone(), *token));
             }
             AppliedEvent::Proclaimed { .. } | AppliedEvent::Restored => {}
         }
@@ -1707,14 +1833,21 @@ impl Replica {
             (ApplyResult::Delayed { token, .. }, _) => (WatchKind::Delayed, token),
             _ => return,
         };
-        let (owner, value) = match before {
-            Some(held) => held,
-            None => match self.table.holder(key.as_bytes()) {
-                Some(lock) => (lock.owner.clone(), lock.value.clone()),
-                None => return,
-            },
-        };
+        let Some((owner, value)) = before.or_else(|| self.owner_and_value(key, token)) else { return };
         self.watches.record(WatchEvent { index, key: key.clone(), kind, token, owner, value });
+    }
+
+    /// Who holds `key` under `token` and with what value (a shared
+    /// holder's is none), if that token is in the table.
+    fn owner_and_value(&self, key: &Key, token: FencingToken) -> Option<(Owner, Value)> {
+        match self.table.holder(key.as_bytes()) {
+            Some(lock) if lock.token == token => Some((lock.owner.clone(), lock.value.clone())),
+            Some(_) => None,
+            None => {
+                let holder = self.table.shared(key.as_bytes())?.holders.get(&token)?;
+                Some((holder.owner.clone(), Value::none()))
+            }
+        }
     }
 
     /// Answers `query` from the applied table at once, on any node. Not
@@ -1725,18 +1858,36 @@ impl Replica {
 
     fn answer(&self, query: Query) -> Response {
         match query {
-            Query::Holder(key) => {
-                Response::Holder(self.table.holder(key.as_bytes()).map(|lock| self.held(&key, lock)))
+            Query::Holder(key) => match self.table.shared(key.as_bytes()) {
+                Some(shared) => Response::Holders(self.shared_holders(&key, shared).collect()),
+                None => Response::Holder(self.table.holder(key.as_bytes()).map(|lock| self.held(&key, lock))),
+            },
+            Query::Check { key, token } => Response::Check(self.table.holds(key.as_bytes(), token)),
+            Query::List { prefix, limit } => {
+                // Plain locks and shared holders, merged in key order.
+                let mut plain = self.table.list(&prefix, limit).peekable();
+                let mut shared = self.table.list_shared(&prefix, limit).peekable();
+                let mut listed = Vec::new();
+                while listed.len() < limit {
+                    let take_plain = match (plain.peek(), shared.peek()) {
+                        (Some((a, _)), Some((b, _))) => a < b,
+                        (Some(_), None) => true,
+                        (None, Some(_)) => false,
+                        (None, None) => break,
+                    };
+                    if take_plain {
+                        if let Some((key, lock)) = plain.next() {
+                            listed.push((key.clone(), self.held(key, lock)));
+                        }
+                    } else if let Some((key, held)) = shared.next() {
+                        let room = limit - listed.len();
+                        listed.extend(
+                            self.shared_holders(key, held).take(room).map(|holder| (key.clone(), holder)),
+                        );
+                    }
+                }
+                Response::List(listed)
             }
-            Query::Check { key, token } => {
-                Response::Check(self.table.holder(key.as_bytes()).is_some_and(|lock| lock.is_held_by(token)))
-            }
-            Query::List { prefix, limit } => Response::List(
-                self.table
-                    .list(&prefix, limit)
-                    .map(|(key, lock)| (key.clone(), self.held(key, lock)))
-                    .collect(),
-            ),
             Query::Table => Response::Table { table: self.table.clone(), index: self.table_index },
             Query::Members => self.members_response(),
         }
@@ -1749,7 +1900,30 @@ impl Replica {
             .lease(key)
             .filter(|lease| lease.token == lock.token)
             .map(|lease| lease.deadline_ms.saturating_sub(self.now_ms));
-        HeldLock { lock: lock.clone(), remaining_ms }
+        HeldLock { lock: lock.clone(), remaining_ms, share: None }
+    }
+
+    /// The holders of a read-write lock or a semaphore, by token, each with
+    /// the time left on its lease by this node's clock.
+    fn shared_holders<'a>(
+        &'a self,
+        key: &'a Key,
+        shared: &'a fencelock_fsm::Shared,
+    ) -> impl Iterator<Item = HeldLock> + 'a {
+        shared.holders.iter().map(move |(token, holder)| {
+            let remaining_ms = self
+                .shared_leases
+                .lease(&(key.clone(), *token))
+                .map(|lease| lease.deadline_ms.saturating_sub(self.now_ms));
+            let lock = fencelock_fsm::Lock {
+                token: *token,
+                owner: holder.owner.clone(),
+                lease_ms: holder.lease_ms,
+                delayed: false,
+                value: Value::none(),
+            };
+            HeldLock { lock, remaining_ms, share: Some(holder.share) }
+        })
     }
 
     fn answer_reads(&mut self) {
@@ -1861,6 +2035,28 @@ struct Unpersisted {
 struct Batch {
     commands: Vec<Command>,
     tags: Vec<pb::RequestTag>,
+}
+
+/// Whether `key`, with nothing in flight on it, admits the waiting acquire
+/// `waiter` now: a plain lock's key is free; a read-write lock or a
+/// semaphore has room for it (a shared acquire of another kind goes, to be
+/// answered).
+fn admits(table: &LockTable, key: &Key, waiter: &Pending) -> bool {
+    waiter.commands.iter().all(|command| match command {
+        Command::GrantShared { key: wanted, owner, share, .. } if wanted == key => {
+            !matches!(table.shared_decision(key.as_bytes(), owner, *share), SharedDecision::Rejected(_))
+        }
+        _ => table.holder(key.as_bytes()).is_none() && table.shared(key.as_bytes()).is_none(),
+    })
+}
+
+/// The token a turned-away acquire of `key` is told: the plain lock's, or
+/// the first holder's of a read-write lock or a semaphore.
+fn first_holder(table: &LockTable, key: &Key) -> Option<FencingToken> {
+    match table.holder(key.as_bytes()) {
+        Some(lock) => Some(lock.token),
+        None => table.shared(key.as_bytes()).and_then(fencelock_fsm::Shared::first_token),
+    }
 }
 
 fn read_request_id(context: &[u8]) -> RequestId {

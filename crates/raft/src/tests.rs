@@ -1772,3 +1772,111 @@ fn watches_on_followers_follow_the_log_across_a_leader_change_and_a_snapshot_ins
     net.settle();
     assert!(net.take_reply(RequestId(16)).is_none());
 }
+
+#[test]
+fn a_waiting_writer_is_not_passed_by_later_readers_and_gets_the_key_when_the_readers_leave() {
+    use fencelock_types::Share;
+    let mut net = Net::new(3);
+    net.elect(1);
+    let lease_ms = LeaseMs::new(30_000).unwrap();
+    let take = |net: &mut Net<MemStore>, id: u64, who: &str, share: Share, wait_ms: u64| {
+        net.node(1).acquire_shared(RequestId(id), key("rw"), lease_ms, owner(who), share, wait_ms);
+        net.settle();
+    };
+    take(&mut net, 1, "r1", Share::Read, 0);
+    take(&mut net, 2, "r2", Share::Read, 0);
+    let (r1, r2) = (applied_token(net.take_reply(RequestId(1))), applied_token(net.take_reply(RequestId(2))));
+    // A writer waits; a reader that comes after it waits behind it, though
+    // the readers could let it in; a reader that does not wait is told who
+    // holds the key.
+    take(&mut net, 3, "w", Share::Write, 60_000);
+    take(&mut net, 4, "r3", Share::Read, 60_000);
+    take(&mut net, 5, "r4", Share::Read, 0);
+    assert!(net.take_reply(RequestId(3)).is_none() && net.take_reply(RequestId(4)).is_none());
+    assert!(
+        matches!(net.take_reply(RequestId(5)), Some(Err(RequestError::Held { holder_token, .. })) if holder_token == r1)
+    );
+    // A retry by a holder is answered at once, waiters or not.
+    take(&mut net, 6, "r2", Share::Read, 0);
+    assert_eq!(applied_token(net.take_reply(RequestId(6))), r2);
+    for (id, token) in [(7, r1), (8, r2)] {
+        net.node(1).propose(
+            RequestId(id),
+            vec![Command::Release { key: key("rw"), token: Some(token), user: None }],
+        );
+        net.settle();
+    }
+    let w = applied_token(net.take_reply(RequestId(3)));
+    assert!(w > r2);
+    assert!(net.take_reply(RequestId(4)).is_none(), "a reader got in beside the writer");
+    let shared = net.node(2).table().shared(b"rw").unwrap().clone();
+    assert_eq!(shared.holders.keys().copied().collect::<Vec<_>>(), [w]);
+    net.node(1).propose(RequestId(9), vec![Command::Release { key: key("rw"), token: Some(w), user: None }]);
+    net.settle();
+    let r3 = applied_token(net.take_reply(RequestId(4)));
+    assert!(r3 > w);
+    // The same on every node, and through a snapshot.
+    for id in 1..=3 {
+        assert!(net.node(id).table().holds(b"rw", r3));
+    }
+}
+
+#[test]
+fn a_semaphore_hands_an_expired_permit_to_its_first_waiter_even_after_a_leader_change() {
+    use fencelock_types::Share;
+    let mut net = Net::with_config(3, |config| {
+        config.election_ticks = 10;
+        config.election_ticks_max = Some(11);
+    });
+    net.elect(1);
+    for replica in &mut net.replicas {
+        replica.set_now(0);
+    }
+    let lease_ms = LeaseMs::new(1_000).unwrap();
+    let permit = |net: &mut Net<MemStore>, leader: u64, id: u64, who: &str, permits: u32, wait_ms: u64| {
+        net.node(leader).acquire_shared(
+            RequestId(id),
+            key("sem"),
+            lease_ms,
+            owner(who),
+            Share::Permit(permits),
+            wait_ms,
+        );
+        net.settle();
+    };
+    permit(&mut net, 1, 1, "a", 2, 0);
+    permit(&mut net, 1, 2, "b", 2, 0);
+    let (a, b) = (applied_token(net.take_reply(RequestId(1))), applied_token(net.take_reply(RequestId(2))));
+    assert!(b > a);
+    // A third waits; another number of permits is a mismatch, in the log.
+    permit(&mut net, 1, 3, "c", 2, 60_000);
+    permit(&mut net, 1, 4, "d", 3, 0);
+    assert!(net.take_reply(RequestId(3)).is_none());
+    match net.take_reply(RequestId(4)) {
+        Some(Ok(Response::Applied(results))) => assert_eq!(results, [ApplyResult::Mismatch { permits: 2 }]),
+        other => panic!("a mismatched permit answered {other:?}"),
+    }
+    // "b" renews; "a" does not, and expires: "c" gets its permit.
+    net.node(1).set_now(600);
+    net.node(1)
+        .propose(RequestId(5), vec![Command::Renew { key: key("sem"), token: b, lease_ms, user: None }]);
+    net.settle();
+    net.node(1).set_now(1_100);
+    net.settle();
+    let c = applied_token(net.take_reply(RequestId(3)));
+    assert!(c > b);
+    let holders: Vec<_> = net.node(3).table().shared(b"sem").unwrap().holders.keys().copied().collect();
+    assert_eq!(holders, [b, c]);
+    // A new leader tracks the permits' leases from its own clock and
+    // expires them: nobody renews now.
+    for replica in &mut net.replicas {
+        replica.set_now(1_100);
+    }
+    net.elect(2);
+    for now in [2_000, 3_000, 4_000] {
+        net.node(2).set_now(now);
+        net.settle();
+    }
+    assert!(net.node(2).table().shared(b"sem").is_none(), "{:?}", net.node(2).table().shared(b"sem"));
+    assert!(net.node(1).table().shared(b"sem").is_none());
+}

@@ -250,6 +250,9 @@ pub enum Response {
     /// One result per proposed command, in order.
     Applied(Vec<ApplyResult>),
     Holder(Option<HeldLock>),
+    /// The holders of a read-write lock or a semaphore (a holder query of
+    /// a shared key).
+    Holders(Vec<HeldLock>),
     Check(bool),
     List(Vec<(Key, HeldLock)>),
     /// The table, as applied up to `index`.
@@ -278,6 +281,10 @@ pub enum Response {
 pub struct HeldLock {
     pub lock: Lock,
     pub remaining_ms: Option<u64>,
+    /// For a holder of a read-write lock or a semaphore: how it holds the
+    /// key (`lock` then carries its token, owner and lease, no value);
+    /// `None` for a plain lock.
+    pub share: Option<fencelock_types::Share>,
 }
 
 /// A change of the cluster's membership: one raft conf change.

@@ -326,8 +326,26 @@ impl Watches {
 
 /// The holders of the watched keys now, as a watch's starting point.
 fn current(query: &WatchQuery, table: &LockTable, applied: u64, compacted: bool) -> WatchAnswer {
-    let locks = table.list(&query.prefix, query.limit.max(1)).map(|(key, lock)| (key.clone(), lock.clone()));
-    WatchAnswer { events: Vec::new(), current: Some(locks.collect()), compacted, index: applied }
+    let limit = query.limit.max(1);
+    let mut locks: Vec<(Key, fencelock_fsm::Lock)> =
+        table.list(&query.prefix, limit).map(|(key, lock)| (key.clone(), lock.clone())).collect();
+    // The holders of read-write locks and semaphores, one entry each (no
+    // value), in key order with the plain locks.
+    for (key, shared) in table.list_shared(&query.prefix, limit) {
+        for (token, holder) in &shared.holders {
+            let lock = fencelock_fsm::Lock {
+                token: *token,
+                owner: holder.owner.clone(),
+                lease_ms: holder.lease_ms,
+                delayed: false,
+                value: Value::none(),
+            };
+            locks.push((key.clone(), lock));
+        }
+    }
+    locks.sort_by(|(a, _), (b, _)| a.cmp(b));
+    locks.truncate(limit);
+    WatchAnswer { events: Vec::new(), current: Some(locks), compacted, index: applied }
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use fencelock_raft::{
 use fencelock_types::client_pb::{
     self as proto, ErrorCode, Request_oneof_kind as Kind, Response_oneof_kind as Out,
 };
-use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner, Value};
+use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner, Share, Value};
 
 use crate::access::{Access, Right};
 use crate::backup::Backups;
@@ -156,6 +156,9 @@ fn denied(sink: ResponseSink, message: String) -> Refusal {
 enum Failure {
     Driver(RequestError),
     Denied(String),
+    /// The state machine refused it as asked (a shared acquire of another
+    /// kind than the key): INVALID_ARGUMENT.
+    Invalid(String),
 }
 
 impl From<RequestError> for Failure {
@@ -224,6 +227,28 @@ impl ClientHandler {
             Ok(value) => value,
             Err(err) => return Err(invalid(sink, format!("value: {err}"))),
         };
+        let share = match (acquire.share, acquire.permits) {
+            (proto::Share::EXCLUSIVE, 0) => None,
+            (proto::Share::READ, 0) => Some(Share::Read),
+            (proto::Share::WRITE, 0) => Some(Share::Write),
+            (proto::Share::PERMIT, permits @ 1..=fencelock_types::PERMITS_MAX) => {
+                Some(Share::Permit(permits))
+            }
+            (share, permits) => {
+                let message = format!(
+                    "share {share:?} with {permits} permits: READ, WRITE and EXCLUSIVE take no permits, PERMIT \
+                     takes 1 to {}",
+                    fencelock_types::PERMITS_MAX
+                );
+                return Err(invalid(sink, message));
+            }
+        };
+        if share.is_some() && !value.is_empty() {
+            return Err(invalid(
+                sink,
+                "a read-write lock's or a semaphore's holder carries no value".to_owned(),
+            ));
+        }
         if acquire.wait_ms > self.wait_max_ms {
             let message = format!(
                 "wait_ms {} is over this server's maximum of {} ms",
@@ -241,7 +266,8 @@ impl ClientHandler {
                 return Err(denied(sink, message));
             }
         }
-        let reply = self.responder(sink, |reply| {
+        let mismatch_key = key.clone();
+        let reply = self.responder(sink, move |reply| {
             let outcome =
                 |outcome, token: Option<FencingToken>, lease_ms: u64, holder: Option<FencingToken>| {
                     proto::AcquireResponse {
@@ -261,6 +287,13 @@ impl ClientHandler {
                         Ok(Out::acquire(proto::AcquireResponse { existing: *existing, ..granted }))
                     }
                     [ApplyResult::GrantRejected { holder_token }] => Ok(held(Some(*holder_token))),
+                    [ApplyResult::Mismatch { permits: 0 }] => Err(Failure::Invalid(format!(
+                        "key {mismatch_key} is a read-write lock: acquire it with READ or WRITE"
+                    ))),
+                    [ApplyResult::Mismatch { permits }] => Err(Failure::Invalid(format!(
+                        "key {mismatch_key} is a semaphore of {permits} permits: acquire it with PERMIT and \
+                         permits {permits}"
+                    ))),
                     other => Err(unexpected(other)),
                 },
                 Err(RequestError::Held { holder_token, .. }) => Ok(held(Some(holder_token))),
@@ -278,7 +311,12 @@ impl ClientHandler {
                 Ok(other) => Err(unexpected(&other)),
             }
         });
-        let request = ClientRequest::Acquire { key, lease_ms, owner, value, wait_ms: acquire.wait_ms };
+        let request = match share {
+            None => ClientRequest::Acquire { key, lease_ms, owner, value, wait_ms: acquire.wait_ms },
+            Some(share) => {
+                ClientRequest::AcquireShared { key, lease_ms, owner, share, wait_ms: acquire.wait_ms }
+            }
+        };
         self.client(conn, request, reply);
         Ok(())
     }
@@ -427,7 +465,10 @@ impl ClientHandler {
                     .iter()
                     .flatten()
                     .map(|(key, lock)| {
-                        lock_info(key, &fencelock_raft::HeldLock { lock: lock.clone(), remaining_ms: None })
+                        lock_info(
+                            key,
+                            &fencelock_raft::HeldLock { lock: lock.clone(), remaining_ms: None, share: None },
+                        )
                     })
                     .collect(),
                 compacted: answer.compacted,
@@ -526,6 +567,11 @@ impl ClientHandler {
         let reply = self.responder(sink, move |reply| match reply {
             Ok(Response::Holder(holder)) => Ok(Out::get(proto::GetResponse {
                 holder: holder.map(|held| lock_info(&holder_key, &held)).into(),
+                ..Default::default()
+            })),
+            Ok(Response::Holders(holders)) => Ok(Out::get(proto::GetResponse {
+                holder: holders.first().map(|held| lock_info(&holder_key, held)).into(),
+                holders: holders.iter().map(|held| lock_info(&holder_key, held)).collect(),
                 ..Default::default()
             })),
             Err(err) => Err(err.into()),
@@ -690,6 +736,7 @@ impl ClientHandler {
                     error_to_response(id, &err, |leader: Option<NodeId>| identity.client_addr_of(leader?.0))
                 }
                 Err(Failure::Denied(message)) => error_response(id, ErrorCode::PERMISSION_DENIED, message),
+                Err(Failure::Invalid(message)) => error_response(id, ErrorCode::INVALID_ARGUMENT, message),
             };
             sink.send(response)
         })
@@ -824,6 +871,13 @@ fn lock_info(key: &Key, held: &fencelock_raft::HeldLock) -> proto::LockInfo {
         remaining_ms: held.remaining_ms.unwrap_or(0),
         delayed: lock.delayed,
         value: lock.value.as_bytes().to_vec(),
+        share: match held.share {
+            None => proto::Share::EXCLUSIVE,
+            Some(Share::Read) => proto::Share::READ,
+            Some(Share::Write) => proto::Share::WRITE,
+            Some(Share::Permit(_)) => proto::Share::PERMIT,
+        },
+        permits: held.share.map_or(0, Share::permits),
         ..Default::default()
     }
 }

@@ -8,6 +8,8 @@ use fencelock_types::client_pb::{
     ReleaseRequest, RenewRequest, Request_oneof_kind, Response_oneof_kind, StatusRequest, WatchRequest,
 };
 
+use fencelock_types::{client_pb, Share};
+
 use crate::types::{Grant, LockInfo, NodeStatus, Released, Renewed, WatchBatch};
 use crate::ClientError;
 
@@ -33,6 +35,31 @@ pub fn acquire(
         owner: owner.to_vec(),
         wait_ms: millis(wait),
         value: value.to_vec(),
+        ..Default::default()
+    })
+}
+
+/// A shared acquire of `key` for `owner`: a reader or the writer of a
+/// read-write lock, or a permit of a semaphore.
+pub fn acquire_shared(
+    owner: &[u8],
+    key: &[u8],
+    share: Share,
+    lease: Duration,
+    wait: Duration,
+) -> Request_oneof_kind {
+    let (share, permits) = match share {
+        Share::Read => (client_pb::Share::READ, 0),
+        Share::Write => (client_pb::Share::WRITE, 0),
+        Share::Permit(permits) => (client_pb::Share::PERMIT, permits),
+    };
+    Request_oneof_kind::acquire(AcquireRequest {
+        key: key.to_vec(),
+        lease_ms: millis(lease),
+        owner: owner.to_vec(),
+        wait_ms: millis(wait),
+        share,
+        permits,
         ..Default::default()
     })
 }
@@ -199,6 +226,18 @@ pub fn get(key: &[u8], linearizable: bool) -> Request_oneof_kind {
 pub fn get_answer(kind: Response_oneof_kind) -> Result<Option<LockInfo>, ClientError> {
     match kind {
         Response_oneof_kind::get(response) => Ok(response.holder.into_option().map(LockInfo::from)),
+        other => Err(unexpected("get", &other)),
+    }
+}
+
+/// Every holder a get answered: the read-write lock's or semaphore's, or
+/// the plain lock's one (none: the key is free).
+pub fn holders_answer(kind: Response_oneof_kind) -> Result<Vec<LockInfo>, ClientError> {
+    match kind {
+        Response_oneof_kind::get(response) if response.holders.is_empty() => {
+            Ok(response.holder.into_option().map(LockInfo::from).into_iter().collect())
+        }
+        Response_oneof_kind::get(response) => Ok(response.holders.into_iter().map(LockInfo::from).collect()),
         other => Err(unexpected("get", &other)),
     }
 }

@@ -129,6 +129,8 @@ mod tests {
             remaining_ms: 0,
             delayed: false,
             value: b"a".to_vec(),
+            share: crate::types::ShareKind::Exclusive,
+            permits: 0,
         };
         observer.take(WatchBatch {
             events: vec![],
@@ -168,6 +170,8 @@ mod tests {
             remaining_ms: 0,
             delayed: false,
             value: b"c".to_vec(),
+            share: crate::types::ShareKind::Exclusive,
+            permits: 0,
         };
         observer.take(WatchBatch {
             events: vec![],
