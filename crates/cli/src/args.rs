@@ -210,9 +210,41 @@ pub struct LockArgs {
     /// to stderr: stdout is CMD's alone.
     #[arg(long, value_name = "FILE")]
     pub json_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub share: ShareArgs,
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+/// How `lock` and `acquire` hold their key: alone (the default), or as a
+/// reader, the writer, or one permit of a semaphore.
+#[derive(Clone, Copy, Debug, Default, Args)]
+pub struct ShareArgs {
+    /// Hold KEY as one of its readers: a read-write lock, shared with
+    /// other readers, never with a writer.
+    #[arg(long, conflicts_with_all = ["write", "permits"])]
+    pub read: bool,
+    /// Hold KEY as its one writer: a read-write lock, shared with no one.
+    /// Waiting writers are not passed by readers that come after them.
+    #[arg(long, conflicts_with = "permits")]
+    pub write: bool,
+    /// Hold one of N permits of the semaphore KEY (N is fixed by the key's
+    /// first acquire; asking with another N is an error).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub permits: Option<u32>,
+}
+
+impl ShareArgs {
+    /// The share asked for; `None`: a plain lock.
+    pub fn share(&self) -> Option<fencelock_client::Share> {
+        match (self.read, self.write, self.permits) {
+            (true, _, _) => Some(fencelock_client::Share::Read),
+            (_, true, _) => Some(fencelock_client::Share::Write),
+            (_, _, Some(permits)) => Some(fencelock_client::Share::Permit(permits)),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -234,9 +266,11 @@ pub struct AcquireArgs {
     #[arg(long, env = "FENCELOCK_OWNER")]
     pub owner: Option<String>,
     /// What the holder says of itself (shown by get, list, watch), up to
-    /// 4 KiB.
-    #[arg(long, default_value = "")]
+    /// 4 KiB. Plain locks only.
+    #[arg(long, default_value = "", conflicts_with_all = ["read", "write", "permits"])]
     pub value: String,
+    #[command(flatten)]
+    pub share: ShareArgs,
 }
 
 #[derive(Debug, Args)]
@@ -282,6 +316,7 @@ impl ElectArgs {
             conflict_exit_code: self.conflict_exit_code,
             lost_exit_code: self.lost_exit_code,
             json_file: self.json_file.clone(),
+            share: ShareArgs::default(),
             command: self.command.clone(),
         }
     }

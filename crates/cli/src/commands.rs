@@ -2,7 +2,9 @@
 //! JSON.
 
 use anyhow::{Context, Result};
-use fencelock_client::{Client, ClientConfig, ClientError, LockInfo, NodeStatus, Released, TlsConfig};
+use fencelock_client::{
+    Client, ClientConfig, ClientError, LockInfo, NodeStatus, Released, ShareKind, TlsConfig,
+};
 
 use crate::args::{AcquireArgs, CheckArgs, Cli, GetArgs, ListArgs, ReleaseArgs, RenewArgs};
 use crate::output::{
@@ -76,9 +78,11 @@ pub fn acquire(cli: &Cli, args: &AcquireArgs) -> Result<Exit> {
     let client = connect(cli)?;
     let owner = owner_of(cli, &args.owner.clone().unwrap_or_else(default_owner));
     // No guard: this process exits right away, and the lock must outlive it.
-    let grant = client
-        .acquire_raw_with_value(&owner, &args.key, args.value.as_bytes(), args.ttl, args.wait)
-        .with_context(|| format!("cannot acquire {}", args.key))?;
+    let grant = match args.share.share() {
+        Some(share) => client.acquire_shared_raw(&owner, &args.key, share, args.ttl, args.wait),
+        None => client.acquire_raw_with_value(&owner, &args.key, args.value.as_bytes(), args.ttl, args.wait),
+    }
+    .with_context(|| format!("cannot acquire {}", args.key))?;
     if cli.json {
         print_json(&acquire_json(&args.key, &grant, &owner));
     } else {
@@ -121,13 +125,16 @@ pub fn renew(cli: &Cli, args: &RenewArgs) -> Result<Exit> {
 
 pub fn get(cli: &Cli, args: &GetArgs) -> Result<Exit> {
     let client = connect(cli)?;
-    let holder = client.get(&args.key, !args.stale).with_context(|| format!("cannot get {}", args.key))?;
+    let holders =
+        client.holders(&args.key, !args.stale).with_context(|| format!("cannot get {}", args.key))?;
     if cli.json {
-        print_json(&get_json(&args.key, holder.as_ref()));
+        print_json(&get_json(&args.key, &holders));
+    } else if holders.is_empty() {
+        println!("free");
     } else {
-        match holder {
-            Some(info) => println!("{}", describe(&info)),
-            None => println!("free"),
+        // A read-write lock or a semaphore has a line per holder.
+        for info in &holders {
+            println!("{}", describe(info));
         }
     }
     Ok(Exit::Done)
@@ -293,6 +300,12 @@ pub fn describe(info: &LockInfo) -> String {
         human(std::time::Duration::from_millis(info.lease_ms)),
         human(std::time::Duration::from_millis(info.remaining_ms / 100 * 100))
     );
+    match info.share {
+        ShareKind::Exclusive => {}
+        ShareKind::Read => line.push_str(" share=read"),
+        ShareKind::Write => line.push_str(" share=write"),
+        ShareKind::Permit => line.push_str(&format!(" share=permit/{}", info.permits)),
+    }
     // The value last: it may hold spaces.
     if !info.value.is_empty() {
         line.push_str(&format!(" value={}", String::from_utf8_lossy(&info.value)));

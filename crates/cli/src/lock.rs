@@ -106,7 +106,10 @@ impl Drop for Foreground {
 
 pub fn run(cli: &Cli, args: &LockArgs) -> Result<Exit> {
     let client = connect(cli)?;
-    hold(cli, args, || client.acquire(&args.key, args.ttl, args.wait))
+    hold(cli, args, || match args.share.share() {
+        Some(share) => client.acquire_shared(&args.key, share, args.ttl, args.wait),
+        None => client.acquire(&args.key, args.ttl, args.wait),
+    })
 }
 
 /// Runs `args.command` while holding the lock `acquire` gets (`lock`, or

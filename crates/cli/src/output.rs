@@ -136,9 +136,14 @@ pub fn renew_json(key: &str, token: u64, lease: Duration, renewed: bool, holder_
 }
 
 /// `fencelock get`: `{"key", "holder"}`, `holder` null when free, else
-/// `{"key", "token", "owner", "lease_ms"}`.
-pub fn get_json(key: &str, holder: Option<&LockInfo>) -> Value {
-    json!({ "key": key, "holder": holder })
+/// `{"key", "token", "owner", "lease_ms", ...}`; for a read-write lock or a
+/// semaphore also `"holders"`, every holder (`holder` is the first).
+pub fn get_json(key: &str, holders: &[LockInfo]) -> Value {
+    match holders {
+        [] => json!({ "key": key, "holder": null }),
+        [one] if one.share == fencelock_client::ShareKind::Exclusive => json!({ "key": key, "holder": one }),
+        all => json!({ "key": key, "holder": all[0], "holders": all }),
+    }
 }
 
 /// `fencelock check`: `{"key", "token", "holds"}`.
@@ -349,11 +354,24 @@ mod tests {
             share: fencelock_client::ShareKind::Exclusive,
             permits: 0,
         };
-        assert_eq!(get_json("a", None), json!({"key": "a", "holder": null}));
+        assert_eq!(get_json("a", &[]), json!({"key": "a", "holder": null}));
         assert_eq!(
-            get_json("a", Some(&info)),
+            get_json("a", std::slice::from_ref(&info)),
             json!({"key": "a", "holder": {"key": "a", "token": 3, "owner": "o", "lease_ms": 100, "remaining_ms": 60, "delayed": false, "value": "", "share": "exclusive", "permits": 0}})
         );
+        let readers = [
+            LockInfo { share: fencelock_client::ShareKind::Read, ..info.clone() },
+            LockInfo { token: 4, share: fencelock_client::ShareKind::Read, ..info.clone() },
+        ];
+        let shared = get_json("a", &readers);
+        assert_eq!(
+            (shared["holder"]["token"].clone(), shared["holder"]["share"].clone()),
+            (json!(3), json!("read"))
+        );
+        assert_eq!(shared["holders"].as_array().map(Vec::len), Some(2));
+        assert_eq!(shared["holders"][1]["token"], json!(4));
+        // One reader is still a read-write lock: "holders" says so.
+        assert_eq!(get_json("a", &readers[..1])["holders"].as_array().map(Vec::len), Some(1));
         assert_eq!(list_json("", std::slice::from_ref(&info))["locks"][0]["token"], json!(3));
         assert_eq!(check_json("a", 3, false), json!({"key": "a", "token": 3, "holds": false}));
         assert_eq!(

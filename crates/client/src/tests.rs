@@ -12,7 +12,8 @@ use crossbeam_channel::{unbounded, Receiver, Sender};
 use fencelock_net::frame::{encode_frame, read_frame};
 use fencelock_types::client_pb::{
     AcquireOutcome, AcquireResponse, CheckResponse, Error, ErrorCode, GetResponse, ReleaseResponse,
-    RenewResponse, RenewResult, Request, Request_oneof_kind, Response, Response_oneof_kind, StatusResponse,
+    RenewRequest, RenewResponse, RenewResult, Request, Request_oneof_kind, Response, Response_oneof_kind,
+    StatusResponse,
 };
 use protobuf::SingularPtrField;
 
@@ -111,6 +112,17 @@ fn acquire_answer(
     answer(id, Response_oneof_kind::acquire(response))
 }
 
+/// The answer to `renew`: every lock in it `renewed`, or none.
+fn renew_answer(id: u64, renew: &RenewRequest, renewed: bool) -> Response {
+    let results: Vec<RenewResult> = renew
+        .locks
+        .iter()
+        .map(|lock| RenewResult { key: lock.key.clone(), token: lock.token, renewed, ..Default::default() })
+        .collect();
+    let response = RenewResponse { results: results.into(), lease_ms: renew.lease_ms, ..Default::default() };
+    answer(id, Response_oneof_kind::renew(response))
+}
+
 /// A server that grants every acquire (token 7, the lease asked for),
 /// answers renewals with `renewed`, releases, and answers get and check.
 fn lock_server(renewed: bool) -> FakeServer {
@@ -120,21 +132,7 @@ fn lock_server(renewed: bool) -> FakeServer {
             Some(Request_oneof_kind::acquire(acquire)) => {
                 acquire_answer(id, AcquireOutcome::GRANTED, 7, acquire.lease_ms, 0)
             }
-            Some(Request_oneof_kind::renew(renew)) => {
-                let results: Vec<RenewResult> = renew
-                    .locks
-                    .iter()
-                    .map(|lock| RenewResult {
-                        key: lock.key.clone(),
-                        token: lock.token,
-                        renewed,
-                        ..Default::default()
-                    })
-                    .collect();
-                let response =
-                    RenewResponse { results: results.into(), lease_ms: renew.lease_ms, ..Default::default() };
-                answer(id, Response_oneof_kind::renew(response))
-            }
+            Some(Request_oneof_kind::renew(renew)) => renew_answer(id, renew, renewed),
             Some(Request_oneof_kind::release(release)) => {
                 let response = ReleaseResponse { released: true, token: release.token, ..Default::default() };
                 answer(id, Response_oneof_kind::release(response))
@@ -457,12 +455,13 @@ fn status_asks_one_node_and_force_release_sets_force() {
 
 #[test]
 fn a_lease_counts_from_when_the_acquire_was_sent_not_from_its_answer() {
-    // The answer comes 600 ms late and no renewal is ever answered: the
-    // guard must count its 1,000 ms lease from the send, and be lost by
-    // then, not 600 ms later (docs/protocol.md, retry rule 3).
+    // The answer comes 400 ms late (under half the lease, so no fresh
+    // start) and no renewal is ever answered: the guard must count its
+    // 1,000 ms lease from the send, and be lost by then, not 400 ms later
+    // (docs/protocol.md, retry rule 3).
     let server = FakeServer::start(|request| match &request.kind {
         Some(Request_oneof_kind::acquire(acquire)) => {
-            thread::sleep(Duration::from_millis(600));
+            thread::sleep(Duration::from_millis(400));
             Some(vec![acquire_answer(request.id, AcquireOutcome::GRANTED, 7, acquire.lease_ms, 0)])
         }
         Some(Request_oneof_kind::renew(_)) => {
@@ -475,11 +474,45 @@ fn a_lease_counts_from_when_the_acquire_was_sent_not_from_its_answer() {
     let client = client(&[&server.addr]);
     let sent = Instant::now();
     let guard = client.acquire("k", Duration::from_millis(1_000), Duration::ZERO).unwrap();
-    assert!(sent.elapsed() >= Duration::from_millis(600), "the answer was not late");
+    assert!(sent.elapsed() >= Duration::from_millis(400), "the answer was not late");
     let look_at = sent + Duration::from_millis(1_150);
     thread::sleep(look_at.saturating_duration_since(Instant::now()));
     assert!(
         guard.is_lost(),
         "1,150 ms after the acquire was sent, its 1,000 ms lease still counts as held: it was counted from the answer"
     );
+}
+
+#[test]
+fn a_grant_answered_after_half_its_lease_is_renewed_before_it_is_handed_over() {
+    // Granted after a wait of 600 ms of a 1,000 ms lease: the guard would
+    // have under 400 ms it can prove, so the client renews first. Renewed:
+    // the guard holds a full lease from the renewal. Refused: no guard.
+    for renewed in [true, false] {
+        let server = FakeServer::start(move |request| match &request.kind {
+            Some(Request_oneof_kind::acquire(acquire)) => {
+                thread::sleep(Duration::from_millis(600));
+                Some(vec![acquire_answer(request.id, AcquireOutcome::GRANTED, 7, acquire.lease_ms, 0)])
+            }
+            Some(Request_oneof_kind::renew(renew)) => Some(vec![renew_answer(request.id, renew, renewed)]),
+            Some(Request_oneof_kind::release(release)) => {
+                let response = ReleaseResponse { released: true, token: release.token, ..Default::default() };
+                Some(vec![answer(request.id, Response_oneof_kind::release(response))])
+            }
+            _ => Some(vec![error(request.id, ErrorCode::INVALID_ARGUMENT, "not scripted", "")]),
+        });
+        let client = client(&[&server.addr]);
+        let result = client.acquire("k", Duration::from_millis(1_000), Duration::ZERO);
+        let renewal = server.wait_for("the renewal before the hand-over", is_renew);
+        let Some(Request_oneof_kind::renew(renew)) = renewal.kind else { unreachable!("matched above") };
+        assert_eq!((renew.locks.len(), renew.locks[0].token), (1, 7));
+        if renewed {
+            let guard = result.expect("renewed after the late grant");
+            assert_eq!(guard.token(), 7);
+            assert!(!guard.is_lost(), "a freshly renewed lock counts as lost");
+        } else {
+            let err = result.err().expect("a lock whose renewal was refused must not be handed over");
+            assert!(matches!(err, ClientError::Unavailable(_)), "{err:?}");
+        }
+    }
 }

@@ -615,6 +615,9 @@ fn snapshot_header_errors_are_specific() {
 // ---------------------------------------------------------------------------
 // Properties over random histories
 
+/// A model holder of a shared key: token, owner, lease, share.
+type ModelHolder = (FencingToken, Owner, LeaseMs, Share);
+
 /// A deliberately naive model of the lock table: a vector scanned linearly.
 #[derive(Default)]
 struct Model {
@@ -625,7 +628,7 @@ struct Model {
     values: Vec<(FencingToken, Value)>,
     /// Read-write locks (permits 0) and semaphores: key, permits, and
     /// holders (token, owner, lease, share) in grant order.
-    shared: Vec<(Key, u32, Vec<(FencingToken, Owner, LeaseMs, Share)>)>,
+    shared: Vec<(Key, u32, Vec<ModelHolder>)>,
     last_token: u64,
     cluster_id: Option<ClusterId>,
 }

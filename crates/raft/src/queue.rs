@@ -33,6 +33,10 @@ pub(crate) struct Pending {
     pub wait_until_ms: Option<u64>,
     /// Whether it sits among the requests ready to propose.
     queued: bool,
+    /// A waiter handed its key (it headed the waiters when the key could
+    /// take it): it goes before the waiters behind it, never back behind
+    /// them.
+    pub admitted: bool,
     /// Whether it is an acquire of a client (it carries a Grant).
     acquire: bool,
     /// The locks its proposal will add if it applies, counted against the
@@ -64,6 +68,7 @@ impl Pending {
             ghost_of,
             wait_until_ms,
             queued: false,
+            admitted: false,
             acquire,
             new_locks: Vec::new(),
         }
@@ -258,8 +263,12 @@ impl Requests {
     pub fn wait_for(&mut self, id: RequestId, key: Key, is_free: &Admits<'_>) {
         let (keys, until_ms) = self
             .pending
-            .get(&id)
-            .map(|pending| (pending.keys.clone(), pending.wait_until_ms))
+            .get_mut(&id)
+            .map(|pending| {
+                // Turned away again: back in line like any other waiter.
+                pending.admitted = false;
+                (pending.keys.clone(), pending.wait_until_ms)
+            })
             .unwrap_or_default();
         self.leave_key_queues(id, &keys, is_free);
         // A request without a deadline is timed out at once.
@@ -374,6 +383,9 @@ impl Requests {
             self.waiters.remove(key);
         }
         if let Some(id) = waiter {
+            if let Some(pending) = self.pending.get_mut(&id) {
+                pending.admitted = true;
+            }
             let until_ms = self.pending.get(&id).and_then(|pending| pending.wait_until_ms);
             self.deadlines.remove(&(until_ms.unwrap_or(0), id));
         }

@@ -1189,13 +1189,17 @@ impl Replica {
     /// The holder that a Grant in `commands` would be turned away by. A
     /// shared acquire also waits behind the acquires already waiting for
     /// its key (FIFO: a reader does not pass a waiting writer), unless its
-    /// owner holds the key already (a retry).
-    fn grant_conflict(&self, commands: &[Command]) -> Option<(Key, FencingToken)> {
+    /// owner holds the key already (a retry) or it is such a waiter, handed
+    /// the key (`admitted`).
+    fn grant_conflict(&self, commands: &[Command], admitted: bool) -> Option<(Key, FencingToken)> {
         commands.iter().find_map(|command| match command {
             Command::GrantShared { key, owner, share, .. } => {
                 match self.table.shared_decision(key.as_bytes(), owner, *share) {
                     SharedDecision::Rejected(token) => Some((key.clone(), token)),
-                    SharedDecision::Grant if self.requests.waiters_of(key) > 0 => {
+                    // A waiter handed the key goes first: sent back behind
+                    // the others, it would hand the key to the next, and
+                    // so on, forever.
+                    SharedDecision::Grant if !admitted && self.requests.waiters_of(key) > 0 => {
                         first_holder(&self.table, key).map(|token| (key.clone(), token))
                     }
                     SharedDecision::Grant | SharedDecision::Existing(_) | SharedDecision::Mismatch(_) => None,
@@ -1231,7 +1235,7 @@ impl Replica {
                 continue;
             }
             let pending = self.requests.get(id).expect("a request ready to propose is pending");
-            if let Some((key, holder_token)) = self.grant_conflict(&pending.commands) {
+            if let Some((key, holder_token)) = self.grant_conflict(&pending.commands, pending.admitted) {
                 let max = self.config.waiters_per_key_max;
                 if pending.wait_until_ms.is_none() {
                     let error = match self.table.holder(key.as_bytes()).filter(|lock| lock.delayed) {

@@ -1880,3 +1880,43 @@ fn a_semaphore_hands_an_expired_permit_to_its_first_waiter_even_after_a_leader_c
     assert!(net.node(2).table().shared(b"sem").is_none(), "{:?}", net.node(2).table().shared(b"sem"));
     assert!(net.node(1).table().shared(b"sem").is_none());
 }
+
+#[test]
+fn a_semaphore_with_many_waiters_hands_each_freed_permit_to_the_next_in_line() {
+    // Found by a process test: a waiter handed a free permit met the
+    // waiters still behind it, went back behind them, handed the permit to
+    // the next, and so on: the leader's turn never ended.
+    use fencelock_types::Share;
+    let mut net = Net::new(3);
+    net.elect(1);
+    let lease_ms = LeaseMs::new(30_000).unwrap();
+    for (id, who, wait_ms) in [(1, "a", 0), (2, "b", 0), (3, "c", 60_000), (4, "d", 60_000), (5, "e", 60_000)]
+    {
+        net.node(1).acquire_shared(
+            RequestId(id),
+            key("pool"),
+            lease_ms,
+            owner(who),
+            Share::Permit(2),
+            wait_ms,
+        );
+        net.settle();
+    }
+    let (a, b) = (applied_token(net.take_reply(RequestId(1))), applied_token(net.take_reply(RequestId(2))));
+    let mut order = Vec::new();
+    for (id, token) in [(10, a), (11, b)] {
+        net.node(1).propose(
+            RequestId(id),
+            vec![Command::Release { key: key("pool"), token: Some(token), user: None }],
+        );
+        net.settle();
+        let next = (3..=5).find(|waiter| {
+            !order.contains(waiter) && net.replies.iter().any(|(_, r, _)| *r == RequestId(*waiter))
+        });
+        order.push(next.expect("a freed permit went to a waiter"));
+    }
+    assert_eq!(order, [3, 4], "permits went out of order");
+    assert!(net.take_reply(RequestId(5)).is_none());
+    let holders: Vec<_> = net.node(1).table().shared(b"pool").unwrap().holders.keys().copied().collect();
+    assert_eq!(holders.len(), 2);
+}
