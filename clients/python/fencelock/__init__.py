@@ -12,6 +12,10 @@ tokens (the wire protocol: docs/protocol.md in the fencelock repository).
     except Held as held:
         print("held by token", held.holder_token)
 
+Leader election: ``client.campaign(election, value, ttl)`` leads (a
+:class:`Lock`, with ``proclaim``), ``client.observe(election)`` follows who
+leads; ``client.watch(prefix)`` follows the holders of keys under a prefix.
+
 Standard library and ``protobuf`` only; thread-based.
 """
 
@@ -31,6 +35,7 @@ from .errors import (
 )
 from .fenced import FencedRegister
 from .lock import Lock
+from .watch import Leader, LeaderChange, Observer, Watch, WatchBatch, WatchEvent
 
 __version__ = "0.1.0"
 
@@ -43,15 +48,21 @@ __all__ = [
     "Held",
     "Internal",
     "InvalidArgument",
+    "Leader",
+    "LeaderChange",
     "Lock",
     "LockInfo",
     "Member",
     "NodeStatus",
     "NotAcquired",
+    "Observer",
     "PermissionDenied",
     "ResourceExhausted",
     "StaleToken",
     "Unavailable",
     "WaitTimedOut",
+    "Watch",
+    "WatchBatch",
+    "WatchEvent",
     "default_owner",
 ]

@@ -37,6 +37,7 @@ from .errors import (
     WaitTimedOut,
 )
 from .lock import Lock, LockContext, local_holds
+from .watch import Observer, Watch
 
 log = logging.getLogger("fencelock")
 
@@ -50,10 +51,13 @@ ATTEMPT_MIN = 0.100
 #: The environment variable that names the owner, when the client is not
 #: given one.
 OWNER_ENV = "FENCELOCK_OWNER"
+#: The longest wait of one acquire request of a campaign without a wait:
+#: it asks again when that runs out.
+CAMPAIGN_ROUND = 30.0
 
 
 def to_bytes(value: Key, what: str = "key") -> bytes:
-    """A key, prefix or owner as bytes: str as UTF-8."""
+    """A key, prefix, owner or value as bytes: str as UTF-8."""
     if isinstance(value, str):
         return value.encode("utf-8")
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -101,7 +105,9 @@ class LockInfo:
     answering node's clock, both in seconds (``remaining`` 0: it has run out
     and its expiry is on its way). ``delayed``: the lock expired and the key
     is held back by lock-delay: no one holds it (``token`` and ``owner`` were
-    the last holder's), ``ttl`` is the delay and ``remaining`` what is left."""
+    the last holder's), ``ttl`` is the delay and ``remaining`` what is left.
+    ``value``: what the holder says of itself (the acquire's value, or its
+    last proclaim); empty for none."""
 
     key: bytes
     token: int
@@ -109,11 +115,13 @@ class LockInfo:
     ttl: float
     remaining: float
     delayed: bool = False
+    value: bytes = b""
 
     @classmethod
     def _from(cls, info: "pb.LockInfo") -> "LockInfo":
         return cls(
-            info.key, info.token, info.owner, info.lease_ms / 1000.0, info.remaining_ms / 1000.0, info.delayed
+            info.key, info.token, info.owner, info.lease_ms / 1000.0, info.remaining_ms / 1000.0, info.delayed,
+            info.value,
         )
 
 
@@ -268,17 +276,21 @@ class Client:
 
     # -- locks -------------------------------------------------------------
 
-    def lock(self, key: Key, ttl: float, wait: float = 0, *,
+    def lock(self, key: Key, ttl: float, wait: float = 0, value: Key = b"", *,
              on_lost: Optional[Callable[[Lock], None]] = None) -> LockContext:
         """``with client.lock(key, ttl=10, wait=0) as lock:`` acquires on
         entering (see :meth:`acquire`) and releases on leaving, best effort."""
-        return LockContext(self, key, ttl, wait, on_lost)
+        return LockContext(self, key, ttl, wait, on_lost, value)
 
-    def acquire(self, key: Key, ttl: float, wait: float = 0, *,
+    def acquire(self, key: Key, ttl: float, wait: float = 0, value: Key = b"", *,
                 on_lost: Optional[Callable[[Lock], None]] = None) -> Lock:
         """Acquires ``key`` for ``ttl`` seconds, waiting up to ``wait`` seconds
         in the leader's queue if another owner holds it (0: answer at once).
         The :class:`Lock` is renewed in the background until released.
+        ``value`` (str or bytes, up to 4,096 bytes): what the holder says of
+        itself while it holds the key, shown by :meth:`get`, :meth:`list`
+        and watches; :meth:`Lock.proclaim` replaces it. A retried acquire
+        keeps the value the lock has.
 
         Raises :class:`Held` (``wait=0``) or :class:`WaitTimedOut` when it did
         not get the lock. Within this process, a key that another Lock of
@@ -286,10 +298,13 @@ class Client:
         same way: the server would hand the same lock over (``existing``),
         and one Lock's release would end the other's."""
         key_bytes = to_bytes(key)
+        value_bytes = to_bytes(value, "value")
         started = time.monotonic()
         hold = local_holds.take(self.owner, key_bytes, wait)
         try:
-            grant = self.acquire_raw(key_bytes, ttl, max(0.0, wait - (time.monotonic() - started)))
+            grant = self.acquire_raw(key_bytes, ttl, max(0.0, wait - (time.monotonic() - started)),
+                                     value=value_bytes)
+            grant = self._fresh_start(grant)
             hold.granted(grant.token)
             lock = Lock(self, key, key_bytes, grant, hold, on_lost)
         except BaseException:
@@ -300,12 +315,64 @@ class Client:
         lock._start()
         return lock
 
-    def acquire_raw(self, key: Key, ttl: float, wait: float = 0, *, owner: Optional[Key] = None) -> Grant:
+    def campaign(self, election: Key, value: Key, ttl: float, wait: Optional[float] = None, *,
+                 on_lost: Optional[Callable[[Lock], None]] = None) -> Lock:
+        """Campaigns in ``election`` (a key) with ``value`` (what this
+        candidate says of itself: its address, say; str or bytes, up to
+        4,096 bytes): waits in the leader's FIFO queue of candidates, and
+        leads once granted, with a fencing token, for as long as the
+        returned :class:`Lock` is renewed. :meth:`Lock.proclaim` changes the
+        value; releasing the Lock (or leaving its ``with`` block) resigns.
+        Observers (:meth:`observe`) see each leader and value.
+
+        ``wait``: None campaigns for as long as it takes; seconds otherwise,
+        and then :class:`WaitTimedOut` (or :class:`Held` with 0, as
+        :meth:`acquire`) when it did not lead within them. Either way it
+        asks in acquire requests of at most 30 s of wait each, asking again
+        when one runs out (below every server's maximum wait)."""
+        deadline = None if wait is None else time.monotonic() + _millis(wait, "wait") / 1000.0
+        while True:
+            left = CAMPAIGN_ROUND if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                return self.acquire(election, ttl, min(left, CAMPAIGN_ROUND), value, on_lost=on_lost)
+            except WaitTimedOut:
+                # Still another candidate's turn: ask again, the wait goes on.
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+
+    def proclaim(self, key: Key, token: int, value: Key) -> bool:
+        """The holder of ``key`` under ``token`` replaces its lock's value
+        (an election's leader proclaims a new one). False: that token does
+        not hold the key (any more)."""
+        request = pb.Request(proclaim=pb.ProclaimRequest(
+            key=to_bytes(key), token=token, value=to_bytes(value, "value")))
+        return _expect(self._call_simple(request), "proclaim").proclaim.proclaimed
+
+    def watch(self, prefix: Key, after: Optional[int] = None) -> Watch:
+        """Follows the holders of the keys under ``prefix`` (a
+        :class:`Watch`): without ``after``, the first :meth:`Watch.next`
+        brings the current holders at once, and the next ones the changes,
+        in log order; with ``after`` (a :attr:`Watch.position` seen before),
+        the changes after that log index, or, if the node no longer has
+        them, a ``compacted`` answer with the current holders. Any node may
+        answer: a watch goes on across leader changes."""
+        return Watch(self, to_bytes(prefix, "prefix"), after)
+
+    def observe(self, election: Key) -> Observer:
+        """Follows ``election`` (an :class:`Observer`): who leads now, then
+        each new leader and each value it proclaims."""
+        key = to_bytes(election, "election")
+        return Observer(Watch(self, key), key)
+
+    def acquire_raw(self, key: Key, ttl: float, wait: float = 0, *, owner: Optional[Key] = None,
+                    value: Key = b"") -> Grant:
         """One acquire, retried as needed, and nothing else: no renewal, no
         release, no check against other Locks of this process. The lock
         lives until its lease runs out or it is released by token. Under
-        ``owner`` if given, else the client's."""
+        ``owner`` if given, else the client's, with ``value`` (see
+        :meth:`acquire`)."""
         key_bytes = to_bytes(key)
+        value_bytes = to_bytes(value, "value")
         owner_bytes = self.owner if owner is None else to_bytes(owner, "owner")
         lease_ms = _millis(ttl, "ttl")
         wait_until = time.monotonic() + _millis(wait, "wait") / 1000.0
@@ -316,7 +383,8 @@ class Client:
             # left of the caller's wait.
             wait_left = max(0.0, wait_until - time.monotonic())
             request = pb.Request(acquire=pb.AcquireRequest(
-                key=key_bytes, lease_ms=lease_ms, owner=owner_bytes, wait_ms=_millis(wait_left, "wait")))
+                key=key_bytes, lease_ms=lease_ms, owner=owner_bytes, wait_ms=_millis(wait_left, "wait"),
+                value=value_bytes))
             return request, wait_left + timeout
 
         response, sent, _ = self._call(make, self.retry_for + wait)
@@ -395,6 +463,23 @@ class Client:
             connection.close()
 
     # -- internals ---------------------------------------------------------
+
+    def _fresh_start(self, grant: Grant) -> Grant:
+        """A grant whose lease, counted from its send time, is half gone or
+        more (an acquire that waited in the leader's queue: the server's
+        lease starts when it grants, but all the client can prove is the
+        send time) is renewed at once, so that the Lock starts with a lease
+        it can count on. Raises :class:`Unavailable` if the lease ran out
+        before the renewal."""
+        usable = grant.ttl * (1 - self.drift) / (1 + self.drift)
+        if time.monotonic() - grant.sent < usable / 2:
+            return grant
+        renewed, sent, lease, _ = self._renew(grant.key, grant.token, grant.ttl, self.retry_for)
+        if not renewed:
+            raise Unavailable(
+                f"{grant.key!r} was granted under token {grant.token} after a wait, but its lease ran out"
+                " before it could be renewed")
+        return Grant(grant.key, grant.token, lease, grant.existing, sent)
 
     def _forget_lock(self, lock: Lock) -> None:
         with self._pool:

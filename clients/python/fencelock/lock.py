@@ -161,6 +161,12 @@ class Lock:
         self.time_left()
         return self.lost.is_set()
 
+    def proclaim(self, value: Any) -> bool:
+        """Replaces the lock's value (an election's leader proclaims a new
+        one; str or bytes, up to 4,096 bytes). False: the token no longer
+        holds the key."""
+        return self._client.proclaim(self.key_bytes, self.token, value)
+
     def release(self) -> bool:
         """Stops renewing and releases the lock. False: it was lost (or
         released) already, or the token no longer held the key."""
@@ -265,13 +271,13 @@ class LockContext:
     block, releases (best effort) on leaving it."""
 
     def __init__(self, client: "Client", key: Any, ttl: float, wait: float,
-                 on_lost: Optional[Callable[[Lock], None]]):
-        self._args = (client, key, ttl, wait, on_lost)
+                 on_lost: Optional[Callable[[Lock], None]], value: Any = b""):
+        self._args = (client, key, ttl, wait, on_lost, value)
         self._lock: Optional[Lock] = None
 
     def __enter__(self) -> Lock:
-        client, key, ttl, wait, on_lost = self._args
-        self._lock = client.acquire(key, ttl, wait, on_lost=on_lost)
+        client, key, ttl, wait, on_lost, value = self._args
+        self._lock = client.acquire(key, ttl, wait, value, on_lost=on_lost)
         return self._lock
 
     def __exit__(self, *exc: object) -> None:

@@ -14,6 +14,10 @@ def test_the_installed_package_imports_with_its_protobuf():
         "from fencelock import client_pb2 as pb\n"
         "r = pb.Request(id=3, acquire=pb.AcquireRequest(key=b'k', lease_ms=1000, owner=b'o'))\n"
         "assert pb.Request.FromString(r.SerializeToString()) == r\n"
+        "w = pb.Request(id=4, watch=pb.WatchRequest(prefix=b'p', start=True))\n"
+        "assert pb.Request.FromString(w.SerializeToString()) == w\n"
+        "assert {'Watch', 'Observer', 'WatchBatch', 'WatchEvent', 'Leader', 'LeaderChange'} <= set(fencelock.__all__)\n"
+        "assert all(hasattr(fencelock, name) for name in fencelock.__all__)\n"
         "print(fencelock.__file__, google.protobuf.__version__)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

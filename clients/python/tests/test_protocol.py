@@ -223,3 +223,143 @@ def test_a_lease_counts_from_when_the_request_was_sent_less_the_drift_margin():
     assert node.requests[-1].WhichOneof("kind") == "release"
     client.close()
     node.close()
+
+
+def test_a_watch_starts_at_once_then_long_polls_from_its_position():
+    answers = iter([
+        pb.WatchResponse(index=10, has_current=True, current=[
+            pb.LockInfo(key=b"e/a", token=3, owner=b"o", lease_ms=5000, value=b"v")]),
+        pb.WatchResponse(index=15, events=[
+            pb.WatchEvent(index=12, key=b"e/a", kind=6, token=3, owner=b"o", value=b"w"),
+            pb.WatchEvent(index=15, key=b"e/b", kind=9, token=4, owner=b"p"),
+        ]),
+        pb.WatchResponse(index=15),
+        pb.WatchResponse(index=14),  # going back: a node's bug
+    ])
+    node = FakeNode(lambda request: pb.Response(watch=next(answers)))
+    client = fencelock.Client([node.addr])
+    watch = client.watch("e/")
+    first = watch.next(wait=5.0)
+    assert first.current == [fencelock.LockInfo(b"e/a", 3, b"o", 5.0, 0.0, False, b"v")]
+    assert (first.events, first.index, first.compacted, watch.position) == ([], 10, False, 10)
+    second = watch.next(wait=2.0)
+    assert second.current is None and watch.position == 15
+    assert second.events == [
+        fencelock.WatchEvent(12, b"e/a", "proclaimed", 3, b"o", b"w"),
+        fencelock.WatchEvent(15, b"e/b", "unknown", 4, b"p", b""),
+    ]
+    assert watch.next(wait=0).events == []
+    with pytest.raises(fencelock.Internal, match="index 14"):
+        watch.next(wait=0)
+    sent = [r.watch for r in node.requests]
+    assert (sent[0].prefix, sent[0].start, sent[0].wait_ms) == (b"e/", True, 0)
+    assert (sent[1].start, sent[1].after_index) == (False, 10) and 1900 <= sent[1].wait_ms <= 2000
+    assert (sent[2].after_index, sent[2].wait_ms) == (15, 0)
+    # A watch resumed from a position asks from it at once.
+    resumed = client.watch(b"e/", after=7)
+    assert resumed.position == 7
+    client.close()
+    node.close()
+
+
+def test_a_watch_is_answered_by_any_node_and_waits_on_top_of_the_request_timeout():
+    closing = FakeNode(lambda request: None)
+    slow = FakeNode(lambda request: (0.6, pb.Response(watch=pb.WatchResponse(index=request.watch.after_index + 1))))
+    client = fencelock.Client([closing.addr, slow.addr], request_timeout=0.3)
+    watch = client.watch("p", after=4)
+    # 0.6 s of waiting on the node: more than the request timeout, within
+    # the wait on top of it.
+    assert watch.next(wait=0.5).index == 5
+    assert len(closing.requests) == 1 and len(slow.requests) == 1
+    assert client.preferred_endpoint == slow.addr
+    client.close()
+    closing.close()
+    slow.close()
+
+
+def test_an_observer_tells_each_new_leader_and_value_of_its_key_once():
+    from fencelock.watch import ObserverState
+
+    def event(index, key, kind, token, value):
+        return fencelock.WatchEvent(index, key, kind, token, b"o", value)
+
+    def info(token, value, delayed=False):
+        return fencelock.LockInfo(b"e", token, b"o", 1.0, 0.0, delayed, value)
+
+    state = ObserverState(b"e")
+    state.take(fencelock.WatchBatch([], 10, [info(3, b"a")], False))
+    state.take(fencelock.WatchBatch([
+        event(11, b"e2", "granted", 4, b"x"),  # another key under the prefix
+        event(12, b"e", "proclaimed", 3, b"b"),
+        event(13, b"e", "expired", 3, b"b"),
+        event(14, b"e", "delay_lifted", 3, b"b"),
+        event(15, b"e", "granted", 5, b"c"),
+        event(16, b"e", "unknown", 5, b"d"),
+    ], 16, None, False))
+    told = list(iter(state.pop, None))
+    leader = lambda token, value: fencelock.Leader(token, b"o", value)  # noqa: E731
+    assert told == [
+        fencelock.LeaderChange(leader(3, b"a"), 10),
+        fencelock.LeaderChange(leader(3, b"b"), 12),
+        fencelock.LeaderChange(None, 13),
+        fencelock.LeaderChange(leader(5, b"c"), 15),
+    ]
+    # A compacted answer that says what was told already adds nothing; a
+    # key held back by lock-delay has no leader.
+    state.take(fencelock.WatchBatch([], 20, [info(5, b"c")], True))
+    assert state.pop() is None
+    state.take(fencelock.WatchBatch([], 30, [info(5, b"c", delayed=True)], True))
+    assert state.pop() == fencelock.LeaderChange(None, 30)
+
+
+def test_a_campaign_without_a_wait_asks_again_until_it_leads(monkeypatch):
+    monkeypatch.setattr(fencelock.client, "CAMPAIGN_ROUND", 0.2)
+    outcomes = iter([pb.WAIT_TIMED_OUT, pb.WAIT_TIMED_OUT, pb.GRANTED])
+
+    def handler(request):
+        kind = request.WhichOneof("kind")
+        if kind == "acquire":
+            outcome = next(outcomes)
+            token = 8 if outcome == pb.GRANTED else 0
+            return pb.Response(acquire=pb.AcquireResponse(outcome=outcome, token=token, holder_token=7,
+                                                          lease_ms=request.acquire.lease_ms))
+        if kind == "proclaim":
+            return pb.Response(proclaim=pb.ProclaimResponse(proclaimed=True, token=8))
+        return pb.Response(release=pb.ReleaseResponse(released=True))
+
+    node = FakeNode(handler)
+    client = fencelock.Client([node.addr], owner="me")
+    with client.campaign("election", "10.0.0.1:80", ttl=30) as lock:
+        assert lock.token == 8 and not lock.is_lost()
+        assert lock.proclaim(b"10.0.0.2:80") is True
+    acquires = [r.acquire for r in node.requests if r.WhichOneof("kind") == "acquire"]
+    assert len(acquires) == 3
+    assert {(a.key, a.owner, a.value) for a in acquires} == {(b"election", b"me", b"10.0.0.1:80")}
+    assert all(0 < a.wait_ms <= 200 for a in acquires)
+    proclaim = [r.proclaim for r in node.requests if r.WhichOneof("kind") == "proclaim"][0]
+    assert (proclaim.key, proclaim.token, proclaim.value) == (b"election", 8, b"10.0.0.2:80")
+    assert node.requests[-1].WhichOneof("kind") == "release"
+    client.close()
+    node.close()
+
+
+def test_a_grant_after_a_long_wait_is_renewed_before_it_is_handed_over():
+    # Granted 0.7 s after the acquire was sent, of a 1 s lease: all the
+    # client can prove is the send time, so it renews at once.
+    def handler(request):
+        kind = request.WhichOneof("kind")
+        if kind == "acquire":
+            return 0.7, pb.Response(acquire=pb.AcquireResponse(outcome=pb.GRANTED, token=9, lease_ms=1000))
+        if kind == "renew":
+            results = [pb.RenewResult(key=ref.key, token=ref.token, renewed=True) for ref in request.renew.locks]
+            return pb.Response(renew=pb.RenewResponse(results=results, lease_ms=request.renew.lease_ms))
+        return pb.Response(release=pb.ReleaseResponse(released=True))
+
+    node = FakeNode(handler)
+    client = fencelock.Client([node.addr], drift=0.0)
+    lock = client.acquire("k", ttl=1, wait=5)
+    assert [r.WhichOneof("kind") for r in node.requests] == ["acquire", "renew"]
+    assert lock.time_left() > 0.8
+    lock.release()
+    client.close()
+    node.close()

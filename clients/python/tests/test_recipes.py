@@ -40,6 +40,11 @@ RETURNS = {
     (fencelock.Client, "acquire_raw"): fencelock.Grant,
     (fencelock.Client, "get"): fencelock.LockInfo,
     (fencelock.Client, "status"): fencelock.NodeStatus,
+    (fencelock.Client, "campaign"): fencelock.Lock,
+    (fencelock.Client, "watch"): fencelock.Watch,
+    (fencelock.Client, "observe"): fencelock.Observer,
+    (fencelock.Watch, "next"): fencelock.WatchBatch,
+    (fencelock.Observer, "next"): fencelock.LeaderChange,
 }
 # What `with X as name` binds, by the class of X.
 ENTERS = {LockContext: fencelock.Lock, fencelock.Lock: fencelock.Lock, fencelock.Client: fencelock.Client}

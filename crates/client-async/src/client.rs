@@ -9,15 +9,17 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use fencelock_client::sansio::calls::{self, RenewAnswer};
+use fencelock_client::sansio::lease::needs_fresh_start;
 use fencelock_client::sansio::pool::Pool;
 use fencelock_client::sansio::{Drift, Lease, Outcome, RetryLoop, Retrying, Verdict};
 use fencelock_client::{
-    ClientConfig, ClientError, Grant, LocalHold, LockInfo, NodeStatus, Released, Renewed,
+    ClientConfig, ClientError, Grant, LocalHold, LockInfo, NodeStatus, Released, Renewed, WatchBatch,
 };
 use fencelock_types::client_pb::{Request, Request_oneof_kind, Response_oneof_kind};
 
 use crate::connection::{CallError, Connection};
 use crate::guard::AsyncLockGuard;
+use crate::watch::{AsyncObserver, AsyncWatch};
 
 /// How often an acquire waiting for a guard of this process (same owner,
 /// same key) looks again. Such waits are rare: two tasks of one process
@@ -101,19 +103,63 @@ impl AsyncClient {
     /// renewed by a background task; [`AsyncLockGuard::lost`] resolves when
     /// it is lost. Within this process, a key that a guard of the same owner
     /// holds (from this client or a blocking one) is waited for first, up
-    /// to `wait`; it is never shared.
+    /// to `wait`; it is never shared. A lock granted after a wait in the
+    /// queue longer than half its usable lease is renewed once before it is
+    /// handed over, since its lease counts from the request's send time.
     pub async fn acquire(
         &self,
         key: impl AsRef<[u8]>,
         lease: Duration,
         wait: Duration,
     ) -> Result<AsyncLockGuard, ClientError> {
-        let key = key.as_ref();
+        self.acquire_guarded(key.as_ref(), b"", lease, wait).await
+    }
+
+    /// Campaigns in `election` with `value` (what this candidate says of
+    /// itself: its address, say): waits up to `wait` in the leader's FIFO
+    /// queue of candidates, and leads once granted, with a fencing token,
+    /// for as long as the guard is renewed. [`AsyncLockGuard::proclaim`]
+    /// changes the value; releasing or dropping the guard resigns, and
+    /// [`AsyncLockGuard::lost`] resolves when the lead is lost. Observers
+    /// ([`AsyncClient::observe`]) see each leader and value.
+    pub async fn campaign(
+        &self,
+        election: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
+        self.acquire_guarded(election.as_ref(), value.as_ref(), lease, wait).await
+    }
+
+    async fn acquire_guarded(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
         let owner = self.inner.owner.clone();
         let started = Instant::now();
         let local = take_local(&owner, key, started + wait, wait.is_zero()).await?;
-        let (grant, sent) =
-            self.inner.acquire(&owner, key, lease, wait.saturating_sub(started.elapsed())).await?;
+        let (grant, mut sent) =
+            self.inner.acquire(&owner, key, value, lease, wait.saturating_sub(started.elapsed())).await?;
+        // Granted after a wait in the queue: the lease the client can prove
+        // starts at the send time, long ago. A renewal now starts one it
+        // can count on (or finds the lock already gone).
+        if needs_fresh_start(sent, grant.lease, self.inner.drift, Instant::now()) {
+            let locks = [(key.to_vec(), grant.token)];
+            let (answer, renewed_at) = self.inner.renew(&locks, grant.lease, self.inner.retry_for).await?;
+            if !calls::renewed_one(&answer).renewed {
+                return Err(ClientError::Unavailable(format!(
+                    "{} was granted under token {} after a wait, but its lease ran out before it could be \
+                     renewed",
+                    String::from_utf8_lossy(key),
+                    grant.token
+                )));
+            }
+            sent = renewed_at;
+        }
         local.granted(grant.token);
         let state = Lease::granted(sent, grant.lease, self.inner.drift);
         Ok(AsyncLockGuard::start(self.clone(), key.to_vec(), grant, state, local))
@@ -128,7 +174,57 @@ impl AsyncClient {
         lease: Duration,
         wait: Duration,
     ) -> Result<Grant, ClientError> {
-        self.inner.acquire(owner, key.as_ref(), lease, wait).await.map(|(grant, _)| grant)
+        self.inner.acquire(owner, key.as_ref(), b"", lease, wait).await.map(|(grant, _)| grant)
+    }
+
+    /// [`AsyncClient::acquire_raw`] with the lock's `value` (shown by
+    /// `get`, `list` and watches).
+    pub async fn acquire_raw_with_value(
+        &self,
+        owner: &[u8],
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<Grant, ClientError> {
+        self.inner.acquire(owner, key.as_ref(), value.as_ref(), lease, wait).await.map(|(grant, _)| grant)
+    }
+
+    /// The holder of `key` under `token` replaces its lock's value (an
+    /// election leader proclaims). False: that token does not hold the key
+    /// (any more); `holder_token` then says which does.
+    pub async fn proclaim(
+        &self,
+        key: impl AsRef<[u8]>,
+        token: u64,
+        value: impl AsRef<[u8]>,
+    ) -> Result<Released, ClientError> {
+        let request = calls::proclaim(key.as_ref(), token, value.as_ref());
+        let timeout = self.inner.request_timeout;
+        let (kind, _) = self.inner.call(|| (request.clone(), timeout), self.inner.retry_for).await?;
+        calls::proclaim_answer(kind)
+    }
+
+    /// Follows the holders of the keys under `prefix` from now on: the
+    /// first [`AsyncWatch::next`] brings the current holders, the next ones
+    /// the changes, in log order.
+    pub fn watch(&self, prefix: impl AsRef<[u8]>) -> AsyncWatch {
+        AsyncWatch::new(self.clone(), prefix.as_ref().to_vec(), None)
+    }
+
+    /// Follows the holders of the keys under `prefix` from log index
+    /// `position` on (an [`AsyncWatch::position`] seen before): the changes
+    /// after it, or, if a node no longer holds them, a compacted answer
+    /// with the current holders.
+    pub fn watch_from(&self, prefix: impl AsRef<[u8]>, position: u64) -> AsyncWatch {
+        AsyncWatch::new(self.clone(), prefix.as_ref().to_vec(), Some(position))
+    }
+
+    /// Follows `election`: who leads now, then each new leader and value
+    /// ([`AsyncObserver::next`]).
+    pub fn observe(&self, election: impl AsRef<[u8]>) -> AsyncObserver {
+        let key = election.as_ref().to_vec();
+        AsyncObserver::new(AsyncWatch::new(self.clone(), key.clone(), None), key)
     }
 
     /// Releases `key` if `token` holds it. False: it did not (any more).
@@ -219,6 +315,7 @@ impl Inner {
         &self,
         owner: &[u8],
         key: &[u8],
+        value: &[u8],
         lease: Duration,
         wait: Duration,
     ) -> Result<(Grant, Instant), ClientError> {
@@ -227,7 +324,7 @@ impl Inner {
         let make = || {
             // A retry waits only for what is left of the caller's wait.
             let wait_left = wait_until.saturating_duration_since(Instant::now());
-            (calls::acquire(owner, key, b"", lease, wait_left), wait_left + request_timeout)
+            (calls::acquire(owner, key, value, lease, wait_left), wait_left + request_timeout)
         };
         let (kind, sent) = self.call(make, self.retry_for + wait).await?;
         calls::acquire_answer(kind, lease).map(|grant| (grant, sent))
@@ -257,6 +354,22 @@ impl Inner {
         let timeout = self.request_timeout;
         let (kind, sent) = self.call(|| (request.clone(), timeout), budget).await?;
         Ok((calls::renew_answer(kind, lease)?, sent))
+    }
+
+    /// One watch request: the changes under `prefix` after `after`
+    /// (`None`: the current holders), waiting up to `wait` for one. An
+    /// attempt may take the wait and a request timeout; the call, its
+    /// budget and the wait.
+    pub(crate) async fn watch(
+        &self,
+        prefix: &[u8],
+        after: Option<u64>,
+        wait: Duration,
+    ) -> Result<WatchBatch, ClientError> {
+        let request = calls::watch(prefix, after, wait, 0);
+        let timeout = wait + self.request_timeout;
+        let (kind, _) = self.call(|| (request.clone(), timeout), self.retry_for + wait).await?;
+        calls::watch_answer(kind, after)
     }
 
     async fn call_simple(&self, kind: Request_oneof_kind) -> Result<Response_oneof_kind, ClientError> {

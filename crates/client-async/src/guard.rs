@@ -149,6 +149,12 @@ impl AsyncLockGuard {
         self.shared.lost.subscribe()
     }
 
+    /// Replaces the lock's value (an election leader proclaims a new one).
+    /// False: the token no longer holds the key.
+    pub async fn proclaim(&self, value: impl AsRef<[u8]>) -> Result<bool, ClientError> {
+        self.client.proclaim(&self.key, self.grant.token, value).await.map(|outcome| outcome.released)
+    }
+
     /// Stops renewing and releases the lock. False: the token no longer
     /// held the key.
     pub async fn release(mut self) -> Result<bool, ClientError> {

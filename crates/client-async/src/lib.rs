@@ -2,16 +2,20 @@
 //!
 //! This crate owns the async face of the client: pipelined connections on
 //! tokio (one per node in use, one reader task each), the shell of the
-//! retry loop, and lock guards each renewed by a task of its own, with a
+//! retry loop, lock guards each renewed by a task of its own, with a
 //! lost-lock signal ([`AsyncLockGuard::lost`]) and the time left
-//! ([`AsyncLockGuard::time_left`]). Every decision (which node, how long to
-//! pause, when to give up, what a request holds and what an answer means,
-//! how long a lease may be counted on with the drift margin ρ) is the
-//! sans-IO core's, `fencelock_client::sansio`, which the blocking
-//! [`fencelock_client::Client`] runs too: the two behave alike and are
-//! tested alike (`crates/server/tests/clients.rs`). It shares the blocking
-//! client's configuration ([`ClientConfig`]), errors and answers. It does
-//! not own the frame format (`fencelock-net`) nor any server-side logic.
+//! ([`AsyncLockGuard::time_left`]), leader election
+//! ([`AsyncClient::campaign`], [`AsyncLockGuard::proclaim`]), and the
+//! long-poll loops of watches ([`AsyncWatch`]) and election observers
+//! ([`AsyncObserver`]). Every decision (which node, how long to pause, when
+//! to give up, what a request holds and what an answer means, how long a
+//! lease may be counted on with the drift margin ρ, which watched change is
+//! a new leader) is the sans-IO core's, `fencelock_client::sansio`, which
+//! the blocking [`fencelock_client::Client`] runs too: the two behave alike
+//! and are tested alike (`crates/server/tests/clients.rs`). It shares the
+//! blocking client's configuration ([`ClientConfig`]), errors and answers
+//! (watch batches and leader changes among them). It does not own the frame
+//! format (`fencelock-net`) nor any server-side logic.
 //!
 //! Within one process a key is never held twice by guards of one owner,
 //! async or blocking ([`fencelock_client::LocalHold`]): a second acquire
@@ -33,16 +37,41 @@
 //! # }
 //! # async fn do_the_job(_token: u64) {}
 //! ```
+//!
+//! An election: candidates campaign with a value, observers follow the
+//! leader.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use fencelock_client_async::AsyncClient;
+//!
+//! # async fn run(client: AsyncClient) -> Result<(), Box<dyn std::error::Error>> {
+//! // A candidate leads once granted, until its guard is released or lost.
+//! let (lease, wait) = (Duration::from_secs(10), Duration::from_secs(60));
+//! let lead = client.campaign("svc/leader", "10.0.0.7:8080", lease, wait).await?;
+//! lead.proclaim("10.0.0.7:8081").await?;
+//!
+//! // An observer, in any process, is told each leader and value in log order.
+//! let mut observer = client.observe("svc/leader");
+//! while let Some(change) = observer.next(Duration::from_secs(30)).await? {
+//!     println!("leader: {:?}", change.leader.map(|leader| leader.value));
+//! }
+//! # Ok(())
+//! # }
+//! ```
 
 mod client;
 mod connection;
 mod guard;
+mod watch;
 
 pub use client::AsyncClient;
 pub use fencelock_client::{
-    ClientConfig, ClientError, Drift, Grant, LockInfo, NodeStatus, Released, Renewed, Retrying, TlsConfig,
+    ClientConfig, ClientError, Drift, Grant, Leader, LeaderChange, LockInfo, NodeStatus, Released, Renewed,
+    Retrying, TlsConfig, WatchBatch, WatchEvent, WatchEventKind,
 };
 pub use guard::AsyncLockGuard;
+pub use watch::{AsyncObserver, AsyncWatch};
 
 /// docs/recipes.md, whose Rust examples (blocking and async) compile as
 /// doctests of this crate, which can use both clients.

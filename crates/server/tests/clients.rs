@@ -9,6 +9,11 @@
 //! share a lock, renewals keep a short lease alive, a refused renewal and a
 //! lease that runs out unrenewed both fire the lost-lock signal, and a
 //! leader killed with SIGKILL is followed to the next one.
+//!
+//! Two more scenarios, run the same way: an election (campaign, proclaim,
+//! resign, the next candidate leads, an observer tells each leader and
+//! value) and a watch of a prefix (each grant and release under it, in log
+//! order, nothing from outside it).
 
 // Test code: unwrapping is how a test fails.
 #![allow(clippy::unwrap_used)]
@@ -19,12 +24,17 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use common::{Cluster, DEADLINE};
-use fencelock_client::{Client, ClientConfig, ClientError, Grant, LockGuard, LockInfo, Released};
-use fencelock_client_async::{AsyncClient, AsyncLockGuard};
+use fencelock_client::{
+    Client, ClientConfig, ClientError, Grant, Leader, LeaderChange, LockGuard, LockInfo, Observer, Released,
+    Watch, WatchBatch, WatchEventKind,
+};
+use fencelock_client_async::{AsyncClient, AsyncLockGuard, AsyncObserver, AsyncWatch};
 
 /// What the scenario needs of a client.
-trait Face: Sized + Send + Sync {
+trait Face: Sized + Send + Sync + 'static {
     type Guard: Held;
+    type Observer: Follows;
+    type Watch: Watches;
     fn make(config: ClientConfig) -> Self;
     fn acquire(
         &self,
@@ -42,6 +52,36 @@ trait Face: Sized + Send + Sync {
     fn force_release(&self, key: &str) -> impl Future<Output = Result<bool, ClientError>> + Send;
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<LockInfo>, ClientError>> + Send;
     fn check(&self, key: &str, token: u64) -> impl Future<Output = Result<bool, ClientError>> + Send;
+    fn campaign(
+        &self,
+        election: &str,
+        value: &str,
+        lease: Duration,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Self::Guard, ClientError>> + Send;
+    fn proclaim(
+        &self,
+        key: &str,
+        token: u64,
+        value: &str,
+    ) -> impl Future<Output = Result<Released, ClientError>> + Send;
+    fn observe(&self, election: &str) -> Self::Observer;
+    /// A watch of `prefix` from now (`None`) or from a position.
+    fn watch(&self, prefix: &str, from: Option<u64>) -> Self::Watch;
+}
+
+/// What the election scenario needs of an observer.
+trait Follows: Send {
+    fn next(
+        &mut self,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Option<LeaderChange>, ClientError>> + Send;
+}
+
+/// What the watch scenario needs of a watch.
+trait Watches: Send {
+    fn next(&mut self, wait: Duration) -> impl Future<Output = Result<WatchBatch, ClientError>> + Send;
+    fn position(&self) -> Option<u64>;
 }
 
 /// What the scenario needs of a guard.
@@ -52,6 +92,7 @@ trait Held: Send + Sync + 'static {
     /// The reason, if the lock is seen lost within `within`.
     fn lost_within(&self, within: Duration) -> impl Future<Output = Option<String>> + Send;
     fn release(self) -> impl Future<Output = Result<bool, ClientError>> + Send;
+    fn proclaim(&self, value: &str) -> impl Future<Output = Result<bool, ClientError>> + Send;
 }
 
 /// The blocking client, its calls made off the runtime's async path.
@@ -63,6 +104,8 @@ fn blocking<T>(call: impl FnOnce() -> T) -> T {
 
 impl Face for Blocking {
     type Guard = LockGuard;
+    type Observer = Observer;
+    type Watch = Watch;
     fn make(config: ClientConfig) -> Self {
         Blocking(Client::connect(config).unwrap())
     }
@@ -83,6 +126,42 @@ impl Face for Blocking {
     }
     async fn check(&self, key: &str, token: u64) -> Result<bool, ClientError> {
         blocking(|| self.0.check(key, token))
+    }
+    async fn campaign(
+        &self,
+        election: &str,
+        value: &str,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<LockGuard, ClientError> {
+        blocking(|| self.0.campaign(election, value, lease, wait))
+    }
+    async fn proclaim(&self, key: &str, token: u64, value: &str) -> Result<Released, ClientError> {
+        blocking(|| self.0.proclaim(key, token, value))
+    }
+    fn observe(&self, election: &str) -> Observer {
+        self.0.observe(election)
+    }
+    fn watch(&self, prefix: &str, from: Option<u64>) -> Watch {
+        match from {
+            None => self.0.watch(prefix),
+            Some(position) => self.0.watch_from(prefix, position),
+        }
+    }
+}
+
+impl Follows for Observer {
+    async fn next(&mut self, wait: Duration) -> Result<Option<LeaderChange>, ClientError> {
+        blocking(|| Observer::next(self, wait))
+    }
+}
+
+impl Watches for Watch {
+    async fn next(&mut self, wait: Duration) -> Result<WatchBatch, ClientError> {
+        blocking(|| Watch::next(self, wait))
+    }
+    fn position(&self) -> Option<u64> {
+        Watch::position(self)
     }
 }
 
@@ -109,12 +188,17 @@ impl Held for LockGuard {
     async fn release(self) -> Result<bool, ClientError> {
         blocking(|| LockGuard::release(self))
     }
+    async fn proclaim(&self, value: &str) -> Result<bool, ClientError> {
+        blocking(|| LockGuard::proclaim(self, value))
+    }
 }
 
 struct Async(AsyncClient);
 
 impl Face for Async {
     type Guard = AsyncLockGuard;
+    type Observer = AsyncObserver;
+    type Watch = AsyncWatch;
     fn make(config: ClientConfig) -> Self {
         Async(AsyncClient::connect(config).unwrap())
     }
@@ -141,6 +225,42 @@ impl Face for Async {
     async fn check(&self, key: &str, token: u64) -> Result<bool, ClientError> {
         self.0.check(key, token).await
     }
+    async fn campaign(
+        &self,
+        election: &str,
+        value: &str,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
+        self.0.campaign(election, value, lease, wait).await
+    }
+    async fn proclaim(&self, key: &str, token: u64, value: &str) -> Result<Released, ClientError> {
+        self.0.proclaim(key, token, value).await
+    }
+    fn observe(&self, election: &str) -> AsyncObserver {
+        self.0.observe(election)
+    }
+    fn watch(&self, prefix: &str, from: Option<u64>) -> AsyncWatch {
+        match from {
+            None => self.0.watch(prefix),
+            Some(position) => self.0.watch_from(prefix, position),
+        }
+    }
+}
+
+impl Follows for AsyncObserver {
+    async fn next(&mut self, wait: Duration) -> Result<Option<LeaderChange>, ClientError> {
+        AsyncObserver::next(self, wait).await
+    }
+}
+
+impl Watches for AsyncWatch {
+    async fn next(&mut self, wait: Duration) -> Result<WatchBatch, ClientError> {
+        AsyncWatch::next(self, wait).await
+    }
+    fn position(&self) -> Option<u64> {
+        AsyncWatch::position(self)
+    }
 }
 
 impl Held for AsyncLockGuard {
@@ -158,6 +278,9 @@ impl Held for AsyncLockGuard {
     }
     async fn release(self) -> Result<bool, ClientError> {
         AsyncLockGuard::release(self).await
+    }
+    async fn proclaim(&self, value: &str) -> Result<bool, ClientError> {
+        AsyncLockGuard::proclaim(self, value).await
     }
 }
 
@@ -268,6 +391,162 @@ async fn scenario<F: Face>(cluster: &mut Cluster, face: &str) {
         stranded.lost_within(Duration::from_secs(5)).await.expect("the lapsed lease was not signalled");
     assert_eq!(reason, "the lease ran out before a renewal succeeded");
     assert!(stranded.is_lost());
+}
+
+/// The next change an observer tells, within 5 s.
+async fn told(observer: &mut impl Follows) -> LeaderChange {
+    observer.next(Duration::from_secs(5)).await.unwrap().expect("no change of leader told within 5 s")
+}
+
+/// The election scenario, with clients of kind `F`: candidate A leads with
+/// "a:1" while B waits in the queue, an observer tells A and then A's
+/// proclaimed "a:2"; A resigns, B leads with a greater token and a lease it
+/// can count on (it waited longer than half of it), the observer tells B,
+/// and A's old token can no longer proclaim.
+async fn election<F: Face>(cluster: &Cluster, face: &str) {
+    let election = "svc/leader";
+    let (owner_a, owner_b) = (format!("{face}-candidate-a"), format!("{face}-candidate-b"));
+    let a = F::make(config(cluster, &owner_a));
+    let b = F::make(config(cluster, &owner_b));
+    let watcher = F::make(config(cluster, &format!("{face}-observer")));
+    let lease = Duration::from_secs(3);
+    let leader = |token, owner: &str, value: &str| {
+        Some(Leader { token, owner: owner.as_bytes().to_vec(), value: value.as_bytes().to_vec() })
+    };
+
+    let lead_a = a.campaign(election, "a:1", lease, Duration::ZERO).await.unwrap();
+    let token_a = lead_a.token();
+    let waiting = tokio::spawn(async move {
+        let lead = b.campaign(election, "b:1", lease, Duration::from_secs(20)).await;
+        (b, lead)
+    });
+
+    // The observer may ask a node that has not applied A's grant yet: it
+    // then tells "no leader" first.
+    let mut observer = watcher.observe(election);
+    let mut first = told(&mut observer).await;
+    if first.leader.is_none() {
+        first = told(&mut observer).await;
+    }
+    assert_eq!(first.leader, leader(token_a, &owner_a, "a:1"));
+    assert!(lead_a.proclaim("a:2").await.unwrap());
+    let proclaimed = told(&mut observer).await;
+    assert_eq!(proclaimed.leader, leader(token_a, &owner_a, "a:2"));
+    assert!(proclaimed.index > first.index, "{proclaimed:?} after {first:?}");
+
+    // B waits in the queue for longer than half its usable lease: the lease
+    // it was granted would be mostly gone, counted from its send time.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!waiting.is_finished(), "B was answered while A led");
+    assert!(lead_a.release().await.unwrap());
+    let (_b, lead_b) = waiting.await.unwrap();
+    let lead_b = lead_b.unwrap();
+    assert!(lead_b.token() > token_a, "{} after {token_a}", lead_b.token());
+    let usable = fencelock_client::Drift::default().usable(lease);
+    assert!(lead_b.time_left() > usable / 2, "{:?} left after the wait", lead_b.time_left());
+
+    // A's release frees the key before B's grant: "no leader" may be told
+    // (at the same index when the hand-over is in the release's entry).
+    let mut change = told(&mut observer).await;
+    assert!(change.index > proclaimed.index, "{change:?} after {proclaimed:?}");
+    if change.leader.is_none() {
+        let next = told(&mut observer).await;
+        assert!(next.index >= change.index, "{next:?} after {change:?}");
+        change = next;
+    }
+    assert_eq!(change.leader, leader(lead_b.token(), &owner_b, "b:1"));
+
+    // A's old token proclaims no more, and is told which token leads.
+    let stale = a.proclaim(election, token_a, "a:3").await.unwrap();
+    assert_eq!(stale, Released { released: false, holder_token: Some(lead_b.token()) });
+    assert_eq!(observer.next(Duration::from_millis(300)).await.unwrap(), None);
+    assert!(lead_b.release().await.unwrap());
+    assert_eq!(told(&mut observer).await.leader, None);
+}
+
+/// The changes a watch tells until there are `count`, within 5 s; each
+/// answer moves its position past its events.
+async fn changes(watch: &mut impl Watches, count: usize) -> Vec<fencelock_client::WatchEvent> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut events = Vec::new();
+    while events.len() < count {
+        assert!(Instant::now() < deadline, "only {events:?} within 5 s");
+        let batch = watch.next(Duration::from_secs(1)).await.unwrap();
+        assert!(!batch.compacted && batch.current.is_none(), "{batch:?}");
+        assert!(batch.events.iter().all(|event| event.index <= batch.index), "{batch:?}");
+        assert_eq!(watch.position(), Some(batch.index));
+        events.extend(batch.events);
+    }
+    events
+}
+
+/// The watch scenario, with clients of kind `F`: a watch of `jobs/` starts
+/// with no holders, then tells the grants and releases of two keys under
+/// it, in log order at increasing indexes, and nothing of a key outside it;
+/// a watch from the start position tells the same changes again.
+async fn watching<F: Face>(cluster: &Cluster, face: &str) {
+    let watcher = F::make(config(cluster, &format!("{face}-watcher")));
+    let writer = F::make(config(cluster, &format!("{face}-writer")));
+    let owner = format!("{face}-worker");
+    let mut watch = watcher.watch("jobs/", None);
+    assert_eq!(watch.position(), None);
+    let start = watch.next(Duration::from_secs(1)).await.unwrap();
+    assert_eq!((start.current.as_deref(), start.events.as_slice()), (Some(&[][..]), &[][..]));
+    assert_eq!(watch.position(), Some(start.index));
+
+    let lease = Duration::from_secs(10);
+    let x = writer.acquire_raw(&owner, "jobs/x", lease).await.unwrap().token;
+    let outside = writer.acquire_raw(&owner, "other/z", lease).await.unwrap().token;
+    let y = writer.acquire_raw(&owner, "jobs/y", lease).await.unwrap().token;
+    assert!(writer.release("jobs/x", x).await.unwrap().released);
+    assert!(writer.release("other/z", outside).await.unwrap().released);
+    assert!(writer.release("jobs/y", y).await.unwrap().released);
+
+    let events = changes(&mut watch, 4).await;
+    let told: Vec<_> = events.iter().map(|event| (event.kind, event.key.as_slice(), event.token)).collect();
+    assert_eq!(
+        told,
+        [
+            (WatchEventKind::Granted, &b"jobs/x"[..], x),
+            (WatchEventKind::Granted, &b"jobs/y"[..], y),
+            (WatchEventKind::Released, &b"jobs/x"[..], x),
+            (WatchEventKind::Released, &b"jobs/y"[..], y),
+        ]
+    );
+    assert!(events.iter().all(|event| event.owner == owner.as_bytes()), "{events:?}");
+    let indexes: Vec<u64> = events.iter().map(|event| event.index).collect();
+    assert!(start.index < indexes[0], "{indexes:?} after {}", start.index);
+    assert!(indexes.windows(2).all(|pair| pair[0] < pair[1]), "{indexes:?}");
+    // Nothing more under the prefix: other/z is not told.
+    let quiet = watch.next(Duration::from_millis(300)).await.unwrap();
+    assert!(quiet.events.is_empty(), "{quiet:?}");
+
+    let mut again = watcher.watch("jobs/", Some(start.index));
+    assert_eq!(changes(&mut again, 4).await, events);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_blocking_client_runs_an_election() {
+    let cluster = Cluster::start(3);
+    election::<Blocking>(&cluster, "blocking").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_async_client_runs_an_election() {
+    let cluster = Cluster::start(3);
+    election::<Async>(&cluster, "async").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_blocking_client_watches_a_prefix() {
+    let cluster = Cluster::start(3);
+    watching::<Blocking>(&cluster, "blocking").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_async_client_watches_a_prefix() {
+    let cluster = Cluster::start(3);
+    watching::<Async>(&cluster, "async").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
