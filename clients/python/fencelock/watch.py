@@ -24,8 +24,7 @@ if TYPE_CHECKING:
 #: The longest wait the server accepts for one watch request (seconds).
 WAIT_MAX = 60.0
 
-#: WatchEventKind's numbers, as client.proto gives them (the Python names
-#: of that enum's values are renamed for protoc: tools/generate_proto.py).
+#: WatchEventKind's numbers, as client.proto gives them.
 EVENT_KINDS = {
     1: "granted",
     2: "released",

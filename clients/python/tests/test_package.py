@@ -52,5 +52,6 @@ def test_the_generated_code_matches_the_proto():
     assert enums == set(pb.DESCRIPTOR.enum_types_by_name.keys()), stale
     for name in enums:
         body = re.search(r"^enum %s \{(.*?)^\}" % name, text, re.M | re.S).group(1)
-        values = {int(n) for n in re.findall(r"=\s*(\d+);", body)}
-        assert values == {v.number for v in pb.DESCRIPTOR.enum_types_by_name[name].values}, f"{stale} (enum {name})"
+        values = set(re.findall(r"^\s*(\w+)\s*=\s*(\d+);", body, re.M))
+        generated = {(v.name, str(v.number)) for v in pb.DESCRIPTOR.enum_types_by_name[name].values}
+        assert values == generated, f"{stale} (enum {name})"

@@ -17,19 +17,9 @@ pyproject.toml.
 The proto file is compiled as `fencelock/client.proto`, so that it registers
 under that name in protobuf's default descriptor pool and cannot clash with
 another project's `client.proto`.
-
-protoc scopes enum values as siblings of their enum (C++ rules), so two
-enums of the package may not share a value name; the Rust build's pure
-parser does not check that, and client.proto has such names
-(`AcquireOutcome.GRANTED` and `WatchEventKind.GRANTED`). The copy compiled
-here renames the values of every enum that has one of another enum's names,
-prefixing them with the enum's name in upper snake case
-(`WATCH_EVENT_KIND_GRANTED`): enum values travel as numbers, so the wire
-format is the same, and the Python code uses the numbers of such enums.
 """
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -40,32 +30,6 @@ PACKAGE = os.path.join(HERE, "..", "fencelock")
 PROTO = os.path.join(HERE, "..", "..", "..", "crates", "types", "proto", "client.proto")
 
 
-def _upper_snake(name: str) -> str:
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).upper()
-
-
-def protoc_safe(text: str) -> str:
-    """``text`` with the values of every enum that reuses a value name of an
-    earlier enum renamed ``ENUM_NAME_VALUE`` (see the module doc)."""
-    seen = set()
-    out = text
-    for match in re.finditer(r"^enum (\w+) \{(.*?)^\}", text, re.M | re.S):
-        name, body = match.group(1), match.group(2)
-        values = re.findall(r"^\s*(\w+)\s*=\s*-?\d+\s*;", body, re.M)
-        if seen.intersection(values):
-            prefix = _upper_snake(name) + "_"
-
-            def rename(value: "re.Match[str]") -> str:
-                old = value.group(2)
-                return value.group(1) + (old if old.startswith(prefix) else prefix + old) + value.group(3)
-
-            renamed = re.sub(r"^(\s*)(\w+)(\s*=)", rename, body, flags=re.M)
-            out = out.replace(match.group(0), match.group(0).replace(body, renamed), 1)
-            values = re.findall(r"^\s*(\w+)\s*=\s*-?\d+\s*;", renamed, re.M)
-        seen.update(values)
-    return out
-
-
 def main() -> int:
     proto = sys.argv[1] if len(sys.argv) > 1 else PROTO
     with tempfile.TemporaryDirectory() as scratch:
@@ -73,10 +37,7 @@ def main() -> int:
         out = os.path.join(scratch, "out")
         os.makedirs(os.path.join(source, "fencelock"))
         os.makedirs(out)
-        with open(proto, encoding="utf-8") as f:
-            text = protoc_safe(f.read())
-        with open(os.path.join(source, "fencelock", "client.proto"), "w", encoding="utf-8") as f:
-            f.write(text)
+        shutil.copy(proto, os.path.join(source, "fencelock", "client.proto"))
         command = [
             sys.executable,
             "-m",

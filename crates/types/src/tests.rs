@@ -290,3 +290,26 @@ fn keys_and_owners_print_escaped() {
     assert_eq!(key.to_string(), r"jobs/\x00a");
     assert_eq!(format!("{:?}", Owner::new(b"w-1".to_vec()).unwrap()), r#"Owner("w-1")"#);
 }
+
+#[test]
+fn no_two_enums_of_a_proto_file_share_a_value_name() {
+    // protoc (every other language's generator) scopes enum values as
+    // siblings of their enum and refuses a file where two enums share a
+    // value name; the pure-Rust parser of build.rs does not check it.
+    for file in [crate::pb::file_descriptor_proto(), crate::client_pb::file_descriptor_proto()] {
+        let mut seen = std::collections::HashMap::new();
+        for an_enum in file.get_enum_type() {
+            for value in an_enum.get_value() {
+                if let Some(other) = seen.insert(value.get_name(), an_enum.get_name()) {
+                    panic!(
+                        "{}: {} is a value of both {other} and {}",
+                        file.get_name(),
+                        value.get_name(),
+                        an_enum.get_name()
+                    );
+                }
+            }
+        }
+        assert!(!seen.is_empty(), "{} has no enums", file.get_name());
+    }
+}
