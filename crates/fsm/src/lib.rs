@@ -15,6 +15,10 @@
 //!   never touches a newer lock.
 //! - The first Bootstrap applied names the cluster and raises the token
 //!   counter to its floor, never lowering it; later ones change nothing.
+//! - The table has a command level ([`fencelock_types::LEVEL`]): a command
+//!   of a higher level applies as Invalid (`LevelNotReached`), changing
+//!   nothing, as a build too old to know it does. The first Bootstrap and
+//!   RaiseLevel raise it, never lower it; it is in the snapshot.
 //! - A Release or Renew that names a user (the authenticated caller, with
 //!   TLS) acts only on a lock whose owner is that user or `user/...`, and
 //!   such a Renew never shortens a lease.
@@ -91,7 +95,7 @@ use std::ops::Bound;
 
 use fencelock_types::{
     decode_batch, ApplyResult, ClusterId, Command, FencingToken, InvalidReason, Key, LeaseMs, Owner, Share,
-    Value,
+    Value, LEVEL,
 };
 
 /// One held lock.
@@ -177,7 +181,7 @@ pub struct MemberAddrs {
 }
 
 /// The replicated lock table.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LockTable {
     // An ordered map, so that listings and snapshots come out in one order
     // on every replica; a persistent one (imbl's B-tree, with shared
@@ -197,16 +201,49 @@ pub struct LockTable {
     shared: OrdMap<Key, Shared>,
     /// Holders in `shared`, all keys together. Derived: not in the snapshot.
     shared_holders: usize,
+    /// The command level: commands of a higher one apply as Invalid.
+    level: u32,
+}
+
+impl Default for LockTable {
+    fn default() -> LockTable {
+        LockTable::new()
+    }
 }
 
 impl LockTable {
-    /// An empty table that has issued no token.
+    /// An empty table that has issued no token, at this build's command
+    /// level: every command applies. For a table used on its own.
     pub fn new() -> LockTable {
-        LockTable::default()
+        LockTable::at_level(LEVEL)
+    }
+
+    /// An empty table at command `level` (at least 1). A replicated log
+    /// starts from level 1, as every build before levels did: its
+    /// Bootstrap or a RaiseLevel raises it.
+    pub fn at_level(level: u32) -> LockTable {
+        LockTable {
+            locks: OrdMap::new(),
+            last_token: None,
+            cluster_id: None,
+            identities: OrdMap::new(),
+            members: OrdMap::new(),
+            shared: OrdMap::new(),
+            shared_holders: 0,
+            level: level.max(1),
+        }
+    }
+
+    /// The command level: commands above it apply as Invalid.
+    pub fn level(&self) -> u32 {
+        self.level
     }
 
     /// Applies one committed command.
     pub fn apply(&mut self, command: Command) -> ApplyResult {
+        if command.level() > self.level {
+            return ApplyResult::Invalid { reason: InvalidReason::LevelNotReached };
+        }
         match command {
             Command::Grant { key, lease_ms, owner, value } => self.grant(key, lease_ms, owner, value),
             Command::GrantShared { key, lease_ms, owner, share } => {
@@ -217,17 +254,24 @@ impl LockTable {
             Command::Expire { key, token, delay } => self.expire(&key, token, delay),
             Command::Renew { key, token, lease_ms, user } => self.renew(&key, token, lease_ms, user.as_ref()),
             Command::Noop => ApplyResult::Noop,
-            Command::Bootstrap { cluster_id, token_floor } => {
+            Command::Bootstrap { cluster_id, token_floor, level } => {
                 // The first one stays: a later leader's proposal, made
                 // before it applied the first, changes nothing.
                 if self.cluster_id.is_none() {
                     self.cluster_id = Some(cluster_id);
+                    self.level = self.level.max(level);
                     // Raised, never lowered: tokens never go backwards.
                     let floor = FencingToken::new(token_floor);
                     if floor > self.last_token {
                         self.last_token = floor;
                     }
                 }
+                ApplyResult::Noop
+            }
+            Command::RaiseLevel { level } => {
+                // Never lowered. Raised above this build's level, the
+                // replica stops (it checks `level` after each entry).
+                self.level = self.level.max(level);
                 ApplyResult::Noop
             }
         }

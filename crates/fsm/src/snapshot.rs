@@ -175,6 +175,10 @@ impl LockTable {
             };
             out.write_message(5, &record)?;
         }
+        // Level 1 is left out, as builds before levels wrote it.
+        if self.level > 1 {
+            out.write_uint32(6, self.level)?;
+        }
         out.flush()
     }
 
@@ -301,6 +305,7 @@ impl LockTable {
             members,
             shared: OrdMap::from_iter(shared_keys),
             shared_holders,
+            level: snapshot.level.max(1),
         })
     }
 }

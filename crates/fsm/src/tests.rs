@@ -486,7 +486,7 @@ fn a_bootstrap_raises_the_token_counter_to_its_floor_and_never_lowers_it() {
     let id = ClusterId::new([1; 16]);
     let floor = 1_796_313_449_000_000;
     let mut table = LockTable::new();
-    table.apply(Command::Bootstrap { cluster_id: id, token_floor: floor });
+    table.apply(Command::Bootstrap { cluster_id: id, token_floor: floor, level: 1 });
     assert_eq!(table.last_token(), FencingToken::new(floor));
     assert_eq!(granted(&mut table, "a", "o1"), token(floor + 1));
     assert_eq!(LockTable::restore(&table.snapshot()).unwrap().last_token(), FencingToken::new(floor + 1));
@@ -496,9 +496,60 @@ fn a_bootstrap_raises_the_token_counter_to_its_floor_and_never_lowers_it() {
     for name in ["a", "b", "c"] {
         granted(&mut upgraded, name, "o1");
     }
-    upgraded.apply(Command::Bootstrap { cluster_id: id, token_floor: 2 });
+    upgraded.apply(Command::Bootstrap { cluster_id: id, token_floor: 2, level: 1 });
     assert_eq!(upgraded.last_token(), Some(token(3)));
     assert_eq!(granted(&mut upgraded, "d", "o1"), token(4));
+}
+
+#[test]
+fn commands_above_the_tables_level_apply_as_invalid_until_it_is_raised() {
+    // A log as a cluster from before command levels has it: level 1.
+    let mut table = LockTable::at_level(1);
+    assert_eq!(granted(&mut table, "a", "o1"), token(1));
+    let shared = Command::GrantShared {
+        key: key("s"),
+        lease_ms: lease(1_000),
+        owner: owner("o2"),
+        share: Share::Read,
+    };
+    let proclaim = Command::Proclaim {
+        key: key("a"),
+        token: token(1),
+        value: Value::new(b"v".to_vec()).unwrap(),
+        user: None,
+    };
+    let refused = ApplyResult::Invalid { reason: InvalidReason::LevelNotReached };
+    // As a build that does not know them applies them: nothing changes,
+    // and above all the token counter does not move.
+    let before = table.clone();
+    assert_eq!(table.apply(shared.clone()), refused);
+    assert_eq!(table.apply(proclaim.clone()), refused);
+    assert_eq!(table, before);
+    // A Bootstrap founds at its level; a later one changes nothing.
+    let mut founded = LockTable::at_level(1);
+    founded.apply(Command::Bootstrap { cluster_id: ClusterId::new([1; 16]), token_floor: 0, level: 2 });
+    assert_eq!(founded.level(), 2);
+    let mut late = table.clone();
+    late.apply(Command::Bootstrap { cluster_id: ClusterId::new([1; 16]), token_floor: 0, level: 1 });
+    late.apply(Command::Bootstrap { cluster_id: ClusterId::new([2; 16]), token_floor: 0, level: 2 });
+    assert_eq!(late.level(), 1);
+    // RaiseLevel lets them in, and never lowers the level.
+    assert_eq!(table.apply(Command::RaiseLevel { level: 2 }), ApplyResult::Noop);
+    assert_eq!(table.apply(Command::RaiseLevel { level: 1 }), ApplyResult::Noop);
+    assert_eq!(table.level(), 2);
+    assert!(matches!(table.apply(shared), ApplyResult::Granted { token: t, .. } if t == token(2)));
+    assert_eq!(table.apply(proclaim), ApplyResult::Proclaimed { token: token(1) });
+    // The level is in the snapshot; level 1 is written as builds before
+    // levels wrote it (not at all), and reads back as 1.
+    assert_eq!(LockTable::restore(&table.snapshot()).unwrap().level(), 2);
+    let old = LockTable::at_level(1);
+    assert_eq!(LockTable::restore(&old.snapshot()).unwrap().level(), 1);
+    let mut body = pb::TableSnapshot::default();
+    assert_eq!(LockTable::restore(&framed(&body)).unwrap().level(), 1);
+    body.level = 3;
+    assert_eq!(LockTable::restore(&framed(&body)).unwrap().level(), 3);
+    // A table for one program is at this build's level.
+    assert_eq!(LockTable::new().level(), fencelock_types::LEVEL);
 }
 
 #[test]
@@ -506,7 +557,7 @@ fn the_first_cluster_id_stays_and_snapshots_keep_it() {
     let mut table = sample_table();
     assert_eq!(table.cluster_id(), None);
     let (first, second) = (ClusterId::new([1; 16]), ClusterId::new([2; 16]));
-    let bootstrap = |cluster_id, token_floor| Command::Bootstrap { cluster_id, token_floor };
+    let bootstrap = |cluster_id, token_floor| Command::Bootstrap { cluster_id, token_floor, level: 1 };
     assert_eq!(table.apply(bootstrap(first, 0)), ApplyResult::Noop);
     assert_eq!(table.apply(bootstrap(second, 1_000_000)), ApplyResult::Noop);
     assert_eq!(table.cluster_id(), Some(first));
@@ -520,7 +571,7 @@ fn the_first_cluster_id_stays_and_snapshots_keep_it() {
 #[test]
 fn a_table_for_restore_keeps_locks_and_counter_and_drops_cluster_id_and_members() {
     let mut table = sample_table();
-    table.apply(Command::Bootstrap { cluster_id: ClusterId::new([7; 16]), token_floor: 500 });
+    table.apply(Command::Bootstrap { cluster_id: ClusterId::new([7; 16]), token_floor: 500, level: 1 });
     let granted_after = granted(&mut table, "e", "o4");
     table.set_member(4, crate::MemberAddrs { peer_addr: "n4:7001".into(), client_addr: "n4:7101".into() });
     let seed = table.for_restore();
@@ -541,11 +592,11 @@ fn a_table_for_restore_keeps_locks_and_counter_and_drops_cluster_id_and_members(
     // The new cluster's Bootstrap names it and raises the counter above
     // the saved one only if its floor is higher.
     let mut founded = seed.clone();
-    founded.apply(Command::Bootstrap { cluster_id: ClusterId::new([8; 16]), token_floor: 1 });
+    founded.apply(Command::Bootstrap { cluster_id: ClusterId::new([8; 16]), token_floor: 1, level: 1 });
     assert_eq!(founded.last_token(), Some(granted_after));
     assert_eq!(founded.cluster_id(), Some(ClusterId::new([8; 16])));
     let mut floored = seed;
-    floored.apply(Command::Bootstrap { cluster_id: ClusterId::new([9; 16]), token_floor: 10_000 });
+    floored.apply(Command::Bootstrap { cluster_id: ClusterId::new([9; 16]), token_floor: 10_000, level: 1 });
     assert_eq!(granted(&mut floored, "f", "o5").get(), 10_001);
 }
 
@@ -631,6 +682,8 @@ struct Model {
     shared: Vec<(Key, u32, Vec<ModelHolder>)>,
     last_token: u64,
     cluster_id: Option<ClusterId>,
+    /// The command level: GrantShared and Proclaim need 2.
+    level: u32,
 }
 
 impl Model {
@@ -766,6 +819,9 @@ impl Model {
     }
 
     fn apply(&mut self, command: &Command) -> ApplyResult {
+        if matches!(command, Command::GrantShared { .. } | Command::Proclaim { .. }) && self.level < 2 {
+            return ApplyResult::Invalid { reason: InvalidReason::LevelNotReached };
+        }
         if !matches!(command, Command::GrantShared { .. } | Command::Grant { .. }) {
             if let Some(result) = self.shared_command(command) {
                 return result;
@@ -850,11 +906,16 @@ impl Model {
                 other => ApplyResult::NotFound { holder_token: other.map(|i| self.locks[i].1) },
             },
             Command::Noop => ApplyResult::Noop,
-            Command::Bootstrap { cluster_id, token_floor } => {
+            Command::Bootstrap { cluster_id, token_floor, level } => {
                 if self.cluster_id.is_none() {
                     self.cluster_id = Some(cluster_id);
                     self.last_token = self.last_token.max(token_floor);
+                    self.level = self.level.max(level);
                 }
+                ApplyResult::Noop
+            }
+            Command::RaiseLevel { level } => {
+                self.level = self.level.max(level);
                 ApplyResult::Noop
             }
         }
@@ -913,8 +974,9 @@ fn arb_command() -> impl Strategy<Value = Command> {
         4 => (arb_key(), arb_lease(), arb_owner(), arb_share())
             .prop_map(|(key, lease_ms, owner, share)| Command::GrantShared { key, lease_ms, owner, share }),
         1 => Just(Command::Noop),
-        1 => (1u8..=3, prop::sample::select(vec![0u64, 2, 5, 1_000, u64::MAX - 1]))
-            .prop_map(|(n, token_floor)| Command::Bootstrap { cluster_id: ClusterId::new([n; 16]), token_floor }),
+        1 => (1u8..=3, prop::sample::select(vec![0u64, 2, 5, 1_000, u64::MAX - 1]), 1u32..=3)
+            .prop_map(|(n, token_floor, level)| Command::Bootstrap { cluster_id: ClusterId::new([n; 16]), token_floor, level }),
+        1 => (1u32..=3).prop_map(|level| Command::RaiseLevel { level }),
     ]
 }
 
@@ -1010,13 +1072,16 @@ proptest! {
     }
 
     #[test]
-    fn the_table_behaves_like_the_model(history in arb_history()) {
-        let mut table = LockTable::new();
-        let mut model = Model::default();
+    fn the_table_behaves_like_the_model(history in arb_history(), level in 1u32..=2) {
+        // Level 1: a log as a cluster from before levels has it, where
+        // shared keys and proclaims wait for a Bootstrap or RaiseLevel.
+        let mut table = LockTable::at_level(level);
+        let mut model = Model { level, ..Model::default() };
         for command in history {
             let expected = model.apply(&command);
             prop_assert_eq!(table.apply(command), expected);
         }
+        prop_assert_eq!(table.level(), model.level);
         let mut model_locks: Vec<_> =
             model.locks.iter().map(|(k, t, ..)| (k.clone(), *t, model.value_of(*t))).collect();
         model_locks.sort();

@@ -340,6 +340,9 @@ struct GreetingsInner {
     /// This node's cluster id, empty until it knows one.
     cluster_id: Vec<u8>,
     heard: BTreeMap<u64, Heard>,
+    /// Bumped by every hello recorded, so that the loop feeds the node
+    /// only what is new.
+    hellos: u64,
 }
 
 /// What a peer's hello said.
@@ -350,6 +353,9 @@ pub struct Heard {
     /// The peer's raft term and last log index when it connected.
     pub term: u64,
     pub last_index: u64,
+    /// The command level the peer's build applies (0: a build before
+    /// levels).
+    pub level: u32,
 }
 
 impl Greetings {
@@ -392,6 +398,12 @@ impl Greetings {
         self.0.read().unwrap_or_else(PoisonError::into_inner).heard.clone()
     }
 
+    /// How many hellos were recorded so far: a change says there is news
+    /// in [`Greetings::heard`].
+    pub fn hellos(&self) -> u64 {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).hellos
+    }
+
     fn hello_for(&self, node_id: u64, client_addr: &str, peer: u64) -> PeerHello {
         let inner = self.0.read().unwrap_or_else(PoisonError::into_inner);
         PeerHello {
@@ -401,13 +413,21 @@ impl Greetings {
             term: inner.term,
             last_index: inner.last_index,
             cluster_id: inner.cluster_id.clone(),
+            level: fencelock_types::LEVEL,
             ..Default::default()
         }
     }
 
     fn record(&self, peer: u64, hello: &PeerHello) {
-        let heard = Heard { knows_you: hello.knows_you, term: hello.term, last_index: hello.last_index };
-        self.0.write().unwrap_or_else(PoisonError::into_inner).heard.insert(peer, heard);
+        let heard = Heard {
+            knows_you: hello.knows_you,
+            term: hello.term,
+            last_index: hello.last_index,
+            level: hello.level,
+        };
+        let mut inner = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        inner.heard.insert(peer, heard);
+        inner.hellos += 1;
     }
 }
 

@@ -731,15 +731,18 @@ fn hellos_say_what_the_caller_knows_when_it_connects() {
     one.greetings.set_own(7, 42, &[2].into_iter().collect());
     let two = node(2, &addrs, 1 << 20);
     let heard = heard_from(&two, 1, |_| true);
-    assert_eq!(heard, Heard { knows_you: true, term: 7, last_index: 42 });
+    // The hello says the command level of the caller's build too.
+    assert_eq!(heard, Heard { knows_you: true, term: 7, last_index: 42, level: fencelock_types::LEVEL });
+    let hellos = two.greetings.hellos();
+    assert!(hellos >= 1);
     // Node 2 knows nothing of node 1 and says so.
-    assert_eq!(heard_from(&one, 2, |_| true), Heard::default());
+    assert_eq!(heard_from(&one, 2, |_| true), Heard { level: fencelock_types::LEVEL, ..Heard::default() });
     // A connection opened later says what is true then.
     one.greetings.set_own(9, 50, &BTreeSet::new());
     two.stop();
     let two = node(2, &addrs, 1 << 20);
     let heard = heard_from(&two, 1, |_| true);
-    assert_eq!(heard, Heard { knows_you: false, term: 9, last_index: 50 });
+    assert_eq!(heard, Heard { knows_you: false, term: 9, last_index: 50, level: fencelock_types::LEVEL });
 }
 
 #[test]

@@ -58,7 +58,7 @@ fn snapshot(tokens: u64, voters: Vec<u64>) -> Message {
 fn snapshot_of(tokens: u64, voters: Vec<u64>, cluster_id: Option<ClusterId>) -> Message {
     let mut table = LockTable::new();
     if let Some(id) = cluster_id {
-        table.apply(Command::Bootstrap { cluster_id: id, token_floor: 0 });
+        table.apply(Command::Bootstrap { cluster_id: id, token_floor: 0, level: 1 });
     }
     for n in 0..tokens {
         table.apply(Command::Grant {

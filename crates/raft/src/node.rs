@@ -223,6 +223,8 @@ pub struct Node<T> {
     registry: Registry<T>,
     /// Each peer's last hello.
     heard: BTreeMap<u64, PeerReport>,
+    /// The command level each peer's last hello said.
+    levels: BTreeMap<u64, u32>,
     /// Actions decided while handling events, handed out at the next turn.
     pending: Vec<Action<T>>,
     next_tick_ms: Option<u64>,
@@ -257,6 +259,7 @@ impl<T> Node<T> {
             phase: Phase::Starting { next_report_ms: STARTING_REPORT_EVERY_MS },
             registry: Registry::default(),
             heard: BTreeMap::new(),
+            levels: BTreeMap::new(),
             pending: Vec::new(),
             next_tick_ms: None,
             decoding: false,
@@ -276,7 +279,11 @@ impl<T> Node<T> {
     }
 
     fn start(&mut self, recovered: Recovered, rejoin: Option<rejoin::Floor>) -> Result<(), FatalError> {
-        let replica = Replica::open_rejoining(self.config.driver.clone(), recovered, rejoin, &self.logger)?;
+        let mut replica =
+            Replica::open_rejoining(self.config.driver.clone(), recovered, rejoin, &self.logger)?;
+        for (id, level) in &self.levels {
+            replica.peer_level(NodeId(*id), *level);
+        }
         self.phase = Phase::Running(Box::new(replica));
         self.next_tick_ms = None;
         self.draw_election_timeout();
@@ -305,7 +312,16 @@ impl<T> Node<T> {
             }
             Event::PeerHello { from, report } => {
                 let id = self.config.driver.id;
-                if from != id && self.config.driver.voters.contains(&from) {
+                if from == id {
+                    return;
+                }
+                // The leader raises the cluster's command level once every
+                // member has said it applies it.
+                self.levels.insert(from.0, report.level);
+                if let Phase::Running(replica) = &mut self.phase {
+                    replica.peer_level(from, report.level);
+                }
+                if self.config.driver.voters.contains(&from) {
                     self.heard.insert(from.0, report);
                 }
             }
@@ -485,10 +501,11 @@ impl<T> Node<T> {
     /// is starting).
     pub fn hello_for(&self, peer: NodeId) -> PeerReport {
         match &self.phase {
-            Phase::Starting { .. } => PeerReport::default(),
+            Phase::Starting { .. } => PeerReport { level: fencelock_types::LEVEL, ..PeerReport::default() },
             Phase::Running(replica) => {
                 let (term, last_index) = replica.log_position();
-                PeerReport { knows_you: replica.known_peers().contains(&peer.0), term, last_index }
+                let knows_you = replica.known_peers().contains(&peer.0);
+                PeerReport { knows_you, term, last_index, level: fencelock_types::LEVEL }
             }
         }
     }

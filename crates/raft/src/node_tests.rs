@@ -386,7 +386,8 @@ fn a_blank_node_known_to_a_majority_rejoins_without_a_vote() {
     };
     let mut store = MemStore::new();
     let mut node: Node<u32> = Node::open(config, store.recover().unwrap(), &logger).unwrap();
-    let knows = crate::rejoin::PeerReport { knows_you: true, term: 4, last_index: 17 };
+    let knows =
+        crate::rejoin::PeerReport { knows_you: true, term: 4, last_index: 17, level: fencelock_types::LEVEL };
     node.handle(0, Event::PeerHello { from: NodeId(2), report: knows });
     turns_synced(&mut node, 0, &mut store);
     assert!(node.is_starting(), "one peer of two is no majority of the others");
@@ -587,7 +588,12 @@ fn a_snapshot_from_the_leader_is_decoded_by_the_shell_and_installed_from_that_ta
     let mut node: Node<u32> = Node::open(config, store.recover().unwrap(), &logger).unwrap();
     // A new cluster: both peers answer, neither knows this node.
     for peer in [2, 3] {
-        let report = crate::rejoin::PeerReport { knows_you: false, term: 0, last_index: 0 };
+        let report = crate::rejoin::PeerReport {
+            knows_you: false,
+            term: 0,
+            last_index: 0,
+            level: fencelock_types::LEVEL,
+        };
         node.handle(0, Event::PeerHello { from: NodeId(peer), report });
     }
     turns_synced(&mut node, 0, &mut store);

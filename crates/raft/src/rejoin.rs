@@ -66,6 +66,9 @@ pub struct PeerReport {
     pub knows_you: bool,
     pub term: u64,
     pub last_index: u64,
+    /// The command level the peer's build applies (0: a build before
+    /// levels, which applies level 1).
+    pub level: u32,
 }
 
 /// What the operator says of the cluster a node with an empty store starts
@@ -238,7 +241,7 @@ mod tests {
     use super::*;
 
     fn report(knows_you: bool, term: u64, last_index: u64) -> PeerReport {
-        PeerReport { knows_you, term, last_index }
+        PeerReport { knows_you, term, last_index, level: fencelock_types::LEVEL }
     }
 
     fn peers(ids: &[u64]) -> BTreeSet<u64> {

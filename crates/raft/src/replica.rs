@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use fencelock_fsm::{LockTable, SharedDecision};
 use fencelock_lease::LeaseTracker;
 use fencelock_types::{
-    decode_batch, encode_batch, pb, ApplyResult, ClusterId, Command, FencingToken, Key, LeaseMs, Owner, Value,
+    decode_batch, encode_batch, pb, ApplyResult, ClusterId, Command, FencingToken, Key, LeaseMs, Owner,
+    Value, LEVEL,
 };
 use protobuf::Message as _;
 use raft::prelude::{ConfState, Entry, EntryType, Message, MessageType, Snapshot};
@@ -231,6 +232,11 @@ pub struct Replica {
     reported: (StateRole, u64, u64),
     /// The leader has applied an entry of its own term.
     leader_ready: bool,
+    /// The command level each peer said in its last hello (a build before
+    /// levels says 0).
+    peer_levels: BTreeMap<u64, u32>,
+    /// The term this node last proposed a RaiseLevel in.
+    level_raised_in: Option<u64>,
 
     /// Requests accepted while leader, waiting or in flight, in order.
     requests: Requests,
@@ -352,7 +358,9 @@ impl Replica {
         }
         let peers = membership::peers_of(&conf_state, &config.voters);
         let table = if recovered.snapshot.get_metadata().index == 0 {
-            LockTable::new()
+            // As every build before command levels started its log: the
+            // log's Bootstrap or a RaiseLevel raises it.
+            LockTable::at_level(1)
         } else {
             LockTable::restore(recovered.snapshot.get_data())?
         };
@@ -398,6 +406,8 @@ impl Replica {
             logger,
             reported,
             leader_ready: false,
+            peer_levels: BTreeMap::new(),
+            level_raised_in: None,
             requests: Requests::default(),
             next_internal_id: 0,
             leases: LeaseTracker::new(),
@@ -563,13 +573,16 @@ impl Replica {
         internal: bool,
         ghost_of: Option<u64>,
     ) {
-        let acquire = !internal && commands.iter().any(|command| matches!(command, Command::Grant { .. }));
+        let acquire = !internal
+            && commands
+                .iter()
+                .any(|command| matches!(command, Command::Grant { .. } | Command::GrantShared { .. }));
         if let Err(err) = self.admit(internal, acquire) {
             self.reply(id, Err(err));
             return;
         }
         if !internal {
-            if let Err(err) = self.check_leases(&commands) {
+            if let Err(err) = self.check_leases(&commands).and_then(|()| self.check_level(&commands)) {
                 self.reply(id, Err(err));
                 return;
             }
@@ -595,6 +608,74 @@ impl Replica {
             }
         }
         Ok(())
+    }
+
+    /// Refuses a command the cluster's command level does not have yet:
+    /// proposed, it would apply as Invalid everywhere (a build before
+    /// levels would skip it, and the table refuses it for the same
+    /// result). A Grant with a value needs level 2 too: an older build
+    /// drops the value.
+    fn check_level(&self, commands: &[Command]) -> Result<(), RequestError> {
+        // A cluster not founded yet will be by this leader's Bootstrap,
+        // which goes before every request (or by an earlier leader's, still
+        // in the log: then the table decides alike on every replica).
+        let level = match self.table.cluster_id() {
+            Some(_) => self.table.level(),
+            None => self.table.level().max(self.config.founding_level),
+        };
+        let needed = commands
+            .iter()
+            .map(|command| match command {
+                Command::Grant { value, .. } if !value.as_bytes().is_empty() => 2,
+                command => command.level(),
+            })
+            .max()
+            .unwrap_or(1);
+        if needed <= level {
+            return Ok(());
+        }
+        let behind = self.members_behind(needed);
+        Err(RequestError::LevelNotReached { needed, level, behind })
+    }
+
+    /// The members (voters and learners, this node aside) that have not
+    /// said in a hello that they apply command `level`.
+    fn members_behind(&self, level: u32) -> Vec<NodeId> {
+        let me = self.config.id.0;
+        let mut behind: Vec<NodeId> = self
+            .raw
+            .raft
+            .prs()
+            .iter()
+            .map(|(id, _)| *id)
+            .filter(|id| *id != me && self.peer_levels.get(id).is_none_or(|peer| *peer < level))
+            .map(NodeId)
+            .collect();
+        behind.sort();
+        behind
+    }
+
+    /// What peer `id` said in its last hello: the command level it applies.
+    pub fn peer_level(&mut self, id: NodeId, level: u32) {
+        self.peer_levels.insert(id.0, level);
+    }
+
+    /// On a ready leader: once every member applies this build's command
+    /// level and the table is below it, raise it (one RaiseLevel a term).
+    fn raise_level(&mut self) {
+        if !self.leader_ready
+            || self.table.level() >= LEVEL
+            || self.level_raised_in == Some(self.raw.raft.term)
+        {
+            return;
+        }
+        if !self.members_behind(LEVEL).is_empty() {
+            return;
+        }
+        self.level_raised_in = Some(self.raw.raft.term);
+        info!(self.logger, "raising the command level"; "from" => self.table.level(), "to" => LEVEL);
+        let id = self.internal_id();
+        self.submit(id, vec![Command::RaiseLevel { level: LEVEL }], None, true);
     }
 
     /// Accepts a linearizable read.
@@ -807,6 +888,7 @@ impl Replica {
         if self.abstaining.is_none() && !self.snapshot_unapplied() {
             self.raw.tick();
         }
+        self.raise_level();
     }
 
     /// A snapshot from the leader is installed but its write is not durable
@@ -1557,6 +1639,9 @@ impl Replica {
             table.last_token(),
             self.table.last_token()
         );
+        if table.level() > LEVEL {
+            return Err(FatalError::TooOld { level: table.level() });
+        }
         let index = snapshot.get_metadata().index;
         info!(self.logger, "installing snapshot"; "index" => index, "locks" => table.len());
         self.table = table;
@@ -1588,6 +1673,9 @@ impl Replica {
             }
             self.stats.entries_applied += 1;
             self.table_index = entry.index;
+            if self.table.level() > LEVEL {
+                return Err(FatalError::TooOld { level: self.table.level() });
+            }
             if !self.leader_ready
                 && self.raw.raft.state == StateRole::Leader
                 && entry.term == self.raw.raft.term
@@ -1604,7 +1692,8 @@ impl Replica {
                     info!(self.logger, "founding the cluster";
                         "cluster_id" => %cluster_id, "token_floor" => self.config.token_floor);
                     let token_floor = self.config.token_floor;
-                    let bootstrap = Command::Bootstrap { cluster_id, token_floor };
+                    let level = self.config.founding_level;
+                    let bootstrap = Command::Bootstrap { cluster_id, token_floor, level };
                     // Before the requests that waited for this leader to
                     // be ready: none of their grants may go below the floor.
                     // Taken even at the cap of pending requests: it is one.

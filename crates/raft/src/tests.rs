@@ -1042,7 +1042,12 @@ fn with_an_asynchronous_store_nothing_counts_before_its_write_is_durable() {
 fn report_of<D: TestStore>(net: &mut Net<D>, id: u64, about: u64) -> crate::rejoin::PeerReport {
     let node = net.node(id);
     let (term, last_index) = node.log_position();
-    crate::rejoin::PeerReport { knows_you: node.known_peers().contains(&about), term, last_index }
+    crate::rejoin::PeerReport {
+        knows_you: node.known_peers().contains(&about),
+        term,
+        last_index,
+        level: fencelock_types::LEVEL,
+    }
 }
 
 /// Opens node `id` again on a blank store, as after a lost disk, rejoining
@@ -1919,4 +1924,72 @@ fn a_semaphore_with_many_waiters_hands_each_freed_permit_to_the_next_in_line() {
     assert!(net.take_reply(RequestId(5)).is_none());
     let holders: Vec<_> = net.node(1).table().shared(b"pool").unwrap().holders.keys().copied().collect();
     assert_eq!(holders.len(), 2);
+}
+
+#[test]
+fn a_cluster_from_before_command_levels_takes_shared_locks_once_every_member_says_it_knows_them() {
+    use fencelock_types::Share;
+    // Founded as a build before levels founds: level 1.
+    let mut net = Net::with_config(3, |config| config.founding_level = 1);
+    net.elect(1);
+    assert_eq!(net.node(1).table().level(), 1);
+    let lease_ms = LeaseMs::new(30_000).unwrap();
+    let shared = |net: &mut Net<MemStore>, id: u64| {
+        net.node(1).acquire_shared(RequestId(id), key("rw"), lease_ms, owner("r"), Share::Read, 0);
+        net.settle();
+        net.take_reply(RequestId(id))
+    };
+    let last_token = net.node(1).table().last_token();
+    // Refused before anything is proposed, naming the members to upgrade.
+    let refused = shared(&mut net, 1);
+    assert!(
+        matches!(&refused, Some(Err(RequestError::LevelNotReached { needed: 2, level: 1, behind })) if behind == &[NodeId(2), NodeId(3)]),
+        "{refused:?}"
+    );
+    let value = Value::new(b"leader-1".to_vec()).unwrap();
+    net.node(1).acquire(RequestId(2), key("e"), lease_ms, owner("c"), value, 0);
+    net.settle();
+    assert!(matches!(net.take_reply(RequestId(2)), Some(Err(RequestError::LevelNotReached { .. }))));
+    assert_eq!(net.node(1).table().last_token(), last_token);
+    // Node 2 knows level 2; node 3 is a build before levels (0): no raise.
+    net.node(1).peer_level(NodeId(2), fencelock_types::LEVEL);
+    net.node(1).peer_level(NodeId(3), 0);
+    net.settle();
+    assert_eq!(net.node(1).table().level(), 1);
+    let refused = shared(&mut net, 3);
+    assert!(
+        matches!(&refused, Some(Err(RequestError::LevelNotReached { behind, .. })) if behind == &[NodeId(3)]),
+        "{refused:?}"
+    );
+    // Node 3 upgraded: its new hello says so, and the leader raises the
+    // level on every replica.
+    net.node(1).peer_level(NodeId(3), fencelock_types::LEVEL);
+    net.settle();
+    for id in 1..=3 {
+        assert_eq!(net.node(id).table().level(), fencelock_types::LEVEL);
+    }
+    let token = applied_token(shared(&mut net, 4));
+    assert!(Some(token) > last_token);
+    for id in 1..=3 {
+        assert!(net.node(id).table().holds(b"rw", token));
+    }
+}
+
+#[test]
+fn a_replica_stops_when_the_cluster_level_passes_its_build() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    let above = fencelock_types::LEVEL + 1;
+    net.node(1).propose(RequestId(1), vec![Command::RaiseLevel { level: above }]);
+    let mut stopped = None;
+    for _ in 0..100 {
+        match net.turn() {
+            Ok(_) => {}
+            Err(err) => {
+                stopped = Some(err);
+                break;
+            }
+        }
+    }
+    assert!(matches!(stopped, Some(FatalError::TooOld { level }) if level == above), "{stopped:?}");
 }

@@ -88,6 +88,10 @@ pub struct Config {
     /// cluster re-created from nothing issues tokens above its old ones.
     /// The default, 0, raises nothing (tokens start at 1).
     pub token_floor: u64,
+    /// The command level this node founds a cluster at (see
+    /// [`fencelock_types::LEVEL`]): this build's. Tests set 1 to start a
+    /// cluster as a build before levels did.
+    pub founding_level: u32,
     /// Lock-delay, by key prefix (the longest matching prefix wins): a lock
     /// whose lease runs out (not one released) on a key under a prefix is
     /// held back that long, granted to no one, before the key is free
@@ -134,6 +138,7 @@ impl Config {
                 ClusterId::new(bytes)
             },
             token_floor: 0,
+            founding_level: fencelock_types::LEVEL,
             initial_cluster_state: crate::rejoin::ClusterState::New,
             joining: false,
             lock_delays: Vec::new(),
@@ -432,9 +437,31 @@ pub enum RequestError {
     /// A leadership transfer that did not complete.
     #[error("{0}")]
     TransferFailed(String),
+    /// A command the cluster's command level does not have yet (a
+    /// read-write lock, a semaphore, a value, a proclaim): not every
+    /// member has said it runs a build that knows it. Nothing was
+    /// proposed. Retryable once every node is upgraded.
+    #[error(
+        "the cluster is at command level {level} and this needs level {needed} (read-write locks, semaphores, \
+         values and proclaim); {}",
+        level_words(behind)
+    )]
+    LevelNotReached { needed: u32, level: u32, behind: Vec<NodeId> },
     /// A bug: a reply of the wrong shape, for example.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+fn level_words(behind: &[NodeId]) -> String {
+    if behind.is_empty() {
+        "every member runs a build that knows it: the leader raises the level within a second".to_owned()
+    } else {
+        let ids: Vec<String> = behind.iter().map(|id| id.0.to_string()).collect();
+        format!(
+            "upgrade every node first: node {} has not said it runs a build that knows it",
+            ids.join(", node ")
+        )
+    }
 }
 
 /// Which quota of locks a grant met ([`RequestError::QuotaExceeded`]).
@@ -534,6 +561,14 @@ pub enum FatalError {
     /// its store holds): it was removed from the cluster.
     #[error("this node was removed from the cluster (the configuration at index {index} does not hold it)")]
     Removed { index: u64 },
+    /// The cluster's command level is above this build's: the entries that
+    /// follow may hold commands it does not know, which it would skip
+    /// while the other replicas apply them.
+    #[error(
+        "the cluster is at command level {level} and this build applies up to level {}: run a newer fencelockd",
+        fencelock_types::LEVEL
+    )]
+    TooOld { level: u32 },
 }
 
 #[cfg(test)]

@@ -946,7 +946,9 @@ pub fn error_to_response(
         RequestError::LeaseOutOfBounds { .. } | RequestError::BadMemberChange(_) => {
             ErrorCode::INVALID_ARGUMENT
         }
-        RequestError::MemberChangeBusy(_) | RequestError::TransferFailed(_) => ErrorCode::UNAVAILABLE,
+        RequestError::MemberChangeBusy(_)
+        | RequestError::TransferFailed(_)
+        | RequestError::LevelNotReached { .. } => ErrorCode::UNAVAILABLE,
         RequestError::TooManyWaiters { .. }
         | RequestError::TooManyWatches { .. }
         | RequestError::QuotaExceeded(_) => ErrorCode::RESOURCE_EXHAUSTED,

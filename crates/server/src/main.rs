@@ -135,6 +135,8 @@ struct NodeCore {
     driver: Driver,
     /// What this node's hellos say, and what its peers' said.
     greetings: Greetings,
+    /// [`Greetings::hellos`] when the node was last fed them.
+    hellos_fed: u64,
     /// The cluster id the hellos name, once known.
     cluster_id: Option<fencelock_types::ClusterId>,
     requests: Receiver<Request>,
@@ -187,10 +189,19 @@ impl NodeCore {
         for message in inbound.drain(..) {
             self.driver.step(message);
         }
-        if self.driver.node().is_starting() {
+        // Every hello while the node starts (it waits for its peers'), and
+        // afterwards the news: a peer's command level, which the leader
+        // raises the cluster's by.
+        let hellos = self.greetings.hellos();
+        if self.driver.node().is_starting() || hellos != self.hellos_fed {
+            self.hellos_fed = hellos;
             for (id, heard) in self.greetings.heard() {
-                let report =
-                    PeerReport { knows_you: heard.knows_you, term: heard.term, last_index: heard.last_index };
+                let report = PeerReport {
+                    knows_you: heard.knows_you,
+                    term: heard.term,
+                    last_index: heard.last_index,
+                    level: heard.level,
+                };
                 self.driver.hello(NodeId(id), report);
             }
         }
@@ -435,6 +446,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         logger: logger.clone(),
         driver,
         greetings: greetings.clone(),
+        hellos_fed: 0,
         cluster_id,
         requests: requests_rx,
         persisted,

@@ -97,7 +97,7 @@ mod tests {
     /// A table of two locks, named by an old cluster, with a member record.
     fn backup() -> LockTable {
         let mut table = LockTable::new();
-        table.apply(Command::Bootstrap { cluster_id: ClusterId::new([3; 16]), token_floor: 1_000 });
+        table.apply(Command::Bootstrap { cluster_id: ClusterId::new([3; 16]), token_floor: 1_000, level: 2 });
         for name in ["jobs/a", "jobs/b"] {
             table.apply(Command::Grant {
                 key: Key::new(name.as_bytes().to_vec()).unwrap(),

@@ -45,10 +45,26 @@ pub enum Command {
     /// stays): names it, and raises the token counter to `token_floor` (the
     /// founding leader's wall clock in microseconds), so that a cluster
     /// re-created from nothing issues tokens above its old ones.
-    Bootstrap { cluster_id: ClusterId, token_floor: u64 },
+    /// `level` is the command level the cluster starts at (see
+    /// [`LEVEL`](crate::LEVEL)).
+    Bootstrap { cluster_id: ClusterId, token_floor: u64, level: u32 },
+    /// Raises the cluster's command level to `level`, never lowering it:
+    /// proposed by the leader once every member applies that level.
+    RaiseLevel { level: u32 },
 }
 
 impl Command {
+    /// The lowest command level of the cluster at which the command applies
+    /// (see [`LEVEL`](crate::LEVEL)).
+    pub fn level(&self) -> u32 {
+        match self {
+            Command::GrantShared { .. } | Command::Proclaim { .. } => 2,
+            // What raises the level applies at any: it is proposed only
+            // once every member knows it.
+            _ => 1,
+        }
+    }
+
     /// The key the command acts on, `None` for [`Command::Noop`].
     pub fn key(&self) -> Option<&Key> {
         match self {
@@ -58,7 +74,7 @@ impl Command {
             | Command::Expire { key, .. }
             | Command::Renew { key, .. }
             | Command::Proclaim { key, .. } => Some(key),
-            Command::Noop | Command::Bootstrap { .. } => None,
+            Command::Noop | Command::Bootstrap { .. } | Command::RaiseLevel { .. } => None,
         }
     }
 
@@ -111,7 +127,9 @@ impl Command {
             Kind::bootstrap(bootstrap) => Command::Bootstrap {
                 cluster_id: ClusterId::from_slice(&bootstrap.cluster_id)?,
                 token_floor: bootstrap.token_floor,
+                level: bootstrap.level.max(1),
             },
+            Kind::raise_level(raise) => Command::RaiseLevel { level: raise.level },
         })
     }
 
@@ -162,11 +180,15 @@ impl Command {
                 ..Default::default()
             }),
             Command::Noop => Kind::noop(pb::Noop::default()),
-            Command::Bootstrap { cluster_id, token_floor } => Kind::bootstrap(pb::Bootstrap {
+            Command::Bootstrap { cluster_id, token_floor, level } => Kind::bootstrap(pb::Bootstrap {
                 cluster_id: cluster_id.as_bytes().to_vec(),
                 token_floor: *token_floor,
+                level: *level,
                 ..Default::default()
             }),
+            Command::RaiseLevel { level } => {
+                Kind::raise_level(pb::RaiseLevel { level: *level, ..Default::default() })
+            }
         };
         pb::Command { kind: Some(kind), ..Default::default() }
     }

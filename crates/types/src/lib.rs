@@ -66,6 +66,20 @@ pub const VALUE_LEN_MAX: usize = 4096;
 /// The most permits a semaphore may have.
 pub const PERMITS_MAX: u32 = 100_000;
 
+/// The command level this build applies. A level says which commands every
+/// replica of a cluster knows, so that a rolling upgrade never has a new
+/// leader propose what an old replica would skip (an old build applies a
+/// command it does not know as `UnknownCommand`, changing nothing, while a
+/// new one would grant, and issue a token: the counters would part):
+/// - 1: Grant, Release, Expire, Renew, Noop, Bootstrap;
+/// - 2: also GrantShared, Proclaim, RaiseLevel.
+///
+/// A cluster founded by this build starts at this level (Bootstrap); an
+/// older cluster is raised by [`Command::RaiseLevel`] once every member
+/// says, in its hello, that it applies it. The table refuses a command of
+/// a level above its own ([`InvalidReason::LevelNotReached`]).
+pub const LEVEL: u32 = 2;
+
 /// The longest lease a command may carry: 30 days, in milliseconds. Servers
 /// configure tighter bounds; this one only keeps deadline arithmetic far from
 /// overflow on every replica.
@@ -149,6 +163,8 @@ pub enum InvalidReason {
     ValueTooLong,
     #[error("a shared acquire is READ, WRITE, or PERMIT of 1 to {PERMITS_MAX} permits")]
     BadShare,
+    #[error("the command needs a command level the cluster has not reached")]
+    LevelNotReached,
 }
 
 /// An error decoding bytes that came from outside: a log entry, a snapshot, a
@@ -409,7 +425,7 @@ impl fmt::Debug for LeaseMs {
 
 impl InvalidReason {
     /// Every reason, in wire order.
-    pub const ALL: [InvalidReason; 13] = [
+    pub const ALL: [InvalidReason; 14] = [
         InvalidReason::Undecodable,
         InvalidReason::UnknownCommand,
         InvalidReason::EmptyKey,
@@ -423,6 +439,7 @@ impl InvalidReason {
         InvalidReason::BadClusterId,
         InvalidReason::ValueTooLong,
         InvalidReason::BadShare,
+        InvalidReason::LevelNotReached,
     ];
 
     pub fn to_pb(self) -> pb::InvalidReason {
@@ -440,6 +457,7 @@ impl InvalidReason {
             InvalidReason::BadClusterId => pb::InvalidReason::BAD_CLUSTER_ID,
             InvalidReason::ValueTooLong => pb::InvalidReason::VALUE_TOO_LONG,
             InvalidReason::BadShare => pb::InvalidReason::BAD_SHARE,
+            InvalidReason::LevelNotReached => pb::InvalidReason::LEVEL_NOT_REACHED,
         }
     }
 
@@ -460,6 +478,7 @@ impl InvalidReason {
             pb::InvalidReason::BAD_CLUSTER_ID => InvalidReason::BadClusterId,
             pb::InvalidReason::VALUE_TOO_LONG => InvalidReason::ValueTooLong,
             pb::InvalidReason::BAD_SHARE => InvalidReason::BadShare,
+            pb::InvalidReason::LEVEL_NOT_REACHED => InvalidReason::LevelNotReached,
         })
     }
 }

@@ -61,10 +61,10 @@ fn command() -> impl Strategy<Value = Command> {
         (key(), token(), lease(), proptest::option::of(owner()))
             .prop_map(|(key, token, lease_ms, user)| Command::Renew { key, token, lease_ms, user }),
         Just(Command::Noop),
-        (any::<[u8; 16]>(), any::<u64>()).prop_map(|(bytes, token_floor)| Command::Bootstrap {
-            cluster_id: ClusterId::new(bytes),
-            token_floor
+        (any::<[u8; 16]>(), any::<u64>(), 1..=u32::MAX).prop_map(|(bytes, token_floor, level)| {
+            Command::Bootstrap { cluster_id: ClusterId::new(bytes), token_floor, level }
         }),
+        any::<u32>().prop_map(|level| Command::RaiseLevel { level }),
     ]
 }
 
