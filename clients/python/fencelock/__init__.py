@@ -15,6 +15,9 @@ tokens (the wire protocol: docs/protocol.md in the fencelock repository).
 Leader election: ``client.campaign(election, value, ttl)`` leads (a
 :class:`Lock`, with ``proclaim``), ``client.observe(election)`` follows who
 leads; ``client.watch(prefix)`` follows the holders of keys under a prefix.
+Read-write locks and semaphores: ``client.lock_shared(key, Share.READ, ttl)``
+(or ``Share.WRITE``, ``Share.permit(n)``); ``client.holders(key)`` tells
+every holder.
 
 Standard library and ``protobuf`` only; thread-based.
 """
@@ -35,6 +38,7 @@ from .errors import (
 )
 from .fenced import FencedRegister
 from .lock import Lock
+from .share import Share
 from .watch import Leader, LeaderChange, Observer, Watch, WatchBatch, WatchEvent
 
 __version__ = "0.1.0"
@@ -58,6 +62,7 @@ __all__ = [
     "Observer",
     "PermissionDenied",
     "ResourceExhausted",
+    "Share",
     "StaleToken",
     "Unavailable",
     "WaitTimedOut",

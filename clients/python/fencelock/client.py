@@ -37,6 +37,7 @@ from .errors import (
     WaitTimedOut,
 )
 from .lock import Lock, LockContext, local_holds
+from .share import SHARE_NAMES, Share, check_share
 from .watch import Observer, Watch
 
 log = logging.getLogger("fencelock")
@@ -107,7 +108,10 @@ class LockInfo:
     is held back by lock-delay: no one holds it (``token`` and ``owner`` were
     the last holder's), ``ttl`` is the delay and ``remaining`` what is left.
     ``value``: what the holder says of itself (the acquire's value, or its
-    last proclaim); empty for none."""
+    last proclaim); empty for none. ``share``: how it holds the key,
+    ``"exclusive"`` (a plain lock), ``"read"`` or ``"write"`` (a read-write
+    lock), ``"permit"`` (one of a semaphore's ``permits``; 0 otherwise), or
+    ``"unknown"`` for a kind newer than this client."""
 
     key: bytes
     token: int
@@ -116,12 +120,14 @@ class LockInfo:
     remaining: float
     delayed: bool = False
     value: bytes = b""
+    share: str = "exclusive"
+    permits: int = 0
 
     @classmethod
     def _from(cls, info: "pb.LockInfo") -> "LockInfo":
         return cls(
             info.key, info.token, info.owner, info.lease_ms / 1000.0, info.remaining_ms / 1000.0, info.delayed,
-            info.value,
+            info.value, SHARE_NAMES.get(info.share, "unknown"), info.permits,
         )
 
 
@@ -280,7 +286,7 @@ class Client:
              on_lost: Optional[Callable[[Lock], None]] = None) -> LockContext:
         """``with client.lock(key, ttl=10, wait=0) as lock:`` acquires on
         entering (see :meth:`acquire`) and releases on leaving, best effort."""
-        return LockContext(self, key, ttl, wait, on_lost, value)
+        return LockContext(lambda: self.acquire(key, ttl, wait, value, on_lost=on_lost))
 
     def acquire(self, key: Key, ttl: float, wait: float = 0, value: Key = b"", *,
                 on_lost: Optional[Callable[[Lock], None]] = None) -> Lock:
@@ -297,23 +303,35 @@ class Client:
         the same owner holds is waited for (up to ``wait``) or refused the
         same way: the server would hand the same lock over (``existing``),
         and one Lock's release would end the other's."""
-        key_bytes = to_bytes(key)
-        value_bytes = to_bytes(value, "value")
-        started = time.monotonic()
-        hold = local_holds.take(self.owner, key_bytes, wait)
-        try:
-            grant = self.acquire_raw(key_bytes, ttl, max(0.0, wait - (time.monotonic() - started)),
-                                     value=value_bytes)
-            grant = self._fresh_start(grant)
-            hold.granted(grant.token)
-            lock = Lock(self, key, key_bytes, grant, hold, on_lost)
-        except BaseException:
-            hold.free()
-            raise
-        with self._pool:
-            self._locks.add(lock)
-        lock._start()
-        return lock
+        return self._acquire_lock(key, ttl, wait, self.owner, to_bytes(value, "value"), None, on_lost)
+
+    def lock_shared(self, key: Key, share: Share, ttl: float, wait: float = 0, *, owner: Optional[Key] = None,
+                    on_lost: Optional[Callable[[Lock], None]] = None) -> LockContext:
+        """``with client.lock_shared(key, Share.READ, ttl=10) as lock:``
+        acquires shared on entering (see :meth:`acquire_shared`) and
+        releases on leaving, best effort."""
+        share = check_share(share)
+        return LockContext(lambda: self.acquire_shared(key, share, ttl, wait, owner=owner, on_lost=on_lost))
+
+    def acquire_shared(self, key: Key, share: Share, ttl: float, wait: float = 0, *,
+                       owner: Optional[Key] = None, on_lost: Optional[Callable[[Lock], None]] = None) -> Lock:
+        """Acquires ``key`` shared: as a reader (``Share.READ``) or the
+        writer (``Share.WRITE``) of a read-write lock, or as one permit of a
+        semaphore of N (``Share.permit(N)``, N fixed by the key's first
+        acquire). Waits up to ``wait`` seconds, first come first served (a
+        reader does not pass a waiting writer). Each holder has a token and
+        a lease of its own; the :class:`Lock` is renewed and released as
+        :meth:`acquire`'s is, and carries no value.
+
+        A key of another kind raises :class:`InvalidArgument` (a semaphore
+        of other permits, a read-write lock asked for a permit or the other
+        way round) or :class:`Held` (a plain lock's key). As with
+        :meth:`acquire`, one Lock per owner and key in a process: for two
+        permits (or two readers) in one process, use two owners (``owner``,
+        else the client's)."""
+        share = check_share(share)
+        owner_bytes = self.owner if owner is None else to_bytes(owner, "owner")
+        return self._acquire_lock(key, ttl, wait, owner_bytes, b"", share, on_lost)
 
     def campaign(self, election: Key, value: Key, ttl: float, wait: Optional[float] = None, *,
                  on_lost: Optional[Callable[[Lock], None]] = None) -> Lock:
@@ -371,10 +389,24 @@ class Client:
         lives until its lease runs out or it is released by token. Under
         ``owner`` if given, else the client's, with ``value`` (see
         :meth:`acquire`)."""
-        key_bytes = to_bytes(key)
-        value_bytes = to_bytes(value, "value")
         owner_bytes = self.owner if owner is None else to_bytes(owner, "owner")
+        return self._acquire_grant(to_bytes(key), ttl, wait, owner_bytes, to_bytes(value, "value"), None)
+
+    def acquire_shared_raw(self, key: Key, share: Share, ttl: float, wait: float = 0, *,
+                           owner: Optional[Key] = None) -> Grant:
+        """:meth:`acquire_raw` shared (see :meth:`acquire_shared`): one
+        acquire, no renewal, no release."""
+        share = check_share(share)
+        owner_bytes = self.owner if owner is None else to_bytes(owner, "owner")
+        return self._acquire_grant(to_bytes(key), ttl, wait, owner_bytes, b"", share)
+
+    def _acquire_grant(self, key_bytes: bytes, ttl: float, wait: float, owner_bytes: bytes, value_bytes: bytes,
+                       share: Optional[Share]) -> Grant:
+        """One acquire, retried as needed: plain (``share`` None) or shared."""
         lease_ms = _millis(ttl, "ttl")
+        # A plain acquire leaves the fields at their defaults (EXCLUSIVE, 0):
+        # on the wire it is what it was before they existed.
+        share_pb, permits = share._to_pb() if share is not None else (pb.EXCLUSIVE, 0)
         wait_until = time.monotonic() + _millis(wait, "wait") / 1000.0
         timeout = self.request_timeout
 
@@ -384,7 +416,7 @@ class Client:
             wait_left = max(0.0, wait_until - time.monotonic())
             request = pb.Request(acquire=pb.AcquireRequest(
                 key=key_bytes, lease_ms=lease_ms, owner=owner_bytes, wait_ms=_millis(wait_left, "wait"),
-                value=value_bytes))
+                value=value_bytes, share=share_pb, permits=permits))
             return request, wait_left + timeout
 
         response, sent, _ = self._call(make, self.retry_for + wait)
@@ -420,11 +452,21 @@ class Client:
         return renewed
 
     def get(self, key: Key, linearizable: bool = True) -> Optional[LockInfo]:
-        """Who holds ``key``, or None when it is free. Linearizable reads ask
-        the leader; others take the answering node's (maybe stale) table."""
-        request = pb.Request(get=pb.GetRequest(key=to_bytes(key), linearizable=linearizable))
-        answer = _expect(self._call_simple(request), "get").get
+        """Who holds ``key``, or None when it is free; of a read-write lock
+        or a semaphore, its first holder by token (:meth:`holders` tells
+        every one). Linearizable reads ask the leader; others take the
+        answering node's (maybe stale) table."""
+        answer = self._get(key, linearizable)
         return LockInfo._from(answer.holder) if answer.HasField("holder") else None
+
+    def holders(self, key: Key, linearizable: bool = True) -> List[LockInfo]:
+        """Every holder of ``key``, by token: a read-write lock's readers
+        or its writer, a semaphore's permits, or a plain lock's one holder;
+        empty when the key is free. Reads as :meth:`get`."""
+        answer = self._get(key, linearizable)
+        if answer.holders:
+            return [LockInfo._from(info) for info in answer.holders]
+        return [LockInfo._from(answer.holder)] if answer.HasField("holder") else []
 
     def check(self, key: Key, token: int) -> bool:
         """Whether ``token`` holds ``key`` now (linearizable)."""
@@ -433,7 +475,8 @@ class Client:
 
     def list(self, prefix: Key = "", limit: int = 0) -> List[LockInfo]:
         """Up to ``limit`` locks whose keys start with ``prefix``, in key
-        order (linearizable); ``limit`` 0 means the server's maximum."""
+        order (linearizable), one per holder (a read-write lock's readers,
+        a semaphore's permits); ``limit`` 0 means the server's maximum."""
         request = pb.Request(list=pb.ListRequest(prefix=to_bytes(prefix, "prefix"), limit=limit))
         return [LockInfo._from(info) for info in _expect(self._call_simple(request), "list").list.locks]
 
@@ -463,6 +506,31 @@ class Client:
             connection.close()
 
     # -- internals ---------------------------------------------------------
+
+    def _acquire_lock(self, key: Key, ttl: float, wait: float, owner: bytes, value: bytes,
+                      share: Optional[Share], on_lost: Optional[Callable[[Lock], None]]) -> Lock:
+        """An acquire and its :class:`Lock`: one per owner and key in this
+        process, handed over with a lease it can count on."""
+        key_bytes = to_bytes(key)
+        started = time.monotonic()
+        hold = local_holds.take(owner, key_bytes, wait)
+        try:
+            grant = self._acquire_grant(key_bytes, ttl, max(0.0, wait - (time.monotonic() - started)), owner,
+                                        value, share)
+            grant = self._fresh_start(grant)
+            hold.granted(grant.token)
+            lock = Lock(self, key, key_bytes, grant, hold, on_lost, share)
+        except BaseException:
+            hold.free()
+            raise
+        with self._pool:
+            self._locks.add(lock)
+        lock._start()
+        return lock
+
+    def _get(self, key: Key, linearizable: bool) -> "pb.GetResponse":
+        request = pb.Request(get=pb.GetRequest(key=to_bytes(key), linearizable=linearizable))
+        return _expect(self._call_simple(request), "get").get
 
     def _fresh_start(self, grant: Grant) -> Grant:
         """A grant whose lease, counted from its send time, is half gone or

@@ -30,6 +30,7 @@ from .errors import FencelockError, Held, InvalidArgument, PermissionDenied, Wai
 
 if TYPE_CHECKING:
     from .client import Client, Grant
+    from .share import Share
 
 log = logging.getLogger("fencelock")
 
@@ -99,7 +100,9 @@ class Lock:
     ``existing`` (the server handed over the grant this owner held already:
     a retried acquire whose first answer was lost, or a lock left by an
     earlier run under the same owner), ``renewals`` (how many succeeded),
-    ``lost`` (a :class:`threading.Event`), ``lost_reason``.
+    ``lost`` (a :class:`threading.Event`), ``lost_reason``, ``share`` (the
+    :class:`~fencelock.Share` of :meth:`Client.acquire_shared`; None for a
+    plain lock).
 
     ``on_lost(lock)``, if given, is called once when the lock is lost, on
     the thread that notices (the renewal thread, or one calling
@@ -114,9 +117,11 @@ class Lock:
         grant: "Grant",
         hold: _LocalHold,
         on_lost: Optional[Callable[["Lock"], None]] = None,
+        share: Optional["Share"] = None,
     ):
         self.key = key
         self.key_bytes = key_bytes
+        self.share = share
         self.token: int = grant.token
         self.ttl: float = grant.ttl
         self.existing: bool = grant.existing
@@ -134,7 +139,8 @@ class Lock:
 
     def __repr__(self) -> str:
         state = "lost" if self.lost.is_set() else "released" if self._stopped.is_set() else "held"
-        return f"Lock(key={self.key!r}, token={self.token}, ttl={self.ttl}, {state})"
+        share = "" if self.share is None else f", share={self.share!r}"
+        return f"Lock(key={self.key!r}, token={self.token}, ttl={self.ttl}{share}, {state})"
 
     def __enter__(self) -> "Lock":
         return self
@@ -267,17 +273,16 @@ class Lock:
 
 
 class LockContext:
-    """What :meth:`Client.lock` returns: acquires on entering a ``with``
-    block, releases (best effort) on leaving it."""
+    """What :meth:`Client.lock` and :meth:`Client.lock_shared` return:
+    acquires (``acquire()``) on entering a ``with`` block, releases (best
+    effort) on leaving it."""
 
-    def __init__(self, client: "Client", key: Any, ttl: float, wait: float,
-                 on_lost: Optional[Callable[[Lock], None]], value: Any = b""):
-        self._args = (client, key, ttl, wait, on_lost, value)
+    def __init__(self, acquire: Callable[[], Lock]):
+        self._acquire = acquire
         self._lock: Optional[Lock] = None
 
     def __enter__(self) -> Lock:
-        client, key, ttl, wait, on_lost, value = self._args
-        self._lock = client.acquire(key, ttl, wait, value, on_lost=on_lost)
+        self._lock = self._acquire()
         return self._lock
 
     def __exit__(self, *exc: object) -> None:

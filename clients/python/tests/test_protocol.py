@@ -8,7 +8,7 @@ import pytest
 import fencelock
 import fencelock.client
 from fencelock import client_pb2 as pb
-from harness import CONNECTION_LEVEL, FakeNode
+from harness import CONNECTION_LEVEL, FakeNode, wait_until
 
 
 def _check_answer(holds: bool = True) -> pb.Response:
@@ -361,5 +361,134 @@ def test_a_grant_after_a_long_wait_is_renewed_before_it_is_handed_over():
     assert [r.WhichOneof("kind") for r in node.requests] == ["acquire", "renew"]
     assert lock.time_left() > 0.8
     lock.release()
+    client.close()
+    node.close()
+
+
+def _lock_node(token: int = 9):
+    """A node that grants every acquire under ``token`` and renews and
+    releases whatever it is asked to."""
+    def handler(request):
+        kind = request.WhichOneof("kind")
+        if kind == "acquire":
+            return pb.Response(acquire=pb.AcquireResponse(outcome=pb.GRANTED, token=token,
+                                                          lease_ms=request.acquire.lease_ms))
+        if kind == "renew":
+            results = [pb.RenewResult(key=ref.key, token=ref.token, renewed=True) for ref in request.renew.locks]
+            return pb.Response(renew=pb.RenewResponse(results=results, lease_ms=request.renew.lease_ms))
+        return pb.Response(release=pb.ReleaseResponse(released=True, token=request.release.token))
+
+    return FakeNode(handler)
+
+
+def test_a_shared_acquire_carries_its_share_and_permits_and_a_plain_one_does_not():
+    node = _lock_node()
+    client = fencelock.Client([node.addr], owner=b"me")
+    Share = fencelock.Share
+    client.acquire_shared_raw("rw", Share.READ, ttl=5)
+    client.acquire_shared_raw("rw", Share.WRITE, ttl=5, wait=1.5, owner="me/2")
+    client.acquire_shared_raw(b"sem", Share.permit(100_000), ttl=5)
+    client.acquire_raw("plain", ttl=5)
+    sent = [r.acquire for r in node.requests]
+    assert [(a.key, a.owner, a.share, a.permits, a.value) for a in sent] == [
+        (b"rw", b"me", pb.READ, 0, b""),
+        (b"rw", b"me/2", pb.WRITE, 0, b""),
+        (b"sem", b"me", pb.PERMIT, 100_000, b""),
+        (b"plain", b"me", pb.EXCLUSIVE, 0, b""),
+    ]
+    assert 1000 < sent[1].wait_ms <= 1500 and sent[0].wait_ms == 0
+    # A plain acquire is on the wire what it was before the fields existed.
+    plain = pb.AcquireRequest(key=b"plain", lease_ms=5000, owner=b"me")
+    assert sent[3].SerializeToString() == plain.SerializeToString()
+
+    # A shared Lock is renewed and released by its own token, in a with
+    # block; under another owner, a process may hold a second permit.
+    with client.lock_shared("sem", Share.permit(3), ttl=0.6, owner="me/2") as lock:
+        assert (lock.token, lock.share) == (9, Share.permit(3)) and "Share.permit(3)" in repr(lock)
+        acquire = node.requests[-1].acquire
+        assert (acquire.owner, acquire.share, acquire.permits) == (b"me/2", pb.PERMIT, 3)
+        assert wait_until(lambda: lock.renewals >= 1, 3.0)
+    kinds = [r.WhichOneof("kind") for r in node.requests[4:]]
+    assert kinds[0] == "acquire" and "renew" in kinds and kinds[-1] == "release"
+    renew = next(r.renew for r in node.requests[4:] if r.WhichOneof("kind") == "renew")
+    assert [(ref.key, ref.token) for ref in renew.locks] == [(b"sem", 9)]
+    assert node.requests[-1].release.token == 9
+    client.close()
+    node.close()
+
+
+def test_a_bad_share_is_refused_before_anything_is_sent():
+    node = _lock_node()
+    client = fencelock.Client([node.addr])
+    Share = fencelock.Share
+    for permits in (0, -1, 100_001):
+        with pytest.raises(fencelock.InvalidArgument, match="1 to 100,000 permits"):
+            Share.permit(permits)
+    with pytest.raises(TypeError, match="permits is an int"):
+        Share.permit(2.0)
+    with pytest.raises(TypeError, match="permits is an int"):
+        Share.permit(True)
+    with pytest.raises(fencelock.InvalidArgument, match="not 'exclusive'"):
+        Share("exclusive")
+    with pytest.raises(fencelock.InvalidArgument, match="no permits"):
+        Share("read", 2)
+    for call in (client.acquire_shared, client.acquire_shared_raw, client.lock_shared):
+        for share in ("read", pb.READ, None):
+            with pytest.raises(TypeError, match=r"Share.READ, Share.WRITE or Share.permit\(n\)"):
+                call("k", share, 5)
+    assert node.requests == []
+    # The bounds themselves are fine.
+    assert (Share.permit(1).permits, Share.permit(100_000).permits) == (1, 100_000)
+    client.close()
+    node.close()
+
+
+def test_a_share_of_another_kind_is_invalid_argument_and_leaves_nothing_held():
+    message = "key k is a semaphore of 2 permits: acquire it with PERMIT and permits 2"
+    refusing = FakeNode(lambda request: _error(pb.INVALID_ARGUMENT, message))
+    backup = _lock_node()
+    client = fencelock.Client([refusing.addr, backup.addr], owner="me")
+    with pytest.raises(fencelock.InvalidArgument, match="semaphore of 2 permits"):
+        client.acquire_shared("k", fencelock.Share.permit(3), ttl=5)
+    assert backup.requests == [], "an INVALID_ARGUMENT was retried elsewhere"
+    assert refusing.requests[0].acquire.permits == 3
+    # The refused acquire did not keep the key held in this process: a new
+    # one goes out at once (to the node that answers now).
+    refusing.handler = lambda request: _error(pb.UNAVAILABLE, "gone")
+    with client.lock_shared("k", fencelock.Share.permit(2), ttl=5) as lock:
+        assert lock.token == 9
+    client.close()
+    refusing.close()
+    backup.close()
+
+
+def test_get_holders_and_list_read_every_holder_and_its_share():
+    def info(token, share, permits=0):
+        return pb.LockInfo(key=b"k", token=token, owner=b"o%d" % token, lease_ms=5000, share=share,
+                           permits=permits)
+
+    readers = [info(4, pb.READ), info(6, pb.READ)]
+    answers = {
+        b"rw": pb.GetResponse(holder=readers[0], holders=readers),
+        b"plain": pb.GetResponse(holder=info(3, pb.EXCLUSIVE)),
+        b"free": pb.GetResponse(),
+        b"new": pb.GetResponse(holder=info(8, 9), holders=[info(8, 9)]),
+    }
+
+    def handler(request):
+        if request.WhichOneof("kind") == "get":
+            return pb.Response(get=answers[request.get.key])
+        return pb.Response(list=pb.ListResponse(locks=[info(10, pb.PERMIT, 2), info(11, pb.PERMIT, 2)]))
+
+    node = FakeNode(handler)
+    client = fencelock.Client([node.addr])
+    assert [(h.token, h.share, h.permits) for h in client.holders("rw")] == [(4, "read", 0), (6, "read", 0)]
+    assert client.get("rw") == fencelock.LockInfo(b"k", 4, b"o4", 5.0, 0.0, False, b"", "read", 0)
+    assert [(h.token, h.share) for h in client.holders("plain")] == [(3, "exclusive")]
+    assert client.holders("free") == [] and client.get("free") is None
+    assert [h.share for h in client.holders("new", linearizable=False)] == ["unknown"]
+    assert [(i.token, i.share, i.permits) for i in client.list("k")] == [(10, "permit", 2), (11, "permit", 2)]
+    gets = [r.get for r in node.requests if r.WhichOneof("kind") == "get"]
+    assert [g.linearizable for g in gets] == [True, True, True, True, True, False]
     client.close()
     node.close()

@@ -13,7 +13,7 @@ use fencelock_client::sansio::lease::needs_fresh_start;
 use fencelock_client::sansio::pool::Pool;
 use fencelock_client::sansio::{Drift, Lease, Outcome, RetryLoop, Retrying, Verdict};
 use fencelock_client::{
-    ClientConfig, ClientError, Grant, LocalHold, LockInfo, NodeStatus, Released, Renewed, WatchBatch,
+    ClientConfig, ClientError, Grant, LocalHold, LockInfo, NodeStatus, Released, Renewed, Share, WatchBatch,
 };
 use fencelock_types::client_pb::{Request, Request_oneof_kind, Response_oneof_kind};
 
@@ -25,6 +25,13 @@ use crate::watch::{AsyncObserver, AsyncWatch};
 /// same key) looks again. Such waits are rare: two tasks of one process
 /// contending for one key.
 const LOCAL_POLL: Duration = Duration::from_millis(10);
+
+/// What an acquire asks for: a plain lock with its value, or a share.
+#[derive(Clone, Copy, Debug)]
+enum Acquiring<'a> {
+    Exclusive(&'a [u8]),
+    Shared(Share),
+}
 
 /// An async fencelock client. Clones share connections and the owner.
 /// Every guard renews its lock in a task of its own, on the runtime the
@@ -112,7 +119,8 @@ impl AsyncClient {
         lease: Duration,
         wait: Duration,
     ) -> Result<AsyncLockGuard, ClientError> {
-        self.acquire_guarded(key.as_ref(), b"", lease, wait).await
+        let owner = self.inner.owner.clone();
+        self.acquire_guarded(&owner, key.as_ref(), Acquiring::Exclusive(b""), lease, wait).await
     }
 
     /// Campaigns in `election` with `value` (what this candidate says of
@@ -129,21 +137,83 @@ impl AsyncClient {
         lease: Duration,
         wait: Duration,
     ) -> Result<AsyncLockGuard, ClientError> {
-        self.acquire_guarded(election.as_ref(), value.as_ref(), lease, wait).await
+        let owner = self.inner.owner.clone();
+        let acquiring = Acquiring::Exclusive(value.as_ref());
+        self.acquire_guarded(&owner, election.as_ref(), acquiring, lease, wait).await
     }
 
-    async fn acquire_guarded(
+    /// Acquires `key` shared: as a reader ([`Share::Read`]) or the writer
+    /// ([`Share::Write`]) of a read-write lock, or as one permit of a
+    /// semaphore of N ([`Share::Permit`]`(N)`, N fixed by the key's first
+    /// acquire; another N, or another kind, is
+    /// [`ClientError::InvalidArgument`]). Waits up to `wait`, FIFO (a
+    /// reader does not pass a waiting writer). Each holder has a token of
+    /// its own; the guard is renewed, released and lost like a plain
+    /// lock's, and a grant answered after a long wait is renewed before it
+    /// is handed over, as [`AsyncClient::acquire`]'s. One guard per key and
+    /// owner in a process: for two permits, use two owners
+    /// ([`AsyncClient::acquire_shared_as`]).
+    pub async fn acquire_shared(
         &self,
-        key: &[u8],
-        value: &[u8],
+        key: impl AsRef<[u8]>,
+        share: Share,
         lease: Duration,
         wait: Duration,
     ) -> Result<AsyncLockGuard, ClientError> {
         let owner = self.inner.owner.clone();
+        self.acquire_shared_as(&owner, key, share, lease, wait).await
+    }
+
+    /// [`AsyncClient::acquire_shared`] under an explicit owner identity.
+    pub async fn acquire_shared_as(
+        &self,
+        owner: &[u8],
+        key: impl AsRef<[u8]>,
+        share: Share,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
+        self.acquire_guarded(owner, key.as_ref(), Acquiring::Shared(share), lease, wait).await
+    }
+
+    /// [`AsyncClient::acquire_raw`] in a shared mode: no guard, nothing
+    /// renews or releases it.
+    pub async fn acquire_shared_raw(
+        &self,
+        owner: &[u8],
+        key: impl AsRef<[u8]>,
+        share: Share,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<Grant, ClientError> {
+        let acquiring = Acquiring::Shared(share);
+        self.inner.acquire(owner, key.as_ref(), acquiring, lease, wait).await.map(|(grant, _)| grant)
+    }
+
+    /// Every holder of `key`: a read-write lock's readers or writer, a
+    /// semaphore's permits, or a plain lock's holder (empty: free).
+    /// Linearizable reads ask the leader; others take the answering node's
+    /// (maybe stale) table.
+    pub async fn holders(
+        &self,
+        key: impl AsRef<[u8]>,
+        linearizable: bool,
+    ) -> Result<Vec<LockInfo>, ClientError> {
+        calls::holders_answer(self.inner.call_simple(calls::get(key.as_ref(), linearizable)).await?)
+    }
+
+    async fn acquire_guarded(
+        &self,
+        owner: &[u8],
+        key: &[u8],
+        acquiring: Acquiring<'_>,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
         let started = Instant::now();
-        let local = take_local(&owner, key, started + wait, wait.is_zero()).await?;
+        let local = take_local(owner, key, started + wait, wait.is_zero()).await?;
         let (grant, mut sent) =
-            self.inner.acquire(&owner, key, value, lease, wait.saturating_sub(started.elapsed())).await?;
+            self.inner.acquire(owner, key, acquiring, lease, wait.saturating_sub(started.elapsed())).await?;
         // Granted after a wait in the queue: the lease the client can prove
         // starts at the send time, long ago. A renewal now starts one it
         // can count on (or finds the lock already gone).
@@ -174,7 +244,8 @@ impl AsyncClient {
         lease: Duration,
         wait: Duration,
     ) -> Result<Grant, ClientError> {
-        self.inner.acquire(owner, key.as_ref(), b"", lease, wait).await.map(|(grant, _)| grant)
+        let acquiring = Acquiring::Exclusive(b"");
+        self.inner.acquire(owner, key.as_ref(), acquiring, lease, wait).await.map(|(grant, _)| grant)
     }
 
     /// [`AsyncClient::acquire_raw`] with the lock's `value` (shown by
@@ -187,7 +258,8 @@ impl AsyncClient {
         lease: Duration,
         wait: Duration,
     ) -> Result<Grant, ClientError> {
-        self.inner.acquire(owner, key.as_ref(), value.as_ref(), lease, wait).await.map(|(grant, _)| grant)
+        let acquiring = Acquiring::Exclusive(value.as_ref());
+        self.inner.acquire(owner, key.as_ref(), acquiring, lease, wait).await.map(|(grant, _)| grant)
     }
 
     /// The holder of `key` under `token` replaces its lock's value (an
@@ -311,11 +383,14 @@ async fn take_local(
 }
 
 impl Inner {
+    /// One acquire, retried as needed; also returns when the successful
+    /// attempt was sent, which is when the lease starts on the client's
+    /// side.
     async fn acquire(
         &self,
         owner: &[u8],
         key: &[u8],
-        value: &[u8],
+        acquiring: Acquiring<'_>,
         lease: Duration,
         wait: Duration,
     ) -> Result<(Grant, Instant), ClientError> {
@@ -324,7 +399,11 @@ impl Inner {
         let make = || {
             // A retry waits only for what is left of the caller's wait.
             let wait_left = wait_until.saturating_duration_since(Instant::now());
-            (calls::acquire(owner, key, value, lease, wait_left), wait_left + request_timeout)
+            let request = match acquiring {
+                Acquiring::Exclusive(value) => calls::acquire(owner, key, value, lease, wait_left),
+                Acquiring::Shared(share) => calls::acquire_shared(owner, key, share, lease, wait_left),
+            };
+            (request, wait_left + request_timeout)
         };
         let (kind, sent) = self.call(make, self.retry_for + wait).await?;
         calls::acquire_answer(kind, lease).map(|grant| (grant, sent))

@@ -5,17 +5,20 @@
 //! retry loop, lock guards each renewed by a task of its own, with a
 //! lost-lock signal ([`AsyncLockGuard::lost`]) and the time left
 //! ([`AsyncLockGuard::time_left`]), leader election
-//! ([`AsyncClient::campaign`], [`AsyncLockGuard::proclaim`]), and the
-//! long-poll loops of watches ([`AsyncWatch`]) and election observers
-//! ([`AsyncObserver`]). Every decision (which node, how long to pause, when
-//! to give up, what a request holds and what an answer means, how long a
-//! lease may be counted on with the drift margin ρ, which watched change is
-//! a new leader) is the sans-IO core's, `fencelock_client::sansio`, which
-//! the blocking [`fencelock_client::Client`] runs too: the two behave alike
-//! and are tested alike (`crates/server/tests/clients.rs`). It shares the
-//! blocking client's configuration ([`ClientConfig`]), errors and answers
-//! (watch batches and leader changes among them). It does not own the frame
-//! format (`fencelock-net`) nor any server-side logic.
+//! ([`AsyncClient::campaign`], [`AsyncLockGuard::proclaim`]), read-write
+//! locks and semaphores ([`AsyncClient::acquire_shared`] with a [`Share`]:
+//! each holder has a token and a guard of its own;
+//! [`AsyncClient::holders`] lists them), and the long-poll loops of watches
+//! ([`AsyncWatch`]) and election observers ([`AsyncObserver`]). Every
+//! decision (which node, how long to pause, when to give up, what a request
+//! holds and what an answer means, how long a lease may be counted on with
+//! the drift margin ρ, which watched change is a new leader) is the sans-IO
+//! core's, `fencelock_client::sansio`, which the blocking
+//! [`fencelock_client::Client`] runs too: the two behave alike and are
+//! tested alike (`crates/server/tests/clients.rs`). It shares the blocking
+//! client's configuration ([`ClientConfig`]), errors and answers (watch
+//! batches and leader changes among them). It does not own the frame format
+//! (`fencelock-net`) nor any server-side logic.
 //!
 //! Within one process a key is never held twice by guards of one owner,
 //! async or blocking ([`fencelock_client::LocalHold`]): a second acquire
@@ -59,6 +62,27 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! A read-write lock: readers hold the key together, a writer alone (it
+//! waits, in order, for the readers before it). A semaphore of N is
+//! [`Share::Permit`]`(N)`.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use fencelock_client_async::{AsyncClient, Share};
+//!
+//! # async fn run(client: AsyncClient) -> Result<(), Box<dyn std::error::Error>> {
+//! let (lease, wait) = (Duration::from_secs(10), Duration::from_secs(30));
+//! let reader = client.acquire_shared("db/schema", Share::Read, lease, wait).await?;
+//! for holder in client.holders("db/schema", true).await? {
+//!     println!("{:?} under token {}", holder.share, holder.token);
+//! }
+//! reader.release().await?;
+//! let slot = client.acquire_shared("pool/gpu", Share::Permit(4), lease, wait).await?;
+//! slot.release().await?;
+//! # Ok(())
+//! # }
+//! ```
 
 mod client;
 mod connection;
@@ -68,7 +92,7 @@ mod watch;
 pub use client::AsyncClient;
 pub use fencelock_client::{
     ClientConfig, ClientError, Drift, Grant, Leader, LeaderChange, LockInfo, NodeStatus, Released, Renewed,
-    Retrying, TlsConfig, WatchBatch, WatchEvent, WatchEventKind,
+    Retrying, Share, ShareKind, TlsConfig, WatchBatch, WatchEvent, WatchEventKind,
 };
 pub use guard::AsyncLockGuard;
 pub use watch::{AsyncObserver, AsyncWatch};

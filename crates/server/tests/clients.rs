@@ -14,6 +14,11 @@
 //! resign, the next candidate leads, an observer tells each leader and
 //! value) and a watch of a prefix (each grant and release under it, in log
 //! order, nothing from outside it).
+//!
+//! And two of shared keys: a read-write lock (two readers at once, a
+//! writer queued behind them and granted only after both, every holder
+//! listed) and a semaphore of 2 (two permits, a third turned away, then
+//! granted the first permit released; another number of permits refused).
 
 // Test code: unwrapping is how a test fails.
 #![allow(clippy::unwrap_used)]
@@ -26,7 +31,7 @@ use std::time::{Duration, Instant};
 use common::{Cluster, DEADLINE};
 use fencelock_client::{
     Client, ClientConfig, ClientError, Grant, Leader, LeaderChange, LockGuard, LockInfo, Observer, Released,
-    Watch, WatchBatch, WatchEventKind,
+    Share, ShareKind, Watch, WatchBatch, WatchEventKind,
 };
 use fencelock_client_async::{AsyncClient, AsyncLockGuard, AsyncObserver, AsyncWatch};
 
@@ -68,6 +73,30 @@ trait Face: Sized + Send + Sync + 'static {
     fn observe(&self, election: &str) -> Self::Observer;
     /// A watch of `prefix` from now (`None`) or from a position.
     fn watch(&self, prefix: &str, from: Option<u64>) -> Self::Watch;
+    fn acquire_shared(
+        &self,
+        key: &str,
+        share: Share,
+        lease: Duration,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Self::Guard, ClientError>> + Send;
+    fn acquire_shared_as(
+        &self,
+        owner: &str,
+        key: &str,
+        share: Share,
+        lease: Duration,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Self::Guard, ClientError>> + Send;
+    /// A shared acquire that does not wait.
+    fn acquire_shared_raw(
+        &self,
+        owner: &str,
+        key: &str,
+        share: Share,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Grant, ClientError>> + Send;
+    fn holders(&self, key: &str) -> impl Future<Output = Result<Vec<LockInfo>, ClientError>> + Send;
 }
 
 /// What the election scenario needs of an observer.
@@ -147,6 +176,37 @@ impl Face for Blocking {
             None => self.0.watch(prefix),
             Some(position) => self.0.watch_from(prefix, position),
         }
+    }
+    async fn acquire_shared(
+        &self,
+        key: &str,
+        share: Share,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<LockGuard, ClientError> {
+        blocking(|| self.0.acquire_shared(key, share, lease, wait))
+    }
+    async fn acquire_shared_as(
+        &self,
+        owner: &str,
+        key: &str,
+        share: Share,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<LockGuard, ClientError> {
+        blocking(|| self.0.acquire_shared_as(owner.as_bytes(), key, share, lease, wait))
+    }
+    async fn acquire_shared_raw(
+        &self,
+        owner: &str,
+        key: &str,
+        share: Share,
+        lease: Duration,
+    ) -> Result<Grant, ClientError> {
+        blocking(|| self.0.acquire_shared_raw(owner.as_bytes(), key, share, lease, Duration::ZERO))
+    }
+    async fn holders(&self, key: &str) -> Result<Vec<LockInfo>, ClientError> {
+        blocking(|| self.0.holders(key, true))
     }
 }
 
@@ -245,6 +305,37 @@ impl Face for Async {
             None => self.0.watch(prefix),
             Some(position) => self.0.watch_from(prefix, position),
         }
+    }
+    async fn acquire_shared(
+        &self,
+        key: &str,
+        share: Share,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
+        self.0.acquire_shared(key, share, lease, wait).await
+    }
+    async fn acquire_shared_as(
+        &self,
+        owner: &str,
+        key: &str,
+        share: Share,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
+        self.0.acquire_shared_as(owner.as_bytes(), key, share, lease, wait).await
+    }
+    async fn acquire_shared_raw(
+        &self,
+        owner: &str,
+        key: &str,
+        share: Share,
+        lease: Duration,
+    ) -> Result<Grant, ClientError> {
+        self.0.acquire_shared_raw(owner.as_bytes(), key, share, lease, Duration::ZERO).await
+    }
+    async fn holders(&self, key: &str) -> Result<Vec<LockInfo>, ClientError> {
+        self.0.holders(key, true).await
     }
 }
 
@@ -523,6 +614,174 @@ async fn watching<F: Face>(cluster: &Cluster, face: &str) {
 
     let mut again = watcher.watch("jobs/", Some(start.index));
     assert_eq!(changes(&mut again, 4).await, events);
+}
+
+/// Each holder as `(token, owner, share, permits)`.
+fn holding(holders: &[LockInfo]) -> Vec<(u64, String, ShareKind, u32)> {
+    holders
+        .iter()
+        .map(|info| (info.token, String::from_utf8_lossy(&info.owner).into_owned(), info.share, info.permits))
+        .collect()
+}
+
+/// The message of an invalid-argument error.
+fn invalid(error: Option<ClientError>) -> String {
+    match error {
+        Some(ClientError::InvalidArgument(message)) => message,
+        other => panic!("not refused as an invalid argument: {other:?}"),
+    }
+}
+
+/// The read-write lock scenario, with clients of kind `F`: two readers hold
+/// `db/schema` at once under tokens of their own. A writer that waits is
+/// queued behind them (a later reader that does not wait is then turned
+/// away rather than pass it), is not granted while one reader is left, and
+/// is granted once both released, with a greater token and a lease it can
+/// count on (it waited longer than half of it). `holders` lists every
+/// holder; another kind on the key is refused.
+async fn read_write<F: Face>(cluster: &Cluster, face: &str) {
+    let key = "db/schema";
+    let [owner_1, owner_2, owner_w] = ["reader-1", "reader-2", "writer"].map(|who| format!("{face}-{who}"));
+    let [reader_1, reader_2, writer] =
+        [&owner_1, &owner_2, &owner_w].map(|owner| F::make(config(cluster, owner)));
+    let lease = Duration::from_secs(3);
+
+    let r1 = reader_1.acquire_shared(key, Share::Read, lease, Duration::ZERO).await.unwrap();
+    let r2 = reader_2.acquire_shared(key, Share::Read, lease, Duration::ZERO).await.unwrap();
+    assert!(r1.token() < r2.token(), "{} then {}", r1.token(), r2.token());
+    assert!(reader_1.check(key, r1.token()).await.unwrap());
+    assert!(reader_1.check(key, r2.token()).await.unwrap());
+    assert_eq!(
+        holding(&reader_2.holders(key).await.unwrap()),
+        [
+            (r1.token(), owner_1.clone(), ShareKind::Read, 0),
+            (r2.token(), owner_2.clone(), ShareKind::Read, 0)
+        ]
+    );
+
+    let waiting = tokio::spawn(async move {
+        let guard = writer.acquire_shared(key, Share::Write, lease, Duration::from_secs(20)).await;
+        (writer, guard)
+    });
+    // The writer is queued once a reader that does not wait is turned away
+    // (one that came before it is granted: let go, and asked again).
+    let late = format!("{face}-reader-late");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match reader_1.acquire_shared_raw(&late, key, Share::Read, lease).await {
+            Ok(grant) => assert!(reader_1.release(key, grant.token).await.unwrap().released),
+            Err(refused) => {
+                assert_eq!(refused, ClientError::Held { holder_token: Some(r1.token()) });
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "a writer never queued: readers still pass it");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // The writer waits on, with one reader left, for longer than half its
+    // usable lease: the lease it is granted would be mostly gone, counted
+    // from its send time.
+    let readers_last = r2.token();
+    assert!(r1.release().await.unwrap());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!waiting.is_finished(), "the writer got in beside a reader");
+    assert!(r2.release().await.unwrap());
+    let (writer, w) = waiting.await.unwrap();
+    let w = w.unwrap();
+    assert!(w.token() > readers_last, "{} after {readers_last}", w.token());
+    let usable = fencelock_client::Drift::default().usable(lease);
+    assert!(w.time_left() > usable / 2, "{:?} left after the wait", w.time_left());
+    assert_eq!(holding(&writer.holders(key).await.unwrap()), [(w.token(), owner_w, ShareKind::Write, 0)]);
+
+    // Another kind on a read-write lock's key.
+    let refused = invalid(reader_1.acquire_shared(key, Share::Permit(2), lease, Duration::ZERO).await.err());
+    assert!(refused.contains("read-write lock"), "{refused}");
+    assert_eq!(
+        reader_1.acquire(key, lease, Duration::ZERO).await.err(),
+        Some(ClientError::Held { holder_token: Some(w.token()) })
+    );
+    assert!(w.release().await.unwrap());
+    assert_eq!(writer.holders(key).await.unwrap(), []);
+}
+
+/// The semaphore scenario, with clients of kind `F`: a semaphore of 2
+/// grants two permits (two owners of one client), a third that does not
+/// wait is refused as held, one that waits is granted the first permit
+/// released; a second guard of one owner, another number of permits and
+/// another kind are refused.
+async fn semaphore<F: Face>(cluster: &Cluster, face: &str) {
+    let key = "pool";
+    let [owner_a, owner_b, owner_c] = ["a", "b", "c"].map(|who| format!("{face}-permit-{who}"));
+    let permits = F::make(config(cluster, &format!("{face}-permits")));
+    let third = F::make(config(cluster, &owner_c));
+    let lease = Duration::from_secs(3);
+    let two = Share::Permit(2);
+
+    let a = permits.acquire_shared_as(&owner_a, key, two, lease, Duration::ZERO).await.unwrap();
+    let b = permits.acquire_shared_as(&owner_b, key, two, lease, Duration::ZERO).await.unwrap();
+    assert!(a.token() < b.token(), "{} then {}", a.token(), b.token());
+    assert_eq!(
+        holding(&third.holders(key).await.unwrap()),
+        [
+            (a.token(), owner_a.clone(), ShareKind::Permit, 2),
+            (b.token(), owner_b.clone(), ShareKind::Permit, 2)
+        ]
+    );
+    let full = Some(ClientError::Held { holder_token: Some(a.token()) });
+    assert_eq!(third.acquire_shared(key, two, lease, Duration::ZERO).await.err(), full);
+    // One guard per key and owner in a process, shared or not.
+    assert_eq!(permits.acquire_shared_as(&owner_a, key, two, lease, Duration::ZERO).await.err(), full);
+    // The number of permits is the first acquire's; the kind too.
+    let three = invalid(third.acquire_shared_raw(&owner_c, key, Share::Permit(3), lease).await.err());
+    assert!(three.contains("semaphore of 2 permits"), "{three}");
+    let read = invalid(third.acquire_shared(key, Share::Read, lease, Duration::ZERO).await.err());
+    assert!(read.contains("semaphore of 2 permits"), "{read}");
+    assert_eq!(third.acquire(key, lease, Duration::ZERO).await.err(), full);
+
+    let waiting = tokio::spawn(async move {
+        let guard = third.acquire_shared(key, two, lease, Duration::from_secs(20)).await;
+        (third, guard)
+    });
+    // Time for a wrong grant to show: the third waits while both permits
+    // are held.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "a third permit was granted on a semaphore of 2");
+    assert!(a.release().await.unwrap());
+    let (third, c) = waiting.await.unwrap();
+    let c = c.unwrap();
+    assert!(c.token() > b.token(), "{} after {}", c.token(), b.token());
+    assert_eq!(
+        holding(&third.holders(key).await.unwrap()),
+        [(b.token(), owner_b, ShareKind::Permit, 2), (c.token(), owner_c, ShareKind::Permit, 2)]
+    );
+    assert!(b.release().await.unwrap());
+    assert!(c.release().await.unwrap());
+    assert_eq!(third.holders(key).await.unwrap(), []);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_blocking_client_shares_a_read_write_lock() {
+    let cluster = Cluster::start(3);
+    read_write::<Blocking>(&cluster, "blocking").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_async_client_shares_a_read_write_lock() {
+    let cluster = Cluster::start(3);
+    read_write::<Async>(&cluster, "async").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_blocking_client_holds_permits_of_a_semaphore() {
+    let cluster = Cluster::start(3);
+    semaphore::<Blocking>(&cluster, "blocking").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_async_client_holds_permits_of_a_semaphore() {
+    let cluster = Cluster::start(3);
+    semaphore::<Async>(&cluster, "async").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
