@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 
 use crate::converge::{Convergence, Listing};
-use crate::history::{Op, OpKind, Outcome};
+use crate::history::{Op, OpKind, Outcome, ShareKind};
 use crate::store::StoreWrite;
 
 /// The most violations each check lists (all are counted).
@@ -77,7 +77,8 @@ impl Check {
 /// Runs every check.
 pub fn check(input: &Input<'_>) -> Vec<Check> {
     let (lease, skewed) = lease_expiry(input);
-    let mut checks = vec![fenced_store(input), tokens(input), mutual_exclusion(input), lease];
+    let mut checks =
+        vec![fenced_store(input), tokens(input), mutual_exclusion(input), shared_exclusion(input), lease];
     if !input.skew_windows.is_empty() {
         checks.push(skewed);
     }
@@ -232,7 +233,7 @@ fn tokens(input: &Input<'_>) -> Check {
         .ops
         .iter()
         .filter(|op| {
-            matches!(op.kind, OpKind::Acquire { .. })
+            matches!(op.kind, OpKind::Acquire { .. } | OpKind::AcquireShared { .. })
                 && matches!(op.outcome, Outcome::Unknown { .. } | Outcome::Granted { .. })
         })
         .map(|op| (op.owner.as_str(), op.key.as_str(), op.invoke_us))
@@ -300,7 +301,43 @@ fn mutual_exclusion(input: &Input<'_>) -> Check {
         "mutual-exclusion",
         "no client was granted a key while an earlier grant on it was neither released nor expired",
     );
-    // Per key, per token: the latest invoke of an op that saw it hold.
+    let latest = sightings(input);
+    let mut grants_by_key: BTreeMap<&str, Vec<(u64, &Op)>> = BTreeMap::new();
+    let shared = shared_keys(input.ops);
+    for (token, _, op) in grants(input.ops).filter(|(_, _, op)| !shared.contains(op.key.as_str())) {
+        grants_by_key.entry(&op.key).or_default().push((token, op));
+    }
+    for (key, mut key_grants) in grants_by_key {
+        let Some(seen) = latest.get(key) else { continue };
+        key_grants.sort_by_key(|(token, _)| *token);
+        // Walk tokens upwards, keeping the latest sighting of any lower one.
+        let mut sightings = seen.iter().peekable();
+        let mut lower: Option<(u64, Seen<'_>)> = None;
+        for (token, grant) in key_grants {
+            while let Some((seen_token, sighting)) = sightings.next_if(|(seen_token, _)| **seen_token < token)
+            {
+                if lower.is_none_or(|(_, best)| sighting.invoke_us > best.invoke_us) {
+                    lower = Some((*seen_token, *sighting));
+                }
+            }
+            let Some((old, sighting)) = lower else { continue };
+            if sighting.invoke_us > grant.complete_us {
+                check.violation(format!(
+                    "key {key}: token {token} was granted ({}) while token {old} still held it, as {} showed at {:.3}s",
+                    describe(grant),
+                    sighting.describe(),
+                    sighting.invoke_us as f64 / 1e6
+                ));
+            }
+        }
+    }
+    check
+}
+
+/// Per key, per token: the latest invoke of an op that saw the token hold
+/// the key (a grant, a release answered released, a check answered holds,
+/// an applied proclaim, the final listing).
+fn sightings<'a>(input: &Input<'a>) -> BTreeMap<&'a str, BTreeMap<u64, Seen<'a>>> {
     let mut latest: BTreeMap<&str, BTreeMap<u64, Seen<'_>>> = BTreeMap::new();
     let mut observations: Vec<(&str, u64, Seen<'_>)> = Vec::new();
     for op in input.ops {
@@ -326,35 +363,79 @@ fn mutual_exclusion(input: &Input<'_>) -> Check {
             *slot = seen;
         }
     }
-    let mut grants_by_key: BTreeMap<&str, Vec<(u64, &Op)>> = BTreeMap::new();
-    for (token, _, op) in grants(input.ops) {
-        grants_by_key.entry(&op.key).or_default().push((token, op));
+    latest
+}
+
+impl Seen<'_> {
+    fn describe(&self) -> String {
+        match self.what {
+            Evidence::Op(op) => describe(op),
+            Evidence::Listing => "the final listing".to_owned(),
+        }
     }
-    for (key, mut key_grants) in grants_by_key {
+}
+
+/// The keys some client acquired shared: read-write locks and semaphores.
+fn shared_keys(ops: &[Op]) -> BTreeSet<&str> {
+    ops.iter()
+        .filter(|op| matches!(op.kind, OpKind::AcquireShared { .. }))
+        .map(|op| op.key.as_str())
+        .collect()
+}
+
+/// How each shared grant holds its key: (key, token) to share and permits.
+fn shares(ops: &[Op]) -> BTreeMap<(&str, u64), (ShareKind, u32)> {
+    ops.iter()
+        .filter_map(|op| match (&op.kind, &op.outcome) {
+            (OpKind::AcquireShared { share, permits, .. }, Outcome::Granted { token, .. }) => {
+                Some(((op.key.as_str(), *token), (*share, *permits)))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Whether a holder in `share` (of `permits`) may hold beside `others`:
+/// readers beside readers only, a writer beside no one, at most `permits`
+/// permits. None: it may; else what it broke.
+fn shared_conflict(share: ShareKind, permits: u32, others: &[(u64, ShareKind)]) -> Option<String> {
+    match share {
+        ShareKind::Write if !others.is_empty() => Some(format!("a writer beside {others:?}")),
+        ShareKind::Read => others
+            .iter()
+            .find(|(_, other)| *other != ShareKind::Read)
+            .map(|(token, other)| format!("a reader beside token {token} ({other:?})")),
+        ShareKind::Permit if others.len() + 1 > permits as usize => {
+            Some(format!("{} holders of a semaphore of {permits}: {others:?} and this one", others.len() + 1))
+        }
+        _ => None,
+    }
+}
+
+/// The holders of read-write locks and semaphores kept to their kind: a
+/// writer alone, readers only with readers, never more permits than the
+/// semaphore has. The evidence is as for mutual exclusion: a lower token
+/// seen holding the key by an op invoked after a grant completed held it
+/// when that grant was made, beside it.
+fn shared_exclusion(input: &Input<'_>) -> Check {
+    let mut check = Check::new(
+        "shared-exclusion",
+        "read-write locks had one writer alone or only readers, and semaphores never more holders than permits",
+    );
+    let latest = sightings(input);
+    let shares = shares(input.ops);
+    for (token, _, grant) in grants(input.ops) {
+        let key = grant.key.as_str();
+        let Some((share, permits)) = shares.get(&(key, token)).copied() else { continue };
         let Some(seen) = latest.get(key) else { continue };
-        key_grants.sort_by_key(|(token, _)| *token);
-        // Walk tokens upwards, keeping the latest sighting of any lower one.
-        let mut sightings = seen.iter().peekable();
-        let mut lower: Option<(u64, Seen<'_>)> = None;
-        for (token, grant) in key_grants {
-            while let Some((seen_token, sighting)) = sightings.next_if(|(seen_token, _)| **seen_token < token)
-            {
-                if lower.is_none_or(|(_, best)| sighting.invoke_us > best.invoke_us) {
-                    lower = Some((*seen_token, *sighting));
-                }
-            }
-            let Some((old, sighting)) = lower else { continue };
-            if sighting.invoke_us > grant.complete_us {
-                let evidence = match sighting.what {
-                    Evidence::Op(op) => describe(op),
-                    Evidence::Listing => "the final listing".to_owned(),
-                };
-                check.violation(format!(
-                    "key {key}: token {token} was granted ({}) while token {old} still held it, as {evidence} showed at {:.3}s",
-                    describe(grant),
-                    sighting.invoke_us as f64 / 1e6
-                ));
-            }
+        let beside: Vec<(u64, ShareKind)> = seen
+            .range(..token)
+            .filter(|(_, sighting)| sighting.invoke_us > grant.complete_us)
+            .map(|(old, _)| (*old, shares.get(&(key, *old)).map_or(ShareKind::Write, |(share, _)| *share)))
+            .collect();
+        if let Some(broken) = shared_conflict(share, permits, &beside) {
+            check
+                .violation(format!("key {key}: token {token} was granted ({}) as {broken}", describe(grant)));
         }
     }
     check
@@ -390,7 +471,16 @@ fn lease_expiry(input: &Input<'_>) -> (Check, Check) {
     for (token, lease_ms, op) in grants(input.ops) {
         by_key.entry(&op.key).or_default().push((token, lease_ms, op));
     }
+    let shared = shared_keys(input.ops);
+    let shares = shares(input.ops);
     for (key, mut key_grants) in by_key {
+        if shared.contains(key) {
+            shared_leases(key, &key_grants, &shares, &releases, |from, to, message| {
+                let target = if in_skew(from, to) { &mut skewed } else { &mut check };
+                target.violation(message);
+            });
+            continue;
+        }
         key_grants.sort_by_key(|(_, _, op)| op.invoke_us);
         let longest_us =
             key_grants.iter().map(|(_, lease, _)| lease.saturating_mul(1_000)).max().unwrap_or(0);
@@ -428,6 +518,50 @@ fn lease_expiry(input: &Input<'_>) -> (Check, Check) {
         }
     }
     (check, skewed)
+}
+
+/// [`lease_expiry`] on a read-write lock or a semaphore: when a grant
+/// completed, the earlier holders whose leases (from their sends) still
+/// ran and that had sent no release must fit beside it (a writer alone,
+/// readers with readers, at most the permits): else one of them was cut
+/// short. One violation per grant that came too early; `report` takes the
+/// span from the earliest such holder's acquire to the grant.
+fn shared_leases(
+    key: &str,
+    key_grants: &[(u64, u64, &Op)],
+    shares: &BTreeMap<(&str, u64), (ShareKind, u32)>,
+    releases: &BTreeMap<(&str, u64), u64>,
+    mut report: impl FnMut(u64, u64, String),
+) {
+    for &(later, _, grant) in key_grants {
+        let Some((share, permits)) = shares.get(&(key, later)).copied() else { continue };
+        let mut alive: Vec<(u64, ShareKind)> = Vec::new();
+        let mut first_invoke = grant.complete_us;
+        for &(earlier, lease_ms, holder) in key_grants {
+            if earlier >= later || holder.invoke_us >= grant.complete_us {
+                continue;
+            }
+            let lease_us = (lease_ms as f64 * 1_000.0 * (1.0 - LEASE_MARGIN)) as u64;
+            let ends_us = holder.invoke_us.saturating_add(lease_us);
+            let released = releases.get(&(key, earlier)).is_some_and(|sent| *sent < grant.complete_us);
+            if grant.complete_us < ends_us && !released && !alive.iter().any(|(token, _)| *token == earlier) {
+                let kind = shares.get(&(key, earlier)).map_or(ShareKind::Write, |(kind, _)| *kind);
+                alive.push((earlier, kind));
+                first_invoke = first_invoke.min(holder.invoke_us);
+            }
+        }
+        if let Some(broken) = shared_conflict(share, permits, &alive) {
+            report(
+                first_invoke,
+                grant.complete_us,
+                format!(
+                    "key {key}: token {later} was granted at {:.3}s ({}) as {broken}, whose leases still ran and which were not released",
+                    grant.complete_us as f64 / 1e6,
+                    describe(grant)
+                ),
+            );
+        }
+    }
 }
 
 /// The healed cluster served again and every node ended with the same

@@ -41,7 +41,8 @@ pub struct NodeTable {
     pub commit_index: u64,
     pub locks: u64,
     pub last_token: u64,
-    /// Each workload key and the token holding it on this node.
+    /// Each workload key and the token holding it on this node (a shared
+    /// key: a pair per holder; a free key: none).
     pub holders: Vec<(String, Option<u64>)>,
 }
 
@@ -228,8 +229,11 @@ fn read_tables(
         let client = client.as_ref()?;
         let mut holders = Vec::new();
         for key in keys {
-            let holder = client.get(key, false).ok()?;
-            holders.push((key.clone(), holder.map(|lock| lock.token)));
+            let held = client.holders(key, false).ok()?;
+            if held.is_empty() {
+                holders.push((key.clone(), None));
+            }
+            holders.extend(held.iter().map(|lock| (key.clone(), Some(lock.token))));
         }
         tables.push(NodeTable {
             node: *id,

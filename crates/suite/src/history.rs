@@ -23,6 +23,15 @@ pub enum OpKind {
         lease_ms: u64,
         wait_ms: u64,
     },
+    /// `acquire_shared_raw`: a reader or the writer of a read-write lock,
+    /// or one of `permits` permits of a semaphore (0 for a read-write
+    /// lock).
+    AcquireShared {
+        lease_ms: u64,
+        wait_ms: u64,
+        share: ShareKind,
+        permits: u32,
+    },
     /// A write to the fenced store, carrying the holder's token.
     Write {
         token: u64,
@@ -48,6 +57,15 @@ pub enum OpKind {
     /// An election observer was told a change of leader (not
     /// linearizable: from whichever node answered).
     Observe,
+}
+
+/// How a shared acquire holds its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShareKind {
+    Read,
+    Write,
+    Permit,
 }
 
 /// How an operation ended.

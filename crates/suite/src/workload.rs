@@ -25,6 +25,13 @@
 //! write (a proclaim applied is evidence that the token held the key), and
 //! an observer thread follows its leaders, which must come in log order.
 //!
+//! Two keys are shared: a read-write lock (`suite/rw`: three of four
+//! acquires read, one writes; only the writer writes to the fenced store)
+//! and a semaphore of two permits (`suite/pool`). Their holders hold for a
+//! moment, so that holders meet, then release; they check, overstay and
+//! pause like the others, and their acquires are abandoned and retried
+//! under reset-clients like the others.
+//!
 //! Every loop is bounded: a thread starts no operation after the run's
 //! deadline, and every call is bounded by the client's retry budget.
 
@@ -34,11 +41,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use fencelock_client::{Client, ClientError};
-use fencelock_types::client_pb::AcquireRequest;
+use fencelock_client::{Client, ClientError, Share};
+use fencelock_types::client_pb::{self, AcquireRequest};
 
 use crate::hangup::HangUp;
-use crate::history::{Op, OpKind, Outcome, Recorder};
+use crate::history::{Op, OpKind, Outcome, Recorder, ShareKind};
 use crate::nemesis::ClientFaults;
 use crate::rng::SplitMix64;
 use crate::store::FencedStore;
@@ -68,13 +75,22 @@ pub struct WorkloadConfig {
     /// client's value, and its holders proclaim a new value before they
     /// write. An observer thread follows it.
     pub election_key: Option<String>,
+    /// One of `keys` is a read-write lock.
+    pub rw_key: Option<String>,
+    /// One of `keys` is a semaphore of this many permits.
+    pub pool: Option<(String, u32)>,
+    /// How long a shared holder holds before it releases (ms).
+    pub shared_hold_ms: (u64, u64),
 }
 
 impl WorkloadConfig {
     pub fn new(nodes: u64) -> WorkloadConfig {
         WorkloadConfig {
             clients: usize::try_from(2 * nodes + 2).unwrap_or(8),
-            keys: (0..3).map(|i| format!("suite/key-{i}")).chain(["suite/election".to_owned()]).collect(),
+            keys: (0..3)
+                .map(|i| format!("suite/key-{i}"))
+                .chain(["suite/election", "suite/rw", "suite/pool"].map(str::to_owned))
+                .collect(),
             lease_ms: (1_000, 2_000),
             wait_ms: (100, 800),
             overstay_chance: 0.01,
@@ -84,6 +100,9 @@ impl WorkloadConfig {
             request_timeout: Duration::from_millis(1_000),
             retry_for: Duration::from_secs(3),
             election_key: Some("suite/election".to_owned()),
+            rw_key: Some("suite/rw".to_owned()),
+            pool: Some(("suite/pool".to_owned(), 2)),
+            shared_hold_ms: (20, 150),
         }
     }
 }
@@ -164,6 +183,16 @@ pub fn spawn(
         threads.push(thread);
     }
     Ok(threads)
+}
+
+/// The history's record of a shared acquire.
+fn shared_kind(share: Share, lease_ms: u64, wait_ms: u64) -> OpKind {
+    let (share, permits) = match share {
+        Share::Read => (ShareKind::Read, 0),
+        Share::Write => (ShareKind::Write, 0),
+        Share::Permit(permits) => (ShareKind::Permit, permits),
+    };
+    OpKind::AcquireShared { lease_ms, wait_ms, share, permits }
 }
 
 /// Follows the election key and records every change of leader it is told.
@@ -247,18 +276,28 @@ impl Worker {
             self.rng.between(self.config.wait_ms.0, self.config.wait_ms.1)
         };
         let election = self.config.election_key.as_deref() == Some(key.as_str());
-        let reset = self.shared.faults.resets.is_on() && self.abandon(&key, lease_ms, wait_ms);
+        let share = self.share_for(&key);
+        let reset = self.shared.faults.resets.is_on() && self.abandon(&key, lease_ms, wait_ms, share);
         let invoke = self.shared.recorder.now_us();
         // A campaign names its candidate (a retried one keeps the value).
         let value = if election { format!("candidate-{}", self.index) } else { String::new() };
-        let answer = self.client.acquire_raw_with_value(
-            self.owner.as_bytes(),
-            &key,
-            value.as_bytes(),
-            Duration::from_millis(lease_ms),
-            Duration::from_millis(wait_ms),
-        );
-        let kind = OpKind::Acquire { lease_ms, wait_ms };
+        let (lease, wait) = (Duration::from_millis(lease_ms), Duration::from_millis(wait_ms));
+        let (answer, kind) = match share {
+            Some(share) => (
+                self.client.acquire_shared_raw(self.owner.as_bytes(), &key, share, lease, wait),
+                shared_kind(share, lease_ms, wait_ms),
+            ),
+            None => (
+                self.client.acquire_raw_with_value(
+                    self.owner.as_bytes(),
+                    &key,
+                    value.as_bytes(),
+                    lease,
+                    wait,
+                ),
+                OpKind::Acquire { lease_ms, wait_ms },
+            ),
+        };
         let grant = match answer {
             Ok(grant) => {
                 let granted_ms = u64::try_from(grant.lease.as_millis()).unwrap_or(u64::MAX);
@@ -284,6 +323,11 @@ impl Worker {
             }
         };
         let token = grant.token;
+        // Shared holders hold a moment, so that holders meet.
+        if share.is_some() {
+            let hold_ms = self.rng.between(self.config.shared_hold_ms.0, self.config.shared_hold_ms.1);
+            std::thread::sleep(Duration::from_millis(hold_ms));
+        }
         if reset {
             // The work the lock protects, which takes a while.
             let hold_ms = self.rng.between(self.config.reset_hold_ms.0, self.config.reset_hold_ms.1);
@@ -329,12 +373,16 @@ impl Worker {
             self.record(&key, invoke, OpKind::Proclaim { token }, outcome);
         }
 
-        let invoke = self.shared.recorder.now_us();
-        let outcome = match self.shared.store.write(&key, token, self.index, invoke) {
-            Ok(()) => Outcome::Accepted,
-            Err(highest) => Outcome::Rejected { highest },
-        };
-        self.record(&key, invoke, OpKind::Write { token }, outcome);
+        // Readers and permit holders share the key: only a plain holder
+        // or a writer may write, for the store's rule is one writer's.
+        if matches!(share, None | Some(Share::Write)) {
+            let invoke = self.shared.recorder.now_us();
+            let outcome = match self.shared.store.write(&key, token, self.index, invoke) {
+                Ok(()) => Outcome::Accepted,
+                Err(highest) => Outcome::Rejected { highest },
+            };
+            self.record(&key, invoke, OpKind::Write { token }, outcome);
+        }
 
         let invoke = self.shared.recorder.now_us();
         let outcome = match self.client.release(&key, token) {
@@ -350,12 +398,20 @@ impl Worker {
 
     /// Sends the acquire and hangs up before its answer; true when it went
     /// out (and is recorded as unanswered), false when nothing was sent.
-    fn abandon(&mut self, key: &str, lease_ms: u64, wait_ms: u64) -> bool {
+    fn abandon(&mut self, key: &str, lease_ms: u64, wait_ms: u64, share: Option<Share>) -> bool {
+        let (share_pb, permits) = match share {
+            None => (client_pb::Share::EXCLUSIVE, 0),
+            Some(Share::Read) => (client_pb::Share::READ, 0),
+            Some(Share::Write) => (client_pb::Share::WRITE, 0),
+            Some(Share::Permit(permits)) => (client_pb::Share::PERMIT, permits),
+        };
         let request = AcquireRequest {
             key: key.as_bytes().to_vec(),
             lease_ms,
             owner: self.owner.as_bytes().to_vec(),
             wait_ms,
+            share: share_pb,
+            permits,
             ..Default::default()
         };
         let invoke = self.shared.recorder.now_us();
@@ -364,8 +420,24 @@ impl Worker {
         }
         self.shared.faults.resets.abandoned();
         let error = "hung up before the answer (reset-clients)".to_owned();
-        self.record(key, invoke, OpKind::Acquire { lease_ms, wait_ms }, Outcome::Unknown { error });
+        let kind = match share {
+            Some(share) => shared_kind(share, lease_ms, wait_ms),
+            None => OpKind::Acquire { lease_ms, wait_ms },
+        };
+        self.record(key, invoke, kind, Outcome::Unknown { error });
         true
+    }
+
+    /// How this cycle holds `key`: alone, or, on the shared keys, as a
+    /// reader (three times in four) or the writer, or as a permit.
+    fn share_for(&mut self, key: &str) -> Option<Share> {
+        if self.config.rw_key.as_deref() == Some(key) {
+            return Some(if self.rng.chance(0.75) { Share::Read } else { Share::Write });
+        }
+        match &self.config.pool {
+            Some((pool, permits)) if pool == key => Some(Share::Permit(*permits)),
+            _ => None,
+        }
     }
 
     /// Takes one of the few overstay slots, if one is free.
