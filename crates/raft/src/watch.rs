@@ -598,7 +598,7 @@ mod tests {
         let made = |index: u64| WatchEvent {
             index,
             key: Key::new(format!("k/{}", "x".repeat(index as usize % 40)).into_bytes()).unwrap(),
-            kind: if index % 2 == 0 { WatchKind::Granted } else { WatchKind::Proclaimed },
+            kind: if index.is_multiple_of(2) { WatchKind::Granted } else { WatchKind::Proclaimed },
             token: FencingToken::new(index).unwrap(),
             owner: Owner::new(format!("owner-{index}").into_bytes()).unwrap(),
             value: Value::new(vec![index as u8; index as usize % 7]).unwrap(),
