@@ -41,7 +41,9 @@
 //!   answered Mismatch). Each holder has a token of its own from the one
 //!   counter, and Release, Renew and Expire act on the holder of their
 //!   token; a force-release frees every holder. The key leaves the table
-//!   with its last holder. Lock-delay and values are for plain locks.
+//!   with its last holder. Lock-delay holds a holder back as it does a
+//!   plain lock (its place stays taken until the delay's end); values are
+//!   for plain locks.
 //! - Lock-delay: an Expire that carries a delay does not remove a live lock
 //!   but holds it back ([`Lock::delayed`], same token, `lease_ms` the
 //!   delay): it is granted to no one (a Grant is rejected naming its
@@ -131,6 +133,10 @@ pub struct Holder {
     pub lease_ms: LeaseMs,
     /// A reader, the writer, or a permit (of the key's permits).
     pub share: Share,
+    /// Held back by lock-delay, as [`Lock::delayed`]: the holder's lease
+    /// ran out; it holds nothing, but its place stays taken (a writer's,
+    /// a permit) until an Expire of its token without a delay removes it.
+    pub delayed: bool,
 }
 
 /// A read-write lock (`permits` 0) or a semaphore of `permits`, and its
@@ -148,6 +154,11 @@ impl Shared {
     /// told.
     pub fn first_token(&self) -> Option<FencingToken> {
         self.holders.keys().next().copied()
+    }
+
+    /// The lowest token that holds the key and is not held back.
+    pub fn first_live_token(&self) -> Option<FencingToken> {
+        self.holders.iter().find(|(_, holder)| !holder.delayed).map(|(token, _)| *token)
     }
 
     /// The token `owner` holds the key under, if it does.
@@ -337,7 +348,10 @@ impl LockTable {
     pub fn holds(&self, key: &[u8], token: FencingToken) -> bool {
         match self.locks.get(key) {
             Some(lock) => lock.is_held_by(token),
-            None => self.shared.get(key).is_some_and(|shared| shared.holders.contains_key(&token)),
+            None => self
+                .shared
+                .get(key)
+                .is_some_and(|shared| shared.holders.get(&token).is_some_and(|holder| !holder.delayed)),
         }
     }
 
@@ -366,8 +380,9 @@ impl LockTable {
         }
         if let Some((token, holder)) = shared.holders.iter().find(|(_, holder)| holder.owner == *owner) {
             // The owner's retry in the share it holds; in another (a reader
-            // asking to write), it is turned away like anyone.
-            return if holder.share == share {
+            // asking to write), or held back by lock-delay, it is turned
+            // away like anyone.
+            return if holder.share == share && !holder.delayed {
                 SharedDecision::Existing(*token)
             } else {
                 SharedDecision::Rejected(*token)
@@ -488,7 +503,7 @@ impl LockTable {
                     .shared
                     .entry(key)
                     .or_insert_with(|| Shared { permits: share.permits(), holders: OrdMap::new() });
-                shared.holders.insert(token, Holder { owner, lease_ms, share });
+                shared.holders.insert(token, Holder { owner, lease_ms, share, delayed: false });
                 ApplyResult::Granted { token, lease_ms, existing: false }
             }
         }
@@ -503,7 +518,10 @@ impl LockTable {
             self.shared.remove(key);
         }
         self.shared_holders -= 1;
-        self.count(&holder.owner, false);
+        // A holder held back was counted out when it was.
+        if !holder.delayed {
+            self.count(&holder.owner, false);
+        }
         Some(holder)
     }
 
@@ -511,11 +529,11 @@ impl LockTable {
     fn shared_command(&mut self, key: &Key, command: SharedCommand<'_>) -> ApplyResult {
         let Some(shared) = self.shared.get_mut(key) else {
             return match command {
-                SharedCommand::Expire(_) => ApplyResult::Expired { existed: false },
+                SharedCommand::Expire(..) => ApplyResult::Expired { existed: false },
                 _ => ApplyResult::NotFound { holder_token: None },
             };
         };
-        let first = shared.first_token();
+        let first = shared.first_live_token();
         match command {
             SharedCommand::Release(None, _) => {
                 // The administrative force-release: every holder goes.
@@ -530,7 +548,8 @@ impl LockTable {
                 }
             }
             SharedCommand::Release(Some(token), user) => {
-                let Some(holder) = shared.holders.get(&token) else {
+                // Held back by lock-delay: no one's to release but by force.
+                let Some(holder) = shared.holders.get(&token).filter(|holder| !holder.delayed) else {
                     return ApplyResult::NotFound { holder_token: first };
                 };
                 if user.is_some_and(|user| !holder.owner.is_of_user(user.as_bytes())) {
@@ -539,11 +558,26 @@ impl LockTable {
                 self.remove_holder(key, token);
                 ApplyResult::Released { token }
             }
-            SharedCommand::Expire(token) => {
-                ApplyResult::Expired { existed: self.remove_holder(key, token).is_some() }
+            SharedCommand::Expire(token, delay) => {
+                let Some(holder) = shared.holders.get_mut(&token) else {
+                    return ApplyResult::Expired { existed: false };
+                };
+                match (holder.delayed, delay) {
+                    // Held back, as a plain lock is: the place stays taken.
+                    (false, Some(delay_ms)) => {
+                        holder.delayed = true;
+                        holder.lease_ms = delay_ms;
+                        let owner = holder.owner.clone();
+                        self.count(&owner, false);
+                        ApplyResult::Delayed { token, delay_ms }
+                    }
+                    // A repeat of the Expire that held it back.
+                    (true, Some(_)) => ApplyResult::Expired { existed: false },
+                    (_, None) => ApplyResult::Expired { existed: self.remove_holder(key, token).is_some() },
+                }
             }
             SharedCommand::Renew(token, lease_ms, user) => {
-                let Some(holder) = shared.holders.get_mut(&token) else {
+                let Some(holder) = shared.holders.get_mut(&token).filter(|holder| !holder.delayed) else {
                     return ApplyResult::NotFound { holder_token: first };
                 };
                 match user {
@@ -609,9 +643,8 @@ impl LockTable {
     }
 
     fn expire(&mut self, key: &Key, token: FencingToken, delay: Option<LeaseMs>) -> ApplyResult {
-        // Lock-delay is for plain locks: a shared holder's lease ends it.
         if self.shared.contains_key(key) {
-            return self.shared_command(key, SharedCommand::Expire(token));
+            return self.shared_command(key, SharedCommand::Expire(token, delay));
         }
         let Some(lock) = self.locks.get_mut(key).filter(|lock| lock.token == token) else {
             return ApplyResult::Expired { existed: false };
@@ -692,7 +725,7 @@ impl LockTable {
 /// What a command does to a shared key's holder.
 enum SharedCommand<'a> {
     Release(Option<FencingToken>, Option<&'a Owner>),
-    Expire(FencingToken),
+    Expire(FencingToken, Option<LeaseMs>),
     Renew(FencingToken, LeaseMs, Option<&'a Owner>),
     Proclaim,
 }

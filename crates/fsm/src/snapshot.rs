@@ -164,6 +164,7 @@ impl LockTable {
                     owner: holder.owner.as_bytes().to_vec(),
                     lease_ms: holder.lease_ms.get(),
                     share: holder.share.to_pb().0,
+                    delayed: holder.delayed,
                     ..Default::default()
                 })
                 .collect();
@@ -276,7 +277,7 @@ impl LockTable {
                 if holders.values().any(|other: &Holder| other.owner == owner) {
                     return Err(invalid("an owner holding the key twice"));
                 }
-                holders.insert(token, Holder { owner, lease_ms, share });
+                holders.insert(token, Holder { owner, lease_ms, share, delayed: holder.delayed });
             }
             let valid = if record.permits > 0 {
                 record.permits <= PERMITS_MAX && holders.len() <= record.permits as usize
@@ -286,7 +287,8 @@ impl LockTable {
             if !valid {
                 return Err(invalid("more holders than the kind allows"));
             }
-            for holder in holders.values() {
+            // Held back holders count for no one, as plain locks.
+            for holder in holders.values().filter(|holder| !holder.delayed) {
                 match identities.get_mut(holder.owner.identity()) {
                     Some(count) => *count += 1,
                     None => {

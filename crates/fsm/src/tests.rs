@@ -667,7 +667,7 @@ fn snapshot_header_errors_are_specific() {
 // Properties over random histories
 
 /// A model holder of a shared key: token, owner, lease, share.
-type ModelHolder = (FencingToken, Owner, LeaseMs, Share);
+type ModelHolder = (FencingToken, Owner, LeaseMs, Share, bool);
 
 /// A deliberately naive model of the lock table: a vector scanned linearly.
 #[derive(Default)]
@@ -719,6 +719,11 @@ impl Model {
         self.shared[at].2.iter().map(|(t, ..)| *t).min().unwrap()
     }
 
+    /// The lowest token of a holder not held back by lock-delay.
+    fn lowest_live(&self, at: usize) -> Option<FencingToken> {
+        self.shared[at].2.iter().filter(|h| !h.4).map(|(t, ..)| *t).min()
+    }
+
     fn drop_holder(&mut self, at: usize, i: usize) -> FencingToken {
         let (t, ..) = self.shared[at].2.remove(i);
         if self.shared[at].2.is_empty() {
@@ -739,15 +744,15 @@ impl Model {
             let Some(t) = self.next_token() else {
                 return ApplyResult::Invalid { reason: InvalidReason::TokensExhausted };
             };
-            self.shared.push((key, permits, vec![(t, owner, lease_ms, share)]));
+            self.shared.push((key, permits, vec![(t, owner, lease_ms, share, false)]));
             return ApplyResult::Granted { token: t, lease_ms, existing: false };
         };
         if self.shared[at].1 != permits {
             return ApplyResult::Mismatch { permits: self.shared[at].1 };
         }
         if let Some(i) = self.shared[at].2.iter().position(|(_, o, ..)| *o == owner) {
-            let (t, _, held_lease, held_share) = self.shared[at].2[i].clone();
-            if held_share != share {
+            let (t, _, held_lease, held_share, held_back) = self.shared[at].2[i].clone();
+            if held_share != share || held_back {
                 return ApplyResult::GrantRejected { holder_token: t };
             }
             let lease_ms = held_lease.max(lease_ms);
@@ -757,7 +762,7 @@ impl Model {
         let holders = &self.shared[at].2;
         let fits = match share {
             Share::Permit(n) => holders.len() < n as usize,
-            Share::Read => holders.iter().all(|(.., s)| *s == Share::Read),
+            Share::Read => holders.iter().all(|(.., s, _)| *s == Share::Read),
             Share::Write => false,
         };
         if !fits {
@@ -766,7 +771,7 @@ impl Model {
         let Some(t) = self.next_token() else {
             return ApplyResult::Invalid { reason: InvalidReason::TokensExhausted };
         };
-        self.shared[at].2.push((t, owner, lease_ms, share));
+        self.shared[at].2.push((t, owner, lease_ms, share, false));
         ApplyResult::Granted { token: t, lease_ms, existing: false }
     }
 
@@ -775,7 +780,7 @@ impl Model {
     fn shared_command(&mut self, command: &Command) -> Option<ApplyResult> {
         let key = command.key()?;
         let at = self.shared_position(key)?;
-        let lowest = self.lowest(at);
+        let lowest = self.lowest_live(at);
         Some(match command.clone() {
             Command::Release { token: None, .. } => {
                 let last = self.shared[at].2.iter().map(|(t, ..)| *t).max().unwrap();
@@ -783,7 +788,8 @@ impl Model {
                 ApplyResult::Released { token: last }
             }
             Command::Release { token: Some(t), user, .. } => match self.shared_holder(at, t) {
-                None => ApplyResult::NotFound { holder_token: Some(lowest) },
+                None => ApplyResult::NotFound { holder_token: lowest },
+                Some(i) if self.shared[at].2[i].4 => ApplyResult::NotFound { holder_token: lowest },
                 Some(i)
                     if user.as_ref().is_some_and(|user| !model_owned_by(&self.shared[at].2[i].1, user)) =>
                 {
@@ -791,15 +797,22 @@ impl Model {
                 }
                 Some(i) => ApplyResult::Released { token: self.drop_holder(at, i) },
             },
-            Command::Expire { token: t, .. } => match self.shared_holder(at, t) {
-                None => ApplyResult::Expired { existed: false },
-                Some(i) => {
+            Command::Expire { token: t, delay, .. } => match (self.shared_holder(at, t), delay) {
+                (None, _) => ApplyResult::Expired { existed: false },
+                (Some(i), Some(delay_ms)) if !self.shared[at].2[i].4 => {
+                    self.shared[at].2[i].2 = delay_ms;
+                    self.shared[at].2[i].4 = true;
+                    ApplyResult::Delayed { token: t, delay_ms }
+                }
+                (Some(_), Some(_)) => ApplyResult::Expired { existed: false },
+                (Some(i), None) => {
                     self.drop_holder(at, i);
                     ApplyResult::Expired { existed: true }
                 }
             },
             Command::Renew { token: t, lease_ms, user, .. } => match self.shared_holder(at, t) {
-                None => ApplyResult::NotFound { holder_token: Some(lowest) },
+                None => ApplyResult::NotFound { holder_token: lowest },
+                Some(i) if self.shared[at].2[i].4 => ApplyResult::NotFound { holder_token: lowest },
                 Some(i) => match user {
                     None => {
                         self.shared[at].2[i].2 = lease_ms;
@@ -813,7 +826,7 @@ impl Model {
                     Some(_) => ApplyResult::Denied { token: t },
                 },
             },
-            Command::Proclaim { .. } => ApplyResult::NotFound { holder_token: Some(lowest) },
+            Command::Proclaim { .. } => ApplyResult::NotFound { holder_token: lowest },
             _ => return None,
         })
     }
@@ -1092,7 +1105,8 @@ proptest! {
             .shared
             .iter()
             .map(|(k, permits, holders)| {
-                let mut holders: Vec<_> = holders.iter().map(|(t, o, l, s)| (*t, o.clone(), *l, *s)).collect();
+                let mut holders: Vec<_> =
+                    holders.iter().map(|(t, o, l, s, d)| (*t, o.clone(), *l, *s, *d)).collect();
                 holders.sort_by_key(|(t, ..)| *t);
                 (k.clone(), *permits, holders)
             })
@@ -1102,7 +1116,7 @@ proptest! {
             .list_shared(b"", usize::MAX)
             .map(|(k, shared)| {
                 let holders: Vec<_> =
-                    shared.holders.iter().map(|(t, h)| (*t, h.owner.clone(), h.lease_ms, h.share)).collect();
+                    shared.holders.iter().map(|(t, h)| (*t, h.owner.clone(), h.lease_ms, h.share, h.delayed)).collect();
                 (k.clone(), shared.permits, holders)
             })
             .collect();
@@ -1133,6 +1147,7 @@ proptest! {
                 .shared
                 .iter()
                 .flat_map(|(_, _, holders)| holders)
+                .filter(|holder| !holder.4)
                 .filter(|(_, owner, ..)| owner.as_bytes().split(|byte| *byte == b'/').next() == Some(identity.as_bytes()))
                 .count();
             prop_assert_eq!(table.locks_of(identity.as_bytes()), held.count() + shared_held, "identity {}", identity);
@@ -1344,11 +1359,39 @@ fn a_force_release_frees_every_holder_and_each_holder_renews_and_expires_alone()
         table.apply(Command::Renew { key: key("s"), token: tokens[1], lease_ms: lease(5000), user: None }),
         ApplyResult::Renewed { token: tokens[1], lease_ms: lease(5000) }
     );
+    // Lock-delay holds an expired permit back: it holds nothing, renews
+    // and releases nothing, counts for no one, but its place stays taken
+    // (its holder may still be at work), for it as for anyone, until an
+    // Expire without a delay.
+    let before = table.locks_of(b"o1");
     assert_eq!(
         table.apply(Command::Expire { key: key("s"), token: tokens[0], delay: Some(lease(500)) }),
-        ApplyResult::Expired { existed: true }
+        ApplyResult::Delayed { token: tokens[0], delay_ms: lease(500) }
     );
     assert!(table.holds(b"s", tokens[1]) && !table.holds(b"s", tokens[0]));
+    assert_eq!(table.locks_of(b"o1"), before - 1);
+    let first_live = Some(tokens[1]);
+    assert_eq!(
+        table.apply(Command::Renew { key: key("s"), token: tokens[0], lease_ms: lease(5000), user: None }),
+        ApplyResult::NotFound { holder_token: first_live }
+    );
+    assert_eq!(
+        table.apply(Command::Release { key: key("s"), token: Some(tokens[0]), user: None }),
+        ApplyResult::NotFound { holder_token: first_live }
+    );
+    assert!(matches!(table.apply(permit("o4")), ApplyResult::GrantRejected { .. }));
+    assert!(matches!(table.apply(permit("o1")), ApplyResult::GrantRejected { .. }));
+    assert_eq!(LockTable::restore(&table.snapshot()).unwrap(), table);
+    // A repeat changes nothing; the Expire without a delay frees the place.
+    assert_eq!(
+        table.apply(Command::Expire { key: key("s"), token: tokens[0], delay: Some(lease(500)) }),
+        ApplyResult::Expired { existed: false }
+    );
+    assert_eq!(
+        table.apply(Command::Expire { key: key("s"), token: tokens[0], delay: None }),
+        ApplyResult::Expired { existed: true }
+    );
+    assert_eq!(table.locks_of(b"o1"), before - 1);
     assert!(matches!(table.apply(permit("o4")), ApplyResult::Granted { existing: false, .. }));
     assert_eq!(
         table.apply(Command::Release { key: key("s"), token: None, user: None }),

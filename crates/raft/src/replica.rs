@@ -1239,8 +1239,17 @@ impl Replica {
                 continue;
             }
             let id = self.internal_id();
-            debug!(self.logger, "shared lease due"; "key" => %key, "token" => token.get(), "now_ms" => self.now_ms);
-            self.submit(id, vec![Command::Expire { key, token, delay: None }], None, true);
+            // As for a plain lock: a holder held back is lifted, a live one
+            // held back if a rule covers its key.
+            let held_back = self
+                .table
+                .shared(key.as_bytes())
+                .and_then(|shared| shared.holders.get(&token))
+                .is_some_and(|holder| holder.delayed);
+            let delay = if held_back { None } else { self.config.lock_delay(key.as_bytes()) };
+            debug!(self.logger, "shared lease due"; "key" => %key, "token" => token.get(), "now_ms" => self.now_ms,
+                "held_back" => held_back, "delay_ms" => delay.map(LeaseMs::get));
+            self.submit(id, vec![Command::Expire { key, token, delay }], None, true);
         }
         for (key, token) in due {
             if self.requests.internal() >= self.config.internal_pending_max {
@@ -1777,12 +1786,24 @@ impl Replica {
         };
         // A lock held back by lock-delay that this command removes (its
         // lifting Expire, or a force-release) lifts the delay.
-        let was_delayed =
-            key.as_ref().and_then(|key| self.table.holder(key.as_bytes())).is_some_and(|lock| lock.delayed);
         // A read-write lock's or a semaphore's holders are tracked by key
         // and token.
         let shared = matches!(command, Command::GrantShared { .. })
             || key.as_ref().is_some_and(|key| self.table.shared(key.as_bytes()).is_some());
+        let was_delayed = match &command {
+            Command::Expire { key, token, .. } | Command::Release { key, token: Some(token), .. }
+                if shared =>
+            {
+                self.table
+                    .shared(key.as_bytes())
+                    .and_then(|held| held.holders.get(token))
+                    .is_some_and(|holder| holder.delayed)
+            }
+            _ => key
+                .as_ref()
+                .and_then(|key| self.table.holder(key.as_bytes()))
+                .is_some_and(|lock| lock.delayed),
+        };
         // The lock a Release or Expire may remove, for the watchers: who
         // held it and with what value.
         let before = match &command {
@@ -1797,12 +1818,15 @@ impl Replica {
             _ => None,
         };
         // A force-release of a shared key frees every holder.
-        let forced: Vec<(FencingToken, Owner)> = match &command {
+        let forced: Vec<(FencingToken, Owner, bool)> = match &command {
             Command::Release { key, token: None, .. } if shared => self
                 .table
                 .shared(key.as_bytes())
                 .map(|held| {
-                    held.holders.iter().map(|(token, holder)| (*token, holder.owner.clone())).collect()
+                    held.holders
+                        .iter()
+                        .map(|(token, holder)| (*token, holder.owner.clone(), holder.delayed))
+                        .collect()
                 })
                 .unwrap_or_default(),
             _ => Vec::new(),
@@ -1813,20 +1837,20 @@ impl Replica {
         let Some(key) = key else { return result };
         if !forced.is_empty() {
             if let ApplyResult::Released { .. } = result {
-                for (token, owner) in forced {
+                for (token, owner, held_back) in forced {
                     self.stats.releases_applied += 1;
                     self.shared_leases.removed(&(key.clone(), token), token);
                     self.grant_index.remove(&(key.clone(), token));
-                    let watched = WatchEvent {
-                        index,
-                        key: key.clone(),
-                        kind: WatchKind::Released,
-                        token,
-                        owner,
-                        value: Value::none(),
-                    };
+                    let kind = if held_back { WatchKind::DelayLifted } else { WatchKind::Released };
+                    let watched =
+                        WatchEvent { index, key: key.clone(), kind, token, owner, value: Value::none() };
                     self.watches.record(watched);
-                    self.effects.applied.push((index, AppliedEvent::Released { key: key.clone(), token }));
+                    let event = if held_back {
+                        AppliedEvent::DelayLifted { key: key.clone(), token, proposer, forced: true }
+                    } else {
+                        AppliedEvent::Released { key: key.clone(), token }
+                    };
+                    self.effects.applied.push((index, event));
                 }
             }
             return result;
@@ -1890,11 +1914,19 @@ impl Replica {
                 // The holder's lock ended; the key stays held back, and this
                 // node tracks the delay as it tracked the lease.
                 self.stats.expiries_applied += 1;
-                self.leases.renewed(key.clone(), *token, *delay_ms, now_ms);
+                if shared {
+                    self.shared_leases.renewed((key.clone(), *token), *token, *delay_ms, now_ms);
+                } else {
+                    self.leases.renewed(key.clone(), *token, *delay_ms, now_ms);
+                }
                 self.grant_index.remove(&(key.clone(), *token));
             }
             AppliedEvent::DelayLifted { key, token, .. } => {
-                self.leases.removed(key, *token);
+                if shared {
+                    self.shared_leases.removed(&(key.clone(), *token), *token);
+                } else {
+                    self.leases.removed(key, *token);
+                }
                 self.grant_index.remove(&(key.clone(), *token));
             }
             AppliedEvent::Proclaimed { .. } | AppliedEvent::Restored => {}
@@ -2012,7 +2044,7 @@ impl Replica {
                 token: *token,
                 owner: holder.owner.clone(),
                 lease_ms: holder.lease_ms,
-                delayed: false,
+                delayed: holder.delayed,
                 value: Value::none(),
             };
             HeldLock { lock, remaining_ms, share: Some(holder.share) }

@@ -1993,3 +1993,69 @@ fn a_replica_stops_when_the_cluster_level_passes_its_build() {
     }
     assert!(matches!(stopped, Some(FatalError::TooOld { level }) if level == above), "{stopped:?}");
 }
+
+#[test]
+fn a_lock_delay_keeps_an_expired_permits_place_taken_then_hands_it_to_the_first_waiter() {
+    use fencelock_types::Share;
+    let mut net = Net::with_config(3, |config| {
+        config.lock_delays = vec![(b"pool/".to_vec(), LeaseMs::new(3_000).unwrap())];
+    });
+    net.elect(1);
+    for replica in &mut net.replicas {
+        replica.set_now(0);
+    }
+    let lease_ms = LeaseMs::new(1_000).unwrap();
+    let permit = |net: &mut Net<MemStore>, id: u64, who: &str, wait_ms: u64| {
+        net.node(1).acquire_shared(
+            RequestId(id),
+            key("pool/a"),
+            lease_ms,
+            owner(who),
+            Share::Permit(1),
+            wait_ms,
+        );
+        net.settle();
+    };
+    permit(&mut net, 1, "a", 0);
+    let a = applied_token(net.take_reply(RequestId(1)));
+    permit(&mut net, 2, "b", 60_000);
+    // "a" stops renewing: its lease runs out, and its place stays taken for
+    // the delay, on every node; the waiter waits, a try is told "held".
+    for replica in &mut net.replicas {
+        replica.set_now(1_000);
+    }
+    net.settle();
+    for id in 1..=3 {
+        let holder =
+            net.node(id).table().shared(b"pool/a").and_then(|shared| shared.holders.get(&a).cloned());
+        assert!(holder.is_some_and(|holder| holder.delayed), "node {id}");
+        assert!(!net.node(id).table().holds(b"pool/a", a));
+    }
+    assert_eq!(net.take_reply(RequestId(2)), None, "a waiter got the permit of a holder held back");
+    permit(&mut net, 3, "c", 0);
+    assert!(
+        matches!(net.take_reply(RequestId(3)), Some(Err(RequestError::Held { holder_token, .. })) if holder_token == a)
+    );
+    // Its former holder cannot renew it back.
+    net.node(1)
+        .propose(RequestId(4), vec![Command::Renew { key: key("pool/a"), token: a, lease_ms, user: None }]);
+    net.settle();
+    assert!(matches!(
+        net.take_reply(RequestId(4)),
+        Some(Ok(Response::Applied(results))) if matches!(results[..], [ApplyResult::NotFound { .. }])
+    ));
+    // The delay over, the first waiter gets the place, under a new token.
+    for now in [2_000, 4_000] {
+        for replica in &mut net.replicas {
+            replica.set_now(now);
+        }
+        net.settle();
+    }
+    let b = applied_token(net.take_reply(RequestId(2)));
+    assert!(b > a);
+    for id in 1..=3 {
+        let holders: Vec<_> =
+            net.node(id).table().shared(b"pool/a").unwrap().holders.keys().copied().collect();
+        assert_eq!(holders, [b], "node {id}");
+    }
+}

@@ -418,7 +418,7 @@ fn current(query: &WatchQuery, table: &LockTable, applied: u64, compacted: bool)
                 token: *token,
                 owner: holder.owner.clone(),
                 lease_ms: holder.lease_ms,
-                delayed: false,
+                delayed: holder.delayed,
                 value: Value::none(),
             };
             locks.push((key.clone(), lock));
