@@ -1296,13 +1296,28 @@ impl Replica {
                     SharedDecision::Grant | SharedDecision::Existing(_) | SharedDecision::Mismatch(_) => None,
                 }
             }
-            Command::Grant { key, owner, .. } => self
-                .table
-                .holder(key.as_bytes())
+            Command::Grant { key, owner, .. } => match self.table.holder(key.as_bytes()) {
                 // Held back by lock-delay: for its former owner too.
-                .filter(|lock| lock.owner != *owner || lock.delayed)
-                .map(|lock| (key.clone(), lock.token)),
+                Some(lock) => (lock.owner != *owner || lock.delayed).then(|| (key.clone(), lock.token)),
+                // A read-write lock or a semaphore: a plain acquire waits
+                // for its last holder to go, like any other.
+                None => first_holder(&self.table, key).map(|token| (key.clone(), token)),
+            },
             _ => None,
+        })
+    }
+
+    /// Whether a shared acquire in `commands` is turned away by its own
+    /// owner's hold of the key in another share (a reader asking to write):
+    /// waiting would wait for itself, so it is answered at once.
+    fn turned_away_by_itself(&self, commands: &[Command]) -> bool {
+        commands.iter().any(|command| match command {
+            Command::GrantShared { key, owner, share, .. } => self
+                .table
+                .shared(key.as_bytes())
+                .and_then(|shared| shared.holders.values().find(|holder| holder.owner == *owner))
+                .is_some_and(|holder| holder.share != *share && !holder.delayed),
+            _ => false,
         })
     }
 
@@ -1328,7 +1343,7 @@ impl Replica {
             let pending = self.requests.get(id).expect("a request ready to propose is pending");
             if let Some((key, holder_token)) = self.grant_conflict(&pending.commands, pending.admitted) {
                 let max = self.config.waiters_per_key_max;
-                if pending.wait_until_ms.is_none() {
+                if pending.wait_until_ms.is_none() || self.turned_away_by_itself(&pending.commands) {
                     let error = match self.table.holder(key.as_bytes()).filter(|lock| lock.delayed) {
                         Some(lock) => {
                             let left_ms = self.held(&key, lock).remaining_ms;

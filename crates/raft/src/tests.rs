@@ -2059,3 +2059,45 @@ fn a_lock_delay_keeps_an_expired_permits_place_taken_then_hands_it_to_the_first_
         assert_eq!(holders, [b], "node {id}");
     }
 }
+
+#[test]
+fn a_plain_acquire_waits_for_a_shared_keys_holders_and_a_reader_asking_to_write_is_answered_at_once() {
+    use fencelock_types::Share;
+    let mut net = Net::new(3);
+    net.elect(1);
+    let lease_ms = LeaseMs::new(30_000).unwrap();
+    net.node(1).acquire_shared(RequestId(1), key("rw"), lease_ms, owner("r1"), Share::Read, 0);
+    net.node(1).acquire_shared(RequestId(2), key("rw"), lease_ms, owner("r2"), Share::Read, 0);
+    net.settle();
+    let (r1, r2) = (applied_token(net.take_reply(RequestId(1))), applied_token(net.take_reply(RequestId(2))));
+    // A watch from the start tells each holder with its share.
+    let query = crate::watch::WatchQuery { prefix: b"rw".to_vec(), after: None, wait_ms: 0, limit: 100 };
+    net.node(2).watch(RequestId(3), crate::registry::ConnId(1), query);
+    net.settle();
+    let Some(Ok(Response::Watch(answer))) = net.take_reply(RequestId(3)) else { panic!("no watch answer") };
+    let told: Vec<_> =
+        answer.current.unwrap().iter().map(|(_, held)| (held.lock.token, held.share)).collect();
+    assert_eq!(told, [(r1, Some(Share::Read)), (r2, Some(Share::Read))]);
+    // A reader asking to write, with a wait, would wait for itself.
+    net.node(1).acquire_shared(RequestId(4), key("rw"), lease_ms, owner("r1"), Share::Write, 60_000);
+    net.settle();
+    assert!(
+        matches!(net.take_reply(RequestId(4)), Some(Err(RequestError::Held { holder_token, .. })) if holder_token == r1)
+    );
+    // A plain acquire waits, with no log entry, until the last reader goes.
+    let applied = net.node(1).status().applied_index;
+    net.node(1).acquire(RequestId(5), key("rw"), lease_ms, owner("p"), Value::none(), 60_000);
+    net.settle();
+    assert_eq!(net.take_reply(RequestId(5)), None, "a plain acquire of a shared key did not wait");
+    assert_eq!(net.node(1).status().applied_index, applied, "a waiting acquire was proposed");
+    for (id, token) in [(6, r1), (7, r2)] {
+        net.node(1).propose(
+            RequestId(id),
+            vec![Command::Release { key: key("rw"), token: Some(token), user: None }],
+        );
+        net.settle();
+    }
+    let plain = applied_token(net.take_reply(RequestId(5)));
+    assert!(plain > r2);
+    assert!(net.node(3).table().holder(b"rw").is_some_and(|lock| lock.token == plain));
+}

@@ -26,7 +26,7 @@ use fencelock_fsm::LockTable;
 use fencelock_types::{FencingToken, Key, Owner, Value};
 
 use crate::registry::ConnId;
-use crate::types::RequestId;
+use crate::types::{HeldLock, RequestId};
 
 /// What changed on a key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -125,7 +125,9 @@ pub struct WatchAnswer {
     /// The holders of the watched keys as of `index`: given when the watch
     /// started (no position) or when its position was compacted away
     /// (`compacted`); `None` otherwise.
-    pub current: Option<Vec<(Key, fencelock_fsm::Lock)>>,
+    /// Each holder says how it holds the key (`share`: `None` for a plain
+    /// lock); `remaining_ms` is not given.
+    pub current: Option<Vec<(Key, HeldLock)>>,
     /// The position was older than this node's history: changes may have
     /// been missed, and `current` says where things stand.
     pub compacted: bool,
@@ -408,8 +410,10 @@ impl Watches {
 /// The holders of the watched keys now, as a watch's starting point.
 fn current(query: &WatchQuery, table: &LockTable, applied: u64, compacted: bool) -> WatchAnswer {
     let limit = query.limit.max(1);
-    let mut locks: Vec<(Key, fencelock_fsm::Lock)> =
-        table.list(&query.prefix, limit).map(|(key, lock)| (key.clone(), lock.clone())).collect();
+    let mut locks: Vec<(Key, HeldLock)> = table
+        .list(&query.prefix, limit)
+        .map(|(key, lock)| (key.clone(), HeldLock { lock: lock.clone(), remaining_ms: None, share: None }))
+        .collect();
     // The holders of read-write locks and semaphores, one entry each (no
     // value), in key order with the plain locks.
     for (key, shared) in table.list_shared(&query.prefix, limit) {
@@ -421,7 +425,7 @@ fn current(query: &WatchQuery, table: &LockTable, applied: u64, compacted: bool)
                 delayed: holder.delayed,
                 value: Value::none(),
             };
-            locks.push((key.clone(), lock));
+            locks.push((key.clone(), HeldLock { lock, remaining_ms: None, share: Some(holder.share) }));
         }
     }
     locks.sort_by(|(a, _), (b, _)| a.cmp(b));
@@ -579,7 +583,7 @@ mod tests {
         let current = answer.current.unwrap();
         assert_eq!(current.len(), 1);
         assert_eq!(current[0].0.as_bytes(), b"a/1");
-        assert_eq!(current[0].1.value.as_bytes(), b"v");
+        assert_eq!(current[0].1.lock.value.as_bytes(), b"v");
         // Within the history: the events.
         let answer = watches.ask(RequestId(2), C1, query("a/", Some(3), 0), &table, 5, 0).unwrap().unwrap();
         assert_eq!(indexes(&answer), [4, 5]);

@@ -464,12 +464,7 @@ impl ClientHandler {
                     .current
                     .iter()
                     .flatten()
-                    .map(|(key, lock)| {
-                        lock_info(
-                            key,
-                            &fencelock_raft::HeldLock { lock: lock.clone(), remaining_ms: None, share: None },
-                        )
-                    })
+                    .map(|(key, held)| lock_info(key, held))
                     .collect(),
                 compacted: answer.compacted,
                 ..Default::default()
