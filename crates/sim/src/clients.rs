@@ -5,11 +5,19 @@
 //! to the same or another node, as docs/protocol.md tells clients to.
 //! Some give an acquire up instead (a disconnect): what it is granted is a
 //! ghost the node must release.
+//!
+//! The last `SimConfig::shared_clients` clients take a read-write lock (as
+//! readers or the writer) and permits of a semaphore instead of plain
+//! locks, on keys under [`shared::PREFIX`], and read and watch those keys.
+//! Every acquire of the semaphore names the same permits, so that it is
+//! never answered Mismatch by accident; a holder sometimes asks for its key
+//! in another kind on purpose, and must be answered Mismatch.
 
 use fencelock_raft::watch::WatchQuery;
 use fencelock_raft::{ClientRequest, Query, Reply, RequestError, Response};
-use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner, Value};
+use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner, Share, Value};
 
+use crate::invariants::shared;
 use crate::world::{Event, World};
 
 /// How long a client waits for an answer before it gives the connection up.
@@ -18,6 +26,14 @@ const REQUEST_TIMEOUT_MS: u64 = 3_000;
 const HEAL_SETTLE_MS: u64 = 1_000;
 /// The keys clients contend on: k0, k1, ...
 const KEYS: u64 = 3;
+/// The read-write lock and the semaphore the shared clients contend on.
+const RW_KEY: &[u8] = b"k-rw";
+const SEMAPHORE_KEY: &[u8] = b"k-sem";
+/// The semaphore's permits, in every acquire but a holder's probe.
+const SEMAPHORE_PERMITS: u32 = 2;
+/// How often a shared holder, instead of renewing, asks for its key in
+/// another kind, per million wakes.
+const PROBE_PPM: u64 = 50_000;
 /// The most locks a simulated list asks for (more than clients can hold).
 const LIST_LIMIT: usize = 100;
 
@@ -40,6 +56,23 @@ pub(crate) enum Op {
         key: Key,
         lease_ms: LeaseMs,
         wait_ms: u64,
+    },
+    /// A reader's or the writer's acquire of a read-write lock, or a
+    /// permit's of a semaphore.
+    AcquireShared {
+        key: Key,
+        share: Share,
+        lease_ms: LeaseMs,
+        wait_ms: u64,
+    },
+    /// A holder of a shared key asks for it in another kind (it keeps
+    /// holding it under `token`, and goes back to that afterwards).
+    Probe {
+        key: Key,
+        share: Share,
+        token: FencingToken,
+        lease_ms: LeaseMs,
+        release_at_ms: u64,
     },
     Renew {
         key: Key,
@@ -101,6 +134,8 @@ pub struct Client {
     /// client's do: every other client has one, so both paths run.
     user: Option<Owner>,
     pub(crate) target: usize,
+    /// Takes read-write locks and semaphores, not plain locks.
+    shared: bool,
     /// The node and connection it talks over, if one is open.
     conn: Option<(usize, u64)>,
     pub(crate) state: ClientState,
@@ -113,13 +148,14 @@ pub struct Client {
 }
 
 impl Client {
-    pub(crate) fn new(index: usize, nodes: usize) -> Client {
+    pub(crate) fn new(index: usize, nodes: usize, shared: bool) -> Client {
         let owner = Owner::new(format!("client-{}", index + 1).into_bytes()).expect("a valid owner");
         Client {
             generation: 0,
             user: index.is_multiple_of(2).then(|| owner.clone()),
             owner,
             target: index % nodes,
+            shared,
             conn: None,
             state: ClientState::Idle,
             final_key: Key::new(format!("final/{}", index + 1).into_bytes()).expect("a valid key"),
@@ -166,8 +202,17 @@ impl World {
                 // lets go of what it holds.
                 let must_finish = self.healed && !self.clients[client].served_after_heal;
                 let op = if self.now_ms >= release_at_ms || must_finish {
-                    self.checker.holders.released(client);
+                    self.let_go(client);
                     Op::Release { key, token }
+                } else if shared::is_shared(key.as_bytes()) && self.rng.chance(PROBE_PPM) {
+                    // Of the other kind: a permit of a read-write lock, a
+                    // reader or one permit more of the semaphore.
+                    let share = if key.as_bytes() == RW_KEY {
+                        Share::Permit(SEMAPHORE_PERMITS)
+                    } else {
+                        self.rng.pick(&[Share::Read, Share::Permit(SEMAPHORE_PERMITS + 1)])
+                    };
+                    Op::Probe { key, share, token, lease_ms, release_at_ms }
                 } else {
                     Op::Renew { key, token, lease_ms }
                 };
@@ -176,9 +221,20 @@ impl World {
         }
     }
 
+    /// `client` lets go of what it holds (it is sending a release, or was
+    /// told its lock is gone).
+    fn let_go(&mut self, client: usize) {
+        self.checker.holders.released(client);
+        self.checker.shared.released(client, self.now_ms);
+    }
+
     fn next_op(&mut self, client: usize) -> Op {
         let after_heal = self.healed && self.now_ms >= self.config.fault_ms + HEAL_SETTLE_MS;
-        let key = if after_heal && !self.clients[client].served_after_heal {
+        let must_finish = after_heal && !self.clients[client].served_after_heal;
+        if self.clients[client].shared && !must_finish {
+            return self.next_shared_op(client, after_heal);
+        }
+        let key = if must_finish {
             self.clients[client].final_key.clone()
         } else {
             let name = format!("k{}", self.rng.range(0, KEYS));
@@ -203,6 +259,33 @@ impl World {
         let lease_ms = LeaseMs::new(self.rng.pick(&[600, 1_500, 4_000])).expect("a valid lease");
         let wait_ms = self.rng.pick(&[0, 0, 300, 2_000]);
         Op::Acquire { key, lease_ms, wait_ms }
+    }
+
+    /// A shared client's next request: mostly an acquire, as a reader (or,
+    /// a third of the time, the writer) of the read-write lock or of a
+    /// permit of the semaphore, half and half; sometimes a read or a watch.
+    fn next_shared_op(&mut self, client: usize, after_heal: bool) -> Op {
+        let rw = self.rng.chance(500_000);
+        let key = Key::new(if rw { RW_KEY } else { SEMAPHORE_KEY }.to_vec()).expect("a valid key");
+        if !after_heal && self.rng.chance(200_000) {
+            return match self.rng.range(0, 3) {
+                0 => Op::Get { key },
+                1 => Op::List { prefix: shared::PREFIX.to_vec() },
+                _ => Op::Watch {
+                    prefix: shared::PREFIX.to_vec(),
+                    after: self.clients[client].watch_at,
+                    wait_ms: self.rng.pick(&[0, 400]),
+                },
+            };
+        }
+        let share = match rw {
+            true if self.rng.chance(333_333) => Share::Write,
+            true => Share::Read,
+            false => Share::Permit(SEMAPHORE_PERMITS),
+        };
+        let lease_ms = LeaseMs::new(self.rng.pick(&[600, 1_500, 4_000])).expect("a valid lease");
+        let wait_ms = self.rng.pick(&[0, 0, 300, 2_000]);
+        Op::AcquireShared { key, share, lease_ms, wait_ms }
     }
 
     /// The client's connection to its target, opened if it has none.
@@ -276,6 +359,12 @@ impl World {
                 let value = Value::new(owner.as_bytes().to_vec()).unwrap_or_default();
                 ClientRequest::Acquire { key, lease_ms, owner, value, wait_ms }
             }
+            Op::AcquireShared { key, share, lease_ms, wait_ms } => {
+                ClientRequest::AcquireShared { key, lease_ms, owner, share, wait_ms }
+            }
+            Op::Probe { key, share, lease_ms, .. } => {
+                ClientRequest::AcquireShared { key, lease_ms, owner, share, wait_ms: 0 }
+            }
             Op::Renew { key, token, lease_ms } => {
                 ClientRequest::Propose(vec![Command::Renew { key, token, lease_ms, user }])
             }
@@ -296,11 +385,13 @@ impl World {
         let delay = self.network.delay_min_ms + self.network.delay_jitter_ms / 2;
         self.schedule(delay, Event::Request { node, conn, ask, request });
         let wait_ms = match &op {
-            Op::Acquire { wait_ms, .. } | Op::Watch { wait_ms, .. } => *wait_ms,
+            Op::Acquire { wait_ms, .. } | Op::AcquireShared { wait_ms, .. } | Op::Watch { wait_ms, .. } => {
+                *wait_ms
+            }
             _ => 0,
         };
         let deadline_ms = self.now_ms + REQUEST_TIMEOUT_MS + wait_ms;
-        if let Op::Acquire { .. } = &op {
+        if let Op::Acquire { .. } | Op::AcquireShared { .. } = &op {
             if self.rng.chance(self.swarm.abandon_ppm) {
                 // The client disconnects right after asking, and gives up.
                 self.note(&format!("client {} abandons {seq} on connection {conn}", client + 1));
@@ -360,24 +451,82 @@ impl World {
                     self.checker.durability.acked_grant(&key, *token);
                     self.checker.holders.granted(client, &key, *token, sent_ms, lease_ms.get())?;
                     self.note(&format!("client {} granted {key} {token}", client + 1));
-                    // The final key only proves service: hand it back at once.
-                    let hold_ms = if key == self.clients[client].final_key {
-                        self.rng.range(1, 50)
-                    } else {
-                        self.rng.range(50, 3 * lease_ms.get())
-                    };
-                    let release_at_ms = self.now_ms + hold_ms;
-                    self.clients[client].state =
-                        ClientState::Holding { key, token: *token, lease_ms, release_at_ms };
-                    self.wake_client(client, (lease_ms.get() / 3).min(hold_ms));
+                    self.hold(client, key, *token, lease_ms);
                 }
                 other => return Err(format!("client {}: acquire answered {other:?}", client + 1)),
             },
+            (Op::AcquireShared { key, share, lease_ms, .. }, Ok(Response::Applied(results))) => {
+                match results.as_slice() {
+                    [ApplyResult::Granted { token, .. }] => {
+                        self.grants += 1;
+                        self.checker.durability.acked_grant(&key, *token);
+                        self.checker.shared.granted(client, &key, *token, share, sent_ms, lease_ms.get())?;
+                        self.note(&format!("client {} granted {key} {token} as {share:?}", client + 1));
+                        self.hold(client, key, *token, lease_ms);
+                    }
+                    // The key is of another kind: a holder's probe was
+                    // granted, and its holder has not let go yet.
+                    [ApplyResult::Mismatch { permits }] => {
+                        self.checker.shared.mismatched(client, share, Some(*permits))?;
+                        self.wake_client(client, pause);
+                    }
+                    other => return Err(format!("client {}: shared acquire answered {other:?}", client + 1)),
+                }
+            }
+            (Op::Probe { key, share, token, lease_ms, release_at_ms }, Ok(Response::Applied(results))) => {
+                let permits = match results.as_slice() {
+                    [ApplyResult::Mismatch { permits }] => Some(*permits),
+                    _ => None,
+                };
+                self.checker.shared.probed(client, share, permits, sent_ms, self.now_ms)?;
+                match results.as_slice() {
+                    [ApplyResult::Mismatch { .. }] => {
+                        self.clients[client].state =
+                            ClientState::Holding { key, token, lease_ms, release_at_ms };
+                        self.wake_client(client, pause);
+                    }
+                    // The key was free, so its lock is gone: it holds the
+                    // probe's instead, and hands it back at its next wake.
+                    [ApplyResult::Granted { token: granted, .. }] => {
+                        self.let_go(client);
+                        self.grants += 1;
+                        self.checker.durability.acked_grant(&key, *granted);
+                        self.checker.shared.granted(
+                            client,
+                            &key,
+                            *granted,
+                            share,
+                            sent_ms,
+                            lease_ms.get(),
+                        )?;
+                        self.note(&format!(
+                            "client {} granted {key} {granted} as {share:?} by its probe",
+                            client + 1
+                        ));
+                        let release_at_ms = self.now_ms;
+                        self.clients[client].state =
+                            ClientState::Holding { key, token: *granted, lease_ms, release_at_ms };
+                        self.wake_client(client, pause);
+                    }
+                    other => return Err(format!("client {}: probe answered {other:?}", client + 1)),
+                }
+            }
+            (
+                Op::Probe { key, share, token, lease_ms, release_at_ms },
+                Err(RequestError::Held { .. } | RequestError::WaitTimedOut { .. }),
+            ) => {
+                // The key is held in the probe's kind: its lock is gone too,
+                // as its next renewal will tell.
+                self.checker.shared.probed(client, share, None, sent_ms, self.now_ms)?;
+                self.clients[client].state = ClientState::Holding { key, token, lease_ms, release_at_ms };
+                self.wake_client(client, pause);
+            }
             (Op::Renew { key, token, lease_ms }, Ok(Response::Applied(results))) => {
                 match results.as_slice() {
                     [ApplyResult::Renewed { .. }] => {
                         self.checker.durability.acked_renewal(&key, token);
                         self.checker.holders.renewed(client, &key, token, sent_ms, lease_ms.get());
+                        self.checker.shared.renewed(client, &key, token, sent_ms, lease_ms.get())?;
                         let release_at_ms = match &self.clients[client].state {
                             ClientState::Holding { release_at_ms, .. } => *release_at_ms,
                             _ => self.now_ms,
@@ -388,7 +537,7 @@ impl World {
                     }
                     [ApplyResult::NotFound { .. }] => {
                         // The lock is gone: the client knows it lost it.
-                        self.checker.holders.released(client);
+                        self.let_go(client);
                         self.wake_client(client, pause);
                     }
                     other => return Err(format!("client {}: renew answered {other:?}", client + 1)),
@@ -404,6 +553,28 @@ impl World {
                     self.clients[client].served_after_heal = true;
                     self.checker.liveness.served(client);
                 }
+                self.wake_client(client, pause);
+            }
+            // A shared key without holders reads as a free plain lock.
+            (Op::Get { key }, Ok(Response::Holder(holder))) if shared::is_shared(key.as_bytes()) => {
+                if let Some(held) = holder {
+                    return Err(format!(
+                        "client {}: a get of {key} answered a plain lock: {held:?}",
+                        client + 1
+                    ));
+                }
+                self.checker.shared.read(&key, &[], sent_ms, self.now_ms)?;
+                self.wake_client(client, pause);
+            }
+            (Op::Get { key }, Ok(Response::Holders(holders))) => {
+                // A holder held back by lock-delay holds nothing.
+                let held = holders
+                    .iter()
+                    .filter(|held| !held.lock.delayed)
+                    .map(|held| held.share.map(|share| (held.lock.token, share)))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| format!("client {}: a get of {key} answered {holders:?}", client + 1))?;
+                self.checker.shared.read(&key, &held, sent_ms, self.now_ms)?;
                 self.wake_client(client, pause);
             }
             (Op::Get { key }, Ok(Response::Holder(holder))) => {
@@ -424,11 +595,26 @@ impl World {
                 }
                 for n in 0..KEYS {
                     let key = Key::new(format!("k{n}").into_bytes()).expect("a valid key");
+                    if !key.as_bytes().starts_with(&prefix) {
+                        continue;
+                    }
                     let token = locks
                         .iter()
                         .find(|(listed, held)| *listed == key && !held.lock.delayed)
                         .map(|(_, held)| held.lock.token);
                     self.checker.reads.answered(&key, token, sent_ms, self.now_ms)?;
+                }
+                for name in [RW_KEY, SEMAPHORE_KEY].into_iter().filter(|name| name.starts_with(&prefix)) {
+                    let key = Key::new(name.to_vec()).expect("a valid key");
+                    let held = locks
+                        .iter()
+                        .filter(|(listed, held)| *listed == key && !held.lock.delayed)
+                        .map(|(_, held)| held.share.map(|share| (held.lock.token, share)))
+                        .collect::<Option<Vec<_>>>()
+                        .ok_or_else(|| {
+                            format!("client {}: a list of {key} answered {locks:?}", client + 1)
+                        })?;
+                    self.checker.shared.read(&key, &held, sent_ms, self.now_ms)?;
                 }
                 self.wake_client(client, pause);
             }
@@ -460,6 +646,14 @@ impl World {
                     | RequestError::Delayed { .. }
                     | RequestError::WaitTimedOut { .. },
                 ),
+            )
+            | (
+                Op::AcquireShared { .. },
+                Err(
+                    RequestError::Held { .. }
+                    | RequestError::Delayed { .. }
+                    | RequestError::WaitTimedOut { .. },
+                ),
             ) => {
                 self.wake_client(client, pause);
             }
@@ -468,11 +662,32 @@ impl World {
         Ok(())
     }
 
+    /// `client` was granted `key` under `token`: it holds it a while,
+    /// renewing it every third of its lease.
+    fn hold(&mut self, client: usize, key: Key, token: FencingToken, lease_ms: LeaseMs) {
+        // The final key only proves service: hand it back at once.
+        let hold_ms = if key == self.clients[client].final_key {
+            self.rng.range(1, 50)
+        } else {
+            self.rng.range(50, 3 * lease_ms.get())
+        };
+        let release_at_ms = self.now_ms + hold_ms;
+        self.clients[client].state = ClientState::Holding { key, token, lease_ms, release_at_ms };
+        self.wake_client(client, (lease_ms.get() / 3).min(hold_ms));
+    }
+
     /// Sends `op` again after `pause_ms`, keeping a held lock held meanwhile.
     fn retry(&mut self, client: usize, op: Op, pause_ms: u64) {
         self.clients[client].state = match op {
-            Op::Acquire { .. } | Op::Get { .. } | Op::Check { .. } | Op::List { .. } | Op::Watch { .. } => {
-                ClientState::Idle
+            Op::Acquire { .. }
+            | Op::AcquireShared { .. }
+            | Op::Get { .. }
+            | Op::Check { .. }
+            | Op::List { .. }
+            | Op::Watch { .. } => ClientState::Idle,
+            // It still holds its key: back to renewing it.
+            Op::Probe { key, token, lease_ms, release_at_ms, .. } => {
+                ClientState::Holding { key, token, lease_ms, release_at_ms }
             }
             // The renewal's answer was lost: release soon rather than hold on.
             Op::Renew { key, token, lease_ms } => {

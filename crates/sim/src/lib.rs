@@ -12,7 +12,8 @@
 //!   node at a time), and the node then starts blank and asks the peers it
 //!   can reach whether to start anew or rejoin (`fencelock_raft::rejoin`);
 //! - clients: acquires with and without waiting, renewals, releases, and
-//!   disconnects in the middle of a request.
+//!   disconnects in the middle of a request; some clients take read-write
+//!   locks and semaphore permits instead of plain locks.
 //!
 //! A run has a fault phase, then a heal phase in which the cluster must
 //! converge and serve every client again. The invariants in [`invariants`]
@@ -50,7 +51,10 @@ use std::fmt;
 pub struct SimConfig {
     pub seed: u64,
     pub nodes: usize,
+    /// Clients of plain locks.
     pub clients: usize,
+    /// Clients of a read-write lock and a semaphore.
+    pub shared_clients: usize,
     /// Simulated milliseconds of faults, then of healing.
     pub fault_ms: u64,
     pub heal_ms: u64,
@@ -58,7 +62,7 @@ pub struct SimConfig {
 
 impl SimConfig {
     pub fn new(seed: u64, nodes: usize) -> SimConfig {
-        SimConfig { seed, nodes, clients: 5, fault_ms: 20_000, heal_ms: 10_000 }
+        SimConfig { seed, nodes, clients: 5, shared_clients: 3, fault_ms: 20_000, heal_ms: 10_000 }
     }
 }
 

@@ -53,4 +53,9 @@ fn runs_do_real_work() {
     assert!(report.result.is_ok(), "{report}");
     assert!(report.grants > 10, "{report}");
     assert!(report.acknowledgements > 10, "{report}");
+    // The shared clients' too: promises, changes on the nodes, reads.
+    for check in ["shared promises", "shared changes", "shared reads"] {
+        let judged = report.judged.iter().find(|(name, _)| *name == check).map_or(0, |(_, n)| *n);
+        assert!(judged > 0, "{check}: {report}");
+    }
 }

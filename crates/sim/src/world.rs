@@ -20,7 +20,7 @@ use crate::clock::NodeClock;
 
 use crate::disk::SimDisk;
 use crate::faults::Swarm;
-use crate::invariants::{convergence, Checker};
+use crate::invariants::{convergence, shared, Checker};
 use crate::network::Network;
 use crate::rng::Rng;
 use crate::{Report, SimConfig, Violation};
@@ -106,6 +106,10 @@ pub(crate) struct SimNode {
     /// Bumped at every start: work a crashed incarnation asked for is
     /// dropped.
     pub incarnation: u64,
+    /// This incarnation's count of applied entries and its applied index
+    /// when last asked: while the count stands and no change is applied,
+    /// the index stands too, and the (costly) status need not be asked.
+    pub applied_seen: Option<(u64, u64)>,
 }
 
 pub struct World {
@@ -150,9 +154,11 @@ impl World {
                 driver.lease_ms_min = 500;
                 driver.lease_ms_max = 60_000;
                 driver.expiry_scan_interval_ms = 10;
-                // Lock-delay on one of the workload's keys (taken from no
-                // random draw, so that seeds keep their runs otherwise).
-                driver.lock_delays = vec![(b"k1".to_vec(), LeaseMs::new(400).expect("a valid delay"))];
+                // Lock-delay on one of the workload's plain keys and on the
+                // shared ones (taken from no random draw, so that seeds keep
+                // their runs otherwise).
+                let delay_ms = LeaseMs::new(400).expect("a valid delay");
+                driver.lock_delays = vec![(b"k1".to_vec(), delay_ms), (shared::PREFIX.to_vec(), delay_ms)];
                 // Half the nodes would found the cluster with a token floor
                 // (fencelockd's is its wall clock in microseconds).
                 driver.token_floor = if rng.chance(500_000) { rng.range(1, 1 << 50) } else { 0 };
@@ -170,10 +176,15 @@ impl World {
                     incarnation: 0,
                     conns: BTreeSet::new(),
                     recovering: false,
+                    applied_seen: None,
                 }
             })
             .collect();
-        let clients = (0..config.clients).map(|i| Client::new(i, config.nodes)).collect();
+        // The clients of shared keys come after the others, so that those
+        // keep their numbers.
+        let clients = (0..config.clients + config.shared_clients)
+            .map(|i| Client::new(i, config.nodes, i >= config.clients))
+            .collect();
         let checker = Checker::new(config.nodes, swarm.drift_ppm_max);
         let network =
             Network::new(swarm.loss_ppm, swarm.duplicate_ppm, swarm.delay_min_ms, swarm.delay_jitter_ms);
@@ -400,6 +411,7 @@ impl World {
         let starting = opened.is_starting();
         self.nodes[node].node = Some(opened);
         self.nodes[node].incarnation += 1;
+        self.nodes[node].applied_seen = None;
         self.nodes[node].conns.clear();
         if starting {
             self.schedule_hellos(node);
@@ -506,12 +518,14 @@ impl World {
                 }
             }
         }
+        let mut applied_seen = self.nodes[node].applied_seen;
         if let Some(replica) = self.nodes[node].node.as_ref().and_then(Node::replica) {
             // Only real peers talk here: the gate must let all they send
             // through, save stale acknowledgements and snapshots that the
             // network delivered late, and vote answers that came before a
             // write (raft-rs would ignore the first two, assert on the last).
-            let refused = replica.stats().refused;
+            let stats = replica.stats();
+            let refused = stats.refused;
             for reason in Refusal::ALL {
                 let stale =
                     matches!(reason, Refusal::AckPastLastIndex | Refusal::BadSnapshot | Refusal::NotNow);
@@ -523,17 +537,28 @@ impl World {
                     ));
                 }
             }
-            let status = replica.status();
+            // Whether it leads matters only to the changes it applied.
+            let (is_leader, applied_index) = match applied_seen {
+                Some((entries, index)) if applied.is_empty() && entries == stats.entries_applied => {
+                    (false, index)
+                }
+                _ => {
+                    let status = replica.status();
+                    applied_seen = Some((stats.entries_applied, status.applied_index));
+                    (status.role == Role::Leader, status.applied_index)
+                }
+            };
             self.checker.turn(
                 node,
                 local_ms,
                 self.now_ms,
-                status.role == Role::Leader,
+                is_leader,
                 &applied,
-                status.applied_index,
+                applied_index,
                 replica.table(),
             )?;
         }
+        self.nodes[node].applied_seen = applied_seen;
         if let Some(healed_ms) = self.healed_at {
             self.checker.expiry.check(self.now_ms, healed_ms)?;
         }

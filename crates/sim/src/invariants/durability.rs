@@ -61,8 +61,11 @@ impl Check {
 
     /// Checks the converged final table.
     pub fn finish(&self, table: &LockTable) -> Result<(), String> {
+        // A lock held back by lock-delay still has its token here (its
+        // Delayed change counts as its removal); a shared key, many.
         let holds = |(key, token): &(Key, FencingToken)| {
             table.holder(key.as_bytes()).is_some_and(|lock| lock.token == *token)
+                || table.shared(key.as_bytes()).is_some_and(|shared| shared.holders.contains_key(token))
         };
         for grant in &self.acked_grants {
             match self.granted.get(grant).map(BTreeSet::len) {
@@ -183,6 +186,32 @@ mod tests {
 
         check.applied(2, &AppliedEvent::Expired { key: key(), token: token(1), proposer: None });
         check.finish(&gone).unwrap();
+    }
+
+    #[test]
+    fn acknowledged_shared_grants_still_held_pass() {
+        let rw = Key::new(b"k-rw".to_vec()).unwrap();
+        let mut check = Check::default();
+        let mut held = LockTable::new();
+        for (n, owner) in [(1, "a"), (2, "b")] {
+            held.apply(Command::GrantShared {
+                key: rw.clone(),
+                lease_ms: LeaseMs::new(1_000).unwrap(),
+                owner: fencelock_types::Owner::new(owner.as_bytes().to_vec()).unwrap(),
+                share: fencelock_types::Share::Read,
+            });
+            let event = AppliedEvent::Granted {
+                key: rw.clone(),
+                token: token(n),
+                lease_ms: LeaseMs::new(1_000).unwrap(),
+                existing: false,
+            };
+            check.applied(n, &event);
+            check.acked_grant(&rw, token(n));
+        }
+        check.finish(&held).unwrap();
+        let err = check.finish(&LockTable::new()).unwrap_err();
+        assert!(err.contains("vanished without a release or expiry"), "{err}");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The properties every run must keep, checked as the run goes. Each lives
 //! in its own module and sees the same observations:
 //!
-//! - [`mutual_exclusion`]: at most one holder per key in any applied state;
+//! - [`mutual_exclusion`]: at most one holder per plain lock's key in any
+//!   applied state;
 //! - [`tokens`]: tokens strictly increase, and none is issued twice;
 //! - [`convergence`]: all nodes hold equal tables at equal applied index;
 //! - [`durability`]: no acknowledged grant, renew or release is lost;
@@ -17,7 +18,10 @@
 //! - [`expiry`]: after the heal, a lock nobody renews is freed within its
 //!   lease (stretched by drift) and a bound, once a leader is ready;
 //! - [`watches`]: a watch's answer tells exactly the changes the log made
-//!   under its prefix after its position, in order, with their indexes.
+//!   under its prefix after its position, in order, with their indexes;
+//! - [`shared`]: read-write locks and semaphores, on every node (readers
+//!   only beside readers, a writer alone, at most N permits) and in what
+//!   their clients were promised, as [`holders`] judges plain locks.
 
 pub mod convergence;
 pub mod durability;
@@ -29,6 +33,7 @@ pub mod liveness;
 pub mod mutual_exclusion;
 pub mod reads;
 pub mod renewal;
+pub mod shared;
 pub mod tokens;
 pub mod watches;
 
@@ -64,6 +69,7 @@ pub struct Checker {
     pub reads: reads::Check,
     pub expiry: expiry::Check,
     pub watches: watches::Check,
+    pub shared: shared::Check,
     /// Applied changes each per-node check judged.
     judged_changes: u64,
     /// Per node: the highest index it applied, and the highest it had
@@ -82,6 +88,7 @@ impl Checker {
             renewal: renewal::Check::new(nodes),
             holders: holders::Check::new(drift_ppm_max),
             expiry: expiry::Check::new(drift_ppm_max),
+            shared: shared::Check::new(nodes, drift_ppm_max),
             applied_max: vec![0; nodes],
             replay_until: vec![0; nodes],
             ..Checker::default()
@@ -97,11 +104,13 @@ impl Checker {
     fn reset(&mut self, node: usize, table: &LockTable) {
         self.mutual_exclusion.reset(node, table);
         self.tokens.reset(node, table);
+        self.shared.reset(node, table);
     }
 
     /// A node's clock jumped forward: what clients were promised shrinks.
     pub fn clock_jumped(&mut self, now_ms: u64, jump_ms: u64) {
         self.holders.clock_jumped(now_ms, jump_ms);
+        self.shared.clock_jumped(now_ms, jump_ms);
     }
 
     /// How often each check judged something, for the sweep's report.
@@ -116,6 +125,9 @@ impl Checker {
             ("watch answers", self.watches.judged().0),
             ("watch events", self.watches.judged().1),
         ]
+        .into_iter()
+        .chain(self.shared.judged())
+        .collect()
     }
 
     /// Node `node` applied the changes of one turn at true time `now_ms`
@@ -137,15 +149,22 @@ impl Checker {
         let checked = &events[..restored_at.unwrap_or(events.len())];
         let replaying = applied_index <= self.replay_until[node];
         self.applied_max[node] = self.applied_max[node].max(applied_index);
+        if !events.is_empty() {
+            // The shares of the holders granted this turn, before the
+            // changes that granted them are judged.
+            self.shared.learn(node, table)?;
+        }
         for (index, event) in checked {
             let applied = Applied { node, local_ms, is_leader, index: *index, replaying, event };
             self.mutual_exclusion.applied(&applied)?;
+            self.shared.applied(&applied)?;
             self.tokens.applied(&applied)?;
             self.renewal.applied(&applied)?;
             self.judged_changes += 1;
         }
         for (index, event) in events {
             self.holders.applied(event, now_ms)?;
+            self.shared.first_applied(event, now_ms)?;
             self.reads.applied(event, now_ms);
             self.expiry.applied(*index, event, now_ms);
         }
@@ -156,6 +175,8 @@ impl Checker {
         if restored_at.is_some() {
             self.reset(node, table);
             self.renewal.restored(node, table, local_ms);
+        } else if !events.is_empty() {
+            self.shared.compare(node, table)?;
         }
         self.convergence.observed(node, applied_index, table)
     }

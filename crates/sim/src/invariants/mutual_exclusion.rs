@@ -2,6 +2,8 @@
 //! its key free, and a re-grant (a retry by the holder) keeps the holder's
 //! token. A key held back by lock-delay is granted to no one, its former
 //! holder included, and renewed by no one, until the delay is lifted.
+//! Plain locks only: the keys the clients take shared (read-write locks
+//! and semaphores, many holders at once) are [`super::shared`]'s.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -9,7 +11,7 @@ use fencelock_fsm::LockTable;
 use fencelock_raft::AppliedEvent;
 use fencelock_types::{FencingToken, Key};
 
-use super::Applied;
+use super::{shared, Applied};
 
 /// Each node's view of who holds what, rebuilt from its applied changes.
 #[derive(Debug, Default)]
@@ -35,6 +37,9 @@ impl Check {
     }
 
     pub fn applied(&mut self, applied: &Applied<'_>) -> Result<(), String> {
+        if shared::of_shared_key(applied.event) {
+            return Ok(());
+        }
         let holders = &mut self.holders[applied.node];
         let delayed = &mut self.delayed[applied.node];
         if let AppliedEvent::Granted { key, .. } | AppliedEvent::Renewed { key, .. } = applied.event {
@@ -187,6 +192,19 @@ mod tests {
             check.applied(&on(node, &expired(2))).unwrap();
             check.applied(&on(node, &granted(3, false))).unwrap();
         }
+    }
+
+    #[test]
+    fn keys_taken_shared_are_left_to_the_shared_check() {
+        let mut check = Check::new(1);
+        let reader = |n| AppliedEvent::Granted {
+            key: Key::new(b"k-rw".to_vec()).unwrap(),
+            token: token(n),
+            lease_ms: LeaseMs::new(1_000).unwrap(),
+            existing: false,
+        };
+        check.applied(&on(0, &reader(1))).unwrap();
+        check.applied(&on(0, &reader(2))).unwrap();
     }
 
     #[test]

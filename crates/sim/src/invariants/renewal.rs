@@ -2,7 +2,8 @@
 //! on the leader's clock: when the leader that proposed an Expire applies
 //! it, its own clock must have passed the moment it applied that lock's last
 //! grant or renewal plus the lease. An Expire that overtook a renewal fails
-//! this.
+//! this. Judged per holder: a read-write lock's or a semaphore's holders
+//! each have a lease of their own.
 
 use std::collections::BTreeMap;
 
@@ -12,12 +13,15 @@ use fencelock_types::{FencingToken, Key};
 
 use super::Applied;
 
-/// Per node: key → (token, the node's clock when it applied the last grant
-/// or renewal, lease, whether that was a replay after a restart).
+/// Per node, each lock's (key, token) and when it was last refreshed.
 #[derive(Debug, Default)]
 pub struct Check {
-    refreshed: Vec<BTreeMap<Key, (FencingToken, u64, u64, bool)>>,
+    refreshed: Vec<BTreeMap<(Key, FencingToken), Refreshed>>,
 }
+
+/// The node's clock when it applied a lock's last grant or renewal, the
+/// lease, and whether that was a replay after a restart.
+type Refreshed = (u64, u64, bool);
 
 impl Check {
     pub fn new(nodes: usize) -> Check {
@@ -31,9 +35,13 @@ impl Check {
     /// that asked again with a shorter lease may have shortened it; the
     /// snapshot carries the lease asked last.)
     pub fn restored(&mut self, node: usize, table: &LockTable, local_ms: u64) {
-        self.refreshed[node] = table
-            .list(b"", usize::MAX)
-            .map(|(key, lock)| (key.clone(), (lock.token, local_ms, lock.lease_ms.get(), false)))
+        let locks = table.list(b"", usize::MAX).map(|(key, lock)| ((key, lock.token), lock.lease_ms));
+        let holders = table.list_shared(b"", usize::MAX).flat_map(|(key, shared)| {
+            shared.holders.iter().map(move |(token, holder)| ((key, *token), holder.lease_ms))
+        });
+        self.refreshed[node] = locks
+            .chain(holders)
+            .map(|((key, token), lease_ms)| ((key.clone(), token), (local_ms, lease_ms.get(), false)))
             .collect();
     }
 
@@ -42,7 +50,8 @@ impl Check {
         match applied.event {
             AppliedEvent::Granted { key, token, lease_ms, .. }
             | AppliedEvent::Renewed { key, token, lease_ms } => {
-                refreshed.insert(key.clone(), (*token, applied.local_ms, lease_ms.get(), applied.replaying));
+                refreshed
+                    .insert((key.clone(), *token), (applied.local_ms, lease_ms.get(), applied.replaying));
             }
             AppliedEvent::Expired { key, token, proposer }
             | AppliedEvent::Delayed { key, token, proposer, .. }
@@ -57,17 +66,17 @@ impl Check {
                 let forced = matches!(applied.event, AppliedEvent::DelayLifted { forced: true, .. });
                 // A replayed grant or renewal was first applied earlier, at a
                 // time this node no longer knows: nothing to hold it to.
-                let last = refreshed.remove(key);
+                let last = refreshed.remove(&(key.clone(), *token));
                 if let Some(delay_ms) = delay {
-                    refreshed.insert(key.clone(), (*token, applied.local_ms, delay_ms, applied.replaying));
+                    refreshed.insert((key.clone(), *token), (applied.local_ms, delay_ms, applied.replaying));
                 }
-                if let Some((held, at_ms, lease_ms, false)) = last.filter(|_| !forced) {
+                if let Some((at_ms, lease_ms, false)) = last.filter(|_| !forced) {
                     let due_ms = at_ms + lease_ms;
                     // Checked where the Expire was decided: on its proposer,
                     // applying it while still leading (so with the clock it
                     // decided by, or later).
                     let decided_here = *proposer == Some(fencelock_raft::NodeId(applied.node as u64 + 1));
-                    if decided_here && applied.is_leader && held == *token && applied.local_ms < due_ms {
+                    if decided_here && applied.is_leader && applied.local_ms < due_ms {
                         return Err(format!(
                             "node {} expired {key} (token {token}) at {} ms on its clock, before {due_ms} ms",
                             applied.node + 1,
@@ -76,8 +85,8 @@ impl Check {
                     }
                 }
             }
-            AppliedEvent::Released { key, .. } => {
-                refreshed.remove(key);
+            AppliedEvent::Released { key, token } => {
+                refreshed.remove(&(key.clone(), *token));
             }
             AppliedEvent::Proclaimed { .. } | AppliedEvent::Restored => {}
         }
@@ -136,6 +145,28 @@ mod tests {
         check.applied(&leader(3_000, &granted(1, 5_000, true))).unwrap();
         let err = check.applied(&leader(7_000, &expired(1, 0))).unwrap_err();
         assert!(err.contains("before 8000 ms"), "{err}");
+    }
+
+    #[test]
+    fn each_holder_of_a_shared_key_is_held_to_its_own_lease() {
+        let rw = || Key::new(b"k-rw".to_vec()).unwrap();
+        let reader = |n| AppliedEvent::Granted {
+            key: rw(),
+            token: token(n),
+            lease_ms: LeaseMs::new(5_000).unwrap(),
+            existing: false,
+        };
+        let mut check = Check::new(3);
+        check.applied(&leader(1_000, &reader(1))).unwrap();
+        check.applied(&leader(3_000, &reader(2))).unwrap();
+        // Reader 1's lease ran out; reader 2's, granted later, has not.
+        let expire = |n| AppliedEvent::Expired { key: rw(), token: token(n), proposer: Some(NodeId(1)) };
+        check.applied(&leader(6_000, &expire(1))).unwrap();
+        let err = check.applied(&leader(7_000, &expire(2))).unwrap_err();
+        assert!(
+            err.contains("node 1 expired k-rw (token 2) at 7000 ms on its clock, before 8000 ms"),
+            "{err}"
+        );
     }
 
     #[test]
