@@ -460,12 +460,7 @@ impl ClientHandler {
                 events: answer.events.iter().map(watch_event).collect(),
                 index: answer.index,
                 has_current: answer.current.is_some(),
-                current: answer
-                    .current
-                    .iter()
-                    .flatten()
-                    .map(|(key, held)| lock_info(key, held))
-                    .collect(),
+                current: answer.current.iter().flatten().map(|(key, held)| lock_info(key, held)).collect(),
                 compacted: answer.compacted,
                 ..Default::default()
             })),
