@@ -550,10 +550,14 @@ impl Check {
 
     /// How many promises [`Check::judge_instant`] judges, and its verdict.
     fn verdict(&self, key: &Key, at_ms: u64, granted: FencingToken) -> (u64, Result<(), String>) {
+        // A promise of a later token (granted after `granted` in log order)
+        // cannot have held at `granted`'s grant, even in the same
+        // millisecond: one entry may free `granted` (its ghost release, say)
+        // and the next grant a later token its place (seed 2378198938).
         let covering: Vec<&Promise> = self
             .promises
             .iter()
-            .filter(|promise| promise.key == *key && self.covers(promise, at_ms))
+            .filter(|promise| promise.key == *key && promise.token <= granted && self.covers(promise, at_ms))
             .collect();
         if covering.is_empty() {
             return (0, Ok(()));
@@ -850,6 +854,24 @@ mod tests {
         check.granted(1, &sem(), token(2), Share::Permit(2), 15, 1_000).unwrap();
         let err = grant_at(&mut check, &sem(), 3, Share::Permit(2), 30).unwrap_err();
         assert!(err.contains("as [Permit(2), Permit(2), Permit(2)] at once"), "{err}");
+    }
+
+    #[test]
+    fn a_later_token_granted_in_the_same_millisecond_does_not_hold_at_an_earlier_grant() {
+        // Seed 2378198938: permit 5 is promised; ghost 15 (its answer lost)
+        // is granted, released by its ghost release and its place granted
+        // to 16, all applied at 2,796 ms. 16's promise starts at 2,796 but
+        // did not hold when 15 was granted.
+        let mut check = Check::new(1, 0);
+        grant_at(&mut check, &sem(), 5, Share::Permit(2), 360).unwrap();
+        check.granted(0, &sem(), token(5), Share::Permit(2), 359, 4_000).unwrap();
+        grant_at(&mut check, &sem(), 15, Share::Permit(2), 2_796).unwrap();
+        check.first_applied(&released(&sem(), 15), 2_796).unwrap();
+        grant_at(&mut check, &sem(), 16, Share::Permit(2), 2_796).unwrap();
+        check.granted(1, &sem(), token(16), Share::Permit(2), 2_796, 4_000).unwrap();
+        // A third permit after them all is still caught.
+        let err = grant_at(&mut check, &sem(), 17, Share::Permit(2), 2_800).unwrap_err();
+        assert!(err.contains("when 17 was granted"), "{err}");
     }
 
     #[test]
