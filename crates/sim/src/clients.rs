@@ -78,6 +78,8 @@ pub(crate) enum Op {
         key: Key,
         token: FencingToken,
         lease_ms: LeaseMs,
+        /// When the holder means to let go: it renews until then.
+        release_at_ms: u64,
     },
     Release {
         key: Key,
@@ -214,7 +216,7 @@ impl World {
                     };
                     Op::Probe { key, share, token, lease_ms, release_at_ms }
                 } else {
-                    Op::Renew { key, token, lease_ms }
+                    Op::Renew { key, token, lease_ms, release_at_ms }
                 };
                 self.send_request(client, op)
             }
@@ -365,7 +367,7 @@ impl World {
             Op::Probe { key, share, lease_ms, .. } => {
                 ClientRequest::AcquireShared { key, lease_ms, owner, share, wait_ms: 0 }
             }
-            Op::Renew { key, token, lease_ms } => {
+            Op::Renew { key, token, lease_ms, .. } => {
                 ClientRequest::Propose(vec![Command::Renew { key, token, lease_ms, user }])
             }
             Op::Release { key, token } => {
@@ -521,16 +523,14 @@ impl World {
                 self.clients[client].state = ClientState::Holding { key, token, lease_ms, release_at_ms };
                 self.wake_client(client, pause);
             }
-            (Op::Renew { key, token, lease_ms }, Ok(Response::Applied(results))) => {
+            (Op::Renew { key, token, lease_ms, release_at_ms }, Ok(Response::Applied(results))) => {
                 match results.as_slice() {
                     [ApplyResult::Renewed { .. }] => {
                         self.checker.durability.acked_renewal(&key, token);
                         self.checker.holders.renewed(client, &key, token, sent_ms, lease_ms.get());
                         self.checker.shared.renewed(client, &key, token, sent_ms, lease_ms.get())?;
-                        let release_at_ms = match &self.clients[client].state {
-                            ClientState::Holding { release_at_ms, .. } => *release_at_ms,
-                            _ => self.now_ms,
-                        };
+                        // The state was reset when the answer came: the
+                        // renewal carries when the holder lets go.
                         self.clients[client].state =
                             ClientState::Holding { key, token, lease_ms, release_at_ms };
                         self.wake_client(client, (lease_ms.get() / 3).max(1));
@@ -690,7 +690,7 @@ impl World {
                 ClientState::Holding { key, token, lease_ms, release_at_ms }
             }
             // The renewal's answer was lost: release soon rather than hold on.
-            Op::Renew { key, token, lease_ms } => {
+            Op::Renew { key, token, lease_ms, .. } => {
                 ClientState::Holding { key, token, lease_ms, release_at_ms: self.now_ms }
             }
             Op::Release { key, token } => ClientState::Holding {
