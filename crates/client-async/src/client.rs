@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use fencelock_client::sansio::calls::{self, RenewAnswer};
+use fencelock_client::sansio::calls::{self, Acquiring, RenewAnswer};
 use fencelock_client::sansio::lease::needs_fresh_start;
 use fencelock_client::sansio::pool::Pool;
 use fencelock_client::sansio::{Drift, Lease, Outcome, RetryLoop, Retrying, Verdict};
@@ -25,13 +25,6 @@ use crate::watch::{AsyncObserver, AsyncWatch};
 /// same key) looks again. Such waits are rare: two tasks of one process
 /// contending for one key.
 const LOCAL_POLL: Duration = Duration::from_millis(10);
-
-/// What an acquire asks for: a plain lock with its value, or a share.
-#[derive(Clone, Copy, Debug)]
-enum Acquiring<'a> {
-    Exclusive(&'a [u8]),
-    Shared(Share),
-}
 
 /// An async fencelock client. Clones share connections and the owner.
 /// Every guard renews its lock in a task of its own, on the runtime the
@@ -399,11 +392,7 @@ impl Inner {
         let make = || {
             // A retry waits only for what is left of the caller's wait.
             let wait_left = wait_until.saturating_duration_since(Instant::now());
-            let request = match acquiring {
-                Acquiring::Exclusive(value) => calls::acquire(owner, key, value, lease, wait_left),
-                Acquiring::Shared(share) => calls::acquire_shared(owner, key, share, lease, wait_left),
-            };
-            (request, wait_left + request_timeout)
+            (acquiring.request(owner, key, lease, wait_left), wait_left + request_timeout)
         };
         let (kind, sent) = self.call(make, self.retry_for + wait).await?;
         calls::acquire_answer(kind, lease).map(|grant| (grant, sent))

@@ -29,13 +29,7 @@ use crate::ClientError;
 use fencelock_types::Share;
 
 pub(crate) use crate::sansio::calls::unexpected;
-
-/// What an acquire asks for: a plain lock with its value, or a share.
-#[derive(Debug)]
-pub(crate) enum Acquiring<'a> {
-    Exclusive(&'a [u8]),
-    Shared(Share),
-}
+use crate::sansio::calls::Acquiring;
 
 /// A blocking, thread-safe fencelock client. Clones share connections, the
 /// owner identity and the background renewer.
@@ -416,11 +410,7 @@ impl Inner {
             // A retry (say, after a leader change) waits only for what is
             // left of the caller's wait.
             let wait_left = wait_until.saturating_duration_since(Instant::now());
-            let request = match acquiring {
-                Acquiring::Exclusive(value) => calls::acquire(owner, key, value, lease, wait_left),
-                Acquiring::Shared(share) => calls::acquire_shared(owner, key, *share, lease, wait_left),
-            };
-            (request, wait_left + request_timeout)
+            (acquiring.request(owner, key, lease, wait_left), wait_left + request_timeout)
         };
         let (kind, sent) = self.call(make, self.retry_for + wait)?;
         calls::acquire_answer(kind, lease).map(|grant| (grant, sent))

@@ -19,6 +19,23 @@ pub fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// What an acquire asks for: a plain lock with its value, or a share.
+#[derive(Clone, Copy, Debug)]
+pub enum Acquiring<'a> {
+    Exclusive(&'a [u8]),
+    Shared(Share),
+}
+
+impl Acquiring<'_> {
+    /// The acquire request for `owner` and `key`.
+    pub fn request(&self, owner: &[u8], key: &[u8], lease: Duration, wait: Duration) -> Request_oneof_kind {
+        match *self {
+            Acquiring::Exclusive(value) => acquire(owner, key, value, lease, wait),
+            Acquiring::Shared(share) => acquire_shared(owner, key, share, lease, wait),
+        }
+    }
+}
+
 /// An acquire of `key` for `owner`, with the lock's `value` (empty for
 /// none), waiting up to `wait` in the leader's queue. A retry sends what
 /// is left of the caller's wait.
