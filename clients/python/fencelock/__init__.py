@@ -18,6 +18,9 @@ leads; ``client.watch(prefix)`` follows the holders of keys under a prefix.
 Read-write locks and semaphores: ``client.lock_shared(key, Share.READ, ttl)``
 (or ``Share.WRITE``, ``Share.permit(n)``); ``client.holders(key)`` tells
 every holder.
+Sessions: ``with client.session(ttl=10) as session:`` and
+``client.acquire(key, session=session)``: one keep-alive for many locks, all
+freed at once when the session closes or lapses.
 
 Standard library and ``protobuf`` only; thread-based.
 """
@@ -29,6 +32,7 @@ from .errors import (
     Held,
     Internal,
     InvalidArgument,
+    NoSession,
     NotAcquired,
     PermissionDenied,
     ResourceExhausted,
@@ -38,6 +42,7 @@ from .errors import (
 )
 from .fenced import FencedRegister
 from .lock import Lock
+from .session import Session
 from .share import Share
 from .watch import Leader, LeaderChange, Observer, Watch, WatchBatch, WatchEvent
 
@@ -57,11 +62,13 @@ __all__ = [
     "Lock",
     "LockInfo",
     "Member",
+    "NoSession",
     "NodeStatus",
     "NotAcquired",
     "Observer",
     "PermissionDenied",
     "ResourceExhausted",
+    "Session",
     "Share",
     "StaleToken",
     "Unavailable",

@@ -31,12 +31,14 @@ from .errors import (
     Held,
     Internal,
     InvalidArgument,
+    NoSession,
     PermissionDenied,
     ResourceExhausted,
     Unavailable,
     WaitTimedOut,
 )
 from .lock import Lock, LockContext, local_holds
+from .session import Session, SessionContext
 from .share import SHARE_NAMES, Share, check_share
 from .watch import Observer, Watch
 
@@ -111,7 +113,9 @@ class LockInfo:
     last proclaim); empty for none. ``share``: how it holds the key,
     ``"exclusive"`` (a plain lock), ``"read"`` or ``"write"`` (a read-write
     lock), ``"permit"`` (one of a semaphore's ``permits``; 0 otherwise), or
-    ``"unknown"`` for a kind newer than this client."""
+    ``"unknown"`` for a kind newer than this client. ``session``: the id of
+    the session it is held under (:attr:`Session.id`), 0 for a lease of its
+    own; ``ttl`` and ``remaining`` are then the session's."""
 
     key: bytes
     token: int
@@ -122,12 +126,13 @@ class LockInfo:
     value: bytes = b""
     share: str = "exclusive"
     permits: int = 0
+    session: int = 0
 
     @classmethod
     def _from(cls, info: "pb.LockInfo") -> "LockInfo":
         return cls(
             info.key, info.token, info.owner, info.lease_ms / 1000.0, info.remaining_ms / 1000.0, info.delayed,
-            info.value, SHARE_NAMES.get(info.share, "unknown"), info.permits,
+            info.value, SHARE_NAMES.get(info.share, "unknown"), info.permits, info.session,
         )
 
 
@@ -217,7 +222,8 @@ class Client:
 
     Connections open on first use, so a client can be made while the
     cluster is down. :meth:`close` (or leaving a ``with Client(...)`` block)
-    releases the locks still held through it and closes its connections.
+    closes the sessions still open through it, releases the locks still
+    held through it and closes its connections.
     """
 
     def __init__(
@@ -263,6 +269,7 @@ class Client:
         self._pool = threading.Lock()
         self._preferred: Optional[str] = None
         self._locks: Set[Lock] = set()
+        self._sessions: Set[Session] = set()
         self._random = random.Random()
         self._closed = False
 
@@ -282,14 +289,16 @@ class Client:
 
     # -- locks -------------------------------------------------------------
 
-    def lock(self, key: Key, ttl: float, wait: float = 0, value: Key = b"", *,
-             on_lost: Optional[Callable[[Lock], None]] = None) -> LockContext:
+    def lock(self, key: Key, ttl: Optional[float] = None, wait: float = 0, value: Key = b"", *,
+             on_lost: Optional[Callable[[Lock], None]] = None, session: Optional[Session] = None) -> LockContext:
         """``with client.lock(key, ttl=10, wait=0) as lock:`` acquires on
-        entering (see :meth:`acquire`) and releases on leaving, best effort."""
-        return LockContext(lambda: self.acquire(key, ttl, wait, value, on_lost=on_lost))
+        entering (see :meth:`acquire`) and releases on leaving, best effort.
+        ``with client.lock(key, session=s) as lock:`` holds it under a
+        session."""
+        return LockContext(lambda: self.acquire(key, ttl, wait, value, on_lost=on_lost, session=session))
 
-    def acquire(self, key: Key, ttl: float, wait: float = 0, value: Key = b"", *,
-                on_lost: Optional[Callable[[Lock], None]] = None) -> Lock:
+    def acquire(self, key: Key, ttl: Optional[float] = None, wait: float = 0, value: Key = b"", *,
+                on_lost: Optional[Callable[[Lock], None]] = None, session: Optional[Session] = None) -> Lock:
         """Acquires ``key`` for ``ttl`` seconds, waiting up to ``wait`` seconds
         in the leader's queue if another owner holds it (0: answer at once).
         The :class:`Lock` is renewed in the background until released.
@@ -302,19 +311,30 @@ class Client:
         not get the lock. Within this process, a key that another Lock of
         the same owner holds is waited for (up to ``wait``) or refused the
         same way: the server would hand the same lock over (``existing``),
-        and one Lock's release would end the other's."""
-        return self._acquire_lock(key, ttl, wait, self.owner, to_bytes(value, "value"), None, on_lost)
+        and one Lock's release would end the other's.
 
-    def lock_shared(self, key: Key, share: Share, ttl: float, wait: float = 0, *, owner: Optional[Key] = None,
-                    on_lost: Optional[Callable[[Lock], None]] = None) -> LockContext:
+        ``session``: a :class:`Session` (:meth:`open_session`) to hold the
+        lock under instead of a lease of its own; ``ttl`` is then not
+        needed (and ignored), the acquire is the session's owner's, the
+        Lock is not renewed by itself (the session's keep-alive renews it)
+        and it is freed when the session closes or lapses. A session that
+        is not open raises :class:`NoSession`."""
+        owner = self._owner_under(None, session)
+        return self._acquire_lock(key, ttl, wait, owner, to_bytes(value, "value"), None, on_lost, session)
+
+    def lock_shared(self, key: Key, share: Share, ttl: Optional[float] = None, wait: float = 0, *,
+                    owner: Optional[Key] = None, on_lost: Optional[Callable[[Lock], None]] = None,
+                    session: Optional[Session] = None) -> LockContext:
         """``with client.lock_shared(key, Share.READ, ttl=10) as lock:``
         acquires shared on entering (see :meth:`acquire_shared`) and
         releases on leaving, best effort."""
         share = check_share(share)
-        return LockContext(lambda: self.acquire_shared(key, share, ttl, wait, owner=owner, on_lost=on_lost))
+        return LockContext(lambda: self.acquire_shared(key, share, ttl, wait, owner=owner, on_lost=on_lost,
+                                                       session=session))
 
-    def acquire_shared(self, key: Key, share: Share, ttl: float, wait: float = 0, *,
-                       owner: Optional[Key] = None, on_lost: Optional[Callable[[Lock], None]] = None) -> Lock:
+    def acquire_shared(self, key: Key, share: Share, ttl: Optional[float] = None, wait: float = 0, *,
+                       owner: Optional[Key] = None, on_lost: Optional[Callable[[Lock], None]] = None,
+                       session: Optional[Session] = None) -> Lock:
         """Acquires ``key`` shared: as a reader (``Share.READ``) or the
         writer (``Share.WRITE``) of a read-write lock, or as one permit of a
         semaphore of N (``Share.permit(N)``, N fixed by the key's first
@@ -328,13 +348,17 @@ class Client:
         way round) or :class:`Held` (a plain lock's key). As with
         :meth:`acquire`, one Lock per owner and key in a process: for two
         permits (or two readers) in one process, use two owners (``owner``,
-        else the client's)."""
-        share = check_share(share)
-        owner_bytes = self.owner if owner is None else to_bytes(owner, "owner")
-        return self._acquire_lock(key, ttl, wait, owner_bytes, b"", share, on_lost)
+        else the client's).
 
-    def campaign(self, election: Key, value: Key, ttl: float, wait: Optional[float] = None, *,
-                 on_lost: Optional[Callable[[Lock], None]] = None) -> Lock:
+        ``session``: held under a :class:`Session` instead of a lease of its
+        own, as with :meth:`acquire`; the owner is then the session's
+        (``owner``, if given, must be the same)."""
+        share = check_share(share)
+        owner_bytes = self._owner_under(owner, session)
+        return self._acquire_lock(key, ttl, wait, owner_bytes, b"", share, on_lost, session)
+
+    def campaign(self, election: Key, value: Key, ttl: Optional[float] = None, wait: Optional[float] = None, *,
+                 on_lost: Optional[Callable[[Lock], None]] = None, session: Optional[Session] = None) -> Lock:
         """Campaigns in ``election`` (a key) with ``value`` (what this
         candidate says of itself: its address, say; str or bytes, up to
         4,096 bytes): waits in the leader's FIFO queue of candidates, and
@@ -347,12 +371,17 @@ class Client:
         and then :class:`WaitTimedOut` (or :class:`Held` with 0, as
         :meth:`acquire`) when it did not lead within them. Either way it
         asks in acquire requests of at most 30 s of wait each, asking again
-        when one runs out (below every server's maximum wait)."""
+        when one runs out (below every server's maximum wait).
+
+        ``session``: the candidacy (and the leadership) is held under a
+        :class:`Session`, as with :meth:`acquire`: it ends when the session
+        closes or lapses; ``ttl`` is then not needed."""
         deadline = None if wait is None else time.monotonic() + _millis(wait, "wait") / 1000.0
         while True:
             left = CAMPAIGN_ROUND if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                return self.acquire(election, ttl, min(left, CAMPAIGN_ROUND), value, on_lost=on_lost)
+                return self.acquire(election, ttl, min(left, CAMPAIGN_ROUND), value, on_lost=on_lost,
+                                    session=session)
             except WaitTimedOut:
                 # Still another candidate's turn: ask again, the wait goes on.
                 if deadline is not None and time.monotonic() >= deadline:
@@ -382,28 +411,81 @@ class Client:
         key = to_bytes(election, "election")
         return Observer(Watch(self, key), key)
 
-    def acquire_raw(self, key: Key, ttl: float, wait: float = 0, *, owner: Optional[Key] = None,
-                    value: Key = b"") -> Grant:
+    def acquire_raw(self, key: Key, ttl: Optional[float] = None, wait: float = 0, *, owner: Optional[Key] = None,
+                    value: Key = b"", session: Union[Session, int, None] = None) -> Grant:
         """One acquire, retried as needed, and nothing else: no renewal, no
         release, no check against other Locks of this process. The lock
         lives until its lease runs out or it is released by token. Under
         ``owner`` if given, else the client's, with ``value`` (see
-        :meth:`acquire`)."""
-        owner_bytes = self.owner if owner is None else to_bytes(owner, "owner")
-        return self._acquire_grant(to_bytes(key), ttl, wait, owner_bytes, to_bytes(value, "value"), None)
+        :meth:`acquire`). ``session`` (a :class:`Session` or a session's
+        id): held under that session, until it ends or the lock is released
+        by token; ``ttl`` is then not needed, and the owner must be the
+        session's (a :class:`Session`'s by default)."""
+        owner_bytes = self._owner_under(owner, session)
+        return self._acquire_grant(to_bytes(key), ttl, wait, owner_bytes, to_bytes(value, "value"), None, session)
 
-    def acquire_shared_raw(self, key: Key, share: Share, ttl: float, wait: float = 0, *,
-                           owner: Optional[Key] = None) -> Grant:
+    def acquire_shared_raw(self, key: Key, share: Share, ttl: Optional[float] = None, wait: float = 0, *,
+                           owner: Optional[Key] = None, session: Union[Session, int, None] = None) -> Grant:
         """:meth:`acquire_raw` shared (see :meth:`acquire_shared`): one
         acquire, no renewal, no release."""
         share = check_share(share)
-        owner_bytes = self.owner if owner is None else to_bytes(owner, "owner")
-        return self._acquire_grant(to_bytes(key), ttl, wait, owner_bytes, b"", share)
+        owner_bytes = self._owner_under(owner, session)
+        return self._acquire_grant(to_bytes(key), ttl, wait, owner_bytes, b"", share, session)
 
-    def _acquire_grant(self, key_bytes: bytes, ttl: float, wait: float, owner_bytes: bytes, value_bytes: bytes,
-                       share: Optional[Share]) -> Grant:
-        """One acquire, retried as needed: plain (``share`` None) or shared."""
-        lease_ms = _millis(ttl, "ttl")
+    # -- sessions ----------------------------------------------------------
+
+    def open_session(self, ttl: float, owner: Optional[Key] = None, *,
+                     on_lost: Optional[Callable[[Session], None]] = None, background: bool = True) -> Session:
+        """Opens a session for ``owner`` (else the client's) with a time to
+        live of ``ttl`` seconds (within the server's lease bounds, else
+        :class:`InvalidArgument`). Locks acquired with ``session=`` are
+        held under it: one keep-alive renews them all, and closing the
+        session (:meth:`Session.close`) or its lapse frees them all at once.
+
+        ``background`` (default): a daemon thread keeps it alive every third
+        of its TTL until it is closed or lost; False: the caller calls
+        :meth:`Session.keep_alive` within every TTL. ``on_lost(session)`` is
+        called once if it is lost (see :class:`Session`).
+
+        A session counts as one lock in its owner's quota. An open is not
+        idempotent: an open retried after its answer was lost opens another
+        session, and the first lapses after its TTL, holding nothing."""
+        owner_bytes = self.owner if owner is None else to_bytes(owner, "owner")
+        if not owner_bytes:
+            raise InvalidArgument("the owner is empty")
+        session_id, granted, sent = self._open_session(owner_bytes, ttl)
+        session = Session(self, session_id, granted, owner_bytes, sent, on_lost, background)
+        with self._pool:
+            self._sessions.add(session)
+        session._start()
+        return session
+
+    def session(self, ttl: float, owner: Optional[Key] = None, *,
+                on_lost: Optional[Callable[[Session], None]] = None, background: bool = True) -> SessionContext:
+        """``with client.session(ttl=10) as session:`` opens a session on
+        entering (see :meth:`open_session`) and closes it on leaving, best
+        effort: everything held under it is released at once."""
+        return SessionContext(lambda: self.open_session(ttl, owner, on_lost=on_lost, background=background))
+
+    def _acquire_grant(self, key_bytes: bytes, ttl: Optional[float], wait: float, owner_bytes: bytes,
+                       value_bytes: bytes, share: Optional[Share], session: Union[Session, int, None] = None) -> Grant:
+        """One acquire, retried as needed: plain (``share`` None) or shared,
+        with a lease of its own or under ``session``."""
+        if isinstance(session, Session):
+            session_id, session_ttl_ms = session.id, _millis(session.ttl, "ttl")
+        elif session is None:
+            session_id, session_ttl_ms = 0, 0
+        elif isinstance(session, int) and not isinstance(session, bool) and 0 < session < 1 << 64:
+            session_id, session_ttl_ms = session, 0
+        else:
+            raise TypeError(f"session is a Session or a session's id, not {session!r}")
+        if session_id:
+            # Under a session the lease is the session's: none is sent.
+            lease_ms = 0
+        elif ttl is None:
+            raise TypeError("ttl (seconds) is needed unless the acquire is under a session")
+        else:
+            lease_ms = _millis(ttl, "ttl")
         # A plain acquire leaves the fields at their defaults (EXCLUSIVE, 0):
         # on the wire it is what it was before they existed.
         share_pb, permits = share._to_pb() if share is not None else (pb.EXCLUSIVE, 0)
@@ -416,16 +498,21 @@ class Client:
             wait_left = max(0.0, wait_until - time.monotonic())
             request = pb.Request(acquire=pb.AcquireRequest(
                 key=key_bytes, lease_ms=lease_ms, owner=owner_bytes, wait_ms=_millis(wait_left, "wait"),
-                value=value_bytes, share=share_pb, permits=permits))
+                value=value_bytes, share=share_pb, permits=permits, session=session_id))
             return request, wait_left + timeout
 
-        response, sent, _ = self._call(make, self.retry_for + wait)
+        try:
+            response, sent, _ = self._call(make, self.retry_for + wait)
+        except NoSession as err:
+            if isinstance(session, Session):
+                session._gone(f"session {session.id} is not open any more: {err}")
+            raise
         answer = _expect(response, "acquire").acquire
         holder = answer.holder_token or None
         if answer.outcome == pb.GRANTED:
             if answer.token == 0:
                 raise Internal("granted without a token")
-            granted_ms = answer.lease_ms or lease_ms
+            granted_ms = answer.lease_ms or lease_ms or session_ttl_ms
             return Grant(key_bytes, answer.token, granted_ms / 1000.0, answer.existing, sent)
         if answer.outcome == pb.HELD and answer.delayed:
             raise Delayed(holder, answer.delay_left_ms / 1000.0)
@@ -492,8 +579,13 @@ class Client:
         return NodeStatus._from(_expect(outcome.response, "status").status)
 
     def close(self) -> None:
-        """Releases every Lock still held through this client (best effort,
-        one request timeout each) and closes the connections."""
+        """Closes every Session still open through this client, releases
+        every Lock still held through it (best effort, one request timeout
+        each) and closes the connections."""
+        with self._pool:
+            sessions = list(self._sessions)
+        for session in sessions:
+            session._close_quietly()
         with self._pool:
             locks = list(self._locks)
         for lock in locks:
@@ -507,26 +599,73 @@ class Client:
 
     # -- internals ---------------------------------------------------------
 
-    def _acquire_lock(self, key: Key, ttl: float, wait: float, owner: bytes, value: bytes,
-                      share: Optional[Share], on_lost: Optional[Callable[[Lock], None]]) -> Lock:
+    def _acquire_lock(self, key: Key, ttl: Optional[float], wait: float, owner: bytes, value: bytes,
+                      share: Optional[Share], on_lost: Optional[Callable[[Lock], None]],
+                      session: Optional[Session] = None) -> Lock:
         """An acquire and its :class:`Lock`: one per owner and key in this
-        process, handed over with a lease it can count on."""
+        process, handed over with a lease it can count on (or held under
+        ``session``)."""
+        if session is not None and not isinstance(session, Session):
+            raise TypeError(f"session is a Session (Client.open_session), not {session!r}")
         key_bytes = to_bytes(key)
         started = time.monotonic()
         hold = local_holds.take(owner, key_bytes, wait)
         try:
             grant = self._acquire_grant(key_bytes, ttl, max(0.0, wait - (time.monotonic() - started)), owner,
-                                        value, share)
-            grant = self._fresh_start(grant)
+                                        value, share, session)
+            if session is None:
+                grant = self._fresh_start(grant)
             hold.granted(grant.token)
-            lock = Lock(self, key, key_bytes, grant, hold, on_lost, share)
+            lock = Lock(self, key, key_bytes, grant, hold, on_lost, share, session)
         except BaseException:
             hold.free()
             raise
         with self._pool:
             self._locks.add(lock)
+        if session is not None:
+            session._add(lock)
         lock._start()
         return lock
+
+    def _owner_under(self, owner: Optional[Key], session: Union[Session, int, None]) -> bytes:
+        """The owner of an acquire: ``owner``, else a :class:`Session`'s,
+        else the client's. An acquire under a session must be its owner's."""
+        owner_bytes = None if owner is None else to_bytes(owner, "owner")
+        if isinstance(session, Session):
+            if owner_bytes is not None and owner_bytes != session.owner:
+                raise InvalidArgument(
+                    f"an acquire under session {session.id} is its owner's ({session.owner!r}), not {owner_bytes!r}")
+            return session.owner
+        return self.owner if owner_bytes is None else owner_bytes
+
+    def _open_session(self, owner: bytes, ttl: float) -> Tuple[int, float, float]:
+        """Opens a session: its id, TTL (seconds) and the send time of the
+        attempt that opened it."""
+        ttl_ms = _millis(ttl, "ttl")
+        request = pb.Request(session_open=pb.SessionOpenRequest(owner=owner, ttl_ms=ttl_ms))
+        response, sent, _ = self._call(lambda: (request, self.request_timeout), self.retry_for)
+        answer = _expect(response, "session").session
+        if not answer.found or answer.session == 0:
+            raise Internal("a session open answered without a session")
+        return answer.session, (answer.ttl_ms or ttl_ms) / 1000.0, sent
+
+    def _keep_alive_session(self, session_id: int, budget: float) -> Tuple[bool, float, float]:
+        """One keep-alive, retried within ``budget``: whether the session
+        is open, the send time of the attempt that got the answer, and the
+        TTL (seconds)."""
+        request = pb.Request(session_keep_alive=pb.SessionKeepAliveRequest(session=session_id))
+        response, sent, _ = self._call(lambda: (request, self.request_timeout), budget)
+        answer = _expect(response, "session").session
+        return answer.found, sent, answer.ttl_ms / 1000.0
+
+    def _close_session(self, session_id: int, budget: float) -> bool:
+        request = pb.Request(session_close=pb.SessionCloseRequest(session=session_id))
+        response, _, _ = self._call(lambda: (request, self.request_timeout), budget)
+        return _expect(response, "session").session.found
+
+    def _forget_session(self, session: Session) -> None:
+        with self._pool:
+            self._sessions.discard(session)
 
     def _get(self, key: Key, linearizable: bool) -> "pb.GetResponse":
         request = pb.Request(get=pb.GetRequest(key=to_bytes(key), linearizable=linearizable))
@@ -674,6 +813,8 @@ def _classify(endpoint: str, response: pb.Response) -> _Outcome:
             raise PermissionDenied(error.message)
         if error.code == pb.RESOURCE_EXHAUSTED:
             raise ResourceExhausted(error.message)
+        if error.code == pb.NO_SESSION:
+            raise NoSession(error.message)
         # INTERNAL, or a code newer than this client.
         raise Internal(reason)
     if response.WhichOneof("kind") is None:
@@ -721,4 +862,4 @@ def _certificate_user(cert_file: str) -> Optional[str]:
     return None
 
 
-__all__ = ["Client", "Grant", "LockInfo", "Member", "NodeStatus", "FencelockError", "default_owner"]
+__all__ = ["Client", "Grant", "LockInfo", "Member", "NodeStatus", "FencelockError", "Session", "default_owner"]

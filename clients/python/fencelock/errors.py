@@ -9,6 +9,7 @@ error codes (docs/protocol.md, "Error codes") map to them as follows:
 - ``INVALID_ARGUMENT``: :class:`InvalidArgument`;
 - ``PERMISSION_DENIED``: :class:`PermissionDenied`;
 - ``RESOURCE_EXHAUSTED``: :class:`ResourceExhausted`;
+- ``NO_SESSION``: :class:`NoSession`;
 - ``INTERNAL`` (or an answer the client cannot read): :class:`Internal`.
 
 An acquire that did not get its lock raises :class:`Held` (another owner
@@ -40,6 +41,12 @@ class PermissionDenied(FencelockError):
 class ResourceExhausted(FencelockError):
     """A quota was met (locks in the table, locks of one owner, waiters of
     one key); nothing was done. Retrying at once meets the same quota."""
+
+
+class NoSession(FencelockError):
+    """An acquire named a session that is not open: it was closed, or it
+    lapsed (everything it held is free), or it never was. Nothing was done;
+    open a new session (:meth:`Client.open_session`)."""
 
 
 class Internal(FencelockError):

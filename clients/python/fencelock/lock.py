@@ -30,6 +30,7 @@ from .errors import FencelockError, Held, InvalidArgument, PermissionDenied, Wai
 
 if TYPE_CHECKING:
     from .client import Client, Grant
+    from .session import Session
     from .share import Share
 
 log = logging.getLogger("fencelock")
@@ -102,7 +103,14 @@ class Lock:
     earlier run under the same owner), ``renewals`` (how many succeeded),
     ``lost`` (a :class:`threading.Event`), ``lost_reason``, ``share`` (the
     :class:`~fencelock.Share` of :meth:`Client.acquire_shared`; None for a
-    plain lock).
+    plain lock), ``session`` (the :class:`~fencelock.Session` it is held
+    under, or None for a lease of its own).
+
+    A Lock held under a session has no renewal of its own: the session's
+    keep-alive renews it, ``ttl`` and :meth:`time_left` are the session's,
+    and it is lost when the session is lost. Closing the session releases
+    it (:meth:`release` then says False); releasing it alone leaves the
+    session and its other locks as they are.
 
     ``on_lost(lock)``, if given, is called once when the lock is lost, on
     the thread that notices (the renewal thread, or one calling
@@ -118,10 +126,12 @@ class Lock:
         hold: _LocalHold,
         on_lost: Optional[Callable[["Lock"], None]] = None,
         share: Optional["Share"] = None,
+        session: Optional["Session"] = None,
     ):
         self.key = key
         self.key_bytes = key_bytes
         self.share = share
+        self.session = session
         self.token: int = grant.token
         self.ttl: float = grant.ttl
         self.existing: bool = grant.existing
@@ -140,7 +150,8 @@ class Lock:
     def __repr__(self) -> str:
         state = "lost" if self.lost.is_set() else "released" if self._stopped.is_set() else "held"
         share = "" if self.share is None else f", share={self.share!r}"
-        return f"Lock(key={self.key!r}, token={self.token}, ttl={self.ttl}{share}, {state})"
+        session = "" if self.session is None else f", session={self.session.id}"
+        return f"Lock(key={self.key!r}, token={self.token}, ttl={self.ttl}{share}{session}, {state})"
 
     def __enter__(self) -> "Lock":
         return self
@@ -154,6 +165,13 @@ class Lock:
         drift margin, less the time since. 0 once lost, never negative."""
         if self.lost.is_set():
             return 0.0
+        if self.session is not None:
+            # Held under a session: its time is the session's (whose loss
+            # loses this lock too).
+            left = self.session.time_left()
+            if left <= 0 and not self._stopped.is_set() and not self.session.closed:
+                self._lose(f"its session {self.session.id} was lost: {self.session.lost_reason}")
+            return left
         with self._state:
             left = self._valid_until - time.monotonic()
         if left <= 0:
@@ -203,9 +221,20 @@ class Lock:
     def _done(self) -> None:
         self._hold.free()
         self._client._forget_lock(self)
+        if self.session is not None:
+            self.session._discard(self)
+
+    def _session_ended(self) -> None:
+        """Its session was closed, which released it."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self._done()
 
     def _start(self) -> None:
-        self._thread.start()
+        # Under a session the session's keep-alive renews it.
+        if self.session is None:
+            self._thread.start()
 
     def _safe(self, ttl: float) -> float:
         drift = self._client.drift

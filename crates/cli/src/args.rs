@@ -14,6 +14,9 @@ Exit codes:
      also `check` answering no, `release` or `renew` of a lock not held,
      and `status` finding no leader or a leader without a quorum
   3  the lock was lost while CMD ran (`lock` stopped CMD)
+  4  no such session: `session keepalive` or `session close` of a session
+     that is not open (closed, or it lapsed and everything it held was
+     freed), or `acquire --session` under one
   `lock` otherwise exits with CMD's exit code (128+N if CMD died of signal N);
   `lock --conflict-exit-code N` and `--lost-exit-code N` replace its 2 and 3,
   so that they cannot be taken for CMD's own.";
@@ -130,11 +133,63 @@ pub enum Command {
     Observe(ObserveArgs),
     /// The leader of election NAME (under --token) says a new value.
     Proclaim(ProclaimArgs),
+    /// Sessions: `session open --ttl 10s` prints a session's id; locks
+    /// taken with `acquire --session ID` live as long as it does, and one
+    /// `session keepalive ID` (or `--every 3s`) renews them all; `session
+    /// close ID` releases them all at once. A session that is not kept
+    /// alive within its TTL lapses, and everything it held is freed.
+    #[command(subcommand)]
+    Session(SessionCommand),
     /// Print the holders of the keys under PREFIX, then each change
     /// (granted, released, expired, delayed, delay_lifted, proclaimed) in
     /// log order with its log index, until stopped. --from INDEX resumes
     /// after an index printed before.
     Watch(WatchArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SessionCommand {
+    /// Open a session and print its id. Nothing keeps it alive: run
+    /// `session keepalive ID` within every --ttl (`--every`), or it
+    /// lapses.
+    Open(SessionOpenArgs),
+    /// Renew session ID for another TTL, from now, and with it everything
+    /// held under it. Exits 4 if the session is not open any more.
+    Keepalive(SessionKeepaliveArgs),
+    /// Close session ID: everything held under it is released at once.
+    /// Exits 4 if it was not open.
+    Close(SessionIdArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SessionOpenArgs {
+    /// The session's time to live: each keep-alive renews it for this
+    /// long (within the cluster's lease bounds).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub ttl: Duration,
+    /// The owner identity, as `acquire --owner`: acquires under the
+    /// session must carry the same one. Default: USER@HOST.
+    #[arg(long, env = "FENCELOCK_OWNER")]
+    pub owner: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct SessionKeepaliveArgs {
+    /// The session's id, as `session open` printed it.
+    #[arg(value_parser = token_parser())]
+    pub id: u64,
+    /// Keep it alive every DURATION (a third of its TTL is a good
+    /// choice) until the session is gone (exit 4) or fencelock is stopped,
+    /// instead of once.
+    #[arg(long, value_name = "DURATION", value_parser = positive_duration)]
+    pub every: Option<Duration>,
+}
+
+#[derive(Debug, Args)]
+pub struct SessionIdArgs {
+    /// The session's id, as `session open` printed it.
+    #[arg(value_parser = token_parser())]
+    pub id: u64,
 }
 
 // The subcommands' names are the contract (`fencelock cert create-ca`...).
@@ -250,9 +305,9 @@ impl ShareArgs {
 #[derive(Debug, Args)]
 pub struct AcquireArgs {
     pub key: String,
-    /// The lease.
-    #[arg(long, value_parser = humantime::parse_duration)]
-    pub ttl: Duration,
+    /// The lease (not with --session, whose TTL is the lock's).
+    #[arg(long, value_parser = humantime::parse_duration, required_unless_present = "session", conflicts_with = "session")]
+    pub ttl: Option<Duration>,
     /// How long to wait for the lock if another owner holds it.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
     pub wait: Duration,
@@ -271,6 +326,11 @@ pub struct AcquireArgs {
     pub value: String,
     #[command(flatten)]
     pub share: ShareArgs,
+    /// Hold KEY under session ID (`session open`) instead of a lease of
+    /// its own: it lives as long as the session, and is released with it.
+    /// --owner must be the session's. Exits 4 if the session is not open.
+    #[arg(long, value_name = "ID", value_parser = token_parser())]
+    pub session: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -393,6 +453,15 @@ pub struct ListArgs {
     /// The most locks to list; 0 means the server's maximum.
     #[arg(long, default_value_t = 0)]
     pub limit: u32,
+}
+
+/// A duration above zero (`--every`: a loop with no pause is a mistake).
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(duration) if duration.is_zero() => Err("must be more than 0".to_owned()),
+        Ok(duration) => Ok(duration),
+        Err(err) => Err(err.to_string()),
+    }
 }
 
 /// Tokens are never 0, so 0 is a typing mistake worth catching here.
@@ -574,8 +643,8 @@ mod tests {
         assert_eq!(cli.timeout, Duration::from_millis(250));
         let Command::Acquire(acquire) = cli.command else { panic!("{:?}", cli.command) };
         assert_eq!(
-            (acquire.ttl, acquire.wait, acquire.owner),
-            (Duration::from_secs(60), Duration::from_secs(2), None)
+            (acquire.ttl, acquire.wait, acquire.owner, acquire.session),
+            (Some(Duration::from_secs(60)), Duration::from_secs(2), None, None)
         );
         assert!(parse(&["acquire", "k", "--ttl", "soon"]).is_err());
         assert!(parse(&["acquire", "k"]).is_err(), "--ttl is required");
@@ -609,5 +678,56 @@ mod tests {
         assert!(matches!(parse(&["status"]).unwrap().command, Command::Status));
         assert!(parse(&["check", "k"]).is_err(), "--token is required");
         assert!(parse(&["renew", "k", "--token", "3"]).is_err(), "--ttl is required");
+    }
+
+    #[test]
+    fn sessions_parse_their_options() {
+        let Command::Session(SessionCommand::Open(open)) =
+            parse(&["session", "open", "--ttl", "10s", "--owner", "w"]).unwrap().command
+        else {
+            panic!("not a session open")
+        };
+        assert_eq!((open.ttl, open.owner.as_deref()), (Duration::from_secs(10), Some("w")));
+        assert!(parse(&["session", "open"]).is_err(), "--ttl is required");
+        let Command::Session(SessionCommand::Keepalive(keep)) =
+            parse(&["session", "keepalive", "12"]).unwrap().command
+        else {
+            panic!("not a keepalive")
+        };
+        assert_eq!((keep.id, keep.every), (12, None));
+        let Command::Session(SessionCommand::Keepalive(keep)) =
+            parse(&["session", "keepalive", "12", "--every", "3s"]).unwrap().command
+        else {
+            panic!("not a keepalive")
+        };
+        assert_eq!(keep.every, Some(Duration::from_secs(3)));
+        assert!(parse(&["session", "keepalive", "12", "--every", "0s"]).is_err());
+        assert!(parse(&["session", "keepalive", "0"]).is_err(), "ids are never 0");
+        assert!(parse(&["session", "keepalive"]).is_err());
+        let Command::Session(SessionCommand::Close(close)) =
+            parse(&["session", "close", "12"]).unwrap().command
+        else {
+            panic!("not a close")
+        };
+        assert_eq!(close.id, 12);
+    }
+
+    #[test]
+    fn acquire_takes_a_session_instead_of_a_ttl() {
+        let Command::Acquire(acquire) =
+            parse(&["acquire", "k", "--session", "12", "--read"]).unwrap().command
+        else {
+            panic!("not an acquire")
+        };
+        assert_eq!((acquire.session, acquire.ttl), (Some(12), None));
+        assert!(acquire.share.read);
+        assert!(
+            parse(&["acquire", "k", "--session", "12", "--ttl", "5s"]).is_err(),
+            "the TTL is the session's"
+        );
+        assert!(parse(&["acquire", "k", "--session", "0"]).is_err());
+        assert!(parse(&["acquire", "k", "--session", "12", "--value", "v", "--wait", "1s"]).is_ok());
+        let help = Cli::command().render_long_help().to_string();
+        assert!(help.contains("4  no such session"), "{help}");
     }
 }

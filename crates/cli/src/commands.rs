@@ -6,10 +6,13 @@ use fencelock_client::{
     Client, ClientConfig, ClientError, LockInfo, NodeStatus, Released, ShareKind, TlsConfig,
 };
 
-use crate::args::{AcquireArgs, CheckArgs, Cli, GetArgs, ListArgs, ReleaseArgs, RenewArgs};
+use crate::args::{
+    AcquireArgs, CheckArgs, Cli, GetArgs, ListArgs, ReleaseArgs, RenewArgs, SessionCommand, SessionIdArgs,
+    SessionKeepaliveArgs, SessionOpenArgs,
+};
 use crate::output::{
-    acquire_json, check_json, get_json, human, list_json, release_json, renew_json, status_json,
-    status_notes, Exit, Summary,
+    acquire_in_json, acquire_json, check_json, get_json, human, list_json, release_json, renew_json,
+    session_close_json, session_keepalive_json, session_open_json, status_json, status_notes, Exit, Summary,
 };
 
 /// Builds the client from the global options.
@@ -78,13 +81,25 @@ pub fn acquire(cli: &Cli, args: &AcquireArgs) -> Result<Exit> {
     let client = connect(cli)?;
     let owner = owner_of(cli, &args.owner.clone().unwrap_or_else(default_owner));
     // No guard: this process exits right away, and the lock must outlive it.
-    let grant = match args.share.share() {
-        Some(share) => client.acquire_shared_raw(&owner, &args.key, share, args.ttl, args.wait),
-        None => client.acquire_raw_with_value(&owner, &args.key, args.value.as_bytes(), args.ttl, args.wait),
-    }
-    .with_context(|| format!("cannot acquire {}", args.key))?;
+    let (key, value, wait) = (&args.key, args.value.as_bytes(), args.wait);
+    let grant = match (args.session, args.ttl) {
+        (Some(session), _) => match args.share.share() {
+            Some(share) => client.acquire_shared_raw_in(session, &owner, key, share, wait),
+            None => client.acquire_raw_with_value_in(session, &owner, key, value, wait),
+        }
+        .with_context(|| format!("cannot acquire {key} under session {session}"))?,
+        (None, Some(ttl)) => match args.share.share() {
+            Some(share) => client.acquire_shared_raw(&owner, key, share, ttl, wait),
+            None => client.acquire_raw_with_value(&owner, key, value, ttl, wait),
+        }
+        .with_context(|| format!("cannot acquire {key}"))?,
+        (None, None) => anyhow::bail!("acquire needs --ttl or --session"),
+    };
     if cli.json {
-        print_json(&acquire_json(&args.key, &grant, &owner));
+        match args.session {
+            Some(session) => print_json(&acquire_in_json(key, &grant, &owner, session)),
+            None => print_json(&acquire_json(key, &grant, &owner)),
+        }
     } else {
         println!("{}", grant.token);
     }
@@ -162,6 +177,82 @@ pub fn list(cli: &Cli, args: &ListArgs) -> Result<Exit> {
         }
     }
     Ok(Exit::Done)
+}
+
+pub fn session(cli: &Cli, command: &SessionCommand) -> Result<Exit> {
+    match command {
+        SessionCommand::Open(args) => session_open(cli, args),
+        SessionCommand::Keepalive(args) => session_keepalive(cli, args),
+        SessionCommand::Close(args) => session_close(cli, args),
+    }
+}
+
+fn session_open(cli: &Cli, args: &SessionOpenArgs) -> Result<Exit> {
+    let client = connect(cli)?;
+    let owner = owner_of(cli, &args.owner.clone().unwrap_or_else(default_owner));
+    let session = client.open_session_as(&owner, args.ttl).context("cannot open a session")?;
+    if cli.json {
+        print_json(&session_open_json(&session, &owner));
+    } else {
+        println!("{}", session.id);
+    }
+    Ok(Exit::Done)
+}
+
+/// The line a keep-alive or close of a session that is not open prints.
+fn not_open(session: u64) -> String {
+    format!("session {session} is not open (closed, or it lapsed and everything it held was freed)")
+}
+
+fn session_keepalive(cli: &Cli, args: &SessionKeepaliveArgs) -> Result<Exit> {
+    let client = connect(cli)?;
+    let mut warned = false;
+    loop {
+        let kept = client
+            .keep_alive_outcome(args.id)
+            .with_context(|| format!("cannot keep session {} alive", args.id))?;
+        let Some(ttl) = kept else {
+            if cli.json {
+                print_json(&session_keepalive_json(args.id, std::time::Duration::ZERO, false));
+            } else {
+                println!("{}", not_open(args.id));
+            }
+            return Ok(Exit::NoSession);
+        };
+        let Some(every) = args.every else {
+            if cli.json {
+                print_json(&session_keepalive_json(args.id, ttl, true));
+            } else {
+                println!("kept alive for {}", human(ttl));
+            }
+            return Ok(Exit::Done);
+        };
+        if every >= ttl && !warned {
+            warned = true;
+            eprintln!(
+                "fencelock: --every {} is not shorter than session {}'s TTL ({}): it will lapse between \
+                 keep-alives",
+                human(every),
+                args.id,
+                human(ttl)
+            );
+        }
+        std::thread::sleep(every);
+    }
+}
+
+fn session_close(cli: &Cli, args: &SessionIdArgs) -> Result<Exit> {
+    let client = connect(cli)?;
+    let closed =
+        client.close_session(args.id).with_context(|| format!("cannot close session {}", args.id))?;
+    if cli.json {
+        print_json(&session_close_json(args.id, closed));
+    } else if closed {
+        println!("closed");
+    } else {
+        println!("{}", not_open(args.id));
+    }
+    Ok(if closed { Exit::Done } else { Exit::NoSession })
 }
 
 /// Asks every endpoint, not just one, so that a split view shows, and sums
@@ -306,6 +397,9 @@ pub fn describe(info: &LockInfo) -> String {
         ShareKind::Write => line.push_str(" share=write"),
         ShareKind::Permit => line.push_str(&format!(" share=permit/{}", info.permits)),
     }
+    if let Some(session) = info.session {
+        line.push_str(&format!(" session={session}"));
+    }
     // The value last: it may hold spaces.
     if !info.value.is_empty() {
         line.push_str(&format!(" value={}", String::from_utf8_lossy(&info.value)));
@@ -331,6 +425,7 @@ mod tests {
             value: Vec::new(),
             share: fencelock_client::ShareKind::Exclusive,
             permits: 0,
+            session: None,
         };
         assert_eq!(describe(&info), "jobs/a token=7 owner=o lease=10s left=7s 400ms");
         let leader = LockInfo { value: b"10.0.0.1:80".to_vec(), ..info.clone() };
@@ -339,6 +434,11 @@ mod tests {
         assert_eq!(
             describe(&held_back),
             "jobs/a held back by lock-delay after token=7 (owner=o) expired delay=30s left=12s"
+        );
+        let in_session = LockInfo { session: Some(12), value: b"v w".to_vec(), ..info.clone() };
+        assert_eq!(
+            describe(&in_session),
+            "jobs/a token=7 owner=o lease=10s left=7s 400ms session=12 value=v w"
         );
         let ran_out = LockInfo { remaining_ms: 0, ..info };
         assert!(describe(&ran_out).ends_with(" left=0s"), "{}", describe(&ran_out));

@@ -13,13 +13,17 @@
 //! fencelock status --endpoints h1:7101,h2:7101,h3:7101
 //! fencelock cert create-ca --certs-dir certs                 # then create-node, create-client
 //! fencelock snapshot save backup.flkt                       # fencelockd --restore backup.flkt
+//! S=$(fencelock session open --ttl 10s)                      # many locks, one keep-alive
+//! fencelock acquire jobs/a --session $S; fencelock session keepalive $S --every 3s
 //! ```
 //!
 //! Exit codes: 0 done; 1 error (cluster unreachable, bad arguments, refused
 //! request); 2 not obtained (held by another owner, the wait timed out,
 //! `check` answering no, `release` or `renew` of a lock not held; `status`
 //! with nodes answering but no leader, or a leader without a quorum); 3 the
-//! lock was lost while `lock`'s command ran. Otherwise `lock` exits with its
+//! lock was lost while `lock`'s command ran; 4 no such session (`session
+//! keepalive`/`close` of a session that is not open, `acquire --session`
+//! under one). Otherwise `lock` exits with its
 //! command's code (128+N if the command died of signal N); its
 //! `--conflict-exit-code` and `--lost-exit-code` replace 2 and 3, and its
 //! JSON goes to stderr or `--json-file`, never to its command's stdout.
@@ -100,5 +104,6 @@ fn run(cli: &Cli) -> Result<Exit> {
         Command::Observe(args) => elect::observe(cli, args),
         Command::Proclaim(args) => elect::proclaim(cli, args),
         Command::Watch(args) => elect::watch(cli, args),
+        Command::Session(command) => commands::session(cli, command),
     }
 }

@@ -5,7 +5,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use fencelock_client::{ClientError, Grant, LockInfo, NodeStatus, Released};
+use fencelock_client::{ClientError, Grant, LockInfo, NodeStatus, Released, Session};
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -15,6 +15,9 @@ pub const EXIT_ERROR: u8 = 1;
 pub const EXIT_NOT_OBTAINED: u8 = 2;
 /// Exit code: the lock was lost while the command ran.
 pub const EXIT_LOST: u8 = 3;
+/// Exit code: the session is not open (closed, or it lapsed): `session
+/// keepalive`, `session close`, `acquire --session`.
+pub const EXIT_NO_SESSION: u8 = 4;
 /// Exit code of `status` when nodes answered but the cluster cannot serve:
 /// no leader answered, or the leader has no quorum. The same as "not
 /// obtained": the question was asked and the answer is no.
@@ -36,6 +39,8 @@ pub enum Exit {
     /// A code the user chose (`lock --conflict-exit-code`,
     /// `--lost-exit-code`).
     Code(u8),
+    /// `session keepalive` or `close`: the session is not open.
+    NoSession,
 }
 
 impl Exit {
@@ -47,15 +52,18 @@ impl Exit {
             Exit::Failed => EXIT_ERROR,
             Exit::NoQuorum => EXIT_NO_QUORUM,
             Exit::Code(code) => code,
+            Exit::NoSession => EXIT_NO_SESSION,
         }
     }
 }
 
 /// The exit code for a command that failed with `error`: 2 when the lock
-/// was simply not obtained, else 1.
+/// was simply not obtained, 4 when the session it was asked under is not
+/// open, else 1.
 pub fn error_exit_code(error: &anyhow::Error) -> u8 {
     match client_error(error) {
         Some(client_error) if client_error.is_not_obtained() => EXIT_NOT_OBTAINED,
+        Some(ClientError::NoSession(_)) => EXIT_NO_SESSION,
         _ => EXIT_ERROR,
     }
 }
@@ -98,6 +106,30 @@ pub fn acquire_json(key: &str, grant: &Grant, owner: &[u8]) -> Value {
         "owner": String::from_utf8_lossy(owner),
         "existing": grant.existing,
     })
+}
+
+/// `fencelock acquire --session ID`: [`acquire_json`] and `"session"`.
+pub fn acquire_in_json(key: &str, grant: &Grant, owner: &[u8], session: u64) -> Value {
+    let mut value = acquire_json(key, grant, owner);
+    value["session"] = json!(session);
+    value
+}
+
+/// `fencelock session open`: `{"session", "ttl_ms", "owner"}`.
+pub fn session_open_json(session: &Session, owner: &[u8]) -> Value {
+    json!({ "session": session.id, "ttl_ms": millis(session.ttl), "owner": String::from_utf8_lossy(owner) })
+}
+
+/// `fencelock session keepalive`: `{"session", "ttl_ms", "kept_alive"}`
+/// (`ttl_ms` 0 when not kept alive: the session is not open).
+pub fn session_keepalive_json(session: u64, ttl: Duration, kept_alive: bool) -> Value {
+    json!({ "session": session, "ttl_ms": millis(ttl), "kept_alive": kept_alive })
+}
+
+/// `fencelock session close`: `{"session", "closed"}` (`closed` false: it
+/// was not open).
+pub fn session_close_json(session: u64, closed: bool) -> Value {
+    json!({ "session": session, "closed": closed })
 }
 
 /// `fencelock lock`, after the command: `{"key", "token", "lease_ms",
@@ -304,6 +336,44 @@ mod tests {
     }
 
     #[test]
+    fn sessions_print_their_id_and_ttl_and_a_missing_session_exits_4() {
+        let session = Session { id: 12, ttl: Duration::from_secs(10) };
+        assert_eq!(session_open_json(&session, b"w"), json!({"session": 12, "ttl_ms": 10_000, "owner": "w"}));
+        assert_eq!(
+            session_keepalive_json(12, Duration::from_secs(10), true),
+            json!({"session": 12, "ttl_ms": 10_000, "kept_alive": true})
+        );
+        assert_eq!(session_close_json(12, false), json!({"session": 12, "closed": false}));
+        let grant = Grant { token: 42, lease: Duration::from_secs(10), existing: false };
+        assert_eq!(
+            acquire_in_json("k", &grant, b"w", 12),
+            json!({"key": "k", "token": 42, "lease_ms": 10_000, "owner": "w", "existing": false, "session": 12})
+        );
+        let gone = anyhow::Error::new(ClientError::NoSession("session 12 is not open".into()))
+            .context("cannot acquire k");
+        assert_eq!(error_exit_code(&gone), 4);
+        assert_eq!(error_json(&gone)["kind"], json!("no_session"));
+        assert_eq!(Exit::NoSession.code(), 4);
+        // A holder under a session shows it; others do not change.
+        let info = LockInfo {
+            key: b"a".to_vec(),
+            token: 3,
+            owner: b"o".to_vec(),
+            lease_ms: 100,
+            remaining_ms: 60,
+            delayed: false,
+            value: Vec::new(),
+            share: fencelock_client::ShareKind::Exclusive,
+            permits: 0,
+            session: Some(12),
+        };
+        assert_eq!(get_json("a", std::slice::from_ref(&info))["holder"]["session"], json!(12));
+        assert_eq!(list_json("", std::slice::from_ref(&info))["locks"][0]["session"], json!(12));
+        let own = LockInfo { session: None, ..info };
+        assert!(get_json("a", &[own])["holder"].get("session").is_none());
+    }
+
+    #[test]
     fn not_obtained_exits_2_and_other_errors_exit_1() {
         let held =
             anyhow::Error::new(ClientError::Held { holder_token: Some(5) }).context("cannot acquire k");
@@ -353,6 +423,7 @@ mod tests {
             value: Vec::new(),
             share: fencelock_client::ShareKind::Exclusive,
             permits: 0,
+            session: None,
         };
         assert_eq!(get_json("a", &[]), json!({"key": "a", "holder": null}));
         assert_eq!(

@@ -8,17 +8,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use fencelock_client::sansio::calls::{self, Acquiring, RenewAnswer};
+use fencelock_client::sansio::calls::{self, Acquiring, RenewAnswer, SessionAnswer};
 use fencelock_client::sansio::lease::needs_fresh_start;
 use fencelock_client::sansio::pool::Pool;
 use fencelock_client::sansio::{Drift, Lease, Outcome, RetryLoop, Retrying, Verdict};
 use fencelock_client::{
-    ClientConfig, ClientError, Grant, LocalHold, LockInfo, NodeStatus, Released, Renewed, Share, WatchBatch,
+    ClientConfig, ClientError, Grant, LocalHold, LockInfo, NodeStatus, Released, Renewed, Session, Share,
+    WatchBatch,
 };
 use fencelock_types::client_pb::{Request, Request_oneof_kind, Response_oneof_kind};
 
 use crate::connection::{CallError, Connection};
 use crate::guard::AsyncLockGuard;
+use crate::session::AsyncSessionGuard;
 use crate::watch::{AsyncObserver, AsyncWatch};
 
 /// How often an acquire waiting for a guard of this process (same owner,
@@ -180,7 +182,7 @@ impl AsyncClient {
         wait: Duration,
     ) -> Result<Grant, ClientError> {
         let acquiring = Acquiring::Shared(share);
-        self.inner.acquire(owner, key.as_ref(), acquiring, lease, wait).await.map(|(grant, _)| grant)
+        self.inner.acquire(None, owner, key.as_ref(), acquiring, lease, wait).await.map(|(grant, _)| grant)
     }
 
     /// Every holder of `key`: a read-write lock's readers or writer, a
@@ -205,8 +207,10 @@ impl AsyncClient {
     ) -> Result<AsyncLockGuard, ClientError> {
         let started = Instant::now();
         let local = take_local(owner, key, started + wait, wait.is_zero()).await?;
-        let (grant, mut sent) =
-            self.inner.acquire(owner, key, acquiring, lease, wait.saturating_sub(started.elapsed())).await?;
+        let (grant, mut sent) = self
+            .inner
+            .acquire(None, owner, key, acquiring, lease, wait.saturating_sub(started.elapsed()))
+            .await?;
         // Granted after a wait in the queue: the lease the client can prove
         // starts at the send time, long ago. A renewal now starts one it
         // can count on (or finds the lock already gone).
@@ -228,6 +232,149 @@ impl AsyncClient {
         Ok(AsyncLockGuard::start(self.clone(), key.to_vec(), grant, state, local))
     }
 
+    /// Acquires under `session`: no lease of its own, nothing renews it,
+    /// and its guard shares the session's state (lost with it).
+    async fn acquire_guarded_in(
+        &self,
+        session: &AsyncSessionGuard,
+        key: &[u8],
+        acquiring: Acquiring<'_>,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
+        let owner = self.inner.owner.clone();
+        let started = Instant::now();
+        let local = take_local(&owner, key, started + wait, wait.is_zero()).await?;
+        let wait_left = wait.saturating_sub(started.elapsed());
+        let (grant, _) =
+            self.inner.acquire(Some(session.id()), &owner, key, acquiring, session.ttl(), wait_left).await?;
+        local.granted(grant.token);
+        let shared = Arc::clone(&session.shared);
+        Ok(AsyncLockGuard::start_in(self.clone(), key.to_vec(), grant, shared, local))
+    }
+
+    /// Opens a session for this client's owner with a time to live of
+    /// `ttl` (within the cluster's lease bounds). Nothing keeps it alive:
+    /// call [`AsyncClient::keep_alive`] within every TTL, or use
+    /// [`AsyncClient::session`], whose guard does. Not idempotent: a retry
+    /// after a lost answer may open a second session (the first lapses).
+    pub async fn open_session(&self, ttl: Duration) -> Result<Session, ClientError> {
+        let owner = self.inner.owner.clone();
+        self.open_session_as(&owner, ttl).await
+    }
+
+    /// [`AsyncClient::open_session`] under an explicit owner identity.
+    pub async fn open_session_as(&self, owner: &[u8], ttl: Duration) -> Result<Session, ClientError> {
+        self.inner.open_session(owner, ttl).await.map(|(session, _)| session)
+    }
+
+    /// Renews `session` (its id) for another TTL, from now. False: it is
+    /// not open any more (closed, or it lapsed and everything it held is
+    /// free); nothing was done.
+    pub async fn keep_alive(&self, session: u64) -> Result<bool, ClientError> {
+        self.inner.keep_alive(session, self.inner.retry_for).await.map(|(answer, _)| answer.found)
+    }
+
+    /// As [`AsyncClient::keep_alive`], saying the session's TTL when it
+    /// was kept alive (`None`: it is not open any more).
+    pub async fn keep_alive_outcome(&self, session: u64) -> Result<Option<Duration>, ClientError> {
+        let (answer, _) = self.inner.keep_alive(session, self.inner.retry_for).await?;
+        Ok(answer.found.then_some(answer.ttl))
+    }
+
+    /// Closes `session`: everything held under it is released at once.
+    /// False: it was not open (any more).
+    pub async fn close_session(&self, session: u64) -> Result<bool, ClientError> {
+        self.inner.close_session(session, self.inner.retry_for).await.map(|answer| answer.found)
+    }
+
+    /// Opens a session for this client's owner with `ttl` and keeps it
+    /// alive from a task, every third of the TTL, until the guard is closed
+    /// or dropped (which closes the session).
+    pub async fn session(&self, ttl: Duration) -> Result<AsyncSessionGuard, ClientError> {
+        let (session, sent) = self.inner.open_session(&self.inner.owner, ttl).await?;
+        Ok(AsyncSessionGuard::start(self.clone(), session, sent))
+    }
+
+    /// [`AsyncClient::acquire`] under `session`: no lease of its own, not
+    /// renewed by itself; it lives as long as the session, and its guard
+    /// is lost when the session is. Releasing or dropping the guard
+    /// releases the lock alone. The session must be this client's owner's
+    /// ([`ClientError::PermissionDenied`]) and open
+    /// ([`ClientError::NoSession`]).
+    pub async fn acquire_in(
+        &self,
+        session: &AsyncSessionGuard,
+        key: impl AsRef<[u8]>,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
+        self.acquire_guarded_in(session, key.as_ref(), Acquiring::Exclusive(b""), wait).await
+    }
+
+    /// [`AsyncClient::campaign`] under `session`.
+    pub async fn campaign_in(
+        &self,
+        session: &AsyncSessionGuard,
+        election: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
+        let acquiring = Acquiring::Exclusive(value.as_ref());
+        self.acquire_guarded_in(session, election.as_ref(), acquiring, wait).await
+    }
+
+    /// [`AsyncClient::acquire_shared`] under `session`.
+    pub async fn acquire_shared_in(
+        &self,
+        session: &AsyncSessionGuard,
+        key: impl AsRef<[u8]>,
+        share: Share,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
+        self.acquire_guarded_in(session, key.as_ref(), Acquiring::Shared(share), wait).await
+    }
+
+    /// [`AsyncClient::acquire_raw`] under `session` (its id): no guard, no
+    /// lease of its own. `owner` must be the session's.
+    pub async fn acquire_raw_in(
+        &self,
+        session: u64,
+        owner: &[u8],
+        key: impl AsRef<[u8]>,
+        wait: Duration,
+    ) -> Result<Grant, ClientError> {
+        self.acquire_raw_with_value_in(session, owner, key, b"", wait).await
+    }
+
+    /// [`AsyncClient::acquire_raw_with_value`] under `session` (its id).
+    pub async fn acquire_raw_with_value_in(
+        &self,
+        session: u64,
+        owner: &[u8],
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+        wait: Duration,
+    ) -> Result<Grant, ClientError> {
+        let acquiring = Acquiring::Exclusive(value.as_ref());
+        let acquired =
+            self.inner.acquire(Some(session), owner, key.as_ref(), acquiring, Duration::ZERO, wait);
+        acquired.await.map(|(grant, _)| grant)
+    }
+
+    /// [`AsyncClient::acquire_shared_raw`] under `session` (its id).
+    pub async fn acquire_shared_raw_in(
+        &self,
+        session: u64,
+        owner: &[u8],
+        key: impl AsRef<[u8]>,
+        share: Share,
+        wait: Duration,
+    ) -> Result<Grant, ClientError> {
+        let acquiring = Acquiring::Shared(share);
+        let acquired =
+            self.inner.acquire(Some(session), owner, key.as_ref(), acquiring, Duration::ZERO, wait);
+        acquired.await.map(|(grant, _)| grant)
+    }
+
     /// Acquires `key` for `owner` without a guard: nothing renews or
     /// releases it.
     pub async fn acquire_raw(
@@ -238,7 +385,7 @@ impl AsyncClient {
         wait: Duration,
     ) -> Result<Grant, ClientError> {
         let acquiring = Acquiring::Exclusive(b"");
-        self.inner.acquire(owner, key.as_ref(), acquiring, lease, wait).await.map(|(grant, _)| grant)
+        self.inner.acquire(None, owner, key.as_ref(), acquiring, lease, wait).await.map(|(grant, _)| grant)
     }
 
     /// [`AsyncClient::acquire_raw`] with the lock's `value` (shown by
@@ -252,7 +399,7 @@ impl AsyncClient {
         wait: Duration,
     ) -> Result<Grant, ClientError> {
         let acquiring = Acquiring::Exclusive(value.as_ref());
-        self.inner.acquire(owner, key.as_ref(), acquiring, lease, wait).await.map(|(grant, _)| grant)
+        self.inner.acquire(None, owner, key.as_ref(), acquiring, lease, wait).await.map(|(grant, _)| grant)
     }
 
     /// The holder of `key` under `token` replaces its lock's value (an
@@ -379,8 +526,11 @@ impl Inner {
     /// One acquire, retried as needed; also returns when the successful
     /// attempt was sent, which is when the lease starts on the client's
     /// side.
+    /// Under `session` (`Some`), the lease is the session's: `lease` is not
+    /// sent, and only stands for the answer's lease if it says none.
     async fn acquire(
         &self,
+        session: Option<u64>,
         owner: &[u8],
         key: &[u8],
         acquiring: Acquiring<'_>,
@@ -392,7 +542,7 @@ impl Inner {
         let make = || {
             // A retry waits only for what is left of the caller's wait.
             let wait_left = wait_until.saturating_duration_since(Instant::now());
-            (acquiring.request(owner, key, lease, wait_left), wait_left + request_timeout)
+            (acquiring.request_in(session, owner, key, lease, wait_left), wait_left + request_timeout)
         };
         let (kind, sent) = self.call(make, self.retry_for + wait).await?;
         calls::acquire_answer(kind, lease).map(|grant| (grant, sent))
@@ -422,6 +572,38 @@ impl Inner {
         let timeout = self.request_timeout;
         let (kind, sent) = self.call(|| (request.clone(), timeout), budget).await?;
         Ok((calls::renew_answer(kind, lease)?, sent))
+    }
+
+    /// A session open, retried within the client's budget; also returns
+    /// when the attempt that got the answer was sent.
+    async fn open_session(&self, owner: &[u8], ttl: Duration) -> Result<(Session, Instant), ClientError> {
+        let request = calls::session_open(owner, ttl);
+        let timeout = self.request_timeout;
+        let (kind, sent) = self.call(|| (request.clone(), timeout), self.retry_for).await?;
+        Ok((calls::session_opened(kind, ttl)?, sent))
+    }
+
+    /// One keep-alive of `session`, retried within `budget`; also returns
+    /// when the attempt that got the answer was sent.
+    pub(crate) async fn keep_alive(
+        &self,
+        session: u64,
+        budget: Duration,
+    ) -> Result<(SessionAnswer, Instant), ClientError> {
+        let request = calls::session_keep_alive(session);
+        let timeout = self.request_timeout;
+        let (kind, sent) = self.call(|| (request.clone(), timeout), budget).await?;
+        Ok((calls::session_answer(kind, session)?, sent))
+    }
+
+    pub(crate) async fn close_session(
+        &self,
+        session: u64,
+        budget: Duration,
+    ) -> Result<SessionAnswer, ClientError> {
+        let request = calls::session_close(session);
+        let timeout = self.request_timeout;
+        calls::session_answer(self.call(|| (request.clone(), timeout), budget).await?.0, session)
     }
 
     /// One watch request: the changes under `prefix` after `after`

@@ -28,32 +28,46 @@ pub struct AsyncLockGuard {
     key: Vec<u8>,
     grant: Grant,
     shared: Arc<Shared>,
-    renewal: JoinHandle<()>,
+    /// `None` under a session: the session's task keeps it alive.
+    renewal: Option<JoinHandle<()>>,
     /// The key held in this process; moved into the release on drop, so
     /// that another guard of the same owner waits until the release is done.
     local: Option<LocalHold>,
     released: bool,
 }
 
-/// What the guard and its renewal task share.
+/// What the guard and its renewal task share; for a session, what its
+/// guard, its keep-alive task and the guards of its locks share.
 #[derive(Debug)]
-struct Shared {
+pub(crate) struct Shared {
     state: Mutex<Lease>,
     /// `Some(reason)` once the lock is lost.
     lost: watch::Sender<Option<String>>,
+    /// For a session: why it is lost when its TTL passes unrenewed.
+    expired_reason: Option<&'static str>,
 }
 
 impl Shared {
-    fn state(&self) -> MutexGuard<'_, Lease> {
+    pub(crate) fn new(state: Lease, expired_reason: Option<&'static str>) -> Shared {
+        let (lost, _) = watch::channel(None);
+        Shared { state: Mutex::new(state), lost, expired_reason }
+    }
+
+    pub(crate) fn state(&self) -> MutexGuard<'_, Lease> {
         // Each update of the lease is complete under the lock.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Checks the lease at `now`; once lost, tells the watchers and returns
     /// why.
-    fn check(&self, now: Instant) -> Option<String> {
+    pub(crate) fn check(&self, now: Instant) -> Option<String> {
         let reason = {
             let mut state = self.state();
+            if let Some(reason) = self.expired_reason {
+                if state.lost_reason().is_none() && now >= state.valid_until() {
+                    state.lose(reason.to_owned());
+                }
+            }
             state.check(now);
             state.lost_reason().map(str::to_owned)
         }?;
@@ -67,9 +81,35 @@ impl Shared {
         Some(reason)
     }
 
-    fn lose(&self, reason: String) {
+    pub(crate) fn lose(&self, reason: String) {
         self.state().lose(reason);
         self.check(Instant::now());
+    }
+
+    /// The time left at now: zero once lost.
+    pub(crate) fn time_left(&self) -> Duration {
+        let now = Instant::now();
+        self.check(now);
+        self.state().time_left(now)
+    }
+
+    /// Resolves with the reason once lost.
+    pub(crate) async fn lost(&self) -> String {
+        let mut changes = self.lost.subscribe();
+        loop {
+            if let Some(reason) = self.check(Instant::now()) {
+                return reason;
+            }
+            let until = self.state().valid_until();
+            tokio::select! {
+                _ = changes.changed() => {}
+                () = tokio::time::sleep_until(until.into()) => {}
+            }
+        }
+    }
+
+    pub(crate) fn lost_signal(&self) -> watch::Receiver<Option<String>> {
+        self.lost.subscribe()
     }
 }
 
@@ -81,15 +121,43 @@ impl AsyncLockGuard {
         state: Lease,
         local: LocalHold,
     ) -> Self {
-        let (lost, _) = watch::channel(None);
-        let shared = Arc::new(Shared { state: Mutex::new(state), lost });
+        let shared = Arc::new(Shared::new(state, None));
         let renewal = tokio::spawn(renew_loop(
             Arc::clone(&client.inner),
             key.clone(),
             grant.token,
             Arc::clone(&shared),
         ));
-        AsyncLockGuard { client, key, grant, shared, renewal, local: Some(local), released: false }
+        AsyncLockGuard {
+            client,
+            key,
+            grant,
+            shared,
+            renewal: Some(renewal),
+            local: Some(local),
+            released: false,
+        }
+    }
+
+    /// A guard of a lock held under a session, whose `session` state it
+    /// shares: nothing renews it but the session's keep-alives, and it is
+    /// lost when the session is.
+    pub(crate) fn start_in(
+        client: AsyncClient,
+        key: Vec<u8>,
+        grant: Grant,
+        session: Arc<Shared>,
+        local: LocalHold,
+    ) -> Self {
+        AsyncLockGuard {
+            client,
+            key,
+            grant,
+            shared: session,
+            renewal: None,
+            local: Some(local),
+            released: false,
+        }
     }
 
     pub fn key(&self) -> &[u8] {
@@ -110,9 +178,7 @@ impl AsyncLockGuard {
     /// usable part (less the drift margin) of the last lease granted or
     /// renewed, from that request's send time. Zero once lost.
     pub fn time_left(&self) -> Duration {
-        let now = Instant::now();
-        self.shared.check(now);
-        self.shared.state().time_left(now)
+        self.shared.time_left()
     }
 
     /// True once lost: a renewal was refused, or the usable lease ran out
@@ -130,23 +196,13 @@ impl AsyncLockGuard {
     /// work the lock protects (`tokio::select!`), and stop that work when
     /// it resolves.
     pub async fn lost(&self) -> String {
-        let mut changes = self.shared.lost.subscribe();
-        loop {
-            if let Some(reason) = self.shared.check(Instant::now()) {
-                return reason;
-            }
-            let until = self.shared.state().valid_until();
-            tokio::select! {
-                _ = changes.changed() => {}
-                () = tokio::time::sleep_until(until.into()) => {}
-            }
-        }
+        self.shared.lost().await
     }
 
     /// A receiver that changes to `Some(reason)` when the lock is lost, for
     /// a task that does not own the guard.
     pub fn lost_signal(&self) -> watch::Receiver<Option<String>> {
-        self.shared.lost.subscribe()
+        self.shared.lost_signal()
     }
 
     /// Replaces the lock's value (an election leader proclaims a new one).
@@ -159,7 +215,9 @@ impl AsyncLockGuard {
     /// held the key.
     pub async fn release(mut self) -> Result<bool, ClientError> {
         self.released = true;
-        self.renewal.abort();
+        if let Some(renewal) = &self.renewal {
+            renewal.abort();
+        }
         let released = self.client.release(&self.key, self.grant.token).await;
         self.local.take();
         released
@@ -168,7 +226,9 @@ impl AsyncLockGuard {
 
 impl Drop for AsyncLockGuard {
     fn drop(&mut self) {
-        self.renewal.abort();
+        if let Some(renewal) = &self.renewal {
+            renewal.abort();
+        }
         if self.released || self.is_lost() {
             return;
         }

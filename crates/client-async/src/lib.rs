@@ -87,14 +87,16 @@
 mod client;
 mod connection;
 mod guard;
+mod session;
 mod watch;
 
 pub use client::AsyncClient;
 pub use fencelock_client::{
     ClientConfig, ClientError, Drift, Grant, Leader, LeaderChange, LockInfo, NodeStatus, Released, Renewed,
-    Retrying, Share, ShareKind, TlsConfig, WatchBatch, WatchEvent, WatchEventKind,
+    Retrying, Session, Share, ShareKind, TlsConfig, WatchBatch, WatchEvent, WatchEventKind,
 };
 pub use guard::AsyncLockGuard;
+pub use session::AsyncSessionGuard;
 pub use watch::{AsyncObserver, AsyncWatch};
 
 /// docs/recipes.md, whose Rust examples (blocking and async) compile as

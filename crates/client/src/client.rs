@@ -20,10 +20,11 @@ use crate::connection::{CallError, Connection};
 use crate::guard::LockGuard;
 use crate::local::LocalHold;
 use crate::renewer::{HeldLock, Renewer};
-use crate::sansio::calls::{self, RenewAnswer};
+use crate::sansio::calls::{self, RenewAnswer, SessionAnswer};
 use crate::sansio::pool::Pool;
 use crate::sansio::{Drift, Outcome, RetryLoop, Retrying, Verdict};
-use crate::types::{Grant, LockInfo, NodeStatus, Released, Renewed};
+use crate::session::SessionGuard;
+use crate::types::{Grant, LockInfo, NodeStatus, Released, Renewed, Session};
 use crate::watch::{Observer, Watch};
 use crate::ClientError;
 use fencelock_types::Share;
@@ -185,7 +186,7 @@ impl Client {
         lease: Duration,
         wait: Duration,
     ) -> Result<LockGuard, ClientError> {
-        self.acquire_guarded(owner, key.as_ref(), &Acquiring::Shared(share), lease, wait)
+        self.acquire_guarded(None, owner, key.as_ref(), &Acquiring::Shared(share), lease, wait)
     }
 
     /// [`Client::acquire_raw`] in a shared mode: no guard, nothing renews
@@ -199,7 +200,7 @@ impl Client {
         wait: Duration,
     ) -> Result<Grant, ClientError> {
         let acquiring = Acquiring::Shared(share);
-        self.inner.acquire(owner, key.as_ref(), &acquiring, lease, wait).map(|(grant, _)| grant)
+        self.inner.acquire(None, owner, key.as_ref(), &acquiring, lease, wait).map(|(grant, _)| grant)
     }
 
     /// Every holder of `key`: a read-write lock's readers or writer, a
@@ -216,17 +217,23 @@ impl Client {
         lease: Duration,
         wait: Duration,
     ) -> Result<LockGuard, ClientError> {
-        self.acquire_guarded(owner, key, &Acquiring::Exclusive(value), lease, wait)
+        self.acquire_guarded(None, owner, key, &Acquiring::Exclusive(value), lease, wait)
     }
 
+    /// Acquires under `session` (its guard) when given: no lease of its
+    /// own, nothing renews it, and it is lost with the session.
     fn acquire_guarded(
         &self,
+        session: Option<&SessionGuard>,
         owner: &[u8],
         key: &[u8],
         acquiring: &Acquiring<'_>,
         lease: Duration,
         wait: Duration,
     ) -> Result<LockGuard, ClientError> {
+        if let Some(session) = session {
+            return self.acquire_guarded_in(session, owner, key, acquiring, wait);
+        }
         // Started before the request, so that a lock is never granted with
         // nothing to renew it.
         self.inner.renewer.start(&self.inner).map_err(ClientError::Internal)?;
@@ -235,7 +242,7 @@ impl Client {
         let started = Instant::now();
         let local = LocalHold::take(owner, key, wait)?;
         let (grant, mut sent) =
-            self.inner.acquire(owner, key, acquiring, lease, wait.saturating_sub(started.elapsed()))?;
+            self.inner.acquire(None, owner, key, acquiring, lease, wait.saturating_sub(started.elapsed()))?;
         // Granted after a wait in the queue: the lease the client can prove
         // starts at the send time, long ago. A renewal now starts one it
         // can count on (or finds the lock already gone).
@@ -259,6 +266,25 @@ impl Client {
         Ok(LockGuard::new(self.clone(), lock, local))
     }
 
+    fn acquire_guarded_in(
+        &self,
+        session: &SessionGuard,
+        owner: &[u8],
+        key: &[u8],
+        acquiring: &Acquiring<'_>,
+        wait: Duration,
+    ) -> Result<LockGuard, ClientError> {
+        let started = Instant::now();
+        let local = LocalHold::take(owner, key, wait)?;
+        let wait_left = wait.saturating_sub(started.elapsed());
+        let (grant, _) =
+            self.inner.acquire(Some(session.id()), owner, key, acquiring, session.ttl(), wait_left)?;
+        local.granted(grant.token);
+        // Its lease is the session's, kept alive by the session's guard.
+        let lock = Arc::new(HeldLock::under(key.to_vec(), grant.token, Arc::clone(&session.held)));
+        Ok(LockGuard::new(self.clone(), lock, local))
+    }
+
     /// Acquires `key` for `owner` without a guard: nothing renews the lock and
     /// nothing releases it, so it lives until its lease runs out or someone
     /// releases it by token. For tools that exit while holding a lock (such
@@ -271,7 +297,7 @@ impl Client {
         wait: Duration,
     ) -> Result<Grant, ClientError> {
         self.inner
-            .acquire(owner, key.as_ref(), &Acquiring::Exclusive(b""), lease, wait)
+            .acquire(None, owner, key.as_ref(), &Acquiring::Exclusive(b""), lease, wait)
             .map(|(grant, _)| grant)
     }
 
@@ -286,7 +312,150 @@ impl Client {
         wait: Duration,
     ) -> Result<Grant, ClientError> {
         let acquiring = Acquiring::Exclusive(value.as_ref());
-        self.inner.acquire(owner, key.as_ref(), &acquiring, lease, wait).map(|(grant, _)| grant)
+        self.inner.acquire(None, owner, key.as_ref(), &acquiring, lease, wait).map(|(grant, _)| grant)
+    }
+
+    /// Opens a session for this client's owner with a time to live of
+    /// `ttl` (within the cluster's lease bounds). Nothing keeps it alive:
+    /// call [`Client::keep_alive`] within every TTL, or use
+    /// [`Client::session`], whose guard does. A session counts as one lock
+    /// in its owner's quota. Not idempotent: a retry after a lost answer
+    /// may open a second session (the first lapses unused).
+    pub fn open_session(&self, ttl: Duration) -> Result<Session, ClientError> {
+        let owner = self.inner.owner.clone();
+        self.open_session_as(&owner, ttl)
+    }
+
+    /// [`Client::open_session`] under an explicit owner identity: acquires
+    /// under the session must carry the same owner.
+    pub fn open_session_as(&self, owner: &[u8], ttl: Duration) -> Result<Session, ClientError> {
+        self.inner.open_session(owner, ttl).map(|(session, _)| session)
+    }
+
+    /// Renews `session` (its id) for another TTL, from now, and with it
+    /// everything held under it. False: it is not open any more (closed,
+    /// or it lapsed and everything it held is free); nothing was done.
+    pub fn keep_alive(&self, session: u64) -> Result<bool, ClientError> {
+        self.inner.keep_alive(session, self.inner.retry_for).map(|(answer, _)| answer.found)
+    }
+
+    /// As [`Client::keep_alive`], saying the session's TTL when it was kept
+    /// alive (`None`: it is not open any more).
+    pub fn keep_alive_outcome(&self, session: u64) -> Result<Option<Duration>, ClientError> {
+        let (answer, _) = self.inner.keep_alive(session, self.inner.retry_for)?;
+        Ok(answer.found.then_some(answer.ttl))
+    }
+
+    /// Closes `session`: everything held under it is released at once (no
+    /// lock-delay). False: it was not open (any more).
+    pub fn close_session(&self, session: u64) -> Result<bool, ClientError> {
+        self.inner.close_session(session, self.inner.retry_for).map(|answer| answer.found)
+    }
+
+    /// Opens a session for this client's owner with `ttl` and keeps it
+    /// alive from a thread of its own, every third of the TTL, until the
+    /// guard is closed or dropped (which closes the session). Acquire under
+    /// it with [`Client::acquire_in`], [`Client::campaign_in`] and
+    /// [`Client::acquire_shared_in`].
+    pub fn session(&self, ttl: Duration) -> Result<SessionGuard, ClientError> {
+        let (session, sent) = self.inner.open_session(&self.inner.owner, ttl)?;
+        SessionGuard::start(self.clone(), session, sent)
+    }
+
+    /// [`Client::acquire`] under `session`: the lock has no lease of its
+    /// own and is not renewed by itself; it lives as long as the session,
+    /// and its guard is lost when the session is. Dropping or releasing the
+    /// guard releases the lock alone. The session must be this client's
+    /// owner's (else [`ClientError::PermissionDenied`]) and open (else
+    /// [`ClientError::NoSession`]).
+    pub fn acquire_in(
+        &self,
+        session: &SessionGuard,
+        key: impl AsRef<[u8]>,
+        wait: Duration,
+    ) -> Result<LockGuard, ClientError> {
+        let owner = self.inner.owner.clone();
+        self.acquire_guarded(
+            Some(session),
+            &owner,
+            key.as_ref(),
+            &Acquiring::Exclusive(b""),
+            Duration::ZERO,
+            wait,
+        )
+    }
+
+    /// [`Client::campaign`] under `session`: the candidate leads for as
+    /// long as the session lives.
+    pub fn campaign_in(
+        &self,
+        session: &SessionGuard,
+        election: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+        wait: Duration,
+    ) -> Result<LockGuard, ClientError> {
+        let owner = self.inner.owner.clone();
+        let acquiring = Acquiring::Exclusive(value.as_ref());
+        self.acquire_guarded(Some(session), &owner, election.as_ref(), &acquiring, Duration::ZERO, wait)
+    }
+
+    /// [`Client::acquire_shared`] under `session`: a reader, the writer or
+    /// a permit that lives as long as the session.
+    pub fn acquire_shared_in(
+        &self,
+        session: &SessionGuard,
+        key: impl AsRef<[u8]>,
+        share: Share,
+        wait: Duration,
+    ) -> Result<LockGuard, ClientError> {
+        let owner = self.inner.owner.clone();
+        let acquiring = Acquiring::Shared(share);
+        self.acquire_guarded(Some(session), &owner, key.as_ref(), &acquiring, Duration::ZERO, wait)
+    }
+
+    /// [`Client::acquire_raw`] under `session` (its id): no guard, and no
+    /// lease of its own; it lives until the session ends or someone
+    /// releases it by token. `owner` must be the session's.
+    pub fn acquire_raw_in(
+        &self,
+        session: u64,
+        owner: &[u8],
+        key: impl AsRef<[u8]>,
+        wait: Duration,
+    ) -> Result<Grant, ClientError> {
+        self.acquire_raw_with_value_in(session, owner, key, b"", wait)
+    }
+
+    /// [`Client::acquire_raw_with_value`] under `session` (its id).
+    pub fn acquire_raw_with_value_in(
+        &self,
+        session: u64,
+        owner: &[u8],
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+        wait: Duration,
+    ) -> Result<Grant, ClientError> {
+        let acquiring = Acquiring::Exclusive(value.as_ref());
+        let inner = &self.inner;
+        inner
+            .acquire(Some(session), owner, key.as_ref(), &acquiring, Duration::ZERO, wait)
+            .map(|(grant, _)| grant)
+    }
+
+    /// [`Client::acquire_shared_raw`] under `session` (its id).
+    pub fn acquire_shared_raw_in(
+        &self,
+        session: u64,
+        owner: &[u8],
+        key: impl AsRef<[u8]>,
+        share: Share,
+        wait: Duration,
+    ) -> Result<Grant, ClientError> {
+        let acquiring = Acquiring::Shared(share);
+        let inner = &self.inner;
+        inner
+            .acquire(Some(session), owner, key.as_ref(), &acquiring, Duration::ZERO, wait)
+            .map(|(grant, _)| grant)
     }
 
     /// The holder of `key` under `token` replaces its lock's value (an
@@ -396,8 +565,11 @@ impl Client {
 impl Inner {
     /// One acquire, retried as needed; also returns when the successful
     /// attempt was sent, which is when the lease starts on the client's side.
+    /// Under `session` (`Some`), the lease is the session's: `lease` is not
+    /// sent, and only stands for the answer's lease if it says none.
     pub(crate) fn acquire(
         &self,
+        session: Option<u64>,
         owner: &[u8],
         key: &[u8],
         acquiring: &Acquiring<'_>,
@@ -410,7 +582,7 @@ impl Inner {
             // A retry (say, after a leader change) waits only for what is
             // left of the caller's wait.
             let wait_left = wait_until.saturating_duration_since(Instant::now());
-            (acquiring.request(owner, key, lease, wait_left), wait_left + request_timeout)
+            (acquiring.request_in(session, owner, key, lease, wait_left), wait_left + request_timeout)
         };
         let (kind, sent) = self.call(make, self.retry_for + wait)?;
         calls::acquire_answer(kind, lease).map(|grant| (grant, sent))
@@ -441,6 +613,39 @@ impl Inner {
         let timeout = self.request_timeout;
         let (kind, sent) = self.call(|| (request.clone(), timeout), budget)?;
         Ok((calls::renew_answer(kind, lease)?, sent))
+    }
+
+    /// A session open, retried within the client's budget; also returns
+    /// when the attempt that got the answer was sent (the TTL counts from
+    /// then).
+    pub(crate) fn open_session(
+        &self,
+        owner: &[u8],
+        ttl: Duration,
+    ) -> Result<(Session, Instant), ClientError> {
+        let request = calls::session_open(owner, ttl);
+        let timeout = self.request_timeout;
+        let (kind, sent) = self.call(|| (request.clone(), timeout), self.retry_for)?;
+        Ok((calls::session_opened(kind, ttl)?, sent))
+    }
+
+    /// One keep-alive of `session`, retried within `budget`; also returns
+    /// when the attempt that got the answer was sent.
+    pub(crate) fn keep_alive(
+        &self,
+        session: u64,
+        budget: Duration,
+    ) -> Result<(SessionAnswer, Instant), ClientError> {
+        let request = calls::session_keep_alive(session);
+        let timeout = self.request_timeout;
+        let (kind, sent) = self.call(|| (request.clone(), timeout), budget)?;
+        Ok((calls::session_answer(kind, session)?, sent))
+    }
+
+    pub(crate) fn close_session(&self, session: u64, budget: Duration) -> Result<SessionAnswer, ClientError> {
+        let request = calls::session_close(session);
+        let timeout = self.request_timeout;
+        calls::session_answer(self.call(|| (request.clone(), timeout), budget)?.0, session)
     }
 
     pub(crate) fn call_simple(&self, kind: Request_oneof_kind) -> Result<Response_oneof_kind, ClientError> {

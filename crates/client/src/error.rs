@@ -36,12 +36,18 @@ pub enum ClientError {
     /// the key. Not retried: locks must be released first.
     #[error("resource exhausted: {0}")]
     ResourceExhausted(String),
+    /// The acquire named a session that is not open: it was closed, or it
+    /// lapsed and everything it held is free, or it never was. Not
+    /// retried: open a new session.
+    #[error("no such session: {0}")]
+    NoSession(String),
 }
 
 impl ClientError {
     /// A short, stable name for the kind of error, for machine-readable
     /// output: `held`, `wait_timed_out`, `invalid_argument`, `unavailable`,
-    /// `internal`, `permission_denied` or `resource_exhausted`.
+    /// `internal`, `permission_denied`, `resource_exhausted` or
+    /// `no_session`.
     pub fn code(&self) -> &'static str {
         match self {
             ClientError::Held { .. } => "held",
@@ -52,6 +58,7 @@ impl ClientError {
             ClientError::Internal(_) => "internal",
             ClientError::PermissionDenied(_) => "permission_denied",
             ClientError::ResourceExhausted(_) => "resource_exhausted",
+            ClientError::NoSession(_) => "no_session",
         }
     }
 

@@ -45,6 +45,7 @@ mod local;
 mod members;
 mod renewer;
 pub mod sansio;
+mod session;
 mod types;
 mod watch;
 
@@ -59,8 +60,10 @@ pub use local::LocalHold;
 pub use members::Membership;
 pub use sansio::observe::{Leader, LeaderChange};
 pub use sansio::{Drift, Retrying, DEFAULT_DRIFT, RETRY_NOTICE_AFTER};
+pub use session::SessionGuard;
 pub use types::{
-    Grant, LockInfo, Member, NodeStatus, Released, Renewed, ShareKind, WatchBatch, WatchEvent, WatchEventKind,
+    Grant, LockInfo, Member, NodeStatus, Released, Renewed, Session, ShareKind, WatchBatch, WatchEvent,
+    WatchEventKind,
 };
 pub use watch::{Observer, Watch};
 

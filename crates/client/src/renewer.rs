@@ -31,6 +31,13 @@ pub(crate) struct HeldLock {
     /// Set once lost; read without the mutex so that guards see loss cheaply.
     lost: AtomicBool,
     state: Mutex<Lease>,
+    /// For a lock held under a session: the session's own `HeldLock` (the
+    /// [`SessionGuard`](crate::SessionGuard)'s), whose keep-alives are the
+    /// lock's. Such a lock is not renewed by itself, and is lost when the
+    /// session is.
+    under: Option<Arc<HeldLock>>,
+    /// For a session: why it is lost when its TTL passes unrenewed.
+    expired_reason: Option<&'static str>,
 }
 
 impl HeldLock {
@@ -43,16 +50,46 @@ impl HeldLock {
             drift,
             lost: AtomicBool::new(false),
             state: Mutex::new(Lease::granted(sent, lease, drift)),
+            under: None,
+            expired_reason: None,
         }
     }
 
+    /// A session opened for `ttl` by a request sent at `sent`: kept alive
+    /// like a lock's lease, with `session` as its token.
+    pub(crate) fn session(session: u64, ttl: Duration, sent: Instant, drift: Drift) -> HeldLock {
+        HeldLock {
+            expired_reason: Some("the session's TTL passed without a successful keep-alive"),
+            ..HeldLock::new(Vec::new(), session, ttl, sent, drift)
+        }
+    }
+
+    /// A lock granted under `session` (a session's `HeldLock`): it lives as
+    /// long as the session does.
+    pub(crate) fn under(key: Vec<u8>, token: u64, session: Arc<HeldLock>) -> HeldLock {
+        let (lease, drift) = (session.lease, session.drift);
+        HeldLock { under: Some(session), ..HeldLock::new(key, token, lease, Instant::now(), drift) }
+    }
+
     /// True once lost: refused by a renewal, or its usable lease ran out
-    /// unrenewed.
+    /// unrenewed; under a session, once the session is lost.
     pub(crate) fn is_lost(&self) -> bool {
         if self.lost.load(Ordering::SeqCst) {
             return true;
         }
-        let lost = lock(&self.state).check(Instant::now());
+        if let Some(session) = &self.under {
+            return session.is_lost();
+        }
+        let now = Instant::now();
+        let lost = {
+            let mut state = lock(&self.state);
+            if let Some(reason) = self.expired_reason {
+                if state.lost_reason().is_none() && now >= state.valid_until() {
+                    state.lose(reason.to_owned());
+                }
+            }
+            state.check(now)
+        };
         if lost {
             self.lost.store(true, Ordering::SeqCst);
         }
@@ -63,11 +100,20 @@ impl HeldLock {
         if !self.is_lost() {
             return None;
         }
-        lock(&self.state).lost_reason().map(str::to_owned)
+        match &self.under {
+            Some(session) if !self.lost.load(Ordering::SeqCst) => session.lost_reason(),
+            _ => lock(&self.state).lost_reason().map(str::to_owned),
+        }
     }
 
     /// The time the holder may still count on the lock: zero once lost.
     pub(crate) fn time_left(&self) -> Duration {
+        if let Some(session) = &self.under {
+            return if self.lost.load(Ordering::SeqCst) { Duration::ZERO } else { session.time_left() };
+        }
+        if self.is_lost() {
+            return Duration::ZERO;
+        }
         let mut state = lock(&self.state);
         state.check(Instant::now());
         state.time_left(Instant::now())
@@ -78,20 +124,20 @@ impl HeldLock {
         self.lost.store(true, Ordering::SeqCst);
     }
 
-    fn renew_at(&self) -> Instant {
+    pub(crate) fn renew_at(&self) -> Instant {
         lock(&self.state).renew_at()
     }
 
     /// How long a renewal starting now may retry; also puts the next try a
     /// little later unless this one succeeds.
-    fn start_renewal(&self, now: Instant, retry_for: Duration) -> Duration {
+    pub(crate) fn start_renewal(&self, now: Instant, retry_for: Duration) -> Duration {
         let mut state = lock(&self.state);
         state.renewing(now);
         state.renew_budget(now, retry_for)
     }
 
     /// A renewal sent at `sent` succeeded with `lease`.
-    fn renewed(&self, sent: Instant, lease: Duration) {
+    pub(crate) fn renewed(&self, sent: Instant, lease: Duration) {
         lock(&self.state).renewed(sent, lease, self.drift);
     }
 }

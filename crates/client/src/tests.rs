@@ -13,7 +13,7 @@ use fencelock_net::frame::{encode_frame, read_frame};
 use fencelock_types::client_pb::{
     AcquireOutcome, AcquireResponse, CheckResponse, Error, ErrorCode, GetResponse, ReleaseResponse,
     RenewRequest, RenewResponse, RenewResult, Request, Request_oneof_kind, Response, Response_oneof_kind,
-    StatusResponse,
+    SessionResponse, StatusResponse,
 };
 use protobuf::SingularPtrField;
 
@@ -518,4 +518,105 @@ fn a_grant_answered_after_half_its_lease_is_renewed_before_it_is_handed_over() {
             }
         }
     }
+}
+
+/// A server of sessions: opens session 40 with the TTL asked for, keeps it
+/// alive for `keep_alives` keep-alives (then: not open), grants acquires
+/// under it (token 41, no lease of its own), and closes it.
+fn session_server(keep_alives: usize) -> FakeServer {
+    let mut kept = 0;
+    FakeServer::start(move |request| {
+        let id = request.id;
+        let session = |session, ttl_ms, found| {
+            let response = SessionResponse { session, ttl_ms, found, ..Default::default() };
+            answer(id, Response_oneof_kind::session(response))
+        };
+        let response = match &request.kind {
+            Some(Request_oneof_kind::session_open(open)) => session(40, open.ttl_ms, true),
+            Some(Request_oneof_kind::session_keep_alive(keep)) => {
+                kept += 1;
+                session(keep.session, 300, kept <= keep_alives)
+            }
+            Some(Request_oneof_kind::session_close(close)) => session(close.session, 0, true),
+            Some(Request_oneof_kind::acquire(acquire)) if acquire.session == 40 => {
+                acquire_answer(id, AcquireOutcome::GRANTED, 41, 300, 0)
+            }
+            Some(Request_oneof_kind::acquire(_)) => {
+                error(id, ErrorCode::NO_SESSION, "session 39 is not open", "")
+            }
+            Some(Request_oneof_kind::release(_)) => answer(
+                id,
+                Response_oneof_kind::release(ReleaseResponse { released: true, ..Default::default() }),
+            ),
+            _ => error(id, ErrorCode::INVALID_ARGUMENT, "not scripted", ""),
+        };
+        Some(vec![response])
+    })
+}
+
+fn is_keep_alive(request: &Request) -> bool {
+    matches!(request.kind, Some(Request_oneof_kind::session_keep_alive(_)))
+}
+
+#[test]
+fn a_session_guard_keeps_its_session_alive_and_its_locks_with_it() {
+    let server = session_server(usize::MAX);
+    let client = client(&[&server.addr]);
+    let session = client.session(Duration::from_millis(300)).unwrap();
+    assert_eq!((session.id(), session.ttl()), (40, Duration::from_millis(300)));
+    let guard = client.acquire_in(&session, "k", Duration::ZERO).unwrap();
+    let acquire =
+        server.wait_for("acquire", |request| matches!(request.kind, Some(Request_oneof_kind::acquire(_))));
+    let Some(Request_oneof_kind::acquire(acquire)) = acquire.kind else { unreachable!("matched above") };
+    assert_eq!((acquire.session, acquire.lease_ms), (40, 0));
+    assert_eq!((guard.token(), guard.lease()), (41, Duration::from_millis(300)));
+    // Past two TTLs: kept alive every third of it, the lock with it, and
+    // the lock itself never renewed.
+    thread::sleep(Duration::from_millis(700));
+    let requests = server.recorded();
+    assert!(requests.iter().filter(|request| is_keep_alive(request)).count() >= 3, "{requests:?}");
+    assert!(!requests.iter().any(is_renew), "{requests:?}");
+    assert!(!session.is_lost() && !guard.is_lost(), "{:?}", session.lost_reason());
+    assert!(guard.time_left() > Duration::ZERO);
+    // Closing the session loses its locks' guards, which then release
+    // nothing (the close released everything).
+    assert_eq!(session.close(), Ok(true));
+    server.wait_for("close", |request| matches!(request.kind, Some(Request_oneof_kind::session_close(_))));
+    assert!(guard.is_lost());
+    assert!(guard.lost_reason().unwrap().contains("session 40 was closed"));
+    drop(guard);
+    thread::sleep(Duration::from_millis(100));
+    assert!(!server
+        .recorded()
+        .iter()
+        .any(|request| matches!(request.kind, Some(Request_oneof_kind::release(_)))));
+    // Under a session that is not open: NoSession.
+    assert!(matches!(client.acquire_raw_in(39, b"o", "k", Duration::ZERO), Err(ClientError::NoSession(_))));
+}
+
+#[test]
+fn a_session_answered_not_open_is_lost_and_a_dropped_guard_closes_its_session() {
+    let server = session_server(1);
+    let client = client(&[&server.addr]);
+    let session = client.session(Duration::from_millis(300)).unwrap();
+    let guard = client.acquire_shared_in(&session, "k", crate::Share::Read, Duration::ZERO).unwrap();
+    poll_until("the session to see its loss", || session.is_lost());
+    let reason = session.lost_reason().unwrap();
+    assert!(reason.contains("session 40 is not open any more"), "{reason}");
+    assert_eq!(guard.lost_reason(), Some(reason));
+    assert_eq!(guard.time_left(), Duration::ZERO);
+    assert_eq!(client.keep_alive(40), Ok(false));
+
+    let server = session_server(usize::MAX);
+    let client = self::client(&[&server.addr]);
+    assert_eq!(
+        client.open_session(Duration::from_secs(5)),
+        Ok(crate::Session { id: 40, ttl: Duration::from_secs(5) })
+    );
+    assert_eq!(client.keep_alive(40), Ok(true));
+    let session = client.session(Duration::from_secs(5)).unwrap();
+    drop(session);
+    server.wait_for("close on drop", |request| {
+        matches!(request.kind, Some(Request_oneof_kind::session_close(_)))
+    });
 }

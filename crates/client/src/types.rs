@@ -37,6 +37,11 @@ pub struct LockInfo {
     pub share: ShareKind,
     /// A semaphore's permits; 0 otherwise.
     pub permits: u32,
+    /// The session the holder holds the key under (`lease_ms` and
+    /// `remaining_ms` are then the session's); `None` for a lease of its
+    /// own. In JSON only when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<u64>,
 }
 
 /// How a holder holds its key.
@@ -66,6 +71,7 @@ impl From<client_pb::LockInfo> for LockInfo {
                 client_pb::Share::PERMIT => ShareKind::Permit,
             },
             permits: info.permits,
+            session: (info.session != 0).then_some(info.session),
         }
     }
 }
@@ -200,6 +206,21 @@ pub struct Grant {
     pub existing: bool,
 }
 
+/// An open session, from
+/// [`Client::open_session`](crate::Client::open_session): locks, shared
+/// holds and candidacies acquired under it live as long as it does, and
+/// one keep-alive ([`Client::keep_alive`](crate::Client::keep_alive))
+/// renews them all. Nothing keeps it alive by itself; a
+/// [`SessionGuard`](crate::SessionGuard) does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Session {
+    /// The session's id: a token from the cluster's fencing-token counter,
+    /// never issued twice.
+    pub id: u64,
+    /// Its time to live: each keep-alive renews it for this long.
+    pub ttl: Duration,
+}
+
 /// A node of the cluster, as the answering node knows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Member {
@@ -310,11 +331,23 @@ mod tests {
             value: b"10.0.0.1:80".to_vec(),
             share: ShareKind::Exclusive,
             permits: 0,
+            session: None,
         };
         let json = serde_json::to_value(&info).unwrap();
         assert_eq!(
             json,
             serde_json::json!({"key": "jobs/a", "token": 7, "owner": "w\u{fffd}", "lease_ms": 1000, "remaining_ms": 250, "delayed": false, "value": "10.0.0.1:80", "share": "exclusive", "permits": 0})
         );
+        // Under a session: one more field, the rest as they were.
+        let json = serde_json::to_value(LockInfo { session: Some(12), ..info }).unwrap();
+        assert_eq!(json["session"], serde_json::json!(12));
+        assert_eq!(json.as_object().map(serde_json::Map::len), Some(10));
+    }
+
+    #[test]
+    fn a_holders_session_reads_from_the_wire_with_0_as_none() {
+        let wire = client_pb::LockInfo { key: b"k".to_vec(), token: 9, session: 4, ..Default::default() };
+        assert_eq!(LockInfo::from(wire.clone()).session, Some(4));
+        assert_eq!(LockInfo::from(client_pb::LockInfo { session: 0, ..wire }).session, None);
     }
 }

@@ -28,6 +28,7 @@ fn grant(i: usize) -> Command {
         lease_ms: LeaseMs::new(10_000).expect("valid lease"),
         owner: Owner::new(format!("client-{}", i % 256).into_bytes()).expect("valid owner"),
         value: fencelock_types::Value::none(),
+        session: None,
     }
 }
 

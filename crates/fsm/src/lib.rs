@@ -44,6 +44,17 @@
 //!   with its last holder. Lock-delay holds a holder back as it does a
 //!   plain lock (its place stays taken until the delay's end); values are
 //!   for plain locks.
+//! - Sessions: an OpenSession issues a token from the one counter as the
+//!   session's id. A Grant or GrantShared under a session (of the same
+//!   owner, open) is held by it instead of a lease of its own ([`Lock::session`]);
+//!   a retry by the holder must name the same session (or none, as it
+//!   was granted), else it is GrantRejected by its own token;
+//!   a Renew of it renews the session (answered with the session's TTL);
+//!   a CloseSession releases everything the session holds, an
+//!   ExpireSession expires it (held back where a rule of its delays
+//!   covers the key, leaving the session), each in that one command. A
+//!   session counts as one lock in its owner's quota; it is in the
+//!   snapshot, its holdings derived from the locks that name it.
 //! - Lock-delay: an Expire that carries a delay does not remove a live lock
 //!   but holds it back ([`Lock::delayed`], same token, `lease_ms` the
 //!   delay): it is granted to no one (a Grant is rejected naming its
@@ -65,6 +76,7 @@
 //!     lease_ms: LeaseMs::new(10_000).unwrap(),
 //!     owner: Owner::new(owner.to_vec()).unwrap(),
 //!     value: Value::none(),
+//!     session: None,
 //! };
 //!
 //! let ApplyResult::Granted { token, .. } = table.apply(grant(b"worker-1")) else {
@@ -92,7 +104,7 @@ mod snapshot;
 
 pub use snapshot::{SnapshotError, MEMBER_ADDR_MAX, SNAPSHOT_VERSION};
 
-use imbl::OrdMap;
+use imbl::{OrdMap, OrdSet};
 use std::ops::Bound;
 
 use fencelock_types::{
@@ -115,6 +127,9 @@ pub struct Lock {
     /// What the holder says of itself (an election leader's value): from
     /// its Grant, replaced by its Proclaims.
     pub value: Value,
+    /// The session it is held under (its lease is the session's; never
+    /// for a lock held back), `None` for a lease of its own.
+    pub session: Option<FencingToken>,
 }
 
 impl Lock {
@@ -137,6 +152,21 @@ pub struct Holder {
     /// ran out; it holds nothing, but its place stays taken (a writer's,
     /// a permit) until an Expire of its token without a delay removes it.
     pub delayed: bool,
+    /// As [`Lock::session`].
+    pub session: Option<FencingToken>,
+}
+
+/// An open session: what is held under it lives as long as it does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Session {
+    pub owner: Owner,
+    /// How long each renewal keeps it open, as a length: each node turns it
+    /// into a deadline on its own clock.
+    pub ttl_ms: LeaseMs,
+    /// What it holds: each key with the holder's token (a plain lock's, or
+    /// a shared key's holder's). Derived from the locks: not in the
+    /// snapshot.
+    pub holds: OrdSet<(Key, FencingToken)>,
 }
 
 /// A read-write lock (`permits` 0) or a semaphore of `permits`, and its
@@ -214,6 +244,8 @@ pub struct LockTable {
     shared_holders: usize,
     /// The command level: commands of a higher one apply as Invalid.
     level: u32,
+    /// The open sessions, by id.
+    sessions: OrdMap<FencingToken, Session>,
 }
 
 impl Default for LockTable {
@@ -242,6 +274,7 @@ impl LockTable {
             shared: OrdMap::new(),
             shared_holders: 0,
             level: level.max(1),
+            sessions: OrdMap::new(),
         }
     }
 
@@ -256,9 +289,47 @@ impl LockTable {
             return ApplyResult::Invalid { reason: InvalidReason::LevelNotReached };
         }
         match command {
-            Command::Grant { key, lease_ms, owner, value } => self.grant(key, lease_ms, owner, value),
-            Command::GrantShared { key, lease_ms, owner, share } => {
-                self.grant_shared(key, lease_ms, owner, share)
+            Command::Grant { key, lease_ms, owner, value, session } => {
+                match self.session_for(session, &owner) {
+                    Ok(lease_ms_of_session) => {
+                        self.grant(key, lease_ms_of_session.unwrap_or(lease_ms), owner, value, session)
+                    }
+                    Err(refused) => refused,
+                }
+            }
+            Command::GrantShared { key, lease_ms, owner, share, session } => {
+                match self.session_for(session, &owner) {
+                    Ok(lease_ms_of_session) => {
+                        self.grant_shared(key, lease_ms_of_session.unwrap_or(lease_ms), owner, share, session)
+                    }
+                    Err(refused) => refused,
+                }
+            }
+            Command::OpenSession { owner, ttl_ms } => {
+                let Some(session) = self.next_token() else {
+                    return ApplyResult::Invalid { reason: InvalidReason::TokensExhausted };
+                };
+                self.count(&owner, true);
+                self.sessions.insert(session, Session { owner, ttl_ms, holds: OrdSet::new() });
+                ApplyResult::Granted { token: session, lease_ms: ttl_ms, existing: false }
+            }
+            Command::RenewSession { session, user } => match self.owned_session(session, user.as_ref()) {
+                Ok(open) => ApplyResult::Renewed { token: session, lease_ms: open.ttl_ms },
+                Err(refused) => refused,
+            },
+            Command::CloseSession { session, user } => {
+                if let Err(refused) = self.owned_session(session, user.as_ref()) {
+                    return refused;
+                }
+                self.end_session(session, &[]);
+                ApplyResult::Released { token: session }
+            }
+            Command::ExpireSession { session, delays } => {
+                if !self.sessions.contains_key(&session) {
+                    return ApplyResult::Expired { existed: false };
+                }
+                self.end_session(session, &delays);
+                ApplyResult::Expired { existed: true }
             }
             Command::Proclaim { key, token, value, user } => self.proclaim(&key, token, value, user.as_ref()),
             Command::Release { key, token, user } => self.release(&key, token, user.as_ref()),
@@ -401,6 +472,31 @@ impl LockTable {
         }
     }
 
+    /// The open session `session`, if it is.
+    pub fn session(&self, session: FencingToken) -> Option<&Session> {
+        self.sessions.get(&session)
+    }
+
+    /// The open sessions, by ascending id.
+    pub fn sessions(&self) -> impl Iterator<Item = (FencingToken, &Session)> + '_ {
+        self.sessions.iter().map(|(id, session)| (*id, session))
+    }
+
+    /// The number of open sessions.
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// The session `token`'s lock or holder on `key` is held under, if
+    /// any.
+    pub fn session_of(&self, key: &[u8], token: FencingToken) -> Option<FencingToken> {
+        match self.locks.get(key) {
+            Some(lock) if lock.token == token => lock.session,
+            Some(_) => None,
+            None => self.shared.get(key)?.holders.get(&token)?.session,
+        }
+    }
+
     /// The number of locks held by owners of `identity` ([`Owner::identity`]).
     pub fn locks_of(&self, identity: &[u8]) -> usize {
         self.identities.get(identity).copied().unwrap_or(0)
@@ -445,26 +541,109 @@ impl LockTable {
         LockTable { cluster_id: None, members: OrdMap::new(), ..self.clone() }
     }
 
-    fn grant(&mut self, key: Key, lease_ms: LeaseMs, owner: Owner, value: Value) -> ApplyResult {
+    /// Checks the session a Grant names: `Ok(None)` without one, the
+    /// session's TTL (the lock's lease) when it is open and `owner`'s,
+    /// else the answer.
+    fn session_for(
+        &self,
+        session: Option<FencingToken>,
+        owner: &Owner,
+    ) -> Result<Option<LeaseMs>, ApplyResult> {
+        let Some(session) = session else { return Ok(None) };
+        match self.sessions.get(&session) {
+            None => Err(ApplyResult::NoSession { session }),
+            Some(open) if open.owner != *owner => Err(ApplyResult::Denied { token: session }),
+            Some(open) => Ok(Some(open.ttl_ms)),
+        }
+    }
+
+    /// The open session `session`, if `user` (when there is one) owns it,
+    /// else the answer.
+    fn owned_session(&self, session: FencingToken, user: Option<&Owner>) -> Result<&Session, ApplyResult> {
+        match self.sessions.get(&session) {
+            None => Err(ApplyResult::NoSession { session }),
+            Some(open) if user.is_some_and(|user| !open.owner.is_of_user(user.as_bytes())) => {
+                Err(ApplyResult::Denied { token: session })
+            }
+            Some(open) => Ok(open),
+        }
+    }
+
+    /// Ends `session`: each of its holders goes, or is held back if a rule
+    /// of `delays` covers its key (an expiry's lock-delay); the session
+    /// leaves the table and its owner's quota.
+    fn end_session(&mut self, session: FencingToken, delays: &[(Vec<u8>, LeaseMs)]) {
+        let Some(ended) = self.sessions.remove(&session) else { return };
+        self.count(&ended.owner, false);
+        for (key, token) in ended.holds {
+            let delay = delays
+                .iter()
+                .filter(|(prefix, _)| key.as_bytes().starts_with(prefix))
+                .max_by_key(|(prefix, _)| prefix.len())
+                .map(|(_, delay)| *delay);
+            // The session is gone: a holder held back is on its own.
+            if let Some(lock) = self.locks.get_mut(&key).filter(|lock| lock.token == token) {
+                lock.session = None;
+            } else if let Some(holder) =
+                self.shared.get_mut(&key).and_then(|shared| shared.holders.get_mut(&token))
+            {
+                holder.session = None;
+            }
+            match delay {
+                Some(delay) => {
+                    self.expire(&key, token, Some(delay));
+                }
+                None => {
+                    self.expire(&key, token, None);
+                }
+            }
+        }
+    }
+
+    /// Takes `key`'s holder `token` out of the holdings of `session`.
+    fn leave_session(&mut self, session: Option<FencingToken>, key: &Key, token: FencingToken) {
+        if let Some(open) = session.and_then(|session| self.sessions.get_mut(&session)) {
+            open.holds.remove(&(key.clone(), token));
+        }
+    }
+
+    fn grant(
+        &mut self,
+        key: Key,
+        lease_ms: LeaseMs,
+        owner: Owner,
+        value: Value,
+        session: Option<FencingToken>,
+    ) -> ApplyResult {
         // A read-write lock or a semaphore is held, for a plain lock.
         if let Some(first) = self.shared.get(&key).and_then(Shared::first_token) {
             return ApplyResult::GrantRejected { holder_token: first };
         }
         if let Some(lock) = self.locks.get_mut(&key) {
-            // Held back by lock-delay: for its own former owner too.
-            if lock.owner != owner || lock.delayed {
+            // Held back by lock-delay: for its own former owner too. And
+            // an owner holds a key once: asked under another session (or
+            // none) than it holds it under, it is turned away by its own
+            // token, as a reader asking to write is: a lock the asker would
+            // believe its session's must never live on a lease of its own.
+            if lock.owner != owner || lock.delayed || lock.session != session {
                 return ApplyResult::GrantRejected { holder_token: lock.token };
             }
             // A retry by the holder: same token, lease restarted, never
             // shortened (a stale retry must not cut a newer grant's lease).
-            lock.lease_ms = lock.lease_ms.max(lease_ms);
+            // A lock under a session keeps the session's lease.
+            if lock.session.is_none() {
+                lock.lease_ms = lock.lease_ms.max(lease_ms);
+            }
             return ApplyResult::Granted { token: lock.token, lease_ms: lock.lease_ms, existing: true };
         }
         let Some(token) = self.next_token() else {
             return ApplyResult::Invalid { reason: InvalidReason::TokensExhausted };
         };
         self.count(&owner, true);
-        self.locks.insert(key, Lock { token, owner, lease_ms, delayed: false, value });
+        if let Some(open) = session.and_then(|session| self.sessions.get_mut(&session)) {
+            open.holds.insert((key.clone(), token));
+        }
+        self.locks.insert(key, Lock { token, owner, lease_ms, delayed: false, value, session });
         ApplyResult::Granted { token, lease_ms, existing: false }
     }
 
@@ -479,7 +658,14 @@ impl LockTable {
         Some(token)
     }
 
-    fn grant_shared(&mut self, key: Key, lease_ms: LeaseMs, owner: Owner, share: Share) -> ApplyResult {
+    fn grant_shared(
+        &mut self,
+        key: Key,
+        lease_ms: LeaseMs,
+        owner: Owner,
+        share: Share,
+        session: Option<FencingToken>,
+    ) -> ApplyResult {
         match self.shared_decision(key.as_bytes(), &owner, share) {
             SharedDecision::Rejected(holder_token) => ApplyResult::GrantRejected { holder_token },
             SharedDecision::Mismatch(permits) => ApplyResult::Mismatch { permits },
@@ -489,8 +675,15 @@ impl LockTable {
                     .get_mut(&key)
                     .and_then(|shared| shared.holders.get_mut(&token))
                     .expect("an existing holder is in the table");
-                // Never shortened, as a plain lock's retry.
-                holder.lease_ms = holder.lease_ms.max(lease_ms);
+                // Under another session, or none: turned away, as a Grant.
+                if holder.session != session {
+                    return ApplyResult::GrantRejected { holder_token: token };
+                }
+                // Never shortened, as a plain lock's retry; a session's
+                // holder keeps the session's.
+                if holder.session.is_none() {
+                    holder.lease_ms = holder.lease_ms.max(lease_ms);
+                }
                 ApplyResult::Granted { token, lease_ms: holder.lease_ms, existing: true }
             }
             SharedDecision::Grant => {
@@ -499,11 +692,14 @@ impl LockTable {
                 };
                 self.count(&owner, true);
                 self.shared_holders += 1;
+                if let Some(open) = session.and_then(|session| self.sessions.get_mut(&session)) {
+                    open.holds.insert((key.clone(), token));
+                }
                 let shared = self
                     .shared
                     .entry(key)
                     .or_insert_with(|| Shared { permits: share.permits(), holders: OrdMap::new() });
-                shared.holders.insert(token, Holder { owner, lease_ms, share, delayed: false });
+                shared.holders.insert(token, Holder { owner, lease_ms, share, delayed: false, session });
                 ApplyResult::Granted { token, lease_ms, existing: false }
             }
         }
@@ -522,6 +718,7 @@ impl LockTable {
         if !holder.delayed {
             self.count(&holder.owner, false);
         }
+        self.leave_session(holder.session, key, token);
         Some(holder)
     }
 
@@ -568,7 +765,9 @@ impl LockTable {
                         holder.delayed = true;
                         holder.lease_ms = delay_ms;
                         let owner = holder.owner.clone();
+                        let session = holder.session.take();
                         self.count(&owner, false);
+                        self.leave_session(session, key, token);
                         ApplyResult::Delayed { token, delay_ms }
                     }
                     // A repeat of the Expire that held it back.
@@ -580,6 +779,17 @@ impl LockTable {
                 let Some(holder) = shared.holders.get_mut(&token).filter(|holder| !holder.delayed) else {
                     return ApplyResult::NotFound { holder_token: first };
                 };
+                if let Some(session) = holder.session {
+                    // Renews the session it is held under.
+                    if user.is_some_and(|user| !holder.owner.is_of_user(user.as_bytes())) {
+                        return ApplyResult::Denied { token };
+                    }
+                    let lease_ms = holder.lease_ms;
+                    return match self.sessions.get(&session) {
+                        Some(open) => ApplyResult::Renewed { token, lease_ms: open.ttl_ms },
+                        None => ApplyResult::Renewed { token, lease_ms },
+                    };
+                }
                 match user {
                     None => holder.lease_ms = lease_ms,
                     Some(user) if holder.owner.is_of_user(user.as_bytes()) => {
@@ -639,6 +849,7 @@ impl LockTable {
             if !lock.delayed {
                 self.count(&lock.owner, false);
             }
+            self.leave_session(lock.session, key, lock.token);
         }
     }
 
@@ -654,7 +865,9 @@ impl LockTable {
                 lock.delayed = true;
                 lock.lease_ms = delay_ms;
                 let owner = lock.owner.clone();
+                let session = lock.session.take();
                 self.count(&owner, false);
+                self.leave_session(session, key, token);
                 ApplyResult::Delayed { token, delay_ms }
             }
             // A repeat of the Expire that held it back (say, proposed again
@@ -705,6 +918,13 @@ impl LockTable {
         match self.locks.get_mut(key) {
             // Held back by lock-delay: the key is free of holders.
             Some(lock) if lock.delayed => ApplyResult::NotFound { holder_token: None },
+            Some(lock) if lock.token == token && lock.session.is_some() => {
+                // Renews the session it is held under.
+                if user.is_some_and(|user| !lock.owner.is_of_user(user.as_bytes())) {
+                    return ApplyResult::Denied { token };
+                }
+                ApplyResult::Renewed { token, lease_ms: lock.lease_ms }
+            }
             Some(lock) if lock.token == token => match user {
                 None => {
                     lock.lease_ms = lease_ms;

@@ -17,14 +17,14 @@
 
 use std::collections::BTreeSet;
 
-use imbl::OrdMap;
+use imbl::{OrdMap, OrdSet};
 
 use fencelock_types::{
     pb, ClusterId, FencingToken, InvalidReason, Key, LeaseMs, Owner, Share, Value, PERMITS_MAX,
 };
 use protobuf::Message;
 
-use crate::{Holder, Lock, LockTable, MemberAddrs, Shared};
+use crate::{Holder, Lock, LockTable, MemberAddrs, Session, Shared};
 
 /// The longest member address a snapshot may hold (a host name of 253
 /// bytes, a colon and a port, with room to spare).
@@ -67,6 +67,10 @@ pub enum SnapshotError {
     InvalidMember { index: usize, reason: &'static str },
     #[error("shared record {index} is invalid: {reason}")]
     InvalidShared { index: usize, reason: &'static str },
+    #[error("session record {index} is invalid: {reason}")]
+    InvalidSession { index: usize, reason: &'static str },
+    #[error("a holder of {key} names session {session}, which is not open or not its owner's")]
+    HolderOutOfSession { key: Key, session: u64 },
 }
 
 impl LockTable {
@@ -122,6 +126,10 @@ impl LockTable {
             if !value.is_empty() {
                 len += bytes_size(6, value);
             }
+            let session = lock.session.map_or(0, FencingToken::get);
+            if session != 0 {
+                len += value_size(7, session, WireTypeVarint);
+            }
             out.write_tag(2, WireTypeLengthDelimited)?;
             out.write_raw_varint32(len)?;
             if !key.is_empty() {
@@ -141,6 +149,9 @@ impl LockTable {
             }
             if !value.is_empty() {
                 out.write_bytes(6, value)?;
+            }
+            if session != 0 {
+                out.write_uint64(7, session)?;
             }
         }
         if let Some(id) = &self.cluster_id {
@@ -165,6 +176,7 @@ impl LockTable {
                     lease_ms: holder.lease_ms.get(),
                     share: holder.share.to_pb().0,
                     delayed: holder.delayed,
+                    session: holder.session.map_or(0, FencingToken::get),
                     ..Default::default()
                 })
                 .collect();
@@ -180,6 +192,15 @@ impl LockTable {
         if self.level > 1 {
             out.write_uint32(6, self.level)?;
         }
+        for (id, session) in &self.sessions {
+            let record = pb::SessionRecord {
+                session: id.get(),
+                owner: session.owner.as_bytes().to_vec(),
+                ttl_ms: session.ttl_ms.get(),
+                ..Default::default()
+            };
+            out.write_message(7, &record)?;
+        }
         out.flush()
     }
 
@@ -194,10 +215,40 @@ impl LockTable {
             id => Some(ClusterId::from_slice(id).map_err(|_| SnapshotError::BadClusterId)?),
         };
 
+        let mut tokens = BTreeSet::new();
+        let mut sessions: OrdMap<FencingToken, Session> = OrdMap::new();
+        for (index, record) in snapshot.sessions.into_iter().enumerate() {
+            let invalid = |reason: &'static str| SnapshotError::InvalidSession { index, reason };
+            let id = FencingToken::new(record.session).ok_or(invalid("session 0"))?;
+            if sessions.keys().next_back().is_some_and(|last| *last >= id) {
+                return Err(invalid("out of id order"));
+            }
+            if last_token.is_none_or(|last| id > last) {
+                return Err(invalid("an id past the last issued token"));
+            }
+            if !tokens.insert(id) {
+                return Err(invalid("an id that is also a lock's token"));
+            }
+            let owner = Owner::new(record.owner).map_err(|_| invalid("a bad owner"))?;
+            let ttl_ms = LeaseMs::new(record.ttl_ms).map_err(|_| invalid("a bad ttl"))?;
+            sessions.insert(id, Session { owner, ttl_ms, holds: OrdSet::new() });
+        }
+        // A holder naming a session joins its holdings: the session must be
+        // open and its owner the holder's, and no holder held back is in one.
+        let mut join = |key: &Key, token: FencingToken, owner: &Owner, delayed: bool, session: u64| {
+            let Some(id) = FencingToken::new(session) else { return Ok(None) };
+            match sessions.get_mut(&id) {
+                Some(open) if open.owner == *owner && !delayed => {
+                    open.holds.insert((key.clone(), token));
+                    Ok(Some(id))
+                }
+                _ => Err(SnapshotError::HolderOutOfSession { key: key.clone(), session }),
+            }
+        };
+
         // Keys come sorted (checked below): collected in order, the map is
         // built in one pass instead of by one insertion per lock.
         let mut locks = Vec::with_capacity(snapshot.locks.len());
-        let mut tokens = BTreeSet::new();
         for (index, record) in snapshot.locks.into_iter().enumerate() {
             let invalid = |reason| SnapshotError::InvalidRecord { index, reason };
             let key = Key::new(record.key).map_err(invalid)?;
@@ -214,7 +265,8 @@ impl LockTable {
             if !tokens.insert(token) {
                 return Err(SnapshotError::DuplicateToken { index, token });
             }
-            locks.push((key, Lock { token, owner, lease_ms, delayed: record.delayed, value }));
+            let session = join(&key, token, &owner, record.delayed, record.session)?;
+            locks.push((key, Lock { token, owner, lease_ms, delayed: record.delayed, value, session }));
         }
         let mut identities: OrdMap<Vec<u8>, usize> = OrdMap::new();
         for (_, lock) in locks.iter().filter(|(_, lock)| !lock.delayed) {
@@ -277,7 +329,8 @@ impl LockTable {
                 if holders.values().any(|other: &Holder| other.owner == owner) {
                     return Err(invalid("an owner holding the key twice"));
                 }
-                holders.insert(token, Holder { owner, lease_ms, share, delayed: holder.delayed });
+                let session = join(&key, token, &owner, holder.delayed, holder.session)?;
+                holders.insert(token, Holder { owner, lease_ms, share, delayed: holder.delayed, session });
             }
             let valid = if record.permits > 0 {
                 record.permits <= PERMITS_MAX && holders.len() <= record.permits as usize
@@ -299,6 +352,15 @@ impl LockTable {
             shared_holders += holders.len();
             shared_keys.push((key, Shared { permits: record.permits, holders }));
         }
+        // A session counts as one of its owner's locks.
+        for session in sessions.values() {
+            match identities.get_mut(session.owner.identity()) {
+                Some(count) => *count += 1,
+                None => {
+                    identities.insert(session.owner.identity().to_vec(), 1);
+                }
+            }
+        }
         Ok(LockTable {
             locks: OrdMap::from_iter(locks),
             last_token,
@@ -308,6 +370,7 @@ impl LockTable {
             shared: OrdMap::from_iter(shared_keys),
             shared_holders,
             level: snapshot.level.max(1),
+            sessions,
         })
     }
 }

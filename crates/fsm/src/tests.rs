@@ -27,7 +27,13 @@ fn token(value: u64) -> FencingToken {
 }
 
 fn grant(k: &str, o: &str) -> Command {
-    Command::Grant { key: key(k), lease_ms: lease(1000), owner: owner(o), value: Value::none() }
+    Command::Grant {
+        session: None,
+        key: key(k),
+        lease_ms: lease(1000),
+        owner: owner(o),
+        value: Value::none(),
+    }
 }
 
 fn granted(table: &mut LockTable, k: &str, o: &str) -> FencingToken {
@@ -57,6 +63,7 @@ fn grant_by_the_holder_is_idempotent_and_restarts_the_lease() {
     let mut table = LockTable::new();
     let first = granted(&mut table, "a", "o1");
     let retry = table.apply(Command::Grant {
+        session: None,
         key: key("a"),
         lease_ms: lease(5000),
         owner: owner("o1"),
@@ -66,6 +73,7 @@ fn grant_by_the_holder_is_idempotent_and_restarts_the_lease() {
     assert_eq!(table.holder(b"a").unwrap().lease_ms, lease(5000));
     // A stale retry with a shorter lease keeps the longer one.
     let stale = table.apply(Command::Grant {
+        session: None,
         key: key("a"),
         lease_ms: lease(700),
         owner: owner("o1"),
@@ -228,6 +236,7 @@ fn value(text: &str) -> Value {
 fn a_lock_carries_its_grants_value_and_only_its_holder_proclaims_a_new_one() {
     let mut table = LockTable::new();
     let campaign = |o: &str, v: &str| Command::Grant {
+        session: None,
         key: key("e"),
         lease_ms: lease(1000),
         owner: owner(o),
@@ -507,6 +516,7 @@ fn commands_above_the_tables_level_apply_as_invalid_until_it_is_raised() {
     let mut table = LockTable::at_level(1);
     assert_eq!(granted(&mut table, "a", "o1"), token(1));
     let shared = Command::GrantShared {
+        session: None,
         key: key("s"),
         lease_ms: lease(1_000),
         owner: owner("o2"),
@@ -666,7 +676,7 @@ fn snapshot_header_errors_are_specific() {
 // ---------------------------------------------------------------------------
 // Properties over random histories
 
-/// A model holder of a shared key: token, owner, lease, share.
+/// A model holder of a shared key: token, owner, lease, share, held back.
 type ModelHolder = (FencingToken, Owner, LeaseMs, Share, bool);
 
 /// A deliberately naive model of the lock table: a vector scanned linearly.
@@ -682,8 +692,13 @@ struct Model {
     shared: Vec<(Key, u32, Vec<ModelHolder>)>,
     last_token: u64,
     cluster_id: Option<ClusterId>,
-    /// The command level: GrantShared and Proclaim need 2.
+    /// The command level: GrantShared and Proclaim need 2, sessions 3.
     level: u32,
+    /// The open sessions: id, owner, TTL, in opening order.
+    sessions: Vec<(FencingToken, Owner, LeaseMs)>,
+    /// Which holder is under which session: the holder's key and token, the
+    /// session. A holder leaves it when it goes or is held back.
+    under: Vec<(Key, FencingToken, FencingToken)>,
 }
 
 impl Model {
@@ -729,10 +744,89 @@ impl Model {
         if self.shared[at].2.is_empty() {
             self.shared.remove(at);
         }
+        self.leave(t);
         t
     }
 
-    fn grant_shared(&mut self, key: Key, lease_ms: LeaseMs, owner: Owner, share: Share) -> ApplyResult {
+    /// The session holder `t` is under, if any.
+    fn session_of(&self, t: FencingToken) -> Option<FencingToken> {
+        self.under.iter().find(|(_, held, _)| *held == t).map(|(.., session)| *session)
+    }
+
+    /// Holder `t` leaves its session, if it is under one (it went, or was
+    /// held back).
+    fn leave(&mut self, t: FencingToken) {
+        self.under.retain(|(_, held, _)| *held != t);
+    }
+
+    /// The open session `session`: its owner and TTL.
+    fn open(&self, session: FencingToken) -> Option<(Owner, LeaseMs)> {
+        self.sessions.iter().find(|(id, ..)| *id == session).map(|(_, owner, ttl)| (owner.clone(), *ttl))
+    }
+
+    /// The lease a Grant of `owner` naming `session` gets: its own without
+    /// one, the session's TTL under an open session of the same owner,
+    /// else the answer.
+    fn session_lease(
+        &self,
+        session: Option<FencingToken>,
+        owner: &Owner,
+        lease_ms: LeaseMs,
+    ) -> Result<LeaseMs, ApplyResult> {
+        let Some(session) = session else { return Ok(lease_ms) };
+        match self.open(session) {
+            None => Err(ApplyResult::NoSession { session }),
+            Some((session_owner, _)) if session_owner != *owner => {
+                Err(ApplyResult::Denied { token: session })
+            }
+            Some((_, ttl)) => Ok(ttl),
+        }
+    }
+
+    /// The answer to a RenewSession or CloseSession with `user`: `Ok` when
+    /// it acts, with the session's TTL.
+    fn owned(&self, session: FencingToken, user: Option<&Owner>) -> Result<LeaseMs, ApplyResult> {
+        match self.open(session) {
+            None => Err(ApplyResult::NoSession { session }),
+            Some((owner, _)) if user.is_some_and(|user| !model_owned_by(&owner, user)) => {
+                Err(ApplyResult::Denied { token: session })
+            }
+            Some((_, ttl)) => Ok(ttl),
+        }
+    }
+
+    /// Ends `session`: each holder under it expires as an Expire of its
+    /// token would, with the delay of the longest prefix of `delays` its key
+    /// starts with.
+    fn end_session(&mut self, session: FencingToken, delays: &[(Vec<u8>, LeaseMs)]) {
+        self.sessions.retain(|(id, ..)| *id != session);
+        let held: Vec<(Key, FencingToken)> = self
+            .under
+            .iter()
+            .filter(|(.., under)| *under == session)
+            .map(|(key, t, _)| (key.clone(), *t))
+            .collect();
+        for (key, t) in held {
+            let mut delay: Option<(usize, LeaseMs)> = None;
+            for (prefix, delay_ms) in delays {
+                let longer = delay.is_none_or(|(len, _)| prefix.len() > len);
+                if key.as_bytes().starts_with(prefix) && longer {
+                    delay = Some((prefix.len(), *delay_ms));
+                }
+            }
+            let expire = Command::Expire { key, token: t, delay: delay.map(|(_, delay_ms)| delay_ms) };
+            self.apply(&expire);
+        }
+    }
+
+    fn grant_shared(
+        &mut self,
+        key: Key,
+        lease_ms: LeaseMs,
+        owner: Owner,
+        share: Share,
+        session: Option<FencingToken>,
+    ) -> ApplyResult {
         if let Some(i) = self.position(&key) {
             return ApplyResult::GrantRejected { holder_token: self.locks[i].1 };
         }
@@ -744,6 +838,9 @@ impl Model {
             let Some(t) = self.next_token() else {
                 return ApplyResult::Invalid { reason: InvalidReason::TokensExhausted };
             };
+            if let Some(session) = session {
+                self.under.push((key.clone(), t, session));
+            }
             self.shared.push((key, permits, vec![(t, owner, lease_ms, share, false)]));
             return ApplyResult::Granted { token: t, lease_ms, existing: false };
         };
@@ -752,10 +849,11 @@ impl Model {
         }
         if let Some(i) = self.shared[at].2.iter().position(|(_, o, ..)| *o == owner) {
             let (t, _, held_lease, held_share, held_back) = self.shared[at].2[i].clone();
-            if held_share != share || held_back {
+            if held_share != share || held_back || self.session_of(t) != session {
                 return ApplyResult::GrantRejected { holder_token: t };
             }
-            let lease_ms = held_lease.max(lease_ms);
+            // Under a session, the holder keeps the session's lease.
+            let lease_ms = if self.session_of(t).is_some() { held_lease } else { held_lease.max(lease_ms) };
             self.shared[at].2[i].2 = lease_ms;
             return ApplyResult::Granted { token: t, lease_ms, existing: true };
         }
@@ -771,6 +869,9 @@ impl Model {
         let Some(t) = self.next_token() else {
             return ApplyResult::Invalid { reason: InvalidReason::TokensExhausted };
         };
+        if let Some(session) = session {
+            self.under.push((key, t, session));
+        }
         self.shared[at].2.push((t, owner, lease_ms, share, false));
         ApplyResult::Granted { token: t, lease_ms, existing: false }
     }
@@ -784,7 +885,10 @@ impl Model {
         Some(match command.clone() {
             Command::Release { token: None, .. } => {
                 let last = self.shared[at].2.iter().map(|(t, ..)| *t).max().unwrap();
-                self.shared.remove(at);
+                let (_, _, holders) = self.shared.remove(at);
+                for (t, ..) in holders {
+                    self.leave(t);
+                }
                 ApplyResult::Released { token: last }
             }
             Command::Release { token: Some(t), user, .. } => match self.shared_holder(at, t) {
@@ -802,6 +906,7 @@ impl Model {
                 (Some(i), Some(delay_ms)) if !self.shared[at].2[i].4 => {
                     self.shared[at].2[i].2 = delay_ms;
                     self.shared[at].2[i].4 = true;
+                    self.leave(t);
                     ApplyResult::Delayed { token: t, delay_ms }
                 }
                 (Some(_), Some(_)) => ApplyResult::Expired { existed: false },
@@ -814,16 +919,22 @@ impl Model {
                 None => ApplyResult::NotFound { holder_token: lowest },
                 Some(i) if self.shared[at].2[i].4 => ApplyResult::NotFound { holder_token: lowest },
                 Some(i) => match user {
+                    Some(user) if !model_owned_by(&self.shared[at].2[i].1, &user) => {
+                        ApplyResult::Denied { token: t }
+                    }
+                    // Renews the session: the holder's lease is the session's.
+                    _ if self.session_of(t).is_some() => {
+                        ApplyResult::Renewed { token: t, lease_ms: self.shared[at].2[i].2 }
+                    }
                     None => {
                         self.shared[at].2[i].2 = lease_ms;
                         ApplyResult::Renewed { token: t, lease_ms }
                     }
-                    Some(user) if model_owned_by(&self.shared[at].2[i].1, &user) => {
+                    Some(_) => {
                         let lease_ms = self.shared[at].2[i].2.max(lease_ms);
                         self.shared[at].2[i].2 = lease_ms;
                         ApplyResult::Renewed { token: t, lease_ms }
                     }
-                    Some(_) => ApplyResult::Denied { token: t },
                 },
             },
             Command::Proclaim { .. } => ApplyResult::NotFound { holder_token: lowest },
@@ -831,9 +942,29 @@ impl Model {
         })
     }
 
+    /// The level a command needs, as the protocol says.
+    fn level_of(command: &Command) -> u32 {
+        match command {
+            Command::OpenSession { .. }
+            | Command::RenewSession { .. }
+            | Command::CloseSession { .. }
+            | Command::ExpireSession { .. } => 3,
+            Command::Grant { session, .. } | Command::GrantShared { session, .. } if session.is_some() => 3,
+            Command::GrantShared { .. } | Command::Proclaim { .. } => 2,
+            _ => 1,
+        }
+    }
+
     fn apply(&mut self, command: &Command) -> ApplyResult {
-        if matches!(command, Command::GrantShared { .. } | Command::Proclaim { .. }) && self.level < 2 {
+        if Model::level_of(command) > self.level {
             return ApplyResult::Invalid { reason: InvalidReason::LevelNotReached };
+        }
+        // A grant under a session that is not open, or not its owner's,
+        // is turned away before anything else.
+        if let Command::Grant { session, owner, .. } | Command::GrantShared { session, owner, .. } = command {
+            if let Err(refused) = self.session_lease(*session, owner, lease(1)) {
+                return refused;
+            }
         }
         if !matches!(command, Command::GrantShared { .. } | Command::Grant { .. }) {
             if let Some(result) = self.shared_command(command) {
@@ -841,37 +972,57 @@ impl Model {
             }
         }
         match command.clone() {
-            Command::GrantShared { key, lease_ms, owner, share } => {
-                self.grant_shared(key, lease_ms, owner, share)
+            Command::GrantShared { key, lease_ms, owner, share, session } => {
+                let lease_ms = self.session_lease(session, &owner, lease_ms).unwrap();
+                self.grant_shared(key, lease_ms, owner, share, session)
             }
             Command::Grant { key, .. } if self.shared_position(&key).is_some() => {
                 let at = self.shared_position(&key).unwrap();
                 ApplyResult::GrantRejected { holder_token: self.lowest(at) }
             }
-            Command::Grant { key, lease_ms, owner, value } => match self.position(&key) {
-                Some(i) if self.locks[i].2 == owner && !self.locks[i].4 => {
-                    self.locks[i].3 = self.locks[i].3.max(lease_ms);
-                    ApplyResult::Granted { token: self.locks[i].1, lease_ms: self.locks[i].3, existing: true }
+            Command::Grant { key, lease_ms, owner, value, session } => {
+                let lease_ms = self.session_lease(session, &owner, lease_ms).unwrap();
+                match self.position(&key) {
+                    Some(i)
+                        if self.locks[i].2 == owner
+                            && !self.locks[i].4
+                            && self.session_of(self.locks[i].1) == session =>
+                    {
+                        // Under a session, the lock keeps the session's lease.
+                        if self.session_of(self.locks[i].1).is_none() {
+                            self.locks[i].3 = self.locks[i].3.max(lease_ms);
+                        }
+                        ApplyResult::Granted {
+                            token: self.locks[i].1,
+                            lease_ms: self.locks[i].3,
+                            existing: true,
+                        }
+                    }
+                    Some(i) => ApplyResult::GrantRejected { holder_token: self.locks[i].1 },
+                    None => {
+                        let Some(next) = self.last_token.checked_add(1) else {
+                            return ApplyResult::Invalid { reason: InvalidReason::TokensExhausted };
+                        };
+                        self.last_token = next;
+                        let t = token(self.last_token);
+                        if let Some(session) = session {
+                            self.under.push((key.clone(), t, session));
+                        }
+                        self.locks.push((key, t, owner, lease_ms, false));
+                        self.values.push((t, value));
+                        ApplyResult::Granted { token: t, lease_ms, existing: false }
+                    }
                 }
-                Some(i) => ApplyResult::GrantRejected { holder_token: self.locks[i].1 },
-                None => {
-                    let Some(next) = self.last_token.checked_add(1) else {
-                        return ApplyResult::Invalid { reason: InvalidReason::TokensExhausted };
-                    };
-                    self.last_token = next;
-                    let t = token(self.last_token);
-                    self.locks.push((key, t, owner, lease_ms, false));
-                    self.values.push((t, value));
-                    ApplyResult::Granted { token: t, lease_ms, existing: false }
-                }
-            },
+            }
             Command::Release { key, token, user } => match self.position(&key) {
                 Some(i) if self.locks[i].4 && token.is_some() => ApplyResult::NotFound { holder_token: None },
                 Some(i) if token.is_none() || token == Some(self.locks[i].1) => {
                     if user.is_some_and(|user| !model_owned_by(&self.locks[i].2, &user)) {
                         return ApplyResult::Denied { token: self.locks[i].1 };
                     }
-                    ApplyResult::Released { token: self.locks.remove(i).1 }
+                    let released = self.locks.remove(i).1;
+                    self.leave(released);
+                    ApplyResult::Released { token: released }
                 }
                 other => ApplyResult::NotFound { holder_token: other.map(|i| self.locks[i].1) },
             },
@@ -880,11 +1031,13 @@ impl Model {
                     (false, Some(delay_ms)) => {
                         self.locks[i].3 = delay_ms;
                         self.locks[i].4 = true;
+                        self.leave(token);
                         ApplyResult::Delayed { token, delay_ms }
                     }
                     (true, Some(_)) => ApplyResult::Expired { existed: false },
                     (_, None) => {
                         self.locks.remove(i);
+                        self.leave(token);
                         ApplyResult::Expired { existed: true }
                     }
                 },
@@ -893,17 +1046,21 @@ impl Model {
             Command::Renew { key, token, lease_ms, user } => match self.position(&key) {
                 Some(i) if self.locks[i].4 => ApplyResult::NotFound { holder_token: None },
                 Some(i) if self.locks[i].1 == token => match user {
+                    Some(user) if !model_owned_by(&self.locks[i].2, &user) => ApplyResult::Denied { token },
+                    // Renews the session: the lock's lease is the session's.
+                    _ if self.session_of(token).is_some() => {
+                        ApplyResult::Renewed { token, lease_ms: self.locks[i].3 }
+                    }
                     None => {
                         self.locks[i].3 = lease_ms;
                         ApplyResult::Renewed { token, lease_ms }
                     }
-                    Some(user) if model_owned_by(&self.locks[i].2, &user) => {
+                    Some(_) => {
                         if lease_ms > self.locks[i].3 {
                             self.locks[i].3 = lease_ms;
                         }
                         ApplyResult::Renewed { token, lease_ms: self.locks[i].3 }
                     }
-                    Some(_) => ApplyResult::Denied { token },
                 },
                 other => ApplyResult::NotFound { holder_token: other.map(|i| self.locks[i].1) },
             },
@@ -918,6 +1075,31 @@ impl Model {
                 }
                 other => ApplyResult::NotFound { holder_token: other.map(|i| self.locks[i].1) },
             },
+            Command::OpenSession { owner, ttl_ms } => {
+                let Some(session) = self.next_token() else {
+                    return ApplyResult::Invalid { reason: InvalidReason::TokensExhausted };
+                };
+                self.sessions.push((session, owner, ttl_ms));
+                ApplyResult::Granted { token: session, lease_ms: ttl_ms, existing: false }
+            }
+            Command::RenewSession { session, user } => match self.owned(session, user.as_ref()) {
+                Ok(ttl) => ApplyResult::Renewed { token: session, lease_ms: ttl },
+                Err(refused) => refused,
+            },
+            Command::CloseSession { session, user } => match self.owned(session, user.as_ref()) {
+                Ok(_) => {
+                    self.end_session(session, &[]);
+                    ApplyResult::Released { token: session }
+                }
+                Err(refused) => refused,
+            },
+            Command::ExpireSession { session, delays } => {
+                if self.open(session).is_none() {
+                    return ApplyResult::Expired { existed: false };
+                }
+                self.end_session(session, &delays);
+                ApplyResult::Expired { existed: true }
+            }
             Command::Noop => ApplyResult::Noop,
             Command::Bootstrap { cluster_id, token_floor, level } => {
                 if self.cluster_id.is_none() {
@@ -974,10 +1156,20 @@ fn arb_token() -> impl Strategy<Value = FencingToken> {
     (1u64..=12).prop_map(token)
 }
 
+/// Lock-delay rules of an ExpireSession over the keys of [`arb_key`]: none,
+/// or some of prefixes `""`, `"a"` and `"ab"`, each once.
+fn arb_delays() -> impl Strategy<Value = Vec<(Vec<u8>, LeaseMs)>> {
+    prop::collection::btree_map(prop::sample::select(vec!["", "a", "ab"]), arb_lease(), 0..=2).prop_map(
+        |rules| rules.into_iter().map(|(prefix, delay)| (prefix.as_bytes().to_vec(), delay)).collect(),
+    )
+}
+
 fn arb_command() -> impl Strategy<Value = Command> {
     prop_oneof![
         4 => (arb_key(), arb_lease(), arb_owner(), arb_value())
-            .prop_map(|(key, lease_ms, owner, value)| Command::Grant { key, lease_ms, owner, value }),
+            .prop_map(|(key, lease_ms, owner, value)| Command::Grant { key, lease_ms, owner, value, session: None }),
+        2 => (arb_key(), arb_lease(), arb_owner(), arb_value(), arb_token())
+            .prop_map(|(key, lease_ms, owner, value, session)| Command::Grant { key, lease_ms, owner, value, session: Some(session) }),
         1 => (arb_key(), arb_token(), arb_value(), arb_user())
             .prop_map(|(key, token, value, user)| Command::Proclaim { key, token, value, user }),
         2 => (arb_key(), prop::option::weighted(0.8, arb_token()), arb_user()).prop_map(|(key, token, user)| Command::Release { key, token, user }),
@@ -985,7 +1177,13 @@ fn arb_command() -> impl Strategy<Value = Command> {
             .prop_map(|(key, token, delay)| Command::Expire { key, token, delay }),
         2 => (arb_key(), arb_token(), arb_lease(), arb_user()).prop_map(|(key, token, lease_ms, user)| Command::Renew { key, token, lease_ms, user }),
         4 => (arb_key(), arb_lease(), arb_owner(), arb_share())
-            .prop_map(|(key, lease_ms, owner, share)| Command::GrantShared { key, lease_ms, owner, share }),
+            .prop_map(|(key, lease_ms, owner, share)| Command::GrantShared { key, lease_ms, owner, share, session: None }),
+        2 => (arb_key(), arb_lease(), arb_owner(), arb_share(), arb_token())
+            .prop_map(|(key, lease_ms, owner, share, session)| Command::GrantShared { key, lease_ms, owner, share, session: Some(session) }),
+        2 => (arb_owner(), arb_lease()).prop_map(|(owner, ttl_ms)| Command::OpenSession { owner, ttl_ms }),
+        1 => (arb_token(), arb_user()).prop_map(|(session, user)| Command::RenewSession { session, user }),
+        1 => (arb_token(), arb_user()).prop_map(|(session, user)| Command::CloseSession { session, user }),
+        1 => (arb_token(), arb_delays()).prop_map(|(session, delays)| Command::ExpireSession { session, delays }),
         1 => Just(Command::Noop),
         1 => (1u8..=3, prop::sample::select(vec![0u64, 2, 5, 1_000, u64::MAX - 1]), 1u32..=3)
             .prop_map(|(n, token_floor, level)| Command::Bootstrap { cluster_id: ClusterId::new([n; 16]), token_floor, level }),
@@ -993,8 +1191,233 @@ fn arb_command() -> impl Strategy<Value = Command> {
     ]
 }
 
+/// Applies `history` to a table and to the [`Model`], both at `level`,
+/// comparing every result and checking the session invariants after each
+/// command, then compares what they hold.
+fn behaves_like_the_model(history: Vec<Command>, level: u32) -> Result<(), TestCaseError> {
+    let mut table = LockTable::at_level(level);
+    let mut model = Model { level, ..Model::default() };
+    for command in history {
+        let command = retarget(command, &model);
+        let expected = model.apply(&command);
+        prop_assert_eq!(table.apply(command), expected);
+        check_sessions(&table)?;
+    }
+    prop_assert_eq!(table.level(), model.level);
+    let mut model_locks: Vec<_> = model
+        .locks
+        .iter()
+        .map(|(k, t, o, l, d)| (k.clone(), *t, o.clone(), *l, *d, model.value_of(*t), model.session_of(*t)))
+        .collect();
+    model_locks.sort();
+    let table_locks: Vec<_> = table
+        .list(b"", usize::MAX)
+        .map(|(k, l)| {
+            (k.clone(), l.token, l.owner.clone(), l.lease_ms, l.delayed, l.value.clone(), l.session)
+        })
+        .collect();
+    prop_assert_eq!(table_locks, model_locks);
+    let mut model_shared: Vec<_> = model
+        .shared
+        .iter()
+        .map(|(k, permits, holders)| {
+            let mut holders: Vec<_> = holders
+                .iter()
+                .map(|(t, o, l, s, d)| (*t, o.clone(), *l, *s, *d, model.session_of(*t)))
+                .collect();
+            holders.sort_by_key(|(t, ..)| *t);
+            (k.clone(), *permits, holders)
+        })
+        .collect();
+    model_shared.sort_by(|a, b| a.0.cmp(&b.0));
+    let table_shared: Vec<_> = table
+        .list_shared(b"", usize::MAX)
+        .map(|(k, shared)| {
+            let holders: Vec<_> = shared
+                .holders
+                .iter()
+                .map(|(t, h)| (*t, h.owner.clone(), h.lease_ms, h.share, h.delayed, h.session))
+                .collect();
+            (k.clone(), shared.permits, holders)
+        })
+        .collect();
+    prop_assert_eq!(table_shared, model_shared);
+    // The open sessions, each with what it holds.
+    let mut model_sessions: Vec<_> = model
+        .sessions
+        .iter()
+        .map(|(id, o, ttl)| {
+            let mut holds: Vec<_> = model
+                .under
+                .iter()
+                .filter(|(.., session)| session == id)
+                .map(|(k, t, _)| (k.clone(), *t))
+                .collect();
+            holds.sort();
+            (*id, o.clone(), *ttl, holds)
+        })
+        .collect();
+    model_sessions.sort_by_key(|(id, ..)| *id);
+    let table_sessions: Vec<_> = table
+        .sessions()
+        .map(|(id, s)| (id, s.owner.clone(), s.ttl_ms, s.holds.iter().cloned().collect::<Vec<_>>()))
+        .collect();
+    prop_assert_eq!(table_sessions, model_sessions);
+    prop_assert_eq!(table.session_count(), model.sessions.len());
+    // The invariants of each kind hold in every table reached.
+    for (_, shared) in table.list_shared(b"", usize::MAX) {
+        prop_assert!(!shared.holders.is_empty());
+        if shared.permits > 0 {
+            prop_assert!(shared.holders.len() <= shared.permits as usize);
+        } else {
+            let writers = shared.holders.values().filter(|h| h.share == Share::Write).count();
+            prop_assert!(writers == 0 || shared.holders.len() == 1, "a writer beside other holders");
+        }
+    }
+    prop_assert_eq!(
+        table.len(),
+        model.locks.len() + model.shared.iter().map(|(_, _, h)| h.len()).sum::<usize>()
+    );
+    prop_assert_eq!(table.last_token().map_or(0, FencingToken::get), model.last_token);
+    prop_assert_eq!(table.cluster_id(), model.cluster_id);
+    // Quotas count locks per identity: the owner before its first `/`;
+    // a session counts as one, a holder held back for no one.
+    let of_identity = |owner: &Owner, identity: &str| {
+        owner.as_bytes().split(|byte| *byte == b'/').next() == Some(identity.as_bytes())
+    };
+    for identity in ["o1", "o2", "o3", "o12", "a", ""] {
+        let held =
+            model.locks.iter().filter(|(_, _, owner, _, delayed)| !*delayed && of_identity(owner, identity));
+        let shared_held = model
+            .shared
+            .iter()
+            .flat_map(|(_, _, holders)| holders)
+            .filter(|holder| !holder.4)
+            .filter(|(_, owner, ..)| of_identity(owner, identity))
+            .count();
+        let sessions = model.sessions.iter().filter(|(_, owner, _)| of_identity(owner, identity)).count();
+        prop_assert_eq!(
+            table.locks_of(identity.as_bytes()),
+            held.count() + shared_held + sessions,
+            "identity {}",
+            identity
+        );
+    }
+    // And so does a table restored from its snapshot.
+    let restored = LockTable::restore(&table.snapshot()).unwrap();
+    for identity in ["o1", "o2", "o3", "o12"] {
+        prop_assert_eq!(restored.locks_of(identity.as_bytes()), table.locks_of(identity.as_bytes()));
+    }
+    prop_assert_eq!(restored, table);
+    Ok(())
+}
+
+/// Points most generated tokens and session ids at what the model holds:
+/// they are drawn from a small range, which long histories (and Bootstraps'
+/// token floors) leave behind. `n` stands for itself when odd (a stale,
+/// future or foreign token, a closed session). Otherwise a token of a
+/// Release, Expire, Renew or Proclaim becomes the `n / 2`-th (cyclically)
+/// holder of its key; a session command's id the `n / 2`-th open session; a
+/// grant's id the `n / 2`-th open session too, whose owner the grant takes
+/// when `n % 4` is 0 (so that many are granted; the others are mostly
+/// another owner's).
+fn retarget(mut command: Command, model: &Model) -> Command {
+    let session = |n: u64| match model.sessions.len() {
+        0 => None,
+        len => Some(&model.sessions[(n / 2) as usize % len]),
+    };
+    let holder = |key: &Key, n: u64| {
+        let mut held: Vec<FencingToken> =
+            model.locks.iter().filter(|(k, ..)| k == key).map(|(_, held, ..)| *held).collect();
+        for (_, _, holders) in model.shared.iter().filter(|(k, ..)| k == key) {
+            held.extend(holders.iter().map(|(held, ..)| *held));
+        }
+        (!held.is_empty()).then(|| held[(n / 2) as usize % held.len()])
+    };
+    match &mut command {
+        Command::Release { token: Some(t), .. }
+        | Command::Expire { token: t, .. }
+        | Command::Renew { token: t, .. }
+        | Command::Proclaim { token: t, .. }
+        | Command::RenewSession { session: t, .. }
+        | Command::CloseSession { session: t, .. }
+        | Command::ExpireSession { session: t, .. }
+        | Command::Grant { session: Some(t), .. }
+        | Command::GrantShared { session: Some(t), .. }
+            if t.get() % 2 == 1 => {}
+        Command::Release { key, token: Some(t), .. }
+        | Command::Expire { key, token: t, .. }
+        | Command::Renew { key, token: t, .. }
+        | Command::Proclaim { key, token: t, .. } => *t = holder(key, t.get()).unwrap_or(*t),
+        Command::RenewSession { session: id, .. }
+        | Command::CloseSession { session: id, .. }
+        | Command::ExpireSession { session: id, .. } => *id = session(id.get()).map_or(*id, |(s, ..)| *s),
+        Command::Grant { session: Some(id), owner, .. }
+        | Command::GrantShared { session: Some(id), owner, .. } => {
+            if let Some((s, session_owner, _)) = session(id.get()) {
+                if id.get() % 4 == 0 {
+                    *owner = session_owner.clone();
+                }
+                *id = *s;
+            }
+        }
+        _ => {}
+    }
+    command
+}
+
+/// Checks the session invariants of a table: a holder naming a session
+/// names an open session of its own owner and has the session's TTL as its
+/// lease; no holder held back names one; a session's holdings are exactly
+/// the holders naming it; no session id is a holder's token.
+fn check_sessions(table: &LockTable) -> Result<(), TestCaseError> {
+    let plain =
+        table.list(b"", usize::MAX).map(|(k, l)| (k, l.token, &l.owner, l.lease_ms, l.delayed, l.session));
+    let shared = table.list_shared(b"", usize::MAX).flat_map(|(k, shared)| {
+        shared.holders.iter().map(move |(t, h)| (k, *t, &h.owner, h.lease_ms, h.delayed, h.session))
+    });
+    let mut naming = Vec::new();
+    for (k, t, o, lease_ms, delayed, session) in plain.chain(shared) {
+        prop_assert!(table.session(t).is_none(), "session id {:?} is also a token of {}", t, k);
+        let Some(session) = session else { continue };
+        prop_assert!(!delayed, "{} is held back under session {:?}", k, session);
+        let Some(open) = table.session(session) else {
+            return Err(TestCaseError::fail(format!("{k} names session {session:?}, which is not open")));
+        };
+        prop_assert_eq!(&open.owner, o, "{} under another owner's session", k);
+        prop_assert_eq!(open.ttl_ms, lease_ms, "{} under a session has a lease of its own", k);
+        prop_assert_eq!(table.session_of(k.as_bytes(), t), Some(session));
+        naming.push((session, k.clone(), t));
+    }
+    for (id, session) in table.sessions() {
+        let mut named: Vec<(Key, FencingToken)> =
+            naming.iter().filter(|(s, ..)| *s == id).map(|(_, k, t)| (k.clone(), *t)).collect();
+        named.sort();
+        let holds: Vec<(Key, FencingToken)> = session.holds.iter().cloned().collect();
+        prop_assert_eq!(holds, named, "the holdings of session {:?}", id);
+    }
+    Ok(())
+}
+
 fn arb_history() -> impl Strategy<Value = Vec<Command>> {
     prop::collection::vec(arb_command(), 0..200)
+}
+
+/// A history where sessions are opened, hold keys and end more often than
+/// in [`arb_history`]: the same commands, with more sessions, grants under
+/// them and session ends mixed in.
+fn arb_session_history() -> impl Strategy<Value = Vec<Command>> {
+    // Even ids: each names an open session, if there is one (see [`retarget`]).
+    let session = || (1u64..=6).prop_map(|n| Some(token(2 * n)));
+    let step = prop_oneof![
+        2 => (arb_owner(), arb_lease()).prop_map(|(owner, ttl_ms)| Command::OpenSession { owner, ttl_ms }),
+        3 => (arb_key(), arb_lease(), arb_owner(), arb_value(), session())
+            .prop_map(|(key, lease_ms, owner, value, session)| Command::Grant { key, lease_ms, owner, value, session }),
+        3 => (arb_key(), arb_lease(), arb_owner(), arb_share(), session())
+            .prop_map(|(key, lease_ms, owner, share, session)| Command::GrantShared { key, lease_ms, owner, share, session }),
+        1 => (arb_token(), arb_delays()).prop_map(|(session, delays)| Command::ExpireSession { session, delays }),
+    ];
+    prop::collection::vec(prop_oneof![2 => arb_command(), 3 => step], 0..120)
 }
 
 /// A history cut into log entries of 1 to 4 commands, with some undecodable
@@ -1025,42 +1448,108 @@ fn arb_varint(bits_max: u32) -> impl Strategy<Value = u64> {
 }
 
 /// Valid snapshot bodies with any key, owner, token and lease values, of
-/// every varint length.
+/// every varint length: plain locks, read-write locks and semaphores, open
+/// sessions, and holders under them (a session's own owner's, never held
+/// back).
 fn arb_snapshot_body() -> impl Strategy<Value = pb::TableSnapshot> {
-    let lease = arb_varint(31).prop_filter("a valid lease", |ms| *ms <= fencelock_types::LEASE_MS_MAX);
+    let lease = || arb_varint(31).prop_filter("a valid lease", |ms| *ms <= fencelock_types::LEASE_MS_MAX);
+    let owner = || prop::collection::vec(any::<u8>(), 1..150);
+    let under = || prop::option::of(any::<prop::sample::Index>());
     let records = prop::collection::btree_map(
         prop::collection::vec(any::<u8>(), 1..200),
-        (
-            prop::collection::vec(any::<u8>(), 1..150),
-            lease,
-            any::<bool>(),
-            prop::collection::vec(any::<u8>(), 0..40),
-        ),
+        (owner(), lease(), any::<bool>(), prop::collection::vec(any::<u8>(), 0..40), under()),
         0..20,
     );
-    let tokens = prop::collection::btree_set(arb_varint(63), 0..=20);
+    // Keys of shared records: permits (0 for a read-write lock), and
+    // holders: owner, lease, held back, a writer (alone), session.
+    let shared = prop::collection::btree_map(
+        prop::collection::vec(any::<u8>(), 1..20),
+        (0u32..=3, prop::collection::vec((owner(), lease(), any::<bool>(), any::<bool>(), under()), 1..4)),
+        0..4,
+    );
+    let sessions = prop::collection::vec((owner(), lease()), 0..6);
+    let tokens = prop::collection::btree_set(arb_varint(63), 0..=36);
     let cluster_id = prop::option::of(any::<[u8; 16]>());
     let members = prop::collection::btree_map(
         arb_varint(64),
         ("[a-z0-9.-]{1,40}:[0-9]{1,5}", "[a-z0-9.]{1,40}:[0-9]{1,5}"),
         0..6,
     );
-    (records, tokens, arb_varint(20), cluster_id, members).prop_map(
-        |(records, tokens, extra, cluster_id, members)| {
+    (records, shared, sessions, tokens, arb_varint(20), cluster_id, members).prop_map(
+        |(records, shared, sessions, tokens, extra, cluster_id, members)| {
             let last_token = tokens.iter().max().map_or(extra, |max| max + extra);
-            let locks = records
+            let mut tokens = tokens.into_iter().rev();
+            let mut sessions: Vec<pb::SessionRecord> = sessions
                 .into_iter()
-                .zip(tokens.into_iter().rev())
-                .map(|((key, (owner, lease_ms, delayed, value)), token)| pb::LockRecord {
-                    key,
-                    token,
+                .zip(&mut tokens)
+                .map(|((owner, ttl_ms), session)| pb::SessionRecord {
+                    session,
                     owner,
-                    lease_ms,
-                    delayed,
-                    value,
+                    ttl_ms,
                     ..Default::default()
                 })
                 .collect();
+            sessions.sort_by_key(|session| session.session);
+            // The session a holder picked, and the owner it then has.
+            let join = |pick: Option<prop::sample::Index>, delayed: bool, owner: Vec<u8>| match pick {
+                Some(pick) if !delayed && !sessions.is_empty() => {
+                    let session = &sessions[pick.index(sessions.len())];
+                    (session.session, session.owner.clone())
+                }
+                _ => (0, owner),
+            };
+            let locks: Vec<pb::LockRecord> = records
+                .iter()
+                .zip(&mut tokens)
+                .map(|((key, (owner, lease_ms, delayed, value, pick)), token)| {
+                    let (session, owner) = join(*pick, *delayed, owner.clone());
+                    pb::LockRecord {
+                        key: key.clone(),
+                        token,
+                        owner,
+                        lease_ms: *lease_ms,
+                        delayed: *delayed,
+                        value: value.clone(),
+                        session,
+                        ..Default::default()
+                    }
+                })
+                .collect();
+            let mut shared_records = Vec::new();
+            for (key, (permits, holders)) in shared {
+                if records.contains_key(&key) {
+                    continue;
+                }
+                let mut kept: Vec<pb::HolderRecord> = Vec::new();
+                for (owner, lease_ms, delayed, writer, pick) in holders {
+                    let (session, owner) = join(pick, delayed, owner);
+                    let share = match (permits, writer) {
+                        (0, true) if kept.is_empty() => pb::Share::WRITE,
+                        (0, _) if kept.iter().all(|h| h.share == pb::Share::READ) => pb::Share::READ,
+                        (1.., _) if kept.len() < permits as usize => pb::Share::PERMIT,
+                        _ => continue,
+                    };
+                    if kept.iter().any(|h| h.owner == owner) {
+                        continue;
+                    }
+                    let Some(token) = tokens.next() else { break };
+                    kept.push(pb::HolderRecord {
+                        token,
+                        owner,
+                        lease_ms,
+                        share,
+                        delayed,
+                        session,
+                        ..Default::default()
+                    });
+                }
+                kept.sort_by_key(|holder| holder.token);
+                if !kept.is_empty() {
+                    let record =
+                        pb::SharedRecord { key, permits, holders: kept.into(), ..Default::default() };
+                    shared_records.push(record);
+                }
+            }
             let cluster_id = cluster_id.map_or_else(Vec::new, |id| id.to_vec());
             let members = members
                 .into_iter()
@@ -1071,7 +1560,15 @@ fn arb_snapshot_body() -> impl Strategy<Value = pb::TableSnapshot> {
                     ..Default::default()
                 })
                 .collect();
-            pb::TableSnapshot { last_token, locks, cluster_id, members, ..Default::default() }
+            pb::TableSnapshot {
+                last_token,
+                locks: locks.into(),
+                cluster_id,
+                members,
+                shared: shared_records.into(),
+                sessions: sessions.into(),
+                ..Default::default()
+            }
         },
     )
 }
@@ -1085,77 +1582,16 @@ proptest! {
     }
 
     #[test]
-    fn the_table_behaves_like_the_model(history in arb_history(), level in 1u32..=2) {
+    fn the_table_behaves_like_the_model(history in arb_history(), level in 1u32..=3) {
         // Level 1: a log as a cluster from before levels has it, where
-        // shared keys and proclaims wait for a Bootstrap or RaiseLevel.
-        let mut table = LockTable::at_level(level);
-        let mut model = Model { level, ..Model::default() };
-        for command in history {
-            let expected = model.apply(&command);
-            prop_assert_eq!(table.apply(command), expected);
-        }
-        prop_assert_eq!(table.level(), model.level);
-        let mut model_locks: Vec<_> =
-            model.locks.iter().map(|(k, t, ..)| (k.clone(), *t, model.value_of(*t))).collect();
-        model_locks.sort();
-        let table_locks: Vec<_> =
-            table.list(b"", usize::MAX).map(|(k, l)| (k.clone(), l.token, l.value.clone())).collect();
-        prop_assert_eq!(table_locks, model_locks);
-        let mut model_shared: Vec<_> = model
-            .shared
-            .iter()
-            .map(|(k, permits, holders)| {
-                let mut holders: Vec<_> =
-                    holders.iter().map(|(t, o, l, s, d)| (*t, o.clone(), *l, *s, *d)).collect();
-                holders.sort_by_key(|(t, ..)| *t);
-                (k.clone(), *permits, holders)
-            })
-            .collect();
-        model_shared.sort_by(|a, b| a.0.cmp(&b.0));
-        let table_shared: Vec<_> = table
-            .list_shared(b"", usize::MAX)
-            .map(|(k, shared)| {
-                let holders: Vec<_> =
-                    shared.holders.iter().map(|(t, h)| (*t, h.owner.clone(), h.lease_ms, h.share, h.delayed)).collect();
-                (k.clone(), shared.permits, holders)
-            })
-            .collect();
-        prop_assert_eq!(table_shared, model_shared);
-        // The invariants of each kind hold in every table reached.
-        for (_, shared) in table.list_shared(b"", usize::MAX) {
-            prop_assert!(!shared.holders.is_empty());
-            if shared.permits > 0 {
-                prop_assert!(shared.holders.len() <= shared.permits as usize);
-            } else {
-                let writers = shared.holders.values().filter(|h| h.share == Share::Write).count();
-                prop_assert!(writers == 0 || shared.holders.len() == 1, "a writer beside other holders");
-            }
-        }
-        prop_assert_eq!(table.len(), model.locks.len() + model.shared.iter().map(|(_, _, h)| h.len()).sum::<usize>());
-        prop_assert_eq!(table.last_token().map_or(0, FencingToken::get), model.last_token);
-        prop_assert_eq!(table.cluster_id(), model.cluster_id);
-        // Quotas count locks per identity: the owner before its first `/`.
-        for identity in ["o1", "o2", "o3", "o12", "a", ""] {
-            let held = model.locks.iter().filter(|(_, _, owner, _, delayed)| {
-                let owner = owner.as_bytes();
-                if *delayed {
-                    return false;
-                }
-                owner.split(|byte| *byte == b'/').next() == Some(identity.as_bytes())
-            });
-            let shared_held = model
-                .shared
-                .iter()
-                .flat_map(|(_, _, holders)| holders)
-                .filter(|holder| !holder.4)
-                .filter(|(_, owner, ..)| owner.as_bytes().split(|byte| *byte == b'/').next() == Some(identity.as_bytes()))
-                .count();
-            prop_assert_eq!(table.locks_of(identity.as_bytes()), held.count() + shared_held, "identity {}", identity);
-        }
-        // And so does a table restored from its snapshot.
-        let restored = LockTable::restore(&table.snapshot()).unwrap();
-        prop_assert_eq!(restored.locks_of(b"o1"), table.locks_of(b"o1"));
-        prop_assert_eq!(restored, table);
+        // shared keys and proclaims wait for a Bootstrap or RaiseLevel;
+        // level 2, one where sessions do.
+        behaves_like_the_model(history, level)?;
+    }
+
+    #[test]
+    fn sessions_behave_like_the_model(history in arb_session_history()) {
+        behaves_like_the_model(history, fencelock_types::LEVEL)?;
     }
 
     #[test]
@@ -1178,9 +1614,13 @@ proptest! {
                 prop_assert!(issued.iter().all(|earlier| *earlier < token), "{:?} after {:?}", token, issued);
                 issued.push(token);
             }
-            // Whatever the command, every holder's token was issued.
+            // Whatever the command, every holder's token and every
+            // session's id was issued.
             for (_, lock) in table.list(b"", usize::MAX) {
                 prop_assert!(issued.contains(&lock.token));
+            }
+            for (id, _) in table.sessions() {
+                prop_assert!(issued.contains(&id));
             }
         }
     }
@@ -1259,6 +1699,7 @@ fn shared_record(key: &str, permits: u32, holders: Vec<pb::HolderRecord>) -> pb:
 fn read_write_locks_and_semaphores_travel_in_snapshots_and_bad_ones_are_refused() {
     let mut table = LockTable::new();
     let share = |k: &str, o: &str, share| Command::GrantShared {
+        session: None,
         key: key(k),
         lease_ms: lease(1000),
         owner: owner(o),
@@ -1336,6 +1777,7 @@ fn read_write_locks_and_semaphores_travel_in_snapshots_and_bad_ones_are_refused(
 fn a_force_release_frees_every_holder_and_each_holder_renews_and_expires_alone() {
     let mut table = LockTable::new();
     let permit = |o: &str| Command::GrantShared {
+        session: None,
         key: key("s"),
         lease_ms: lease(1000),
         owner: owner(o),
@@ -1401,4 +1843,475 @@ fn a_force_release_frees_every_holder_and_each_holder_renews_and_expires_alone()
     assert_eq!(table.locks_of(b"o2"), 0);
     // The key is free for any kind now.
     assert!(matches!(table.apply(grant("s", "o9")), ApplyResult::Granted { .. }));
+}
+
+// ---------------------------------------------------------------------------
+// Sessions
+
+/// Opens a session of `o` with a TTL of `ttl_ms`, and returns its id.
+fn opened(table: &mut LockTable, o: &str, ttl_ms: u64) -> FencingToken {
+    match table.apply(Command::OpenSession { owner: owner(o), ttl_ms: lease(ttl_ms) }) {
+        ApplyResult::Granted { token, lease_ms, existing: false } if lease_ms == lease(ttl_ms) => token,
+        other => panic!("expected the session Granted, got {other:?}"),
+    }
+}
+
+/// A Grant of `k` for `o` under `session` (its lease is ignored).
+fn grant_under(k: &str, o: &str, session: FencingToken) -> Command {
+    Command::Grant {
+        key: key(k),
+        lease_ms: lease(1000),
+        owner: owner(o),
+        value: Value::none(),
+        session: Some(session),
+    }
+}
+
+/// A GrantShared of `k` for `o` in `share`, under `session` if any.
+fn share_of(k: &str, o: &str, share: Share, session: Option<FencingToken>) -> Command {
+    Command::GrantShared { key: key(k), lease_ms: lease(1000), owner: owner(o), share, session }
+}
+
+/// The new token `command` is granted, or a panic.
+fn taken(table: &mut LockTable, command: Command) -> FencingToken {
+    match table.apply(command) {
+        ApplyResult::Granted { token, existing: false, .. } => token,
+        other => panic!("expected Granted, got {other:?}"),
+    }
+}
+
+/// The tokens of `key`'s shared holders.
+fn holder_tokens(table: &LockTable, k: &str) -> Vec<FencingToken> {
+    table.shared(k.as_bytes()).map_or_else(Vec::new, |shared| shared.holders.keys().copied().collect())
+}
+
+#[test]
+fn a_lapsed_session_frees_everything_it_held_in_one_apply() {
+    let mut table = LockTable::new();
+    let s = opened(&mut table, "o1", 5_000);
+    let plain = taken(&mut table, grant_under("a", "o1", s));
+    let reader = taken(&mut table, share_of("rw", "o1", Share::Read, Some(s)));
+    let other_reader = taken(&mut table, share_of("rw", "o2", Share::Read, None));
+    let writer = taken(&mut table, share_of("w", "o1", Share::Write, Some(s)));
+    let permit = taken(&mut table, share_of("sem", "o1", Share::Permit(2), Some(s)));
+    let other_permit = taken(&mut table, share_of("sem", "o2", Share::Permit(2), None));
+    let own = granted(&mut table, "b", "o1");
+    let holds: Vec<(Key, FencingToken)> = table.session(s).unwrap().holds.iter().cloned().collect();
+    assert_eq!(holds, [(key("a"), plain), (key("rw"), reader), (key("sem"), permit), (key("w"), writer)]);
+    assert_eq!(table.session_of(b"a", plain), Some(s));
+    assert_eq!(table.session_of(b"rw", other_reader), None);
+    // The session counts as one lock of o1, beside the five it holds.
+    assert_eq!(table.locks_of(b"o1"), 6);
+
+    let last = table.last_token();
+    let expire = Command::ExpireSession { session: s, delays: Vec::new() };
+    assert_eq!(table.apply(expire.clone()), ApplyResult::Expired { existed: true });
+    assert_eq!(table.last_token(), last, "an expiry issues no token");
+    assert!(table.holder(b"a").is_none() && table.shared(b"w").is_none());
+    assert_eq!(holder_tokens(&table, "rw"), [other_reader]);
+    assert_eq!(holder_tokens(&table, "sem"), [other_permit]);
+    assert_eq!(table.holder(b"b").unwrap().token, own);
+    assert_eq!((table.locks_of(b"o1"), table.locks_of(b"o2")), (1, 2));
+    assert_eq!((table.session_count(), table.session(s)), (0, None));
+    assert_eq!(table.len(), 3);
+    // The session is gone for every command naming it.
+    assert_eq!(table.apply(expire), ApplyResult::Expired { existed: false });
+    assert_eq!(
+        table.apply(Command::RenewSession { session: s, user: None }),
+        ApplyResult::NoSession { session: s }
+    );
+    assert_eq!(
+        table.apply(Command::CloseSession { session: s, user: None }),
+        ApplyResult::NoSession { session: s }
+    );
+    assert_eq!(table.apply(grant_under("a", "o1", s)), ApplyResult::NoSession { session: s });
+    // Its keys are free, for the next holders' greater tokens.
+    assert!(taken(&mut table, share_of("w", "o3", Share::Write, None)) > last.unwrap());
+    assert!(granted(&mut table, "a", "o3") > last.unwrap());
+}
+
+#[test]
+fn a_lapsed_sessions_holders_under_a_delay_rule_are_held_back_and_leave_it() {
+    let mut table = LockTable::new();
+    let s = opened(&mut table, "o1", 5_000);
+    let plain = taken(&mut table, grant_under("a/1", "o1", s));
+    let reader = taken(&mut table, share_of("ab", "o1", Share::Read, Some(s)));
+    let other = taken(&mut table, share_of("ab", "o2", Share::Read, None));
+    taken(&mut table, grant_under("b", "o1", s));
+    // The longest prefix rules: "ab" for key ab, "a" for key a/1, none for b.
+    let delays = vec![(b"a".to_vec(), lease(5_000)), (b"ab".to_vec(), lease(700))];
+    assert_eq!(
+        table.apply(Command::ExpireSession { session: s, delays }),
+        ApplyResult::Expired { existed: true }
+    );
+    let lock = table.holder(b"a/1").unwrap();
+    assert!(lock.delayed && lock.token == plain && lock.lease_ms == lease(5_000) && lock.session.is_none());
+    let held_back = &table.shared(b"ab").unwrap().holders[&reader];
+    assert!(held_back.delayed && held_back.lease_ms == lease(700) && held_back.session.is_none());
+    assert!(table.holds(b"ab", other) && !table.holds(b"ab", reader));
+    assert!(table.holder(b"b").is_none());
+    // Held back holders count for no one; the session is closed.
+    assert_eq!(table.locks_of(b"o1"), 0);
+    assert_eq!(table.session_count(), 0);
+    assert_eq!(LockTable::restore(&table.snapshot()).unwrap(), table);
+    // Held back as any expiry is: granted to no one, under a new session
+    // of the same owner either, until an Expire of its token without a
+    // delay.
+    let again = opened(&mut table, "o1", 5_000);
+    assert_eq!(
+        table.apply(grant_under("a/1", "o1", again)),
+        ApplyResult::GrantRejected { holder_token: plain }
+    );
+    assert!(table.session(again).unwrap().holds.is_empty());
+    let lift = |k: &str, t| Command::Expire { key: key(k), token: t, delay: None };
+    assert_eq!(table.apply(lift("a/1", plain)), ApplyResult::Expired { existed: true });
+    assert_eq!(table.apply(lift("ab", reader)), ApplyResult::Expired { existed: true });
+    assert_eq!(holder_tokens(&table, "ab"), [other]);
+    assert!(matches!(
+        table.apply(grant_under("a/1", "o1", again)),
+        ApplyResult::Granted { existing: false, .. }
+    ));
+}
+
+#[test]
+fn closing_a_session_releases_everything_at_once_without_delay() {
+    let mut table = LockTable::new();
+    let s = opened(&mut table, "bob/w", 2_000);
+    taken(&mut table, grant_under("a", "bob/w", s));
+    taken(&mut table, share_of("rw", "bob/w", Share::Write, Some(s)));
+    taken(&mut table, share_of("sem", "bob/w", Share::Permit(3), Some(s)));
+    assert_eq!(table.locks_of(b"bob"), 4);
+    let close = |user: Option<&str>| Command::CloseSession { session: s, user: user.map(owner) };
+    let before = table.clone();
+    for other in ["alice", "bo", "bobby"] {
+        assert_eq!(table.apply(close(Some(other))), ApplyResult::Denied { token: s }, "user {other}");
+    }
+    assert_eq!(table, before);
+    assert_eq!(table.apply(close(Some("bob"))), ApplyResult::Released { token: s });
+    // Nothing held back: every key is free at once.
+    assert!(table.is_empty());
+    assert_eq!((table.session_count(), table.locks_of(b"bob")), (0, 0));
+    assert_eq!(table.last_token(), before.last_token());
+    assert_eq!(table.apply(close(None)), ApplyResult::NoSession { session: s });
+    // Without a user (no TLS), anyone's session closes.
+    let s2 = opened(&mut table, "carol", 2_000);
+    assert_eq!(
+        table.apply(Command::CloseSession { session: s2, user: None }),
+        ApplyResult::Released { token: s2 }
+    );
+}
+
+#[test]
+fn a_grant_under_a_session_that_is_not_open_is_no_session_and_changes_nothing() {
+    let mut table = LockTable::new();
+    opened(&mut table, "o1", 1_000);
+    let lock = granted(&mut table, "a", "o1");
+    let closed = opened(&mut table, "o1", 1_000);
+    table.apply(Command::CloseSession { session: closed, user: None });
+    let before = table.snapshot();
+    // Never issued, a lock's token, a closed session.
+    for session in [token(99), lock, closed] {
+        let refused = ApplyResult::NoSession { session };
+        assert_eq!(table.apply(grant_under("b", "o1", session)), refused);
+        assert_eq!(table.apply(share_of("rw", "o1", Share::Read, Some(session))), refused);
+        // A retry of a held key as well.
+        assert_eq!(table.apply(grant_under("a", "o1", session)), refused);
+        assert_eq!(table.apply(Command::RenewSession { session, user: None }), refused);
+    }
+    assert_eq!(table.snapshot(), before, "no token consumed, nothing held");
+}
+
+#[test]
+fn a_grant_under_another_owners_session_is_denied() {
+    let mut table = LockTable::new();
+    let s = opened(&mut table, "o1", 1_000);
+    let before = table.snapshot();
+    // The owner must be the session's exactly, not merely of its user.
+    for other in ["o2", "o1/a", "o12"] {
+        assert_eq!(table.apply(grant_under("a", other, s)), ApplyResult::Denied { token: s });
+        assert_eq!(
+            table.apply(share_of("rw", other, Share::Read, Some(s))),
+            ApplyResult::Denied { token: s }
+        );
+    }
+    assert_eq!(table.snapshot(), before);
+}
+
+#[test]
+fn renewing_or_closing_a_session_with_a_user_not_owning_it_is_denied() {
+    let mut table = LockTable::new();
+    let s = opened(&mut table, "bob/w", 3_000);
+    let renew = |user: Option<&str>| Command::RenewSession { session: s, user: user.map(owner) };
+    let close = |user: Option<&str>| Command::CloseSession { session: s, user: user.map(owner) };
+    let before = table.clone();
+    for other in ["alice", "bo", "bobby"] {
+        assert_eq!(table.apply(renew(Some(other))), ApplyResult::Denied { token: s });
+        assert_eq!(table.apply(close(Some(other))), ApplyResult::Denied { token: s });
+    }
+    // Its user, or no user, renews it for its TTL; nothing changes.
+    let renewed = ApplyResult::Renewed { token: s, lease_ms: lease(3_000) };
+    assert_eq!(table.apply(renew(Some("bob"))), renewed);
+    assert_eq!(table.apply(renew(None)), renewed);
+    assert_eq!(table, before);
+}
+
+#[test]
+fn a_renew_of_a_session_held_lock_renews_the_session_and_not_the_locks_lease() {
+    let mut table = LockTable::new();
+    let s = opened(&mut table, "bob/w", 4_000);
+    // The grant's own lease is ignored: the lock has the session's.
+    assert_eq!(
+        table.apply(grant_under("a", "bob/w", s)),
+        ApplyResult::Granted { token: token(2), lease_ms: lease(4_000), existing: false }
+    );
+    let reader = taken(&mut table, share_of("rw", "bob/w", Share::Read, Some(s)));
+    let before = table.clone();
+    for (k, t) in [("a", token(2)), ("rw", reader)] {
+        let renew = |user: Option<&str>| Command::Renew {
+            key: key(k),
+            token: t,
+            lease_ms: lease(60_000),
+            user: user.map(owner),
+        };
+        let renewed = ApplyResult::Renewed { token: t, lease_ms: lease(4_000) };
+        assert_eq!(table.apply(renew(None)), renewed);
+        assert_eq!(table.apply(renew(Some("bob"))), renewed);
+        assert_eq!(table.apply(renew(Some("alice"))), ApplyResult::Denied { token: t });
+    }
+    assert_eq!(table, before);
+    assert_eq!(table.holder(b"a").unwrap().lease_ms, lease(4_000));
+    assert_eq!(table.shared(b"rw").unwrap().holders[&reader].lease_ms, lease(4_000));
+}
+
+#[test]
+fn a_retried_grant_by_the_holder_keeps_its_lock_under_its_session() {
+    let mut table = LockTable::new();
+    let s = opened(&mut table, "o1", 4_000);
+    let other = opened(&mut table, "o1", 9_000);
+    let plain = taken(&mut table, grant_under("a", "o1", s));
+    let reader = taken(&mut table, share_of("rw", "o1", Share::Read, Some(s)));
+    let last = table.last_token();
+    assert_eq!(
+        table.apply(grant_under("a", "o1", s)),
+        ApplyResult::Granted { token: plain, lease_ms: lease(4_000), existing: true }
+    );
+    assert_eq!(
+        table.apply(share_of("rw", "o1", Share::Read, Some(s))),
+        ApplyResult::Granted { token: reader, lease_ms: lease(4_000), existing: true }
+    );
+    // Asked under another session, or none: the owner holds the key once,
+    // so it is turned away by its own token, and nothing moves.
+    let elsewhere = [
+        grant_under("a", "o1", other),
+        Command::Grant {
+            key: key("a"),
+            lease_ms: lease(60_000),
+            owner: owner("o1"),
+            value: Value::none(),
+            session: None,
+        },
+    ];
+    for retry in elsewhere {
+        assert_eq!(table.apply(retry), ApplyResult::GrantRejected { holder_token: plain });
+        let lock = table.holder(b"a").unwrap();
+        assert_eq!((lock.session, lock.lease_ms), (Some(s), lease(4_000)));
+    }
+    for session in [Some(other), None] {
+        assert_eq!(
+            table.apply(share_of("rw", "o1", Share::Read, session)),
+            ApplyResult::GrantRejected { holder_token: reader }
+        );
+        assert_eq!(table.session_of(b"rw", reader), Some(s));
+    }
+    assert_eq!(table.last_token(), last);
+    assert_eq!(table.session(s).unwrap().holds.len(), 2);
+    assert!(table.session(other).unwrap().holds.is_empty());
+    // A lock of a lease of its own, asked again under a session, stays on
+    // its own lease, and the asker is told it is not the session's.
+    let own = granted(&mut table, "b", "o1");
+    assert_eq!(table.apply(grant_under("b", "o1", s)), ApplyResult::GrantRejected { holder_token: own });
+    assert_eq!(table.holder(b"b").unwrap().session, None);
+    assert_eq!(table.session(s).unwrap().holds.len(), 2);
+}
+
+#[test]
+fn session_ids_and_lock_tokens_come_from_one_counter_and_never_repeat() {
+    let mut table = LockTable::new();
+    let mut issued = Vec::new();
+    let mut note = |result: ApplyResult| {
+        if let Some(token) = token_of(&result) {
+            issued.push(token);
+        }
+    };
+    let s1 = opened(&mut table, "o1", 1_000);
+    note(table.apply(grant_under("a", "o1", s1)));
+    note(table.apply(grant("b", "o2")));
+    note(table.apply(Command::OpenSession { owner: owner("o2"), ttl_ms: lease(1_000) }));
+    note(table.apply(share_of("rw", "o1", Share::Read, Some(s1))));
+    note(table.apply(Command::CloseSession { session: s1, user: None }));
+    note(table.apply(Command::OpenSession { owner: owner("o1"), ttl_ms: lease(1_000) }));
+    note(table.apply(grant("a", "o3")));
+    note(table.apply(Command::ExpireSession { session: token(4), delays: Vec::new() }));
+    note(table.apply(Command::OpenSession { owner: owner("o1"), ttl_ms: lease(1_000) }));
+    issued.insert(0, s1);
+    // One counter: 1, 2, 3, ... for sessions and holders alike.
+    assert_eq!(issued, (1..=8).map(token).collect::<Vec<_>>());
+    // And it carries on past a snapshot.
+    let mut restored = LockTable::restore(&table.snapshot()).unwrap();
+    assert_eq!(opened(&mut restored, "o1", 1_000), token(9));
+    assert_eq!(granted(&mut restored, "c", "o1"), token(10));
+}
+
+#[test]
+fn session_commands_and_grants_under_a_session_need_level_3() {
+    let mut table = LockTable::at_level(2);
+    let refused = ApplyResult::Invalid { reason: InvalidReason::LevelNotReached };
+    let commands = [
+        Command::OpenSession { owner: owner("o1"), ttl_ms: lease(1_000) },
+        Command::RenewSession { session: token(1), user: None },
+        Command::CloseSession { session: token(1), user: None },
+        Command::ExpireSession { session: token(1), delays: Vec::new() },
+        grant_under("a", "o1", token(1)),
+        share_of("rw", "o1", Share::Read, Some(token(1))),
+    ];
+    for command in commands.clone() {
+        assert_eq!(command.level(), 3);
+        assert_eq!(table.apply(command), refused);
+    }
+    assert_eq!(table, LockTable::at_level(2));
+    // Without a session, grants apply as before.
+    assert_eq!(granted(&mut table, "a", "o1"), token(1));
+    assert_eq!(taken(&mut table, share_of("rw", "o1", Share::Read, None)), token(2));
+    table.apply(Command::RaiseLevel { level: 3 });
+    assert_eq!(opened(&mut table, "o1", 1_000), token(3));
+    assert_eq!(taken(&mut table, grant_under("b", "o1", token(3))), token(4));
+}
+
+/// A table with sessions: one holding a plain lock, a reader and a permit,
+/// one holding nothing, and a holder a lapsed session left held back.
+fn session_table() -> LockTable {
+    let mut table = LockTable::new();
+    let s1 = opened(&mut table, "o1", 1_000);
+    let s2 = opened(&mut table, "o2/x", 30_000);
+    let lapsed = opened(&mut table, "o3", 500);
+    taken(&mut table, grant_under("a", "o1", s1));
+    taken(&mut table, share_of("rw", "o1", Share::Read, Some(s1)));
+    taken(&mut table, share_of("rw", "o2", Share::Read, None));
+    taken(&mut table, share_of("sem", "o1", Share::Permit(2), Some(s1)));
+    taken(&mut table, share_of("sem", "o3", Share::Permit(2), Some(lapsed)));
+    taken(&mut table, grant_under("c", "o3", lapsed));
+    granted(&mut table, "b", "o2/x");
+    table.apply(Command::ExpireSession { session: lapsed, delays: vec![(b"s".to_vec(), lease(2_000))] });
+    assert!(table.session(s2).unwrap().holds.is_empty());
+    table
+}
+
+#[test]
+fn sessions_travel_in_snapshots_byte_for_byte() {
+    let table = session_table();
+    let bytes = table.snapshot();
+    let restored = LockTable::restore(&bytes).unwrap();
+    assert_eq!(restored, table);
+    assert_eq!(restored.snapshot(), bytes);
+    let sessions: Vec<_> = restored.sessions().map(|(id, s)| (id, s.holds.len())).collect();
+    assert_eq!(sessions, [(token(1), 3), (token(2), 0)]);
+    for identity in ["o1", "o2", "o3"] {
+        assert_eq!(restored.locks_of(identity.as_bytes()), table.locks_of(identity.as_bytes()));
+    }
+    assert_eq!((restored.locks_of(b"o1"), restored.locks_of(b"o2")), (4, 3));
+    // The restored table carries on as the original does.
+    let (mut one, mut two) = (table, restored);
+    for command in [
+        Command::ExpireSession { session: token(1), delays: vec![(b"r".to_vec(), lease(100))] },
+        Command::CloseSession { session: token(2), user: None },
+    ] {
+        assert_eq!(one.apply(command.clone()), two.apply(command));
+        assert_eq!(one.snapshot(), two.snapshot());
+    }
+    // Every truncation and every bit flip is refused.
+    for len in 0..bytes.len() {
+        assert!(LockTable::restore(&bytes[..len]).is_err(), "truncated to {len} bytes");
+    }
+    for i in 0..bytes.len() {
+        for bit in 0..8 {
+            let mut corrupt = bytes.clone();
+            corrupt[i] ^= 1 << bit;
+            assert!(LockTable::restore(&corrupt).is_err(), "flip of bit {bit} in byte {i}");
+        }
+    }
+}
+
+/// A snapshot's record of session `id` of `o`, with a TTL of 1 s.
+fn session_record(id: u64, o: &str) -> pb::SessionRecord {
+    pb::SessionRecord { session: id, owner: o.as_bytes().to_vec(), ttl_ms: 1_000, ..Default::default() }
+}
+
+#[test]
+fn snapshots_with_broken_sessions_are_refused() {
+    // Sessions 1 (o1's, holding lock a) and 3 (o2's, holding reader 4 of
+    // rw), and 5 (o1's, holding nothing).
+    let body = |sessions: Vec<pb::SessionRecord>, lock: pb::LockRecord, holder: pb::HolderRecord| {
+        pb::TableSnapshot {
+            last_token: 6,
+            locks: vec![lock].into(),
+            shared: vec![shared_record("rw", 0, vec![holder])].into(),
+            sessions: sessions.into(),
+            ..Default::default()
+        }
+    };
+    let sessions = || vec![session_record(1, "o1"), session_record(3, "o2"), session_record(5, "o1")];
+    let lock = |session| pb::LockRecord { owner: b"o1".to_vec(), session, ..record("a", 2) };
+    let reader = |session| pb::HolderRecord { session, ..holder_record(4, "o2", pb::Share::READ) };
+    let table = LockTable::restore(&framed(&body(sessions(), lock(1), reader(3)))).unwrap();
+    assert_eq!(table.session_of(b"a", token(2)), Some(token(1)));
+    assert_eq!(table.session_of(b"rw", token(4)), Some(token(3)));
+    assert_eq!(table.session(token(3)).unwrap().holds.len(), 1);
+    assert!(table.session(token(5)).unwrap().holds.is_empty());
+    assert_eq!(table.locks_of(b"o1"), 3);
+
+    let out = |k: &str, session| SnapshotError::HolderOutOfSession { key: key(k), session };
+    let invalid = |index, reason| SnapshotError::InvalidSession { index, reason };
+    let cases = [
+        // A holder naming a session not in the snapshot, another owner's
+        // (exactly the owner: not one of its user's), or held back.
+        (body(sessions(), lock(6), reader(3)), out("a", 6)),
+        (body(sessions(), lock(3), reader(3)), out("a", 3)),
+        (body(sessions(), pb::LockRecord { owner: b"o1/x".to_vec(), ..lock(1) }, reader(3)), out("a", 1)),
+        (body(sessions(), pb::LockRecord { delayed: true, ..lock(1) }, reader(3)), out("a", 1)),
+        (body(sessions(), lock(1), reader(1)), out("rw", 1)),
+        (body(sessions(), lock(1), reader(2)), out("rw", 2)),
+        (body(sessions(), lock(1), pb::HolderRecord { delayed: true, ..reader(3) }), out("rw", 3)),
+        // Session records: id 0, out of order or repeated, past the last
+        // token, a bad owner or TTL.
+        (body(vec![session_record(0, "o9")], lock(0), reader(0)), invalid(0, "session 0")),
+        (
+            body(vec![session_record(3, "o2"), session_record(1, "o1")], lock(1), reader(3)),
+            invalid(1, "out of id order"),
+        ),
+        (
+            body(vec![session_record(1, "o1"), session_record(1, "o1")], lock(1), reader(0)),
+            invalid(1, "out of id order"),
+        ),
+        (
+            body(vec![session_record(7, "o1")], lock(0), reader(0)),
+            invalid(0, "an id past the last issued token"),
+        ),
+        (body(vec![session_record(1, "")], lock(0), reader(0)), invalid(0, "a bad owner")),
+        (
+            body(vec![pb::SessionRecord { ttl_ms: 0, ..session_record(1, "o1") }], lock(0), reader(0)),
+            invalid(0, "a bad ttl"),
+        ),
+        // A session id that is also a holder's token.
+        (
+            body(vec![session_record(2, "o1")], lock(0), reader(0)),
+            SnapshotError::DuplicateToken { index: 0, token: token(2) },
+        ),
+        (
+            body(vec![session_record(4, "o1")], lock(0), reader(0)),
+            SnapshotError::DuplicateToken { index: 0, token: token(4) },
+        ),
+    ];
+    for (i, (body, expected)) in cases.into_iter().enumerate() {
+        assert_eq!(LockTable::restore(&framed(&body)), Err(expected), "case {i}");
+    }
 }

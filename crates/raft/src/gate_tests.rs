@@ -62,6 +62,7 @@ fn snapshot_of(tokens: u64, voters: Vec<u64>, cluster_id: Option<ClusterId>) -> 
     }
     for n in 0..tokens {
         table.apply(Command::Grant {
+            session: None,
             key: Key::new(format!("k{n}").into_bytes()).unwrap(),
             lease_ms: LeaseMs::new(1_000).unwrap(),
             owner: Owner::new(b"o".to_vec()).unwrap(),

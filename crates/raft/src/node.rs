@@ -108,6 +108,9 @@ pub enum ClientRequest {
     /// permit of a semaphore, waiting up to `wait_ms` (FIFO per key) when
     /// it cannot be had now.
     AcquireShared { key: Key, lease_ms: LeaseMs, owner: Owner, share: Share, wait_ms: u64 },
+    /// An acquire of any kind, as its command: a Grant or a GrantShared
+    /// (under a session, say), waiting up to `wait_ms` as the others do.
+    AcquireWith { grant: Command, wait_ms: u64 },
     /// A linearizable read, through ReadIndex on the leader.
     Read(Query),
     /// A read of this node's applied table, at once: it may be stale.
@@ -395,6 +398,7 @@ impl<T> Node<T> {
             ClientRequest::AcquireShared { key, lease_ms, owner, share, wait_ms } => {
                 replica.acquire_shared(id, key, lease_ms, owner, share, wait_ms)
             }
+            ClientRequest::AcquireWith { grant, wait_ms } => replica.acquire_with(id, grant, wait_ms),
             ClientRequest::Read(query) => replica.read(id, query),
             ClientRequest::ChangeMembers(change) => replica.change_members(id, change),
             ClientRequest::TransferLeader(to) => replica.transfer(id, to),

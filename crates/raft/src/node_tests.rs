@@ -603,6 +603,7 @@ fn a_snapshot_from_the_leader_is_decoded_by_the_shell_and_installed_from_that_ta
     let mut table = fencelock_fsm::LockTable::new();
     for name in ["a", "b", "c"] {
         table.apply(fencelock_types::Command::Grant {
+            session: None,
             key: Key::new(name.as_bytes().to_vec()).unwrap(),
             lease_ms: LeaseMs::new(30_000).unwrap(),
             owner: Owner::new(b"o".to_vec()).unwrap(),

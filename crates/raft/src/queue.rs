@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use fencelock_types::{Command, Key};
+use fencelock_types::{Command, FencingToken, Key};
 
 use crate::types::RequestId;
 
@@ -353,22 +353,62 @@ impl Requests {
                 Some(head) => next.push(*head),
                 None => {
                     self.key_queues.remove(key);
-                    let admitted = self
-                        .first_waiter(key)
-                        .and_then(|waiter| self.pending.get(&waiter))
-                        .is_some_and(|waiter| is_free(key, waiter));
-                    if admitted {
-                        if let Some(waiter) = self.pop_waiter(key) {
-                            self.key_queues.entry(key.clone()).or_default().push_back(waiter);
-                            next.push(waiter);
-                        }
-                    }
+                    next.extend(self.admit_first_waiter(key, is_free));
                 }
             }
         }
         for head in next {
             self.queue_if_ready(head);
         }
+    }
+
+    /// Whether request `id` is pending.
+    pub fn contains(&self, id: RequestId) -> bool {
+        self.pending.contains_key(&id)
+    }
+
+    /// `key` was freed by what no request of its queue did (a session's
+    /// end): with nothing in flight on it, it goes to its first waiter if
+    /// it admits it now.
+    pub fn wake(&mut self, key: &Key, is_free: &Admits<'_>) {
+        if self.key_queues.contains_key(key) {
+            // What is in flight or queued on it hands it on when answered.
+            return;
+        }
+        if let Some(waiter) = self.admit_first_waiter(key, is_free) {
+            self.queue_if_ready(waiter);
+        }
+    }
+
+    /// Puts the first waiter for `key`, which has nothing queued, in the
+    /// key's queue if the key admits it now; returns it then.
+    fn admit_first_waiter(&mut self, key: &Key, is_free: &Admits<'_>) -> Option<RequestId> {
+        let admitted = self
+            .first_waiter(key)
+            .and_then(|waiter| self.pending.get(&waiter))
+            .is_some_and(|waiter| is_free(key, waiter));
+        if !admitted {
+            return None;
+        }
+        let waiter = self.pop_waiter(key)?;
+        self.key_queues.entry(key.clone()).or_default().push_back(waiter);
+        Some(waiter)
+    }
+
+    /// The acquires under `session` not proposed yet (waiting, or queued).
+    pub fn waiting_in_session(&self, session: FencingToken) -> Vec<RequestId> {
+        self.pending
+            .iter()
+            .filter(|(_, pending)| pending.proposed_term.is_none())
+            .filter(|(_, pending)| {
+                pending.commands.iter().any(|command| match command {
+                    Command::Grant { session: Some(of), .. }
+                    | Command::GrantShared { session: Some(of), .. } => *of == session,
+                    _ => false,
+                })
+            })
+            .map(|(id, _)| *id)
+            .collect()
     }
 
     /// The first acquire waiting for `key`.
@@ -407,6 +447,7 @@ mod tests {
 
     fn grant(name: &str) -> Command {
         Command::Grant {
+            session: None,
             key: key(name),
             lease_ms: LeaseMs::new(1_000).unwrap(),
             owner: Owner::new(b"o".to_vec()).unwrap(),

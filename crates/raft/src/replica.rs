@@ -247,6 +247,12 @@ pub struct Replica {
     /// semaphores by key and token.
     leases: LeaseTracker,
     shared_leases: LeaseTracker<(Key, FencingToken)>,
+    /// Session deadlines on this node's clock, by session id: what is held
+    /// under a session has no lease of its own here.
+    session_leases: LeaseTracker<FencingToken>,
+    /// On the leader: the sessions with an ExpireSession of its own
+    /// pending, and its request.
+    sessions_expiring: BTreeMap<FencingToken, RequestId>,
     /// This node's monotonic time, as last given to `set_now`.
     now_ms: u64,
     /// The leases must be rebuilt from the table at the next `set_now` (the
@@ -412,6 +418,8 @@ impl Replica {
             next_internal_id: 0,
             leases: LeaseTracker::new(),
             shared_leases: LeaseTracker::new(),
+            session_leases: LeaseTracker::new(),
+            sessions_expiring: BTreeMap::new(),
             now_ms: 0,
             leases_need_restore: true,
             last_expiry_scan_ms: None,
@@ -465,8 +473,15 @@ impl Replica {
         value: Value,
         wait_ms: u64,
     ) {
+        self.acquire_with(id, Command::Grant { key, lease_ms, owner, value, session: None }, wait_ms);
+    }
+
+    /// Accepts an acquire of any kind (a Grant or a GrantShared, under a
+    /// session or not), like [`Replica::acquire`]: waiting FIFO per key up
+    /// to `wait_ms`.
+    pub fn acquire_with(&mut self, id: RequestId, grant: Command, wait_ms: u64) {
         let wait_until_ms = (wait_ms > 0).then(|| self.now_ms.saturating_add(wait_ms));
-        self.submit(id, vec![Command::Grant { key, lease_ms, owner, value }], wait_until_ms, false);
+        self.submit(id, vec![grant], wait_until_ms, false);
     }
 
     /// Accepts a shared acquire (a reader, the writer, or a permit), like
@@ -480,8 +495,7 @@ impl Replica {
         share: fencelock_types::Share,
         wait_ms: u64,
     ) {
-        let wait_until_ms = (wait_ms > 0).then(|| self.now_ms.saturating_add(wait_ms));
-        self.submit(id, vec![Command::GrantShared { key, lease_ms, owner, share }], wait_until_ms, false);
+        self.acquire_with(id, Command::GrantShared { key, lease_ms, owner, share, session: None }, wait_ms);
     }
 
     /// Releases a lock whose grant could not be delivered: its client is
@@ -598,9 +612,11 @@ impl Replica {
     fn check_leases(&self, commands: &[Command]) -> Result<(), RequestError> {
         let (min_ms, max_ms) = (self.config.lease_ms_min, self.config.lease_ms_max);
         for command in commands {
-            if let Command::Grant { lease_ms, .. }
-            | Command::GrantShared { lease_ms, .. }
-            | Command::Renew { lease_ms, .. } = command
+            // Under a session, a Grant's lease is the session's.
+            if let Command::Grant { lease_ms, session: None, .. }
+            | Command::GrantShared { lease_ms, session: None, .. }
+            | Command::Renew { lease_ms, .. }
+            | Command::OpenSession { ttl_ms: lease_ms, .. } = command
             {
                 if !(min_ms..=max_ms).contains(&lease_ms.get()) {
                     return Err(RequestError::LeaseOutOfBounds { lease_ms: lease_ms.get(), min_ms, max_ms });
@@ -1152,13 +1168,15 @@ impl Replica {
         for command in &pending.commands {
             let (key, owner, adds) = match command {
                 Command::Grant { key, owner, .. } => {
-                    (key, owner, self.table.holder(key.as_bytes()).is_none())
+                    (Some(key), owner, self.table.holder(key.as_bytes()).is_none())
                 }
                 Command::GrantShared { key, owner, share, .. } => {
                     let adds =
                         self.table.shared_decision(key.as_bytes(), owner, *share) == SharedDecision::Grant;
-                    (key, owner, adds)
+                    (Some(key), owner, adds)
                 }
+                // A session counts as one lock.
+                Command::OpenSession { owner, .. } => (None, owner, true),
                 _ => continue,
             };
             let _ = key;
@@ -1169,7 +1187,8 @@ impl Replica {
             // This request's earlier Grants count too.
             let total = new_locks.iter().filter(|(_, adds)| *adds).count();
             let of_identity = new_locks.iter().filter(|(other, _)| other == identity).count();
-            if adds && self.table.len() + self.requests.new_locks() + total >= self.config.locks_max {
+            let table_len = self.table.len() + self.table.session_count();
+            if adds && table_len + self.requests.new_locks() + total >= self.config.locks_max {
                 return Err(RequestError::QuotaExceeded(Quota::Table { max: self.config.locks_max }));
             }
             let held = self.table.locks_of(identity) + self.requests.new_locks_of(identity) + of_identity;
@@ -1228,6 +1247,25 @@ impl Replica {
             .filter(|((key, _), _)| !self.requests.is_expiring(key))
             .map(|((key, _), token)| (key.clone(), token))
             .collect();
+        // Sessions whose time is up: all they hold goes in one entry.
+        let requests = &self.requests;
+        self.sessions_expiring.retain(|_, id| requests.contains(*id));
+        let sessions_due: Vec<FencingToken> = self
+            .session_leases
+            .due(self.now_ms)
+            .map(|(session, _)| *session)
+            .filter(|session| !self.sessions_expiring.contains_key(session))
+            .collect();
+        for session in sessions_due {
+            if self.requests.internal() >= self.config.internal_pending_max {
+                break;
+            }
+            let id = self.internal_id();
+            debug!(self.logger, "session due"; "session" => session.get(), "now_ms" => self.now_ms);
+            let delays = self.config.lock_delays.clone();
+            self.sessions_expiring.insert(session, id);
+            self.submit(id, vec![Command::ExpireSession { session, delays }], None, true);
+        }
         // One Expire per key at a time: a shared key's other holders that
         // are due go at the next scan.
         let mut expiring = std::collections::BTreeSet::new();
@@ -1268,13 +1306,23 @@ impl Replica {
 
     fn restore_leases(&mut self) {
         self.leases_need_restore = false;
-        let locks =
-            self.table.list(b"", usize::MAX).map(|(key, lock)| (key.clone(), lock.token, lock.lease_ms));
+        // What a session holds has its session's lease.
+        let locks = self
+            .table
+            .list(b"", usize::MAX)
+            .filter(|(_, lock)| lock.session.is_none())
+            .map(|(key, lock)| (key.clone(), lock.token, lock.lease_ms));
         self.leases.restore(locks, self.now_ms);
         let holders = self.table.list_shared(b"", usize::MAX).flat_map(|(key, shared)| {
-            shared.holders.iter().map(move |(token, holder)| ((key.clone(), *token), *token, holder.lease_ms))
+            shared
+                .holders
+                .iter()
+                .filter(|(_, holder)| holder.session.is_none())
+                .map(move |(token, holder)| ((key.clone(), *token), *token, holder.lease_ms))
         });
         self.shared_leases.restore(holders, self.now_ms);
+        let sessions = self.table.sessions().map(|(id, session)| (id, id, session.ttl_ms));
+        self.session_leases.restore(sessions, self.now_ms);
     }
 
     /// The holder that a Grant in `commands` would be turned away by. A
@@ -1332,6 +1380,11 @@ impl Replica {
             // (and this node's leases) is what this request will meet.
             if let Some(stale) = self.stale_expire(id) {
                 debug!(self.logger, "expire no longer due"; "key" => %stale);
+                self.finish(id, Ok(Response::Applied(Vec::new())));
+                continue;
+            }
+            if self.stale_session_expiry(id) {
+                debug!(self.logger, "session expiry no longer due");
                 self.finish(id, Ok(Response::Applied(Vec::new())));
                 continue;
             }
@@ -1440,6 +1493,18 @@ impl Replica {
                 Some(key.clone())
             }
             _ => None,
+        }
+    }
+
+    /// Whether request `id` is an ExpireSession of the leader's own that is
+    /// no longer due (the session was renewed or ended since).
+    fn stale_session_expiry(&self, id: RequestId) -> bool {
+        let Some(pending) = self.requests.get(id).filter(|pending| pending.internal) else { return false };
+        match pending.commands.as_slice() {
+            [Command::ExpireSession { session, .. }] => {
+                !self.session_leases.is_due(session, *session, self.now_ms)
+            }
+            _ => false,
         }
     }
 
@@ -1794,6 +1859,20 @@ impl Replica {
 
     /// Applies one command of the entry at `index`.
     fn apply_command(&mut self, command: Command, proposer: Option<NodeId>, index: u64) -> ApplyResult {
+        if matches!(
+            command,
+            Command::OpenSession { .. }
+                | Command::RenewSession { .. }
+                | Command::CloseSession { .. }
+                | Command::ExpireSession { .. }
+        ) {
+            return self.apply_session_command(command, proposer, index);
+        }
+        // A Grant under a session: the lock's lease is the session's.
+        let in_session = matches!(
+            command,
+            Command::Grant { session: Some(_), .. } | Command::GrantShared { session: Some(_), .. }
+        );
         let key = command.key().cloned();
         let expire_token = match &command {
             Command::Expire { token, .. } => Some(*token),
@@ -1873,7 +1952,9 @@ impl Replica {
         self.record_watch_event(&key, &result, expire_token, was_delayed, before, index);
         let event = match (result, expire_token) {
             (ApplyResult::Granted { token, lease_ms, existing }, _) => {
-                AppliedEvent::Granted { key, token, lease_ms, existing }
+                let session =
+                    if in_session || existing { self.table.session_of(key.as_bytes(), token) } else { None };
+                AppliedEvent::Granted { key, token, lease_ms, existing, session }
             }
             (ApplyResult::Renewed { token, lease_ms }, _) => AppliedEvent::Renewed { key, token, lease_ms },
             (ApplyResult::Released { token }, _) if was_delayed => {
@@ -1894,6 +1975,11 @@ impl Replica {
         };
         let now_ms = self.now_ms;
         match &event {
+            AppliedEvent::Granted { key, token, session: Some(_), .. } => {
+                // Its lease is its session's.
+                self.stats.grants_applied += 1;
+                self.grant_index.insert((key.clone(), *token), index);
+            }
             AppliedEvent::Granted { key, token, lease_ms, .. } => {
                 self.stats.grants_applied += 1;
                 if shared {
@@ -1905,6 +1991,13 @@ impl Replica {
             }
             AppliedEvent::Renewed { key, token, lease_ms } => {
                 self.stats.renewals_applied += 1;
+                if let Some(session) = self.table.session_of(key.as_bytes(), *token) {
+                    // A renew of what a session holds renews the session.
+                    self.session_leases.renewed(session, session, *lease_ms, now_ms);
+                    self.grant_index.insert((key.clone(), *token), index);
+                    self.effects.applied.push((index, event));
+                    return result;
+                }
                 if shared {
                     self.shared_leases.renewed((key.clone(), *token), *token, *lease_ms, now_ms);
                 } else {
@@ -1944,9 +2037,115 @@ impl Replica {
                 }
                 self.grant_index.remove(&(key.clone(), *token));
             }
-            AppliedEvent::Proclaimed { .. } | AppliedEvent::Restored => {}
+            AppliedEvent::Proclaimed { .. }
+            | AppliedEvent::Restored
+            | AppliedEvent::SessionOpened { .. }
+            | AppliedEvent::SessionRenewed { .. }
+            | AppliedEvent::SessionEnded { .. } => {}
         }
         self.effects.applied.push((index, event));
+        result
+    }
+
+    /// Applies a session's OpenSession, RenewSession, CloseSession or
+    /// ExpireSession at `index`: the session's lease on this node's clock,
+    /// and, when it ends, each holder it had, as its own release or
+    /// expiry (or delay), for the leases, the watchers and the waiters.
+    fn apply_session_command(
+        &mut self,
+        command: Command,
+        proposer: Option<NodeId>,
+        index: u64,
+    ) -> ApplyResult {
+        let ending = match &command {
+            Command::CloseSession { session, .. } | Command::ExpireSession { session, .. } => Some(*session),
+            _ => None,
+        };
+        // What the session holds, before it ends: key, token, owner, value.
+        let held: Vec<(Key, FencingToken, Owner, Value)> = ending
+            .and_then(|session| self.table.session(session))
+            .map(|open| {
+                open.holds
+                    .iter()
+                    .filter_map(|(key, token)| {
+                        let (owner, value) = self.owner_and_value(key, *token)?;
+                        Some((key.clone(), *token, owner, value))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let last_token = self.table.last_token();
+        let result = self.table.apply(command);
+        assert!(self.table.last_token() >= last_token, "fencing tokens never go backwards");
+        let now_ms = self.now_ms;
+        let (session, expired) = match result {
+            ApplyResult::Granted { token: session, lease_ms: ttl_ms, .. } => {
+                self.session_leases.granted(session, session, ttl_ms, now_ms);
+                self.effects.applied.push((index, AppliedEvent::SessionOpened { session, ttl_ms }));
+                return result;
+            }
+            ApplyResult::Renewed { token: session, lease_ms: ttl_ms } => {
+                self.session_leases.renewed(session, session, ttl_ms, now_ms);
+                self.effects.applied.push((index, AppliedEvent::SessionRenewed { session, ttl_ms }));
+                return result;
+            }
+            ApplyResult::Released { token: session } => (session, false),
+            ApplyResult::Expired { existed: true } => match ending {
+                Some(session) => (session, true),
+                None => return result,
+            },
+            _ => return result,
+        };
+        self.session_leases.removed(&session, session);
+        for (key, token, owner, value) in held {
+            let shared = self.table.shared(key.as_bytes()).is_some();
+            // Held back by lock-delay: still in the table under its token.
+            let delay_ms = match self.table.holder(key.as_bytes()) {
+                Some(lock) if lock.token == token && lock.delayed => Some(lock.lease_ms),
+                Some(_) => None,
+                None => self
+                    .table
+                    .shared(key.as_bytes())
+                    .and_then(|held| held.holders.get(&token))
+                    .filter(|holder| holder.delayed)
+                    .map(|holder| holder.lease_ms),
+            };
+            self.grant_index.remove(&(key.clone(), token));
+            let (kind, event) = match delay_ms {
+                Some(delay_ms) => {
+                    self.stats.expiries_applied += 1;
+                    // Lifted by the leader once the delay is over, as any.
+                    if shared {
+                        self.shared_leases.renewed((key.clone(), token), token, delay_ms, now_ms);
+                    } else {
+                        self.leases.renewed(key.clone(), token, delay_ms, now_ms);
+                    }
+                    (
+                        WatchKind::Delayed,
+                        AppliedEvent::Delayed { key: key.clone(), token, delay_ms, proposer },
+                    )
+                }
+                None if expired => {
+                    self.stats.expiries_applied += 1;
+                    (WatchKind::Expired, AppliedEvent::Expired { key: key.clone(), token, proposer })
+                }
+                None => {
+                    self.stats.releases_applied += 1;
+                    (WatchKind::Released, AppliedEvent::Released { key: key.clone(), token })
+                }
+            };
+            self.watches.record(WatchEvent { index, key: key.clone(), kind, token, owner, value });
+            self.effects.applied.push((index, event));
+            // Its waiters, on the leader: nothing in flight on the key
+            // frees it, so it is handed on here.
+            let table = &self.table;
+            self.requests.wake(&key, &|key, waiter| admits(table, key, waiter));
+        }
+        // Acquires still waiting under the session will never be granted.
+        for id in self.requests.waiting_in_session(session) {
+            self.finish(id, Ok(Response::Applied(vec![ApplyResult::NoSession { session }])));
+        }
+        self.effects.applied.push((index, AppliedEvent::SessionEnded { session, expired, proposer }));
         result
     }
 
@@ -2035,11 +2234,11 @@ impl Replica {
 
     /// `lock` with the time left on its lease by this node's clock.
     fn held(&self, key: &Key, lock: &fencelock_fsm::Lock) -> HeldLock {
-        let remaining_ms = self
-            .leases
-            .lease(key)
-            .filter(|lease| lease.token == lock.token)
-            .map(|lease| lease.deadline_ms.saturating_sub(self.now_ms));
+        let lease = match lock.session {
+            Some(session) => self.session_leases.lease(&session),
+            None => self.leases.lease(key).filter(|lease| lease.token == lock.token),
+        };
+        let remaining_ms = lease.map(|lease| lease.deadline_ms.saturating_sub(self.now_ms));
         HeldLock { lock: lock.clone(), remaining_ms, share: None }
     }
 
@@ -2051,16 +2250,18 @@ impl Replica {
         shared: &'a fencelock_fsm::Shared,
     ) -> impl Iterator<Item = HeldLock> + 'a {
         shared.holders.iter().map(move |(token, holder)| {
-            let remaining_ms = self
-                .shared_leases
-                .lease(&(key.clone(), *token))
-                .map(|lease| lease.deadline_ms.saturating_sub(self.now_ms));
+            let lease = match holder.session {
+                Some(session) => self.session_leases.lease(&session),
+                None => self.shared_leases.lease(&(key.clone(), *token)),
+            };
+            let remaining_ms = lease.map(|lease| lease.deadline_ms.saturating_sub(self.now_ms));
             let lock = fencelock_fsm::Lock {
                 token: *token,
                 owner: holder.owner.clone(),
                 lease_ms: holder.lease_ms,
                 delayed: holder.delayed,
                 value: Value::none(),
+                session: holder.session,
             };
             HeldLock { lock, remaining_ms, share: Some(holder.share) }
         })

@@ -442,14 +442,23 @@ pub enum RequestError {
     /// member has said it runs a build that knows it. Nothing was
     /// proposed. Retryable once every node is upgraded.
     #[error(
-        "the cluster is at command level {level} and this needs level {needed} (read-write locks, semaphores, \
-         values and proclaim); {}",
+        "the cluster is at command level {level} and this needs level {needed} ({}); {}",
+        level_features(*needed),
         level_words(behind)
     )]
     LevelNotReached { needed: u32, level: u32, behind: Vec<NodeId> },
     /// A bug: a reply of the wrong shape, for example.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// What command level `level` brought, for the refusal's message.
+fn level_features(level: u32) -> &'static str {
+    match level {
+        2 => "read-write locks, semaphores, values and proclaim",
+        3 => "sessions",
+        _ => "commands this cluster does not apply yet",
+    }
 }
 
 fn level_words(behind: &[NodeId]) -> String {
@@ -483,6 +492,8 @@ pub enum AppliedEvent {
         token: FencingToken,
         lease_ms: LeaseMs,
         existing: bool,
+        /// The session it is held under (its lease is the session's).
+        session: Option<FencingToken>,
     },
     Renewed {
         key: Key,
@@ -524,6 +535,24 @@ pub enum AppliedEvent {
     },
     /// The table was replaced by a snapshot; rebuild from [`Replica::table`](crate::Replica::table).
     Restored,
+    /// A session was opened (its id a token from the one counter), or
+    /// renewed (by a keep-alive, or a renew of something it holds).
+    SessionOpened {
+        session: FencingToken,
+        ttl_ms: LeaseMs,
+    },
+    SessionRenewed {
+        session: FencingToken,
+        ttl_ms: LeaseMs,
+    },
+    /// A session ended: closed, or lapsed (`expired`, proposed by
+    /// `proposer`). Each holder it had came before this event, as a
+    /// Released, Expired or Delayed of its own, in the same entry.
+    SessionEnded {
+        session: FencingToken,
+        expired: bool,
+        proposer: Option<NodeId>,
+    },
 }
 
 /// Leadership as this node sees it, reported when it changes.

@@ -424,6 +424,7 @@ fn current(query: &WatchQuery, table: &LockTable, applied: u64, compacted: bool)
                 lease_ms: holder.lease_ms,
                 delayed: holder.delayed,
                 value: Value::none(),
+                session: holder.session,
             };
             locks.push((key.clone(), HeldLock { lock, remaining_ms: None, share: Some(holder.share) }));
         }
@@ -562,6 +563,7 @@ mod tests {
     fn a_position_older_than_the_history_is_answered_compacted_with_the_current_holders() {
         let mut table = LockTable::new();
         let grant = |k: &str| Command::Grant {
+            session: None,
             key: Key::new(k.as_bytes().to_vec()).unwrap(),
             lease_ms: LeaseMs::new(1_000).unwrap(),
             owner: Owner::new(b"o".to_vec()).unwrap(),

@@ -440,6 +440,7 @@ mod tests {
         let mut table = LockTable::new();
         for name in ["a", "b"] {
             table.apply(Command::Grant {
+                session: None,
                 key: Key::new(name.as_bytes().to_vec()).unwrap(),
                 lease_ms: LeaseMs::new(1_000).unwrap(),
                 owner: Owner::new(b"o".to_vec()).unwrap(),

@@ -103,6 +103,9 @@ impl Handler for ClientHandler {
             Kind::backup(backup) => self.backup(backup, user, sink),
             Kind::proclaim(proclaim) => self.proclaim(proclaim, user, sink),
             Kind::watch(watch) => self.watch(watch, user, sink),
+            Kind::session_open(open) => self.session_open(open, user, sink),
+            Kind::session_keep_alive(keep) => self.session_command(keep.session, false, user, sink),
+            Kind::session_close(close) => self.session_command(close.session, true, user, sink),
             Kind::member_list(_) => self.membership(None, user, sink),
             Kind::member_add(add) => {
                 let change = match (host_port(&add.peer_addr), host_port(&add.client_addr)) {
@@ -159,6 +162,8 @@ enum Failure {
     /// The state machine refused it as asked (a shared acquire of another
     /// kind than the key): INVALID_ARGUMENT.
     Invalid(String),
+    /// The acquire named a session that is not open: NO_SESSION.
+    NoSession(String),
 }
 
 impl From<RequestError> for Failure {
@@ -215,9 +220,12 @@ impl ClientHandler {
             Ok(key) => key,
             Err(err) => return Err(invalid(sink, format!("key: {err}"))),
         };
-        let lease_ms = match LeaseMs::new(acquire.lease_ms) {
-            Ok(lease_ms) => lease_ms,
-            Err(err) => return Err(invalid(sink, format!("lease_ms: {err}"))),
+        let session = FencingToken::new(acquire.session);
+        // Under a session the lease is the session's: `lease_ms` may be 0.
+        let lease_ms = match (LeaseMs::new(acquire.lease_ms), session) {
+            (Ok(lease_ms), _) => lease_ms,
+            (Err(_), Some(_)) if acquire.lease_ms == 0 => LeaseMs::MIN,
+            (Err(err), _) => return Err(invalid(sink, format!("lease_ms: {err}"))),
         };
         let owner = match Owner::new(acquire.owner) {
             Ok(owner) => owner,
@@ -257,14 +265,8 @@ impl ClientHandler {
             return Err(invalid(sink, message));
         }
         let sink = self.require(user, Right::Lock, &key, sink)?;
-        if let Some(user) = user {
-            if !owner.is_of_user(user.as_bytes()) {
-                let message = format!(
-                    "permission denied: owner {owner} is not user {user}'s: over TLS an owner is the user \
-                     name, or the user name, `/` and a suffix ({user}/worker-1)"
-                );
-                return Err(denied(sink, message));
-            }
+        if let Err(message) = owner_of_user(&owner, user) {
+            return Err(denied(sink, message));
         }
         let mismatch_key = key.clone();
         let reply = self.responder(sink, move |reply| {
@@ -294,6 +296,12 @@ impl ClientHandler {
                         "key {mismatch_key} is a semaphore of {permits} permits: acquire it with PERMIT and \
                          permits {permits}"
                     ))),
+                    [ApplyResult::NoSession { session }] => Err(Failure::NoSession(format!(
+                        "session {session} is not open (closed, or lapsed: what it held is free): open a new one"
+                    ))),
+                    [ApplyResult::Denied { token: session }] => Err(Failure::Denied(format!(
+                        "permission denied: session {session} is another owner's: acquire under it as its owner"
+                    ))),
                     other => Err(unexpected(other)),
                 },
                 Err(RequestError::Held { holder_token, .. }) => Ok(held(Some(holder_token))),
@@ -311,11 +319,19 @@ impl ClientHandler {
                 Ok(other) => Err(unexpected(&other)),
             }
         });
-        let request = match share {
-            None => ClientRequest::Acquire { key, lease_ms, owner, value, wait_ms: acquire.wait_ms },
-            Some(share) => {
+        let request = match (share, session) {
+            (None, None) => ClientRequest::Acquire { key, lease_ms, owner, value, wait_ms: acquire.wait_ms },
+            (Some(share), None) => {
                 ClientRequest::AcquireShared { key, lease_ms, owner, share, wait_ms: acquire.wait_ms }
             }
+            (None, session) => ClientRequest::AcquireWith {
+                grant: Command::Grant { key, lease_ms, owner, value, session },
+                wait_ms: acquire.wait_ms,
+            },
+            (Some(share), session) => ClientRequest::AcquireWith {
+                grant: Command::GrantShared { key, lease_ms, owner, share, session },
+                wait_ms: acquire.wait_ms,
+            },
         };
         self.client(conn, request, reply);
         Ok(())
@@ -363,6 +379,96 @@ impl ClientHandler {
             Ok(other) => Err(unexpected(&other)),
         });
         self.client(conn, ClientRequest::Propose(vec![Command::Release { key, token, user }]), reply);
+        Ok(())
+    }
+
+    /// Opens a session for `owner` (over TLS, the user's). A session holds
+    /// nothing by itself, so it needs no right on a key; it counts as one
+    /// lock in its owner's quota.
+    fn session_open(
+        &self,
+        open: proto::SessionOpenRequest,
+        user: Option<&str>,
+        sink: ResponseSink,
+    ) -> Result<(), Refusal> {
+        let conn = ConnId(sink.connection());
+        let owner = match Owner::new(open.owner) {
+            Ok(owner) => owner,
+            Err(err) => return Err(invalid(sink, format!("owner: {err}"))),
+        };
+        let ttl_ms = match LeaseMs::new(open.ttl_ms) {
+            Ok(ttl_ms) => ttl_ms,
+            Err(err) => return Err(invalid(sink, format!("ttl_ms: {err}"))),
+        };
+        if let Err(message) = owner_of_user(&owner, user) {
+            return Err(denied(sink, message));
+        }
+        let reply = self.responder(sink, move |reply| match reply {
+            Ok(Response::Applied(results)) => match results.as_slice() {
+                [ApplyResult::Granted { token, lease_ms, .. }] => Ok(Out::session(proto::SessionResponse {
+                    session: token.get(),
+                    ttl_ms: lease_ms.get(),
+                    found: true,
+                    ..Default::default()
+                })),
+                other => Err(unexpected(other)),
+            },
+            Err(err) => Err(err.into()),
+            Ok(other) => Err(unexpected(&other)),
+        });
+        self.client(conn, ClientRequest::Propose(vec![Command::OpenSession { owner, ttl_ms }]), reply);
+        Ok(())
+    }
+
+    /// A session's keep-alive, or its close (`close`): over TLS, only the
+    /// user's own session.
+    fn session_command(
+        &self,
+        session: u64,
+        close: bool,
+        user: Option<&str>,
+        sink: ResponseSink,
+    ) -> Result<(), Refusal> {
+        let conn = ConnId(sink.connection());
+        let Some(session) = FencingToken::new(session) else {
+            return Err(invalid(sink, "a session's id is never 0".to_owned()));
+        };
+        let user = match user.map(|user| Owner::new(user.as_bytes().to_vec())).transpose() {
+            Ok(user) => user,
+            Err(err) => return Err(invalid(sink, format!("user: {err}"))),
+        };
+        let reply = self.responder(sink, move |reply| match reply {
+            Ok(Response::Applied(results)) => {
+                let found = |ttl_ms: u64| {
+                    Ok(Out::session(proto::SessionResponse {
+                        session: session.get(),
+                        ttl_ms,
+                        found: true,
+                        ..Default::default()
+                    }))
+                };
+                match results.as_slice() {
+                    [ApplyResult::Renewed { lease_ms, .. }] => found(lease_ms.get()),
+                    [ApplyResult::Released { .. }] => found(0),
+                    [ApplyResult::NoSession { .. }] => Ok(Out::session(proto::SessionResponse {
+                        session: session.get(),
+                        ..Default::default()
+                    })),
+                    [ApplyResult::Denied { .. }] => Err(Failure::Denied(format!(
+                        "permission denied: session {session} is another user's"
+                    ))),
+                    other => Err(unexpected(other)),
+                }
+            }
+            Err(err) => Err(err.into()),
+            Ok(other) => Err(unexpected(&other)),
+        });
+        let command = if close {
+            Command::CloseSession { session, user }
+        } else {
+            Command::RenewSession { session, user }
+        };
+        self.client(conn, ClientRequest::Propose(vec![command]), reply);
         Ok(())
     }
 
@@ -727,6 +833,7 @@ impl ClientHandler {
                 }
                 Err(Failure::Denied(message)) => error_response(id, ErrorCode::PERMISSION_DENIED, message),
                 Err(Failure::Invalid(message)) => error_response(id, ErrorCode::INVALID_ARGUMENT, message),
+                Err(Failure::NoSession(message)) => error_response(id, ErrorCode::NO_SESSION, message),
             };
             sink.send(response)
         })
@@ -851,6 +958,18 @@ fn refuse(request: DriverRequest) {
     request.refuse();
 }
 
+/// Over TLS (a `user`), whether `owner` is the user's: the user name, or
+/// the user name, `/` and a suffix. The refusal's message otherwise.
+fn owner_of_user(owner: &Owner, user: Option<&str>) -> Result<(), String> {
+    match user {
+        Some(user) if !owner.is_of_user(user.as_bytes()) => Err(format!(
+            "permission denied: owner {owner} is not user {user}'s: over TLS an owner is the user name, or the \
+             user name, `/` and a suffix ({user}/worker-1)"
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn lock_info(key: &Key, held: &fencelock_raft::HeldLock) -> proto::LockInfo {
     let lock = &held.lock;
     proto::LockInfo {
@@ -868,6 +987,7 @@ fn lock_info(key: &Key, held: &fencelock_raft::HeldLock) -> proto::LockInfo {
             Some(Share::Permit(_)) => proto::Share::PERMIT,
         },
         permits: held.share.map_or(0, Share::permits),
+        session: lock.session.map_or(0, FencingToken::get),
         ..Default::default()
     }
 }

@@ -100,6 +100,7 @@ mod tests {
         table.apply(Command::Bootstrap { cluster_id: ClusterId::new([3; 16]), token_floor: 1_000, level: 2 });
         for name in ["jobs/a", "jobs/b"] {
             table.apply(Command::Grant {
+                session: None,
                 key: Key::new(name.as_bytes().to_vec()).unwrap(),
                 lease_ms: LeaseMs::new(60_000).unwrap(),
                 owner: Owner::new(b"worker".to_vec()).unwrap(),

@@ -187,6 +187,7 @@ fn a_saved_table_seeds_a_new_cluster_whose_tokens_go_on_above_everything_issued(
 fn a_damaged_backup_is_refused_at_start() {
     let mut table = fencelock_fsm::LockTable::new();
     table.apply(fencelock_types::Command::Grant {
+        session: None,
         key: fencelock_types::Key::new(b"jobs/a".to_vec()).unwrap(),
         lease_ms: fencelock_types::LeaseMs::new(60_000).unwrap(),
         owner: fencelock_types::Owner::new(b"alice".to_vec()).unwrap(),

@@ -41,6 +41,7 @@ fn forgeries(from: u64, to: u64, term: u64, last_index: u64, commit: u64) -> Vec
     let commands = [
         Command::Release { key: Key::new(b"vault".to_vec()).unwrap(), token: None, user: None },
         Command::Grant {
+            session: None,
             key: Key::new(b"vault".to_vec()).unwrap(),
             lease_ms: LeaseMs::new(30 * 24 * 3_600_000).unwrap(),
             owner: Owner::new(b"attacker".to_vec()).unwrap(),

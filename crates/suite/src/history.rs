@@ -133,7 +133,8 @@ impl Outcome {
             // the suites' clients only ever renew their own.
             ClientError::InvalidArgument(_)
             | ClientError::PermissionDenied(_)
-            | ClientError::ResourceExhausted(_) => Outcome::Failed { error: error.to_string() },
+            | ClientError::ResourceExhausted(_)
+            | ClientError::NoSession(_) => Outcome::Failed { error: error.to_string() },
             ClientError::Unavailable(_) | ClientError::Internal(_) => {
                 Outcome::Unknown { error: error.to_string() }
             }

@@ -6,6 +6,7 @@ use protobuf::Message;
 use crate::pb::{self, Command_oneof_kind as Kind};
 use crate::{
     optional_token, token_value, ClusterId, FencingToken, InvalidReason, Key, LeaseMs, Owner, Share, Value,
+    KEY_LEN_MAX,
 };
 
 /// A replicated command, valid by construction. The leader proposes these;
@@ -15,7 +16,11 @@ pub enum Command {
     /// Acquire `key` for `owner`. The token is assigned at apply time. The
     /// `value` goes with the lock (an election candidate's value); a retry
     /// by the holder keeps the value the lock has.
-    Grant { key: Key, lease_ms: LeaseMs, owner: Owner, value: Value },
+    ///
+    /// With a `session`, the lock is held under that session (opened by
+    /// [`Command::OpenSession`], of the same owner) instead of a lease of
+    /// its own, and `lease_ms` is ignored.
+    Grant { key: Key, lease_ms: LeaseMs, owner: Owner, value: Value, session: Option<FencingToken> },
     /// Release `key`; with a token only while that token holds it, without
     /// one unconditionally (the administrative force-release). With a
     /// `user` (the authenticated caller), only a lock that user owns
@@ -35,10 +40,29 @@ pub enum Command {
     /// Acquire `key` for `owner` in a shared mode: a reader or the writer of
     /// a read-write lock, or a permit of a semaphore. Each holder gets a
     /// token of its own; a retry by a holder answers its own token.
-    GrantShared { key: Key, lease_ms: LeaseMs, owner: Owner, share: Share },
+    /// A `session` as Grant's.
+    GrantShared { key: Key, lease_ms: LeaseMs, owner: Owner, share: Share, session: Option<FencingToken> },
     /// The holder of `token` replaces the value of its lock on `key` (an
     /// election leader proclaims). With a `user`, only a lock that user owns.
     Proclaim { key: Key, token: FencingToken, value: Value, user: Option<Owner> },
+    /// Opens a session for `owner` with a time to live of `ttl_ms`: its
+    /// id is a token from the one counter. What is held under it lives as
+    /// long as it does: it is renewed by [`Command::RenewSession`] (or a
+    /// Renew of anything it holds), and when it ends every holder under it
+    /// goes in that one command. It counts as one lock in its owner's
+    /// quota.
+    OpenSession { owner: Owner, ttl_ms: LeaseMs },
+    /// Renews `session` (for its TTL, from when each node applies it).
+    /// With a `user`, only a session that user owns.
+    RenewSession { session: FencingToken, user: Option<Owner> },
+    /// Closes `session`: everything held under it is released. With a
+    /// `user`, only a session that user owns.
+    CloseSession { session: FencingToken, user: Option<Owner> },
+    /// The leader's: `session` lapsed. Everything held under it expires,
+    /// a holder whose key a rule of `delays` covers (the longest prefix)
+    /// held back for the rule's delay as [`Command::Expire`] with a delay
+    /// does.
+    ExpireSession { session: FencingToken, delays: Vec<(Vec<u8>, LeaseMs)> },
     /// Does nothing; a barrier the driver may put in the log.
     Noop,
     /// Founds the cluster, if it has no id yet (the first one applied
@@ -58,6 +82,12 @@ impl Command {
     /// (see [`LEVEL`](crate::LEVEL)).
     pub fn level(&self) -> u32 {
         match self {
+            Command::OpenSession { .. }
+            | Command::RenewSession { .. }
+            | Command::CloseSession { .. }
+            | Command::ExpireSession { .. }
+            | Command::Grant { session: Some(_), .. }
+            | Command::GrantShared { session: Some(_), .. } => 3,
             Command::GrantShared { .. } | Command::Proclaim { .. } => 2,
             // What raises the level applies at any: it is proposed only
             // once every member knows it.
@@ -74,7 +104,13 @@ impl Command {
             | Command::Expire { key, .. }
             | Command::Renew { key, .. }
             | Command::Proclaim { key, .. } => Some(key),
-            Command::Noop | Command::Bootstrap { .. } | Command::RaiseLevel { .. } => None,
+            Command::Noop
+            | Command::Bootstrap { .. }
+            | Command::RaiseLevel { .. }
+            | Command::OpenSession { .. }
+            | Command::RenewSession { .. }
+            | Command::CloseSession { .. }
+            | Command::ExpireSession { .. } => None,
         }
     }
 
@@ -91,6 +127,7 @@ impl Command {
                 lease_ms: LeaseMs::new(grant.lease_ms)?,
                 owner: Owner::new(grant.owner)?,
                 value: Value::new(grant.value)?,
+                session: FencingToken::new(grant.session),
             },
             Kind::release(release) => Command::Release {
                 key: Key::new(release.key)?,
@@ -116,6 +153,7 @@ impl Command {
                 lease_ms: LeaseMs::new(grant.lease_ms)?,
                 owner: Owner::new(grant.owner)?,
                 share: Share::from_pb(grant.share, grant.permits)?,
+                session: FencingToken::new(grant.session),
             },
             Kind::proclaim(proclaim) => Command::Proclaim {
                 key: Key::new(proclaim.key)?,
@@ -130,19 +168,44 @@ impl Command {
                 level: bootstrap.level.max(1),
             },
             Kind::raise_level(raise) => Command::RaiseLevel { level: raise.level },
+            Kind::open_session(open) => {
+                Command::OpenSession { owner: Owner::new(open.owner)?, ttl_ms: LeaseMs::new(open.ttl_ms)? }
+            }
+            Kind::renew_session(renew) => Command::RenewSession {
+                session: FencingToken::new(renew.session).ok_or(InvalidReason::ZeroToken)?,
+                user: optional_user(renew.user)?,
+            },
+            Kind::close_session(close) => Command::CloseSession {
+                session: FencingToken::new(close.session).ok_or(InvalidReason::ZeroToken)?,
+                user: optional_user(close.user)?,
+            },
+            Kind::expire_session(expire) => Command::ExpireSession {
+                session: FencingToken::new(expire.session).ok_or(InvalidReason::ZeroToken)?,
+                delays: expire
+                    .delays
+                    .into_iter()
+                    .map(|rule| {
+                        if rule.prefix.len() > KEY_LEN_MAX {
+                            return Err(InvalidReason::KeyTooLong);
+                        }
+                        Ok((rule.prefix, LeaseMs::new(rule.delay_ms)?))
+                    })
+                    .collect::<Result<_, _>>()?,
+            },
         })
     }
 
     pub fn to_pb(&self) -> pb::Command {
         let kind = match self {
-            Command::Grant { key, lease_ms, owner, value } => Kind::grant(pb::Grant {
+            Command::Grant { key, lease_ms, owner, value, session } => Kind::grant(pb::Grant {
                 key: key.as_bytes().to_vec(),
                 lease_ms: lease_ms.get(),
                 owner: owner.as_bytes().to_vec(),
                 value: value.as_bytes().to_vec(),
+                session: token_value(*session),
                 ..Default::default()
             }),
-            Command::GrantShared { key, lease_ms, owner, share } => {
+            Command::GrantShared { key, lease_ms, owner, share, session } => {
                 let (share, permits) = share.to_pb();
                 Kind::grant_shared(pb::GrantShared {
                     key: key.as_bytes().to_vec(),
@@ -150,6 +213,7 @@ impl Command {
                     owner: owner.as_bytes().to_vec(),
                     share,
                     permits,
+                    session: token_value(*session),
                     ..Default::default()
                 })
             }
@@ -189,6 +253,33 @@ impl Command {
             Command::RaiseLevel { level } => {
                 Kind::raise_level(pb::RaiseLevel { level: *level, ..Default::default() })
             }
+            Command::OpenSession { owner, ttl_ms } => Kind::open_session(pb::OpenSession {
+                owner: owner.as_bytes().to_vec(),
+                ttl_ms: ttl_ms.get(),
+                ..Default::default()
+            }),
+            Command::RenewSession { session, user } => Kind::renew_session(pb::RenewSession {
+                session: session.get(),
+                user: user_value(user),
+                ..Default::default()
+            }),
+            Command::CloseSession { session, user } => Kind::close_session(pb::CloseSession {
+                session: session.get(),
+                user: user_value(user),
+                ..Default::default()
+            }),
+            Command::ExpireSession { session, delays } => Kind::expire_session(pb::ExpireSession {
+                session: session.get(),
+                delays: delays
+                    .iter()
+                    .map(|(prefix, delay)| pb::DelayRule {
+                        prefix: prefix.clone(),
+                        delay_ms: delay.get(),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }),
         };
         pb::Command { kind: Some(kind), ..Default::default() }
     }

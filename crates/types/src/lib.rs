@@ -23,6 +23,7 @@
 //!     lease_ms: LeaseMs::new(10_000)?,
 //!     owner: Owner::new(b"worker-7".to_vec())?,
 //!     value: Value::none(),
+//!     session: None,
 //! };
 //! let entry = encode_batch(&[grant.clone()]);
 //! let decoded = decode_batch(&entry)?;
@@ -72,13 +73,15 @@ pub const PERMITS_MAX: u32 = 100_000;
 /// command it does not know as `UnknownCommand`, changing nothing, while a
 /// new one would grant, and issue a token: the counters would part):
 /// - 1: Grant, Release, Expire, Renew, Noop, Bootstrap;
-/// - 2: also GrantShared, Proclaim, RaiseLevel.
+/// - 2: also GrantShared, Proclaim, RaiseLevel;
+/// - 3: also OpenSession, RenewSession, CloseSession, ExpireSession, and
+///   Grant and GrantShared under a session.
 ///
 /// A cluster founded by this build starts at this level (Bootstrap); an
 /// older cluster is raised by [`Command::RaiseLevel`] once every member
 /// says, in its hello, that it applies it. The table refuses a command of
 /// a level above its own ([`InvalidReason::LevelNotReached`]).
-pub const LEVEL: u32 = 2;
+pub const LEVEL: u32 = 3;
 
 /// The longest lease a command may carry: 30 days, in milliseconds. Servers
 /// configure tighter bounds; this one only keeps deadline arithmetic far from
@@ -402,6 +405,9 @@ impl std::borrow::Borrow<[u8]> for Key {
 pub struct LeaseMs(u64);
 
 impl LeaseMs {
+    /// The shortest lease, 1 ms.
+    pub const MIN: LeaseMs = LeaseMs(1);
+
     pub fn new(ms: u64) -> Result<LeaseMs, InvalidReason> {
         if ms == 0 {
             return Err(InvalidReason::ZeroLease);

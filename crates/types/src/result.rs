@@ -41,6 +41,9 @@ pub enum ApplyResult {
     /// A GrantShared of another kind than the key is: the key is a
     /// semaphore of `permits`, or a read-write lock (`permits` 0).
     Mismatch { permits: u32 },
+    /// A command named a session that is not open (closed, lapsed, or
+    /// never opened): nothing changed.
+    NoSession { session: FencingToken },
 }
 
 impl ApplyResult {
@@ -87,6 +90,9 @@ impl ApplyResult {
             ApplyResult::Mismatch { permits } => {
                 Kind::mismatch(pb::Mismatch { permits, ..Default::default() })
             }
+            ApplyResult::NoSession { session } => {
+                Kind::no_session(pb::NoSession { session: session.get(), ..Default::default() })
+            }
         };
         pb::Result { kind: Some(kind), ..Default::default() }
     }
@@ -128,6 +134,9 @@ impl ApplyResult {
                 ApplyResult::Proclaimed { token: token_field("Proclaimed", proclaimed.token)? }
             }
             Kind::mismatch(mismatch) => ApplyResult::Mismatch { permits: mismatch.permits },
+            Kind::no_session(none) => {
+                ApplyResult::NoSession { session: token_field("NoSession", none.session)? }
+            }
         })
     }
 }

@@ -24,26 +24,41 @@ fn token() -> impl Strategy<Value = FencingToken> {
 
 fn command() -> impl Strategy<Value = Command> {
     prop_oneof![
-        (key(), lease(), owner(), proptest::collection::vec(any::<u8>(), 0..8)).prop_map(
-            |(key, lease_ms, owner, value)| Command::Grant {
-                key,
-                lease_ms,
-                owner,
-                value: Value::new(value).unwrap()
-            }
-        ),
         (
             key(),
             lease(),
             owner(),
-            prop_oneof![Just(Share::Read), Just(Share::Write), (1..=PERMITS_MAX).prop_map(Share::Permit)]
+            proptest::collection::vec(any::<u8>(), 0..8),
+            proptest::option::of(token())
         )
-            .prop_map(|(key, lease_ms, owner, share)| Command::GrantShared {
+            .prop_map(|(key, lease_ms, owner, value, session)| Command::Grant {
                 key,
                 lease_ms,
                 owner,
-                share
+                value: Value::new(value).unwrap(),
+                session
             }),
+        (
+            key(),
+            lease(),
+            owner(),
+            prop_oneof![Just(Share::Read), Just(Share::Write), (1..=PERMITS_MAX).prop_map(Share::Permit)],
+            proptest::option::of(token())
+        )
+            .prop_map(|(key, lease_ms, owner, share, session)| Command::GrantShared {
+                key,
+                lease_ms,
+                owner,
+                share,
+                session
+            }),
+        (owner(), lease()).prop_map(|(owner, ttl_ms)| Command::OpenSession { owner, ttl_ms }),
+        (token(), proptest::option::of(owner()))
+            .prop_map(|(session, user)| Command::RenewSession { session, user }),
+        (token(), proptest::option::of(owner()))
+            .prop_map(|(session, user)| Command::CloseSession { session, user }),
+        (token(), proptest::collection::vec((proptest::collection::vec(any::<u8>(), 0..8), lease()), 0..3))
+            .prop_map(|(session, delays)| Command::ExpireSession { session, delays }),
         (key(), token(), proptest::collection::vec(any::<u8>(), 0..8), proptest::option::of(owner()))
             .prop_map(|(key, token, value, user)| Command::Proclaim {
                 key,
@@ -86,6 +101,7 @@ fn apply_result() -> impl Strategy<Value = ApplyResult> {
         invalid_reason().prop_map(|reason| ApplyResult::Invalid { reason }),
         token().prop_map(|token| ApplyResult::Denied { token }),
         any::<u32>().prop_map(|permits| ApplyResult::Mismatch { permits }),
+        token().prop_map(|session| ApplyResult::NoSession { session }),
     ]
 }
 

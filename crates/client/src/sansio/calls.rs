@@ -5,12 +5,13 @@ use std::time::Duration;
 
 use fencelock_types::client_pb::{
     AcquireOutcome, AcquireRequest, CheckRequest, GetRequest, ListRequest, LockRef, ProclaimRequest,
-    ReleaseRequest, RenewRequest, Request_oneof_kind, Response_oneof_kind, StatusRequest, WatchRequest,
+    ReleaseRequest, RenewRequest, Request_oneof_kind, Response_oneof_kind, SessionCloseRequest,
+    SessionKeepAliveRequest, SessionOpenRequest, StatusRequest, WatchRequest,
 };
 
 use fencelock_types::{client_pb, Share};
 
-use crate::types::{Grant, LockInfo, NodeStatus, Released, Renewed, WatchBatch};
+use crate::types::{Grant, LockInfo, NodeStatus, Released, Renewed, Session, WatchBatch};
 use crate::ClientError;
 
 /// Milliseconds, saturating: a lease too long for the wire is refused by the
@@ -34,6 +35,32 @@ impl Acquiring<'_> {
             Acquiring::Shared(share) => acquire_shared(owner, key, share, lease, wait),
         }
     }
+
+    /// [`Acquiring::request`] held under `session` (`None`: a lease of its
+    /// own). Under a session the lease is the session's: `lease` is not
+    /// sent (0).
+    pub fn request_in(
+        &self,
+        session: Option<u64>,
+        owner: &[u8],
+        key: &[u8],
+        lease: Duration,
+        wait: Duration,
+    ) -> Request_oneof_kind {
+        match session {
+            None => self.request(owner, key, lease, wait),
+            Some(session) => in_session(self.request(owner, key, Duration::ZERO, wait), session),
+        }
+    }
+}
+
+/// An acquire request (`acquire`, `acquire_shared`) held under `session`
+/// instead of a lease of its own; any other request as it is.
+pub fn in_session(mut kind: Request_oneof_kind, session: u64) -> Request_oneof_kind {
+    if let Request_oneof_kind::acquire(request) = &mut kind {
+        request.session = session;
+    }
+    kind
 }
 
 /// An acquire of `key` for `owner`, with the lock's `value` (empty for
@@ -292,6 +319,78 @@ pub fn status_answer(kind: Response_oneof_kind) -> Result<NodeStatus, ClientErro
     }
 }
 
+/// Opens a session for `owner` with a time to live of `ttl` (within the
+/// server's lease bounds). Not idempotent: a retry whose first attempt was
+/// applied but not answered opens a second session, and the first lapses
+/// unused after its TTL.
+pub fn session_open(owner: &[u8], ttl: Duration) -> Request_oneof_kind {
+    Request_oneof_kind::session_open(SessionOpenRequest {
+        owner: owner.to_vec(),
+        ttl_ms: millis(ttl),
+        ..Default::default()
+    })
+}
+
+/// Renews `session` for another TTL, from now.
+pub fn session_keep_alive(session: u64) -> Request_oneof_kind {
+    Request_oneof_kind::session_keep_alive(SessionKeepAliveRequest { session, ..Default::default() })
+}
+
+/// Closes `session`: everything held under it is released.
+pub fn session_close(session: u64) -> Request_oneof_kind {
+    Request_oneof_kind::session_close(SessionCloseRequest { session, ..Default::default() })
+}
+
+/// How a session request was answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionAnswer {
+    pub session: u64,
+    /// The session's TTL (zero when not said: a close, or not found).
+    pub ttl: Duration,
+    /// False: the session is not open (closed, or it lapsed and everything
+    /// it held is free); nothing was done.
+    pub found: bool,
+}
+
+/// What a keep-alive or a close of `session` was answered. An answer about
+/// another session is a node's bug, refused.
+pub fn session_answer(kind: Response_oneof_kind, session: u64) -> Result<SessionAnswer, ClientError> {
+    let Response_oneof_kind::session(response) = kind else {
+        return Err(unexpected("session", &kind));
+    };
+    if response.session != session && response.session != 0 {
+        return Err(ClientError::Internal(format!(
+            "a request about session {session} was answered about session {}",
+            response.session
+        )));
+    }
+    Ok(SessionAnswer { session, ttl: Duration::from_millis(response.ttl_ms), found: response.found })
+}
+
+/// The session an open for `ttl` was answered with.
+pub fn session_opened(kind: Response_oneof_kind, ttl: Duration) -> Result<Session, ClientError> {
+    let Response_oneof_kind::session(response) = kind else {
+        return Err(unexpected("session open", &kind));
+    };
+    if response.session == 0 || !response.found {
+        return Err(ClientError::Internal("a session open was answered without a session".to_owned()));
+    }
+    let ttl = if response.ttl_ms == 0 { ttl } else { Duration::from_millis(response.ttl_ms) };
+    Ok(Session { id: response.session, ttl })
+}
+
+/// The sentence a session lost to a keep-alive answered "not open" carries
+/// (and every lock held under it).
+pub fn session_gone_reason(session: u64) -> String {
+    format!("session {session} is not open any more (closed, or it lapsed and everything it held was freed)")
+}
+
+/// The sentence a session closed by its own handle carries (and every lock
+/// held under it).
+pub fn session_closed_reason(session: u64) -> String {
+    format!("session {session} was closed: everything held under it was released")
+}
+
 /// A node answered a `call` request with another kind of response.
 pub fn unexpected(call: &str, kind: &Response_oneof_kind) -> ClientError {
     let got = match kind {
@@ -307,13 +406,16 @@ pub fn unexpected(call: &str, kind: &Response_oneof_kind) -> ClientError {
         Response_oneof_kind::leader_transfer(_) => "leader transfer",
         Response_oneof_kind::proclaim(_) => "proclaim",
         Response_oneof_kind::watch(_) => "watch",
+        Response_oneof_kind::session(_) => "session",
     };
     ClientError::Internal(format!("a {call} request was answered with a {got} response"))
 }
 
 #[cfg(test)]
 mod tests {
-    use fencelock_types::client_pb::{AcquireResponse, ReleaseResponse, RenewResponse, RenewResult};
+    use fencelock_types::client_pb::{
+        AcquireResponse, ReleaseResponse, RenewResponse, RenewResult, SessionResponse,
+    };
 
     use super::*;
 
@@ -397,5 +499,94 @@ mod tests {
             panic!("an acquire")
         };
         assert_eq!((request.lease_ms, request.wait_ms, request.owner), (2_000, 1_500, b"o".to_vec()));
+    }
+
+    fn session_response(session: u64, ttl_ms: u64, found: bool) -> Response_oneof_kind {
+        Response_oneof_kind::session(SessionResponse { session, ttl_ms, found, ..Default::default() })
+    }
+
+    #[test]
+    fn session_requests_carry_the_owner_ttl_and_id() {
+        let Request_oneof_kind::session_open(open) = session_open(b"o", Duration::from_millis(2_500)) else {
+            panic!("a session open")
+        };
+        assert_eq!((open.owner, open.ttl_ms), (b"o".to_vec(), 2_500));
+        let Request_oneof_kind::session_keep_alive(keep) = session_keep_alive(17) else {
+            panic!("a keep-alive")
+        };
+        assert_eq!(keep.session, 17);
+        let Request_oneof_kind::session_close(close) = session_close(17) else { panic!("a close") };
+        assert_eq!(close.session, 17);
+    }
+
+    #[test]
+    fn acquires_under_a_session_carry_it_and_no_lease() {
+        let wait = Duration::from_secs(1);
+        let lease = Duration::from_secs(9);
+        for acquiring in
+            [Acquiring::Exclusive(b"v"), Acquiring::Shared(Share::Read), Acquiring::Shared(Share::Permit(3))]
+        {
+            let Request_oneof_kind::acquire(own) = acquiring.request_in(None, b"o", b"k", lease, wait) else {
+                panic!("an acquire")
+            };
+            assert_eq!((own.session, own.lease_ms, own.wait_ms), (0, 9_000, 1_000));
+            let Request_oneof_kind::acquire(under) = acquiring.request_in(Some(5), b"o", b"k", lease, wait)
+            else {
+                panic!("an acquire")
+            };
+            assert_eq!((under.session, under.lease_ms, under.wait_ms), (5, 0, 1_000));
+            // Everything else as without a session.
+            assert_eq!(AcquireRequest { session: 0, lease_ms: 9_000, ..under }, own);
+        }
+        // Only acquires have a session.
+        assert_eq!(in_session(release(b"k", 3, false), 5), release(b"k", 3, false));
+    }
+
+    #[test]
+    fn session_answers_read_as_sessions_or_errors() {
+        let ttl = Duration::from_secs(10);
+        assert_eq!(
+            session_opened(session_response(12, 4_000, true), ttl),
+            Ok(Session { id: 12, ttl: Duration::from_secs(4) })
+        );
+        // No TTL said: the one asked for.
+        assert_eq!(session_opened(session_response(12, 0, true), ttl).map(|session| session.ttl), Ok(ttl));
+        assert!(matches!(
+            session_opened(session_response(0, 4_000, true), ttl),
+            Err(ClientError::Internal(_))
+        ));
+        assert!(matches!(
+            session_opened(session_response(12, 4_000, false), ttl),
+            Err(ClientError::Internal(_))
+        ));
+        assert!(matches!(
+            session_opened(Response_oneof_kind::release(ReleaseResponse::default()), ttl),
+            Err(ClientError::Internal(message)) if message.contains("answered with a release")
+        ));
+
+        assert_eq!(
+            session_answer(session_response(12, 4_000, true), 12),
+            Ok(SessionAnswer { session: 12, ttl: Duration::from_secs(4), found: true })
+        );
+        assert_eq!(
+            session_answer(session_response(12, 0, false), 12),
+            Ok(SessionAnswer { session: 12, ttl: Duration::ZERO, found: false })
+        );
+        // An answer that names no session reads as the asked one's.
+        assert_eq!(session_answer(session_response(0, 0, false), 12).map(|answer| answer.session), Ok(12));
+        assert!(matches!(
+            session_answer(session_response(13, 4_000, true), 12),
+            Err(ClientError::Internal(message)) if message.contains("session 13")
+        ));
+        assert!(matches!(
+            session_answer(Response_oneof_kind::renew(RenewResponse::default()), 12),
+            Err(ClientError::Internal(message)) if message.contains("session request was answered with a renew")
+        ));
+        assert!(matches!(
+            acquire_answer(session_response(12, 1, true), Duration::ZERO),
+            Err(ClientError::Internal(message)) if message.contains("answered with a session response")
+        ));
+        assert!(session_gone_reason(12).starts_with("session 12 is not open any more"));
+        assert!(session_closed_reason(12).starts_with("session 12 was closed"));
     }
 }

@@ -131,6 +131,7 @@ mod tests {
             value: b"a".to_vec(),
             share: crate::types::ShareKind::Exclusive,
             permits: 0,
+            session: None,
         };
         observer.take(WatchBatch {
             events: vec![],
@@ -172,6 +173,7 @@ mod tests {
             value: b"c".to_vec(),
             share: crate::types::ShareKind::Exclusive,
             permits: 0,
+            session: None,
         };
         observer.take(WatchBatch {
             events: vec![],

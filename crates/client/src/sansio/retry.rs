@@ -84,6 +84,7 @@ impl Outcome {
                 ErrorCode::RESOURCE_EXHAUSTED => {
                     return Outcome::Fail(ClientError::ResourceExhausted(error.message))
                 }
+                ErrorCode::NO_SESSION => return Outcome::Fail(ClientError::NoSession(error.message)),
             }
         }
         match response.kind {

@@ -422,6 +422,7 @@ pub fn key(name: &str) -> Key {
 
 pub fn grant(key_name: &str, owner: &str) -> Command {
     Command::Grant {
+        session: None,
         key: key(key_name),
         lease_ms: LeaseMs::new(30_000).unwrap(),
         owner: Owner::new(owner.as_bytes().to_vec()).unwrap(),
