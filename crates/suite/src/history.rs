@@ -57,6 +57,19 @@ pub enum OpKind {
     /// An election observer was told a change of leader (not
     /// linearizable: from whichever node answered).
     Observe,
+    /// A session was opened with this TTL (its key is empty).
+    SessionOpen {
+        ttl_ms: u64,
+    },
+    /// A keep-alive of `session` (its key is empty).
+    KeepAlive {
+        session: u64,
+    },
+    /// The close of `session` (its key is empty). Each lock it held is
+    /// recorded beside it as a release invoked and answered with it.
+    SessionClose {
+        session: u64,
+    },
 }
 
 /// How a shared acquire holds its key.
@@ -107,6 +120,14 @@ pub enum Outcome {
         index: u64,
     },
     Paused,
+    /// A session was opened under this id.
+    SessionOpened {
+        session: u64,
+    },
+    /// A keep-alive or a close found the session open.
+    SessionFound,
+    /// A keep-alive or a close found it gone (closed, or lapsed).
+    SessionGone,
     /// No definite answer: the call may or may not have taken effect.
     Unknown {
         error: String,

@@ -52,6 +52,9 @@ pub struct Figures {
     /// Writes after such a pause that the store still took: nobody newer had
     /// written yet, so nothing was overwritten.
     pub pause_late_accepts: usize,
+    /// Sessions opened, and keep-alives that found their session open.
+    pub sessions_opened: usize,
+    pub session_keep_alives: usize,
     pub fault_s: f64,
     pub quiet_s: f64,
     /// Definite answers per second while a fault of the cluster was on, and
@@ -95,6 +98,10 @@ pub fn figures(ops: &[Op], faults: &[FaultRecord], samples: &[LeaderSample], run
                     Outcome::Held { .. } => f.held += 1,
                     Outcome::WaitTimedOut { .. } => f.wait_timed_out += 1,
                     Outcome::Released => f.released += 1,
+                    Outcome::SessionOpened { .. } => f.sessions_opened += 1,
+                    Outcome::SessionFound if matches!(op.kind, OpKind::KeepAlive { .. }) => {
+                        f.session_keep_alives += 1
+                    }
                     _ => {}
                 }
             }
@@ -247,6 +254,10 @@ pub fn summary(
     text += &format!(
         "  fencing: {} writes accepted, {} stale tokens turned away ({} of {} holders that paused past their lease; {} paused holders wrote before anyone newer)\n",
         f.writes_accepted, f.stale_rejections, f.pause_rejections, f.pauses, f.pause_late_accepts
+    );
+    text += &format!(
+        "  sessions: {} opened, {} keep-alives found them open\n",
+        f.sessions_opened, f.session_keep_alives
     );
     text += &format!(
         "  after healing: leader {}, serving {}, identical tables {} (bound {} ms)\n",

@@ -32,6 +32,18 @@
 //! pause like the others, and their acquires are abandoned and retried
 //! under reset-clients like the others.
 //!
+//! Session clients (`session_clients`) open a session, take two of the
+//! plain keys under it (contending with the other clients), write to the
+//! fenced store under each token while one keep-alive every third of the
+//! TTL keeps both, then close the session, or abandon it: they stop
+//! keeping it alive, wait past its TTL, write with their stale tokens
+//! (the store must turn them away once a newer holder wrote) and see an
+//! acquire under the dead session refused. A lock under a session is
+//! recorded with the time its session had left when the acquire was sent
+//! (from the send of the open or of the last keep-alive answered alive) as
+//! its lease: the least the cluster promised it; a close is recorded as a
+//! release of each lock it held.
+//!
 //! Every loop is bounded: a thread starts no operation after the run's
 //! deadline, and every call is bounded by the client's retry budget.
 
@@ -81,6 +93,10 @@ pub struct WorkloadConfig {
     pub pool: Option<(String, u32)>,
     /// How long a shared holder holds before it releases (ms).
     pub shared_hold_ms: (u64, u64),
+    /// Clients that hold two plain keys under one session at a time.
+    pub session_clients: usize,
+    /// Session TTLs are drawn from this range (ms).
+    pub session_ttl_ms: (u64, u64),
 }
 
 impl WorkloadConfig {
@@ -103,6 +119,8 @@ impl WorkloadConfig {
             rw_key: Some("suite/rw".to_owned()),
             pool: Some(("suite/pool".to_owned(), 2)),
             shared_hold_ms: (20, 150),
+            session_clients: 1,
+            session_ttl_ms: (1_500, 3_000),
         }
     }
 }
@@ -180,6 +198,41 @@ pub fn spawn(
             .name("observer".into())
             .spawn(move || observer.run())
             .context("cannot start the observer thread")?;
+        threads.push(thread);
+    }
+    // The plain keys, which the session clients contend for with the others.
+    let plain: Vec<String> = config
+        .keys
+        .iter()
+        .filter(|key| {
+            Some(key.as_str()) != config.election_key.as_deref()
+                && Some(key.as_str()) != config.rw_key.as_deref()
+                && config.pool.as_ref().is_none_or(|(pool, _)| pool != *key)
+        })
+        .cloned()
+        .collect();
+    for n in 0..config.session_clients {
+        // After the workers and the observer in the history.
+        let index = config.clients + 1 + n;
+        let owner = owner_of(index);
+        let mut client_config = crate::tls::client_config(endpoints.iter().cloned());
+        client_config.request_timeout = config.request_timeout;
+        client_config.retry_for = config.retry_for;
+        client_config.owner = Some(owner.clone().into_bytes());
+        let worker = SessionWorker {
+            index,
+            owner,
+            client: Client::connect(client_config)?,
+            keys: plain.clone(),
+            config: config.clone(),
+            shared: Arc::clone(shared),
+            rng: rng.fork(),
+            deadline,
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("session-client-{n}"))
+            .spawn(move || worker.run())
+            .context("cannot start a session client thread")?;
         threads.push(thread);
     }
     Ok(threads)
@@ -447,5 +500,177 @@ impl Worker {
             .overstaying
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| (now < limit).then_some(now + 1))
             .is_ok()
+    }
+}
+
+/// A client that holds two plain keys under one session at a time (see the
+/// module docs).
+struct SessionWorker {
+    index: usize,
+    owner: String,
+    client: Client,
+    keys: Vec<String>,
+    config: WorkloadConfig,
+    shared: Arc<Shared>,
+    rng: SplitMix64,
+    deadline: Instant,
+}
+
+impl SessionWorker {
+    fn run(mut self) {
+        while Instant::now() < self.deadline {
+            self.cycle();
+        }
+    }
+
+    fn record(&self, key: &str, invoke_us: u64, kind: OpKind, outcome: Outcome) {
+        self.shared.recorder.record(Op {
+            id: 0,
+            client: self.index,
+            owner: self.owner.clone(),
+            key: key.to_owned(),
+            invoke_us,
+            complete_us: self.shared.recorder.now_us(),
+            kind,
+            outcome,
+        });
+    }
+
+    /// Writes to the fenced store under `token`.
+    fn write(&self, key: &str, token: u64) {
+        let invoke = self.shared.recorder.now_us();
+        let outcome = match self.shared.store.write(key, token, self.index, invoke) {
+            Ok(()) => Outcome::Accepted,
+            Err(highest) => Outcome::Rejected { highest },
+        };
+        self.record(key, invoke, OpKind::Write { token }, outcome);
+    }
+
+    /// Opens a session, takes keys under it, writes under each token while
+    /// keeping it alive, then closes or abandons it.
+    fn cycle(&mut self) {
+        let ttl_ms = self.rng.between(self.config.session_ttl_ms.0, self.config.session_ttl_ms.1);
+        let ttl_us = ttl_ms.saturating_mul(1_000);
+        let invoke = self.shared.recorder.now_us();
+        let session = match self.client.open_session_as(self.owner.as_bytes(), Duration::from_millis(ttl_ms))
+        {
+            Ok(session) => {
+                let outcome = Outcome::SessionOpened { session: session.id };
+                self.record("", invoke, OpKind::SessionOpen { ttl_ms }, outcome);
+                session.id
+            }
+            Err(error) => {
+                self.record("", invoke, OpKind::SessionOpen { ttl_ms }, Outcome::from_error(&error));
+                std::thread::sleep(Duration::from_millis(self.rng.between(50, 200)));
+                return;
+            }
+        };
+        // The session lives at least until this, counted from a send.
+        let mut alive_until_us = invoke.saturating_add(ttl_us);
+        let mut held: Vec<(String, u64)> = Vec::new();
+        let mut keys = self.keys.clone();
+        for _ in 0..2 {
+            let Some(key) = self.rng.pick(&keys).cloned() else { break };
+            keys.retain(|other| *other != key);
+            let wait_ms = if self.rng.chance(0.5) { 0 } else { self.rng.between(100, 500) };
+            let invoke = self.shared.recorder.now_us();
+            // What the session has left when the acquire is sent: the least
+            // the lock is promised.
+            let lease_ms = alive_until_us.saturating_sub(invoke) / 1_000;
+            if lease_ms == 0 {
+                break;
+            }
+            let kind = OpKind::Acquire { lease_ms, wait_ms };
+            let answer = self.client.acquire_raw_in(
+                session,
+                self.owner.as_bytes(),
+                &key,
+                Duration::from_millis(wait_ms),
+            );
+            match answer {
+                Ok(grant) => {
+                    let outcome = Outcome::Granted { token: grant.token, lease_ms, existing: grant.existing };
+                    self.record(&key, invoke, kind, outcome);
+                    held.push((key, grant.token));
+                }
+                Err(error) => self.record(&key, invoke, kind, Outcome::from_error(&error)),
+            }
+        }
+        // Hold: a few rounds of writes, each after a keep-alive.
+        let rounds = self.rng.between(1, 4);
+        for _ in 0..rounds {
+            if Instant::now() >= self.deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(ttl_ms / 3));
+            let invoke = self.shared.recorder.now_us();
+            let outcome = match self.client.keep_alive(session) {
+                Ok(true) => {
+                    alive_until_us = alive_until_us.max(invoke.saturating_add(ttl_us));
+                    Outcome::SessionFound
+                }
+                Ok(false) => Outcome::SessionGone,
+                Err(error) => Outcome::from_error(&error),
+            };
+            let gone = outcome == Outcome::SessionGone;
+            self.record("", invoke, OpKind::KeepAlive { session }, outcome);
+            if gone {
+                break;
+            }
+            for (key, token) in &held {
+                self.write(key, *token);
+            }
+        }
+        if self.rng.chance(0.6) {
+            let invoke = self.shared.recorder.now_us();
+            let outcome = match self.client.close_session(session) {
+                Ok(true) => Outcome::SessionFound,
+                Ok(false) => Outcome::SessionGone,
+                Err(error) => Outcome::from_error(&error),
+            };
+            // The close released each lock it held, as far as its answer
+            // tells.
+            let released = match &outcome {
+                Outcome::SessionFound => Outcome::Released,
+                Outcome::SessionGone => Outcome::NotHeld,
+                other => other.clone(),
+            };
+            self.record("", invoke, OpKind::SessionClose { session }, outcome);
+            for (key, token) in &held {
+                let mut op = Op {
+                    id: 0,
+                    client: self.index,
+                    owner: self.owner.clone(),
+                    key: key.clone(),
+                    invoke_us: invoke,
+                    complete_us: self.shared.recorder.now_us(),
+                    kind: OpKind::Release { token: *token },
+                    outcome: released.clone(),
+                };
+                op.complete_us = op.complete_us.max(invoke);
+                self.shared.recorder.record(op);
+            }
+            return;
+        }
+        // Abandoned: no keep-alive past its TTL. Then the holder writes
+        // with its stale tokens (the store turns them away once a newer
+        // holder wrote), and an acquire under the dead session is refused.
+        let lapse_ms = alive_until_us.saturating_sub(self.shared.recorder.now_us()) / 1_000;
+        std::thread::sleep(Duration::from_millis(lapse_ms + self.rng.between(200, 800)));
+        for (key, token) in &held {
+            self.write(key, *token);
+        }
+        if let Some(key) = self.keys.first().cloned() {
+            let invoke = self.shared.recorder.now_us();
+            let kind = OpKind::Acquire { lease_ms: 0, wait_ms: 0 };
+            let outcome =
+                match self.client.acquire_raw_in(session, self.owner.as_bytes(), &key, Duration::ZERO) {
+                    Ok(grant) => {
+                        Outcome::Granted { token: grant.token, lease_ms: 0, existing: grant.existing }
+                    }
+                    Err(error) => Outcome::from_error(&error),
+                };
+            self.record(&key, invoke, kind, outcome);
+        }
     }
 }
