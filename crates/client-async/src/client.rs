@@ -115,7 +115,18 @@ impl AsyncClient {
         wait: Duration,
     ) -> Result<AsyncLockGuard, ClientError> {
         let owner = self.inner.owner.clone();
-        self.acquire_guarded(&owner, key.as_ref(), Acquiring::Exclusive(b""), lease, wait).await
+        self.acquire_as(&owner, key, lease, wait).await
+    }
+
+    /// [`AsyncClient::acquire`] under an explicit owner identity.
+    pub async fn acquire_as(
+        &self,
+        owner: &[u8],
+        key: impl AsRef<[u8]>,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
+        self.acquire_guarded(owner, key.as_ref(), Acquiring::Exclusive(b""), lease, wait).await
     }
 
     /// Campaigns in `election` with `value` (what this candidate says of

@@ -88,6 +88,13 @@ trait Face: Sized + Send + Sync + 'static {
         lease: Duration,
         wait: Duration,
     ) -> impl Future<Output = Result<Self::Guard, ClientError>> + Send;
+    fn acquire_as(
+        &self,
+        owner: &str,
+        key: &str,
+        lease: Duration,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Self::Guard, ClientError>> + Send;
     /// A shared acquire that does not wait.
     fn acquire_shared_raw(
         &self,
@@ -195,6 +202,15 @@ impl Face for Blocking {
         wait: Duration,
     ) -> Result<LockGuard, ClientError> {
         blocking(|| self.0.acquire_shared_as(owner.as_bytes(), key, share, lease, wait))
+    }
+    async fn acquire_as(
+        &self,
+        owner: &str,
+        key: &str,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<LockGuard, ClientError> {
+        blocking(|| self.0.acquire_as(owner.as_bytes(), key, lease, wait))
     }
     async fn acquire_shared_raw(
         &self,
@@ -325,6 +341,15 @@ impl Face for Async {
     ) -> Result<AsyncLockGuard, ClientError> {
         self.0.acquire_shared_as(owner.as_bytes(), key, share, lease, wait).await
     }
+    async fn acquire_as(
+        &self,
+        owner: &str,
+        key: &str,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
+        self.0.acquire_as(owner.as_bytes(), key, lease, wait).await
+    }
     async fn acquire_shared_raw(
         &self,
         owner: &str,
@@ -423,6 +448,15 @@ async fn scenario<F: Face>(cluster: &mut Cluster, face: &str) {
     assert_eq!((again.token, again.existing, first.existing), (first.token, true, false));
     tokens.push(first.token);
     assert!(one.release("b", first.token).await.unwrap().released);
+
+    // A guard under a named owner: held as that owner, renewed and
+    // released like any guard.
+    let named = format!("{face}-named");
+    let guard = one.acquire_as(&named, "b", lease, Duration::ZERO).await.unwrap();
+    let info = one.get("b").await.unwrap().expect("b is held");
+    assert_eq!((info.token, info.owner.as_slice()), (guard.token(), named.as_bytes()));
+    tokens.push(guard.token());
+    assert!(guard.release().await.unwrap());
 
     // Two guards of one owner in one process: the second waits or fails,
     // never shares.

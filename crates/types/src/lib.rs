@@ -359,8 +359,13 @@ impl fmt::Display for Value {
 /// [`PERMITS_MAX`], fixed by the key's first acquire).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Share {
+    /// One of the readers of a read-write lock: readers hold the key
+    /// together, never beside a writer.
     Read,
+    /// The writer of a read-write lock: the key's only holder.
     Write,
+    /// One of the permits of a semaphore of this many (1 to
+    /// [`PERMITS_MAX`]): at most that many holders at once.
     Permit(u32),
 }
 
