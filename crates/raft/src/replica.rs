@@ -28,7 +28,7 @@ use crate::types::{
     AppliedEvent, Config, FatalError, HeldLock, NodeId, Query, Quota, Reply, RequestError, RequestId,
     Response, RoleChange,
 };
-use crate::watch::{TooManyWatches, WatchEvent, WatchKind, WatchQuery, Watches};
+use crate::watch::{TooManyWatches, WatchKind, WatchQuery, Watches};
 
 /// What the driver asks its shell to do, drained with [`Replica::take_effects`].
 #[derive(Debug, Default)]
@@ -1797,7 +1797,11 @@ impl Replica {
     fn apply_commands(&mut self, entry: &Entry) {
         let tags = pb::EntryTags::parse_from_bytes(&entry.context);
         let proposer = tags.as_ref().ok().map(|tags| NodeId(tags.proposer)).filter(|id| id.0 != 0);
-        // Each result, with the key of the command when it was a Grant.
+        // Only the proposer answers the entry's requests (below), and only
+        // it needs their Grants' keys.
+        let answers = tags.as_ref().is_ok_and(|tags| tags.proposer == self.id.0);
+        // Each result, with the key of the command when it was a Grant
+        // (kept when this node answers).
         let mut grant_keys: Vec<Option<Key>> = Vec::new();
         let results: Vec<ApplyResult> = match decode_batch(&entry.data) {
             Err(reason) => vec![ApplyResult::Invalid { reason }],
@@ -1805,16 +1809,20 @@ impl Replica {
                 .into_iter()
                 .map(|command| match command {
                     Ok(command) => {
-                        grant_keys.push(match &command {
-                            Command::Grant { key, .. } | Command::GrantShared { key, .. } => {
-                                Some(key.clone())
-                            }
-                            _ => None,
-                        });
+                        if answers {
+                            grant_keys.push(match &command {
+                                Command::Grant { key, .. } | Command::GrantShared { key, .. } => {
+                                    Some(key.clone())
+                                }
+                                _ => None,
+                            });
+                        }
                         self.apply_command(command, proposer, entry.index)
                     }
                     Err(reason) => {
-                        grant_keys.push(None);
+                        if answers {
+                            grant_keys.push(None);
+                        }
                         ApplyResult::Invalid { reason }
                     }
                 })
@@ -1835,7 +1843,10 @@ impl Replica {
             if ours {
                 let reply = match results.get(offset..end) {
                     Some(slice) => {
-                        for (key, result) in grant_keys[offset..end].iter().zip(slice) {
+                        // An entry whose data did not decode has one result
+                        // and no grant keys: nothing to zip, no panic.
+                        let keys = grant_keys.get(offset..end).unwrap_or_default();
+                        for (key, result) in keys.iter().zip(slice) {
                             // A re-grant (`existing`) names a lock whose
                             // token someone was told before, or was asked
                             // for again: never a ghost's.
@@ -1878,38 +1889,31 @@ impl Replica {
             Command::Expire { token, .. } => Some(*token),
             _ => None,
         };
-        // A lock held back by lock-delay that this command removes (its
-        // lifting Expire, or a force-release) lifts the delay.
         // A read-write lock's or a semaphore's holders are tracked by key
         // and token.
         let shared = matches!(command, Command::GrantShared { .. })
             || key.as_ref().is_some_and(|key| self.table.shared(key.as_bytes()).is_some());
-        let was_delayed = match &command {
-            Command::Expire { key, token, .. } | Command::Release { key, token: Some(token), .. }
-                if shared =>
-            {
-                self.table
-                    .shared(key.as_bytes())
-                    .and_then(|held| held.holders.get(token))
-                    .is_some_and(|holder| holder.delayed)
-            }
-            _ => key
-                .as_ref()
-                .and_then(|key| self.table.holder(key.as_bytes()))
-                .is_some_and(|lock| lock.delayed),
-        };
-        // The lock a Release or Expire may remove, for the watchers: who
-        // held it and with what value.
-        let before = match &command {
+        // The holder a Release or Expire may remove, read once before it
+        // applies: whether lock-delay holds it back (its removal, a lifting
+        // Expire or a force-release, lifts the delay) and, for the
+        // watchers, who held it with what value. No other command's
+        // result is a removal, so no other command needs them.
+        let (was_delayed, before) = match &command {
             Command::Release { key, token: Some(token), .. } | Command::Expire { key, token, .. }
                 if shared =>
             {
-                self.owner_and_value(key, *token)
+                match self.table.shared(key.as_bytes()).and_then(|held| held.holders.get(token)) {
+                    Some(holder) => (holder.delayed, Some((holder.owner.clone(), Value::none()))),
+                    None => (false, None),
+                }
             }
             Command::Release { key, .. } | Command::Expire { key, .. } => {
-                self.table.holder(key.as_bytes()).map(|lock| (lock.owner.clone(), lock.value.clone()))
+                match self.table.holder(key.as_bytes()) {
+                    Some(lock) => (lock.delayed, Some((lock.owner.clone(), lock.value.clone()))),
+                    None => (false, None),
+                }
             }
-            _ => None,
+            _ => (false, None),
         };
         // A force-release of a shared key frees every holder.
         let forced: Vec<(FencingToken, Owner, bool)> = match &command {
@@ -1933,16 +1937,13 @@ impl Replica {
             if let ApplyResult::Released { .. } = result {
                 for (token, owner, held_back) in forced {
                     self.stats.releases_applied += 1;
-                    self.shared_leases.removed(&(key.clone(), token), token);
-                    self.grant_index.remove(&(key.clone(), token));
+                    let key = self.forget_holder(key.clone(), token, true);
                     let kind = if held_back { WatchKind::DelayLifted } else { WatchKind::Released };
-                    let watched =
-                        WatchEvent { index, key: key.clone(), kind, token, owner, value: Value::none() };
-                    self.watches.record(watched);
+                    self.watches.record_parts(index, kind, token, key.as_bytes(), owner.as_bytes(), &[]);
                     let event = if held_back {
-                        AppliedEvent::DelayLifted { key: key.clone(), token, proposer, forced: true }
+                        AppliedEvent::DelayLifted { key, token, proposer, forced: true }
                     } else {
-                        AppliedEvent::Released { key: key.clone(), token }
+                        AppliedEvent::Released { key, token }
                     };
                     self.effects.applied.push((index, event));
                 }
@@ -1950,99 +1951,70 @@ impl Replica {
             return result;
         }
         self.record_watch_event(&key, &result, expire_token, was_delayed, before, index);
+        let now_ms = self.now_ms;
         let event = match (result, expire_token) {
             (ApplyResult::Granted { token, lease_ms, existing }, _) => {
+                self.stats.grants_applied += 1;
                 let session =
                     if in_session || existing { self.table.session_of(key.as_bytes(), token) } else { None };
+                // Under a session, its lease is the session's.
+                if session.is_none() {
+                    if shared {
+                        self.shared_leases.granted((key.clone(), token), token, lease_ms, now_ms);
+                    } else {
+                        self.leases.granted(key.clone(), token, lease_ms, now_ms);
+                    }
+                }
+                self.grant_index.insert((key.clone(), token), index);
                 AppliedEvent::Granted { key, token, lease_ms, existing, session }
             }
-            (ApplyResult::Renewed { token, lease_ms }, _) => AppliedEvent::Renewed { key, token, lease_ms },
+            (ApplyResult::Renewed { token, lease_ms }, _) => {
+                self.stats.renewals_applied += 1;
+                if let Some(session) = self.table.session_of(key.as_bytes(), token) {
+                    // A renew of what a session holds renews the session.
+                    self.session_leases.renewed(session, session, lease_ms, now_ms);
+                } else if shared {
+                    self.shared_leases.renewed((key.clone(), token), token, lease_ms, now_ms);
+                } else {
+                    self.leases.renewed(key.clone(), token, lease_ms, now_ms);
+                }
+                self.grant_index.insert((key.clone(), token), index);
+                AppliedEvent::Renewed { key, token, lease_ms }
+            }
             (ApplyResult::Released { token }, _) if was_delayed => {
+                let key = self.forget_holder(key, token, shared);
                 AppliedEvent::DelayLifted { key, token, proposer, forced: true }
             }
-            (ApplyResult::Released { token }, _) => AppliedEvent::Released { key, token },
+            (ApplyResult::Released { token }, _) => {
+                self.stats.releases_applied += 1;
+                let key = self.forget_holder(key, token, shared);
+                AppliedEvent::Released { key, token }
+            }
             (ApplyResult::Expired { existed: true }, Some(token)) if was_delayed => {
+                let key = self.forget_holder(key, token, shared);
                 AppliedEvent::DelayLifted { key, token, proposer, forced: false }
             }
             (ApplyResult::Expired { existed: true }, Some(token)) => {
+                self.stats.expiries_applied += 1;
+                let key = self.forget_holder(key, token, shared);
                 AppliedEvent::Expired { key, token, proposer }
             }
             (ApplyResult::Delayed { token, delay_ms }, _) => {
-                AppliedEvent::Delayed { key, token, delay_ms, proposer }
-            }
-            (ApplyResult::Proclaimed { token }, _) => AppliedEvent::Proclaimed { key, token },
-            _ => return result,
-        };
-        let now_ms = self.now_ms;
-        match &event {
-            AppliedEvent::Granted { key, token, session: Some(_), .. } => {
-                // Its lease is its session's.
-                self.stats.grants_applied += 1;
-                self.grant_index.insert((key.clone(), *token), index);
-            }
-            AppliedEvent::Granted { key, token, lease_ms, .. } => {
-                self.stats.grants_applied += 1;
-                if shared {
-                    self.shared_leases.granted((key.clone(), *token), *token, *lease_ms, now_ms);
-                } else {
-                    self.leases.granted(key.clone(), *token, *lease_ms, now_ms);
-                }
-                self.grant_index.insert((key.clone(), *token), index);
-            }
-            AppliedEvent::Renewed { key, token, lease_ms } => {
-                self.stats.renewals_applied += 1;
-                if let Some(session) = self.table.session_of(key.as_bytes(), *token) {
-                    // A renew of what a session holds renews the session.
-                    self.session_leases.renewed(session, session, *lease_ms, now_ms);
-                    self.grant_index.insert((key.clone(), *token), index);
-                    self.effects.applied.push((index, event));
-                    return result;
-                }
-                if shared {
-                    self.shared_leases.renewed((key.clone(), *token), *token, *lease_ms, now_ms);
-                } else {
-                    self.leases.renewed(key.clone(), *token, *lease_ms, now_ms);
-                }
-                self.grant_index.insert((key.clone(), *token), index);
-            }
-            AppliedEvent::Released { key, token } | AppliedEvent::Expired { key, token, .. } => {
-                if matches!(event, AppliedEvent::Released { .. }) {
-                    self.stats.releases_applied += 1;
-                } else {
-                    self.stats.expiries_applied += 1;
-                }
-                if shared {
-                    self.shared_leases.removed(&(key.clone(), *token), *token);
-                } else {
-                    self.leases.removed(key, *token);
-                }
-                self.grant_index.remove(&(key.clone(), *token));
-            }
-            AppliedEvent::Delayed { key, token, delay_ms, .. } => {
                 // The holder's lock ended; the key stays held back, and this
                 // node tracks the delay as it tracked the lease.
                 self.stats.expiries_applied += 1;
                 if shared {
-                    self.shared_leases.renewed((key.clone(), *token), *token, *delay_ms, now_ms);
+                    self.shared_leases.renewed((key.clone(), token), token, delay_ms, now_ms);
                 } else {
-                    self.leases.renewed(key.clone(), *token, *delay_ms, now_ms);
+                    self.leases.renewed(key.clone(), token, delay_ms, now_ms);
                 }
-                self.grant_index.remove(&(key.clone(), *token));
+                let held = (key, token);
+                self.grant_index.remove(&held);
+                AppliedEvent::Delayed { key: held.0, token, delay_ms, proposer }
             }
-            AppliedEvent::DelayLifted { key, token, .. } => {
-                if shared {
-                    self.shared_leases.removed(&(key.clone(), *token), *token);
-                } else {
-                    self.leases.removed(key, *token);
-                }
-                self.grant_index.remove(&(key.clone(), *token));
-            }
-            AppliedEvent::Proclaimed { .. }
-            | AppliedEvent::Restored
-            | AppliedEvent::SessionOpened { .. }
-            | AppliedEvent::SessionRenewed { .. }
-            | AppliedEvent::SessionEnded { .. } => {}
-        }
+            (ApplyResult::Proclaimed { token }, _) => AppliedEvent::Proclaimed { key, token },
+            _ => return result,
+        };
         self.effects.applied.push((index, event));
         result
     }
@@ -2068,7 +2040,14 @@ impl Replica {
                 open.holds
                     .iter()
                     .filter_map(|(key, token)| {
-                        let (owner, value) = self.owner_and_value(key, *token)?;
+                        let (owner, value) = match self.table.holder(key.as_bytes()) {
+                            Some(lock) if lock.token == *token => (lock.owner.clone(), lock.value.clone()),
+                            Some(_) => return None,
+                            None => {
+                                let holder = self.table.shared(key.as_bytes())?.holders.get(token)?;
+                                (holder.owner.clone(), Value::none())
+                            }
+                        };
                         Some((key.clone(), *token, owner, value))
                     })
                     .collect()
@@ -2134,7 +2113,7 @@ impl Replica {
                     (WatchKind::Released, AppliedEvent::Released { key: key.clone(), token })
                 }
             };
-            self.watches.record(WatchEvent { index, key: key.clone(), kind, token, owner, value });
+            self.watches.record_parts(index, kind, token, key.as_bytes(), owner.as_bytes(), value.as_bytes());
             self.effects.applied.push((index, event));
             // Its waiters, on the leader: nothing in flight on the key
             // frees it, so it is handed on here.
@@ -2149,8 +2128,25 @@ impl Replica {
         result
     }
 
+    /// Forgets the lease and the grant index of holder `token` of `key`
+    /// (a plain lock, or a `shared` key's holder), which the table no
+    /// longer has, and gives the key back: both are looked up by the key
+    /// itself, not a copy.
+    fn forget_holder(&mut self, key: Key, token: FencingToken, shared: bool) -> Key {
+        let held = (key, token);
+        if shared {
+            self.shared_leases.removed(&held, token);
+        } else {
+            self.leases.removed(&held.0, token);
+        }
+        self.grant_index.remove(&held);
+        held.0
+    }
+
     /// Records what a command applied at `index` changed on `key` for the
-    /// watchers: a new holder, a holder gone, a delay, a new value.
+    /// watchers: a new holder, a holder gone, a delay, a new value. The
+    /// history copies the bytes it keeps, from `before` (the holder a
+    /// removal took) or from the table as it is now.
     fn record_watch_event(
         &mut self,
         key: &Key,
@@ -2172,19 +2168,28 @@ impl Replica {
             (ApplyResult::Delayed { token, .. }, _) => (WatchKind::Delayed, token),
             _ => return,
         };
-        let Some((owner, value)) = before.or_else(|| self.owner_and_value(key, token)) else { return };
-        self.watches.record(WatchEvent { index, key: key.clone(), kind, token, owner, value });
-    }
-
-    /// Who holds `key` under `token` and with what value (a shared
-    /// holder's is none), if that token is in the table.
-    fn owner_and_value(&self, key: &Key, token: FencingToken) -> Option<(Owner, Value)> {
-        match self.table.holder(key.as_bytes()) {
-            Some(lock) if lock.token == token => Some((lock.owner.clone(), lock.value.clone())),
-            Some(_) => None,
+        let key_bytes = key.as_bytes();
+        if let Some((owner, value)) = before {
+            self.watches.record_parts(index, kind, token, key_bytes, owner.as_bytes(), value.as_bytes());
+            return;
+        }
+        // Who holds `key` under `token` and with what value (a shared
+        // holder's is none), if that token is in the table.
+        match self.table.holder(key_bytes) {
+            Some(lock) if lock.token == token => self.watches.record_parts(
+                index,
+                kind,
+                token,
+                key_bytes,
+                lock.owner.as_bytes(),
+                lock.value.as_bytes(),
+            ),
+            Some(_) => {}
             None => {
-                let holder = self.table.shared(key.as_bytes())?.holders.get(&token)?;
-                Some((holder.owner.clone(), Value::none()))
+                let holder = self.table.shared(key_bytes).and_then(|held| held.holders.get(&token));
+                if let Some(holder) = holder {
+                    self.watches.record_parts(index, kind, token, key_bytes, holder.owner.as_bytes(), &[]);
+                }
             }
         }
     }
@@ -2227,7 +2232,7 @@ impl Replica {
                 }
                 Response::List(listed)
             }
-            Query::Table => Response::Table { table: self.table.clone(), index: self.table_index },
+            Query::Table => Response::Table { table: Box::new(self.table.clone()), index: self.table_index },
             Query::Members => self.members_response(),
         }
     }

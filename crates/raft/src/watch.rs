@@ -201,6 +201,21 @@ impl Watches {
     /// past the bound.
     pub fn record(&mut self, event: WatchEvent) {
         let (key, owner, value) = (event.key.as_bytes(), event.owner.as_bytes(), event.value.as_bytes());
+        self.record_parts(event.index, event.kind, event.token, key, owner, value);
+    }
+
+    /// [`Watches::record`] from borrowed parts: the history copies the
+    /// bytes, so the applying replica need not clone a key, an owner or a
+    /// value for it.
+    pub fn record_parts(
+        &mut self,
+        index: u64,
+        kind: WatchKind,
+        token: FencingToken,
+        key: &[u8],
+        owner: &[u8],
+        value: &[u8],
+    ) {
         // Keys, owners and values are far below 64 KiB (1,024, 256 and
         // 4,096 bytes at most); a longer one could not have been decoded.
         let (Ok(key_len), Ok(owner_len), Ok(value_len)) =
@@ -209,9 +224,9 @@ impl Watches {
             return;
         };
         let stored = Stored {
-            index: event.index,
-            kind: event.kind,
-            token: event.token,
+            index,
+            kind,
+            token,
             at: self.bytes_at + self.bytes.len() as u64,
             key_len,
             owner_len,

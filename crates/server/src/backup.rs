@@ -246,7 +246,7 @@ impl Backups {
         let reserved = Reserved { backups: Arc::clone(self), id: backup_id };
         read(Responder::new(move |reply: Reply| {
             match reply {
-                Ok(Response::Table { table, index }) => reserved.encode(table, index, sink),
+                Ok(Response::Table { table, index }) => reserved.encode(*table, index, sink),
                 Ok(other) => {
                     let err = RequestError::Internal(format!("a backup's read was answered {other:?}"));
                     sink.send(error_to_response(id, &err, leader_addr))
