@@ -253,6 +253,12 @@ pub struct Replica {
     /// On the leader: the sessions with an ExpireSession of its own
     /// pending, and its request.
     sessions_expiring: BTreeMap<FencingToken, RequestId>,
+    /// On the leader: the renewals of sessions in flight (a RenewSession,
+    /// or a Renew of something a session holds), by request. An
+    /// ExpireSession is not proposed while one of its session's is: the
+    /// renewal would apply first and be answered alive, and the expiry
+    /// then end the session. Answered requests are pruned lazily.
+    session_renewals: Vec<(RequestId, FencingToken)>,
     /// This node's monotonic time, as last given to `set_now`.
     now_ms: u64,
     /// The leases must be rebuilt from the table at the next `set_now` (the
@@ -420,6 +426,7 @@ impl Replica {
             shared_leases: LeaseTracker::new(),
             session_leases: LeaseTracker::new(),
             sessions_expiring: BTreeMap::new(),
+            session_renewals: Vec::new(),
             now_ms: 0,
             leases_need_restore: true,
             last_expiry_scan_ms: None,
@@ -1250,6 +1257,7 @@ impl Replica {
         // Sessions whose time is up: all they hold goes in one entry.
         let requests = &self.requests;
         self.sessions_expiring.retain(|_, id| requests.contains(*id));
+        self.session_renewals.retain(|(id, _)| requests.contains(*id));
         let sessions_due: Vec<FencingToken> = self
             .session_leases
             .due(self.now_ms)
@@ -1332,9 +1340,16 @@ impl Replica {
     /// the key (`admitted`).
     fn grant_conflict(&self, commands: &[Command], admitted: bool) -> Option<(Key, FencingToken)> {
         commands.iter().find_map(|command| match command {
-            Command::GrantShared { key, owner, share, .. } => {
+            Command::GrantShared { key, owner, share, session, .. } => {
                 match self.table.shared_decision(key.as_bytes(), owner, *share) {
                     SharedDecision::Rejected(token) => Some((key.clone(), token)),
+                    // Held by this owner under another session (or none):
+                    // turned away by its own token, as the table will.
+                    SharedDecision::Existing(token)
+                        if self.table.session_of(key.as_bytes(), token) != *session =>
+                    {
+                        Some((key.clone(), token))
+                    }
                     // A waiter handed the key goes first: sent back behind
                     // the others, it would hand the key to the next, and
                     // so on, forever.
@@ -1344,9 +1359,12 @@ impl Replica {
                     SharedDecision::Grant | SharedDecision::Existing(_) | SharedDecision::Mismatch(_) => None,
                 }
             }
-            Command::Grant { key, owner, .. } => match self.table.holder(key.as_bytes()) {
-                // Held back by lock-delay: for its former owner too.
-                Some(lock) => (lock.owner != *owner || lock.delayed).then(|| (key.clone(), lock.token)),
+            Command::Grant { key, owner, session, .. } => match self.table.holder(key.as_bytes()) {
+                // Held back by lock-delay: for its former owner too; held
+                // by this owner under another session (or none): by its own
+                // token, as the table will answer.
+                Some(lock) => (lock.owner != *owner || lock.delayed || lock.session != *session)
+                    .then(|| (key.clone(), lock.token)),
                 // A read-write lock or a semaphore: a plain acquire waits
                 // for its last holder to go, like any other.
                 None => first_holder(&self.table, key).map(|token| (key.clone(), token)),
@@ -1355,16 +1373,24 @@ impl Replica {
         })
     }
 
-    /// Whether a shared acquire in `commands` is turned away by its own
-    /// owner's hold of the key in another share (a reader asking to write):
-    /// waiting would wait for itself, so it is answered at once.
+    /// Whether an acquire in `commands` is turned away by its own owner's
+    /// hold of the key in another share (a reader asking to write) or
+    /// under another session (or none): waiting would wait for itself, so
+    /// it is answered at once.
     fn turned_away_by_itself(&self, commands: &[Command]) -> bool {
         commands.iter().any(|command| match command {
-            Command::GrantShared { key, owner, share, .. } => self
+            Command::GrantShared { key, owner, share, session, .. } => self
                 .table
                 .shared(key.as_bytes())
                 .and_then(|shared| shared.holders.values().find(|holder| holder.owner == *owner))
-                .is_some_and(|holder| holder.share != *share && !holder.delayed),
+                .is_some_and(|holder| {
+                    (holder.share != *share || holder.session != *session) && !holder.delayed
+                }),
+            // Its owner holds it under another session (or none).
+            Command::Grant { key, owner, session, .. } => self
+                .table
+                .holder(key.as_bytes())
+                .is_some_and(|lock| lock.owner == *owner && !lock.delayed && lock.session != *session),
             _ => false,
         })
     }
@@ -1451,6 +1477,16 @@ impl Replica {
     /// lock those commands will remove.
     fn add_to_batch(&mut self, batch: &mut Batch, id: RequestId) -> Vec<Key> {
         let commands = self.requests.propose(id, self.raw.raft.term);
+        for command in &commands {
+            let renewed = match command {
+                Command::RenewSession { session, .. } => Some(*session),
+                Command::Renew { key, token, .. } => self.table.session_of(key.as_bytes(), *token),
+                _ => None,
+            };
+            if let Some(session) = renewed {
+                self.session_renewals.push((id, session));
+            }
+        }
         let removed = commands
             .iter()
             .filter_map(|command| match command {
@@ -1503,6 +1539,10 @@ impl Replica {
         match pending.commands.as_slice() {
             [Command::ExpireSession { session, .. }] => {
                 !self.session_leases.is_due(session, *session, self.now_ms)
+                    || self
+                        .session_renewals
+                        .iter()
+                        .any(|(renewal, of)| of == session && self.requests.contains(*renewal))
             }
             _ => false,
         }

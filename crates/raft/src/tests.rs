@@ -2389,3 +2389,79 @@ fn sessions_wait_for_level_3_and_count_in_the_quota() {
     applied_token(net.take_reply(RequestId(3)));
     assert!(matches!(net.take_reply(RequestId(4)), Some(Err(RequestError::QuotaExceeded(_)))));
 }
+
+#[test]
+fn a_keep_alive_in_flight_when_the_session_falls_due_keeps_it_and_is_never_followed_by_its_expiry() {
+    // Found by the simulator (seed 1, 5 nodes): the keep-alive arrived at
+    // a leader whose clock said the session was due; the leader's Expire
+    // went into the same entry, right after it: the client was told its
+    // session lived on, and the next command ended it.
+    let mut net = Net::new(3);
+    net.elect(1);
+    set_all_now(&mut net, 0);
+    let session = open_session(&mut net, 1, 1, "o1", 1_000);
+    net.node(1).acquire_with(RequestId(2), grant_in("a", "o1", session), 0);
+    net.settle();
+    let token = applied_token(net.take_reply(RequestId(2)));
+    for (at, request) in [(1_000, 3u64), (2_000, 4)] {
+        set_all_now(&mut net, at);
+        // Due now, and the keep-alive is taken in the same turn.
+        if request == 3 {
+            net.node(1).propose(RequestId(request), vec![Command::RenewSession { session, user: None }]);
+        } else {
+            let renew =
+                Command::Renew { key: key("a"), token, lease_ms: LeaseMs::new(1_000).unwrap(), user: None };
+            net.node(1).propose(RequestId(request), vec![renew]);
+        }
+        net.settle();
+        assert!(
+            matches!(
+                net.take_reply(RequestId(request)),
+                Some(Ok(Response::Applied(results))) if matches!(results.as_slice(), [ApplyResult::Renewed { .. }])
+            ),
+            "request {request}"
+        );
+        for id in 1..=3 {
+            assert!(
+                net.node(id).table().session(session).is_some(),
+                "node {id} ended a session it renewed at {at}"
+            );
+            assert!(net.node(id).table().holds(b"a", token));
+        }
+    }
+    // Not kept alive again: it lapses a TTL after the last renewal.
+    set_all_now(&mut net, 3_000);
+    net.settle();
+    assert!(net.node(2).table().session(session).is_none());
+}
+
+#[test]
+fn an_acquire_under_another_session_than_its_owner_holds_the_key_under_is_answered_at_once() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    set_all_now(&mut net, 0);
+    let session = open_session(&mut net, 1, 1, "o1", 10_000);
+    let other = open_session(&mut net, 1, 2, "o1", 10_000);
+    net.node(1).acquire_with(RequestId(3), grant_in("a", "o1", session), 0);
+    net.settle();
+    let token = applied_token(net.take_reply(RequestId(3)));
+    // Waiting would wait for itself: turned away at once, by its own token.
+    net.node(1).acquire_with(RequestId(4), grant_in("a", "o1", other), 60_000);
+    net.node(1).acquire(
+        RequestId(5),
+        key("a"),
+        LeaseMs::new(1_000).unwrap(),
+        owner("o1"),
+        Value::none(),
+        60_000,
+    );
+    net.settle();
+    for id in [4, 5] {
+        assert_eq!(
+            net.take_reply(RequestId(id)),
+            Some(Err(RequestError::Held { key: key("a"), holder_token: token })),
+            "request {id}"
+        );
+    }
+    assert_eq!(net.node(1).table().holder(b"a").and_then(|lock| lock.session), Some(session));
+}

@@ -12,6 +12,14 @@
 //! Every acquire of the semaphore names the same permits, so that it is
 //! never answered Mismatch by accident; a holder sometimes asks for its key
 //! in another kind on purpose, and must be answered Mismatch.
+//!
+//! The last `SimConfig::session_clients` clients open a session (its TTL
+//! drawn within the lease bounds) and acquire several keys under it: the
+//! plain keys the other clients contend for, a reader or the writer of
+//! the read-write lock, a permit of the semaphore. They keep it alive with
+//! keep-alives (or a renew of a lock it holds), release a key of it now
+//! and then, and in the end close it or abandon it (it must lapse and free
+//! everything). A session found gone (NoSession) is replaced by a new one.
 
 use fencelock_raft::watch::WatchQuery;
 use fencelock_raft::{ClientRequest, Query, Reply, RequestError, Response};
@@ -19,6 +27,10 @@ use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner, S
 
 use crate::invariants::shared;
 use crate::world::{Event, World};
+
+/// A session's TTL is drawn from this range (within the world's lease
+/// bounds), in ms.
+const SESSION_TTL_MS: (u64, u64) = (500, 5_000);
 
 /// How long a client waits for an answer before it gives the connection up.
 const REQUEST_TIMEOUT_MS: u64 = 3_000;
@@ -85,6 +97,35 @@ pub(crate) enum Op {
         key: Key,
         token: FencingToken,
     },
+    /// A session client opens a session.
+    OpenSession {
+        ttl_ms: LeaseMs,
+    },
+    /// A keep-alive of a session.
+    KeepAlive {
+        session: FencingToken,
+    },
+    CloseSession {
+        session: FencingToken,
+    },
+    /// An acquire under a session: a plain lock (`share` none) or shared.
+    AcquireIn {
+        key: Key,
+        share: Option<Share>,
+        session: FencingToken,
+        wait_ms: u64,
+    },
+    /// A renew of a lock held under a session: it renews the session.
+    RenewIn {
+        key: Key,
+        token: FencingToken,
+        session: FencingToken,
+    },
+    /// A release of one lock held under a session.
+    ReleaseIn {
+        key: Key,
+        token: FencingToken,
+    },
     /// A linearizable read of one key's holder.
     Get {
         key: Key,
@@ -127,6 +168,34 @@ pub(crate) enum ClientState {
     },
 }
 
+/// What a client takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Plain,
+    /// Read-write locks and semaphores.
+    Shared,
+    /// Plain and shared keys, under a session.
+    Session,
+}
+
+/// A session client's session, as it believes it.
+#[derive(Debug)]
+pub(crate) struct OpenSession {
+    id: FencingToken,
+    ttl_ms: LeaseMs,
+    /// What it holds under it: key and token.
+    held: Vec<(Key, FencingToken)>,
+    /// What it still means to acquire under it.
+    plan: Vec<(Key, Option<Share>)>,
+    /// When it sends its next keep-alive (a third of the TTL after the
+    /// last answer).
+    keep_alive_at_ms: u64,
+    /// When it ends the session, and whether by closing it (else it stops
+    /// keeping it alive, and it must lapse).
+    end_at_ms: u64,
+    close: bool,
+}
+
 pub struct Client {
     /// Bumped whenever the client's timer is set, so that earlier timers
     /// are ignored.
@@ -138,6 +207,10 @@ pub struct Client {
     pub(crate) target: usize,
     /// Takes read-write locks and semaphores, not plain locks.
     shared: bool,
+    /// Holds keys under a session.
+    sessions: bool,
+    /// A session client's open session.
+    pub(crate) session: Option<OpenSession>,
     /// The node and connection it talks over, if one is open.
     conn: Option<(usize, u64)>,
     pub(crate) state: ClientState,
@@ -150,14 +223,16 @@ pub struct Client {
 }
 
 impl Client {
-    pub(crate) fn new(index: usize, nodes: usize, shared: bool) -> Client {
+    pub(crate) fn new(index: usize, nodes: usize, kind: Kind) -> Client {
         let owner = Owner::new(format!("client-{}", index + 1).into_bytes()).expect("a valid owner");
         Client {
             generation: 0,
             user: index.is_multiple_of(2).then(|| owner.clone()),
             owner,
             target: index % nodes,
-            shared,
+            shared: kind == Kind::Shared,
+            sessions: kind == Kind::Session,
+            session: None,
             conn: None,
             state: ClientState::Idle,
             final_key: Key::new(format!("final/{}", index + 1).into_bytes()).expect("a valid key"),
@@ -183,7 +258,15 @@ impl World {
         let state = std::mem::replace(&mut self.clients[client].state, ClientState::Idle);
         match state {
             ClientState::Idle => {
-                let op = self.next_op(client);
+                let op = if self.clients[client].sessions {
+                    match self.next_session_op(client) {
+                        Some(op) => op,
+                        // Nothing to do yet: its timer is set.
+                        None => return Ok(()),
+                    }
+                } else {
+                    self.next_op(client)
+                };
                 self.send_request(client, op)
             }
             ClientState::Retrying { op } => self.send_request(client, op),
@@ -290,6 +373,89 @@ impl World {
         Op::AcquireShared { key, share, lease_ms, wait_ms }
     }
 
+    /// A session client's next request, or none for now (its timer is then
+    /// set). Without a session it opens one; with one, it keeps it alive
+    /// every third of its TTL (sometimes by renewing a lock it holds),
+    /// acquires what it planned under it, now and then releases one key,
+    /// and ends it when it meant to: closes it, or abandons it (stops
+    /// keeping it alive). After the heal it ends its session and gets its
+    /// final key as a plain client does.
+    fn next_session_op(&mut self, client: usize) -> Option<Op> {
+        let after_heal = self.healed && self.now_ms >= self.config.fault_ms + HEAL_SETTLE_MS;
+        let must_finish = after_heal && !self.clients[client].served_after_heal;
+        let Some(open) = self.clients[client].session.as_ref() else {
+            if must_finish {
+                return Some(self.next_op(client));
+            }
+            let ttl_ms = self.rng.range(SESSION_TTL_MS.0, SESSION_TTL_MS.1 + 1);
+            return Some(Op::OpenSession {
+                ttl_ms: LeaseMs::new(ttl_ms).expect("a TTL within the lease bounds"),
+            });
+        };
+        let (session, keep_alive_at_ms, end_at_ms, close) =
+            (open.id, open.keep_alive_at_ms, open.end_at_ms, open.close);
+        let held = open.held.len() as u64;
+        if must_finish || self.now_ms >= end_at_ms {
+            self.clients[client].session = None;
+            if close {
+                // What it holds is freed by the close: nothing is promised
+                // from now on.
+                self.checker.sessions.closing(session);
+                self.note(&format!("client {} closes session {session}", client + 1));
+                return Some(Op::CloseSession { session });
+            }
+            // What it was promised stands: the session lapses later.
+            self.note(&format!("client {} abandons session {session}", client + 1));
+            let pause = self.rng.range(50, 300);
+            self.wake_client(client, pause);
+            return None;
+        }
+        if self.now_ms >= keep_alive_at_ms {
+            if held > 0 && self.rng.chance(300_000) {
+                let at = self.rng.range(0, held) as usize;
+                let open = self.clients[client].session.as_ref().expect("open");
+                let (key, token) = open.held[at].clone();
+                return Some(Op::RenewIn { key, token, session });
+            }
+            return Some(Op::KeepAlive { session });
+        }
+        if let Some((key, share)) = self.clients[client].session.as_mut().and_then(|open| open.plan.pop()) {
+            let wait_ms = self.rng.pick(&[0, 0, 300, 2_000]);
+            return Some(Op::AcquireIn { key, share, session, wait_ms });
+        }
+        if held > 0 && self.rng.chance(100_000) {
+            let at = self.rng.range(0, held) as usize;
+            let open = self.clients[client].session.as_mut().expect("open");
+            let (key, token) = open.held.remove(at);
+            self.checker.sessions.released(&key, token);
+            return Some(Op::ReleaseIn { key, token });
+        }
+        let next_ms = keep_alive_at_ms.min(end_at_ms);
+        self.wake_client(client, next_ms.saturating_sub(self.now_ms).max(1));
+        None
+    }
+
+    /// What a session client means to hold under a new session: one to
+    /// four of the plain keys, a reader or the writer of the read-write
+    /// lock and a permit of the semaphore, in random order.
+    fn session_plan(&mut self) -> Vec<(Key, Option<Share>)> {
+        let mut choices: Vec<(Key, Option<Share>)> =
+            (0..KEYS).map(|n| (Key::new(format!("k{n}").into_bytes()).expect("a valid key"), None)).collect();
+        let rw = if self.rng.chance(250_000) { Share::Write } else { Share::Read };
+        choices.push((Key::new(RW_KEY.to_vec()).expect("a valid key"), Some(rw)));
+        choices.push((
+            Key::new(SEMAPHORE_KEY.to_vec()).expect("a valid key"),
+            Some(Share::Permit(SEMAPHORE_PERMITS)),
+        ));
+        let count = self.rng.range(1, 5) as usize;
+        let mut plan = Vec::with_capacity(count);
+        for _ in 0..count {
+            let at = self.rng.range(0, choices.len() as u64) as usize;
+            plan.push(choices.swap_remove(at));
+        }
+        plan
+    }
+
     /// The client's connection to its target, opened if it has none.
     fn connection(&mut self, client: usize) -> Option<u64> {
         let target = self.clients[client].target;
@@ -373,6 +539,37 @@ impl World {
             Op::Release { key, token } => {
                 ClientRequest::Propose(vec![Command::Release { key, token: Some(token), user }])
             }
+            Op::OpenSession { ttl_ms } => {
+                ClientRequest::Propose(vec![Command::OpenSession { owner, ttl_ms }])
+            }
+            Op::KeepAlive { session } => {
+                ClientRequest::Propose(vec![Command::RenewSession { session, user }])
+            }
+            Op::CloseSession { session } => {
+                ClientRequest::Propose(vec![Command::CloseSession { session, user }])
+            }
+            Op::AcquireIn { key, share, session, wait_ms } => {
+                // The lease is the session's: the one asked is ignored.
+                let lease_ms = LeaseMs::new(600).expect("a valid lease");
+                let grant = match share {
+                    Some(share) => {
+                        Command::GrantShared { key, lease_ms, owner, share, session: Some(session) }
+                    }
+                    None => {
+                        let value = Value::new(owner.as_bytes().to_vec()).unwrap_or_default();
+                        Command::Grant { key, lease_ms, owner, value, session: Some(session) }
+                    }
+                };
+                ClientRequest::AcquireWith { grant, wait_ms }
+            }
+            Op::RenewIn { key, token, .. } => {
+                // The lease asked is the session's TTL's business.
+                let lease_ms = LeaseMs::new(600).expect("a valid lease");
+                ClientRequest::Propose(vec![Command::Renew { key, token, lease_ms, user }])
+            }
+            Op::ReleaseIn { key, token } => {
+                ClientRequest::Propose(vec![Command::Release { key, token: Some(token), user }])
+            }
             Op::Get { key } => ClientRequest::Read(Query::Holder(key)),
             Op::Check { key, token } => ClientRequest::Read(Query::Check { key, token }),
             Op::List { prefix } => ClientRequest::Read(Query::List { prefix, limit: LIST_LIMIT }),
@@ -387,13 +584,14 @@ impl World {
         let delay = self.network.delay_min_ms + self.network.delay_jitter_ms / 2;
         self.schedule(delay, Event::Request { node, conn, ask, request });
         let wait_ms = match &op {
-            Op::Acquire { wait_ms, .. } | Op::AcquireShared { wait_ms, .. } | Op::Watch { wait_ms, .. } => {
-                *wait_ms
-            }
+            Op::Acquire { wait_ms, .. }
+            | Op::AcquireShared { wait_ms, .. }
+            | Op::AcquireIn { wait_ms, .. }
+            | Op::Watch { wait_ms, .. } => *wait_ms,
             _ => 0,
         };
         let deadline_ms = self.now_ms + REQUEST_TIMEOUT_MS + wait_ms;
-        if let Op::Acquire { .. } | Op::AcquireShared { .. } = &op {
+        if let Op::Acquire { .. } | Op::AcquireShared { .. } | Op::AcquireIn { .. } = &op {
             if self.rng.chance(self.swarm.abandon_ppm) {
                 // The client disconnects right after asking, and gives up.
                 self.note(&format!("client {} abandons {seq} on connection {conn}", client + 1));
@@ -543,6 +741,138 @@ impl World {
                     other => return Err(format!("client {}: renew answered {other:?}", client + 1)),
                 }
             }
+            (Op::OpenSession { ttl_ms }, Ok(Response::Applied(results))) => match results.as_slice() {
+                [ApplyResult::Granted { token: session, lease_ms, existing: false }]
+                    if *lease_ms == ttl_ms =>
+                {
+                    self.checker.sessions.opened(client, *session, sent_ms, ttl_ms.get());
+                    let plan = self.session_plan();
+                    let life_ms = self.rng.range(ttl_ms.get(), 6 * ttl_ms.get());
+                    let close = self.rng.chance(600_000);
+                    self.note(&format!(
+                        "client {} opened session {session} for {} ms",
+                        client + 1,
+                        ttl_ms.get()
+                    ));
+                    self.clients[client].session = Some(OpenSession {
+                        id: *session,
+                        ttl_ms,
+                        held: Vec::new(),
+                        plan,
+                        keep_alive_at_ms: self.now_ms + ttl_ms.get() / 3,
+                        end_at_ms: self.now_ms + life_ms,
+                        close,
+                    });
+                    self.wake_client(client, pause);
+                }
+                other => return Err(format!("client {}: session open answered {other:?}", client + 1)),
+            },
+            (Op::KeepAlive { session }, Ok(Response::Applied(results))) => match results.as_slice() {
+                [ApplyResult::Renewed { token, lease_ms }] if *token == session => {
+                    self.session_kept_alive(client, session, sent_ms, *lease_ms)?;
+                    self.wake_client(client, pause);
+                }
+                [ApplyResult::NoSession { session: gone }] if *gone == session => {
+                    self.session_gone(client, session)?;
+                    self.wake_client(client, pause);
+                }
+                other => {
+                    return Err(format!("client {}: keep-alive of {session} answered {other:?}", client + 1))
+                }
+            },
+            (Op::RenewIn { key, token, session }, Ok(Response::Applied(results))) => match results.as_slice()
+            {
+                [ApplyResult::Renewed { token: renewed, lease_ms }] if *renewed == token => {
+                    self.checker.durability.acked_renewal(&key, token);
+                    self.session_kept_alive(client, session, sent_ms, *lease_ms)?;
+                    self.wake_client(client, pause);
+                }
+                [ApplyResult::NotFound { .. }] => {
+                    // Its session lapsed (the next keep-alive tells).
+                    if let Some(open) =
+                        self.clients[client].session.as_mut().filter(|open| open.id == session)
+                    {
+                        open.held.retain(|(held, of)| *held != key || *of != token);
+                        open.keep_alive_at_ms = self.now_ms;
+                    }
+                    self.checker.sessions.released(&key, token);
+                    self.wake_client(client, pause);
+                }
+                other => {
+                    return Err(format!(
+                        "client {}: renew of {key} under {session} answered {other:?}",
+                        client + 1
+                    ))
+                }
+            },
+            (Op::AcquireIn { key, share, session, .. }, Ok(Response::Applied(results))) => {
+                match results.as_slice() {
+                    [ApplyResult::Granted { token, lease_ms, .. }] => {
+                        let Some(open) =
+                            self.clients[client].session.as_mut().filter(|open| open.id == session)
+                        else {
+                            return Err(format!(
+                                "client {}: granted {key} under {session}, not its session",
+                                client + 1
+                            ));
+                        };
+                        open.held.push((key.clone(), *token));
+                        let ttl_ms = open.ttl_ms;
+                        if *lease_ms != ttl_ms {
+                            return Err(format!(
+                                "client {}: granted {key} ({token}) under session {session} of {} ms, with a lease of {} ms",
+                                client + 1,
+                                ttl_ms.get(),
+                                lease_ms.get()
+                            ));
+                        }
+                        self.grants += 1;
+                        self.checker.durability.acked_grant(&key, *token);
+                        self.checker.sessions.granted_in(client, session, &key, *token)?;
+                        self.note(&format!(
+                            "client {} granted {key} {token} under session {session}",
+                            client + 1
+                        ));
+                        self.wake_client(client, pause);
+                    }
+                    // Its owner holds the key under another session (one
+                    // it abandoned, not lapsed yet): turned away by its own
+                    // token, decided at apply (the handler answers held).
+                    [ApplyResult::GrantRejected { .. }] => self.wake_client(client, pause),
+                    // The session is gone: a clean refusal.
+                    [ApplyResult::NoSession { session: gone }] if *gone == session => {
+                        self.session_gone(client, session)?;
+                        self.wake_client(client, pause);
+                    }
+                    [ApplyResult::Mismatch { permits }] if share.is_some() => {
+                        let share = share.expect("shared");
+                        self.checker.shared.mismatched(client, share, Some(*permits))?;
+                        self.wake_client(client, pause);
+                    }
+                    other => {
+                        return Err(format!(
+                            "client {}: acquire of {key} under {session} answered {other:?}",
+                            client + 1
+                        ))
+                    }
+                }
+            }
+            (Op::CloseSession { session }, Ok(Response::Applied(results))) => match results.as_slice() {
+                // NoSession: it lapsed first, or an earlier try closed it.
+                [ApplyResult::Released { token }] if *token == session => self.wake_client(client, pause),
+                [ApplyResult::NoSession { session: gone }] if *gone == session => {
+                    self.wake_client(client, pause)
+                }
+                other => return Err(format!("client {}: close of {session} answered {other:?}", client + 1)),
+            },
+            (Op::ReleaseIn { key, token }, Ok(Response::Applied(results))) => {
+                match results.as_slice() {
+                    [ApplyResult::Released { .. }] => self.checker.durability.acked_release(&key, token),
+                    [ApplyResult::NotFound { .. }] => {}
+                    other => return Err(format!("client {}: release answered {other:?}", client + 1)),
+                }
+                self.wake_client(client, pause);
+            }
             (Op::Release { key, token }, Ok(Response::Applied(results))) => {
                 match results.as_slice() {
                     [ApplyResult::Released { .. }] => self.checker.durability.acked_release(&key, token),
@@ -639,6 +969,22 @@ impl World {
                     | RequestError::Stopped,
                 ),
             ) => self.retry(client, op, pause),
+            // The cluster has not raised its command level yet.
+            (
+                op @ (Op::OpenSession { .. }
+                | Op::KeepAlive { .. }
+                | Op::CloseSession { .. }
+                | Op::AcquireIn { .. }),
+                Err(RequestError::LevelNotReached { .. }),
+            ) => self.retry(client, op, pause),
+            (
+                Op::AcquireIn { .. },
+                Err(
+                    RequestError::Held { .. }
+                    | RequestError::Delayed { .. }
+                    | RequestError::WaitTimedOut { .. },
+                ),
+            ) => self.wake_client(client, pause),
             (
                 Op::Acquire { .. },
                 Err(
@@ -658,6 +1004,42 @@ impl World {
                 self.wake_client(client, pause);
             }
             (op, other) => return Err(format!("client {}: {op:?} answered {other:?}", client + 1)),
+        }
+        Ok(())
+    }
+
+    /// `client` was told its session is alive, with `ttl_ms`, for a request
+    /// sent at `sent_ms`: its next keep-alive is due a third of it later.
+    fn session_kept_alive(
+        &mut self,
+        client: usize,
+        session: FencingToken,
+        sent_ms: u64,
+        ttl_ms: LeaseMs,
+    ) -> Result<(), String> {
+        let Some(open) = self.clients[client].session.as_mut().filter(|open| open.id == session) else {
+            // It ended it meanwhile (a retried request's answer).
+            return Ok(());
+        };
+        if ttl_ms != open.ttl_ms {
+            return Err(format!(
+                "client {}: session {session} of {} ms was renewed for {} ms",
+                client + 1,
+                open.ttl_ms.get(),
+                ttl_ms.get()
+            ));
+        }
+        open.keep_alive_at_ms = self.now_ms + ttl_ms.get() / 3;
+        self.checker.sessions.kept_alive(client, session, sent_ms, ttl_ms.get())
+    }
+
+    /// `client` was told its session is not open (NoSession): what it held
+    /// under it is gone; it opens another at its next wake.
+    fn session_gone(&mut self, client: usize, session: FencingToken) -> Result<(), String> {
+        self.checker.sessions.refused(client, session, self.now_ms)?;
+        if self.clients[client].session.as_ref().is_some_and(|open| open.id == session) {
+            self.note(&format!("client {} told session {session} is gone", client + 1));
+            self.clients[client].session = None;
         }
         Ok(())
     }
@@ -684,7 +1066,14 @@ impl World {
             | Op::Get { .. }
             | Op::Check { .. }
             | Op::List { .. }
-            | Op::Watch { .. } => ClientState::Idle,
+            | Op::Watch { .. }
+            // A session client decides again: a new session, a keep-alive
+            // if one is still due, the next acquire.
+            | Op::OpenSession { .. }
+            | Op::KeepAlive { .. }
+            | Op::RenewIn { .. }
+            | Op::AcquireIn { .. } => ClientState::Idle,
+            op @ (Op::CloseSession { .. } | Op::ReleaseIn { .. }) => ClientState::Retrying { op },
             // It still holds its key: back to renewing it.
             Op::Probe { key, token, lease_ms, release_at_ms, .. } => {
                 ClientState::Holding { key, token, lease_ms, release_at_ms }

@@ -13,7 +13,8 @@
 //!   can reach whether to start anew or rejoin (`fencelock_raft::rejoin`);
 //! - clients: acquires with and without waiting, renewals, releases, and
 //!   disconnects in the middle of a request; some clients take read-write
-//!   locks and semaphore permits instead of plain locks.
+//!   locks and semaphore permits instead of plain locks; some hold several
+//!   keys under a session, keep it alive, close it or let it lapse.
 //!
 //! A run has a fault phase, then a heal phase in which the cluster must
 //! converge and serve every client again. The invariants in [`invariants`]
@@ -55,6 +56,8 @@ pub struct SimConfig {
     pub clients: usize,
     /// Clients of a read-write lock and a semaphore.
     pub shared_clients: usize,
+    /// Clients that hold plain and shared keys under a session.
+    pub session_clients: usize,
     /// Simulated milliseconds of faults, then of healing.
     pub fault_ms: u64,
     pub heal_ms: u64,
@@ -62,7 +65,15 @@ pub struct SimConfig {
 
 impl SimConfig {
     pub fn new(seed: u64, nodes: usize) -> SimConfig {
-        SimConfig { seed, nodes, clients: 5, shared_clients: 3, fault_ms: 20_000, heal_ms: 10_000 }
+        SimConfig {
+            seed,
+            nodes,
+            clients: 5,
+            shared_clients: 3,
+            session_clients: 1,
+            fault_ms: 20_000,
+            heal_ms: 10_000,
+        }
     }
 }
 

@@ -53,9 +53,16 @@ fn runs_do_real_work() {
     assert!(report.result.is_ok(), "{report}");
     assert!(report.grants > 10, "{report}");
     assert!(report.acknowledgements > 10, "{report}");
-    // The shared clients' too: promises, changes on the nodes, reads.
-    for check in ["shared promises", "shared changes", "shared reads"] {
-        let judged = report.judged.iter().find(|(name, _)| *name == check).map_or(0, |(_, n)| *n);
+    // The shared and session clients' too (over a few seeds: one alone may
+    // happen to have no shared read): promises, changes on the nodes, reads,
+    // sessions ended.
+    let reports: Vec<_> = (3..=6).map(|seed| run(SimConfig::new(seed, 3))).collect();
+    let checks = ["shared promises", "shared changes", "shared reads", "session promises", "session ends"];
+    for check in checks {
+        let judged: u64 = reports
+            .iter()
+            .map(|report| report.judged.iter().find(|(name, _)| *name == check).map_or(0, |(_, n)| *n))
+            .sum();
         assert!(judged > 0, "{check}: {report}");
     }
 }

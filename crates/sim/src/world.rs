@@ -15,7 +15,7 @@ use fencelock_raft::{
 use fencelock_types::LeaseMs;
 use raft::prelude::Message;
 
-use crate::clients::{Ask, Client};
+use crate::clients::{Ask, Client, Kind};
 use crate::clock::NodeClock;
 
 use crate::disk::SimDisk;
@@ -127,7 +127,8 @@ pub struct World {
     pub(crate) next_conn: u64,
     /// Print each note of the trace as it is made (`SIM_TRACE=1`).
     print_notes: bool,
-    /// Note every client request and answer (`SIM_TRACE=clients`).
+    /// Note every client request and answer, and every change a node
+    /// applies (`SIM_TRACE=clients`).
     pub(crate) trace_clients: bool,
     pub(crate) healed: bool,
     pub(crate) healed_at: Option<u64>,
@@ -182,8 +183,18 @@ impl World {
             .collect();
         // The clients of shared keys come after the others, so that those
         // keep their numbers.
-        let clients = (0..config.clients + config.shared_clients)
-            .map(|i| Client::new(i, config.nodes, i >= config.clients))
+        // The session clients come last, for the same reason.
+        let clients = (0..config.clients + config.shared_clients + config.session_clients)
+            .map(|i| {
+                let kind = if i >= config.clients + config.shared_clients {
+                    Kind::Session
+                } else if i >= config.clients {
+                    Kind::Shared
+                } else {
+                    Kind::Plain
+                };
+                Client::new(i, config.nodes, kind)
+            })
             .collect();
         let checker = Checker::new(config.nodes, swarm.drift_ppm_max);
         let network =
@@ -516,6 +527,11 @@ impl World {
                     let table = LockTable::restore(message.get_snapshot().get_data());
                     self.schedule_snapshot(node, NodeEvent::SnapshotDecoded { message, table });
                 }
+            }
+        }
+        if self.trace_clients {
+            for (index, event) in &applied {
+                self.note(&format!("{} applied {index}: {event:?}", node + 1));
             }
         }
         let mut applied_seen = self.nodes[node].applied_seen;

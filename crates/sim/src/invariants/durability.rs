@@ -39,7 +39,12 @@ impl Check {
             | AppliedEvent::Delayed { key, token, .. } => {
                 self.removed.insert((key.clone(), *token));
             }
-            AppliedEvent::DelayLifted { .. } | AppliedEvent::Proclaimed { .. } | AppliedEvent::Restored => {}
+            AppliedEvent::DelayLifted { .. }
+            | AppliedEvent::Proclaimed { .. }
+            | AppliedEvent::Restored
+            | AppliedEvent::SessionOpened { .. }
+            | AppliedEvent::SessionRenewed { .. }
+            | AppliedEvent::SessionEnded { .. } => {}
         }
     }
 
@@ -195,6 +200,7 @@ mod tests {
         let mut held = LockTable::new();
         for (n, owner) in [(1, "a"), (2, "b")] {
             held.apply(Command::GrantShared {
+                session: None,
                 key: rw.clone(),
                 lease_ms: LeaseMs::new(1_000).unwrap(),
                 owner: fencelock_types::Owner::new(owner.as_bytes().to_vec()).unwrap(),
@@ -205,6 +211,7 @@ mod tests {
                 token: token(n),
                 lease_ms: LeaseMs::new(1_000).unwrap(),
                 existing: false,
+                session: None,
             };
             check.applied(n, &event);
             check.acked_grant(&rw, token(n));

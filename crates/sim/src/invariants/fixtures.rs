@@ -18,7 +18,13 @@ pub(crate) fn token(n: u64) -> FencingToken {
 
 /// `key()` granted under token `n` for 1 s.
 pub(crate) fn granted(n: u64, existing: bool) -> AppliedEvent {
-    AppliedEvent::Granted { key: key(), token: token(n), lease_ms: LeaseMs::new(1_000).unwrap(), existing }
+    AppliedEvent::Granted {
+        key: key(),
+        token: token(n),
+        lease_ms: LeaseMs::new(1_000).unwrap(),
+        existing,
+        session: None,
+    }
 }
 
 pub(crate) fn released(n: u64) -> AppliedEvent {
@@ -32,6 +38,7 @@ pub(crate) fn expired(n: u64) -> AppliedEvent {
 /// A Grant of `key()` to `owner` for 1 s.
 pub(crate) fn grant(owner: &[u8]) -> Command {
     Command::Grant {
+        session: None,
         key: key(),
         lease_ms: LeaseMs::new(1_000).unwrap(),
         owner: Owner::new(owner.to_vec()).unwrap(),

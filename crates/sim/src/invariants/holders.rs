@@ -156,6 +156,7 @@ mod tests {
             token: token(4),
             lease_ms: LeaseMs::new(1_000).unwrap(),
             existing: false,
+            session: None,
         };
         assert!(check.applied(&other, 9_999).is_err());
         let mut check = Check::new(100_000);

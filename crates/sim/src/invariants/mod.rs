@@ -21,7 +21,11 @@
 //!   under its prefix after its position, in order, with their indexes;
 //! - [`shared`]: read-write locks and semaphores, on every node (readers
 //!   only beside readers, a writer alone, at most N permits) and in what
-//!   their clients were promised, as [`holders`] judges plain locks.
+//!   their clients were promised, as [`holders`] judges plain locks;
+//! - [`sessions`]: a session's end frees all it held, holders name only
+//!   open sessions of their owner, on every node after each change; a
+//!   client told its session is alive keeps it, and what it holds under
+//!   it, for its TTL.
 
 pub mod convergence;
 pub mod durability;
@@ -33,6 +37,7 @@ pub mod liveness;
 pub mod mutual_exclusion;
 pub mod reads;
 pub mod renewal;
+pub mod sessions;
 pub mod shared;
 pub mod tokens;
 pub mod watches;
@@ -70,6 +75,7 @@ pub struct Checker {
     pub expiry: expiry::Check,
     pub watches: watches::Check,
     pub shared: shared::Check,
+    pub sessions: sessions::Check,
     /// Applied changes each per-node check judged.
     judged_changes: u64,
     /// Per node: the highest index it applied, and the highest it had
@@ -89,6 +95,7 @@ impl Checker {
             holders: holders::Check::new(drift_ppm_max),
             expiry: expiry::Check::new(drift_ppm_max),
             shared: shared::Check::new(nodes, drift_ppm_max),
+            sessions: sessions::Check::new(nodes, drift_ppm_max),
             applied_max: vec![0; nodes],
             replay_until: vec![0; nodes],
             ..Checker::default()
@@ -105,12 +112,14 @@ impl Checker {
         self.mutual_exclusion.reset(node, table);
         self.tokens.reset(node, table);
         self.shared.reset(node, table);
+        self.sessions.reset(node, table);
     }
 
     /// A node's clock jumped forward: what clients were promised shrinks.
     pub fn clock_jumped(&mut self, now_ms: u64, jump_ms: u64) {
         self.holders.clock_jumped(now_ms, jump_ms);
         self.shared.clock_jumped(now_ms, jump_ms);
+        self.sessions.clock_jumped(now_ms, jump_ms);
     }
 
     /// How often each check judged something, for the sweep's report.
@@ -127,6 +136,7 @@ impl Checker {
         ]
         .into_iter()
         .chain(self.shared.judged())
+        .chain(self.sessions.judged())
         .collect()
     }
 
@@ -158,6 +168,7 @@ impl Checker {
             let applied = Applied { node, local_ms, is_leader, index: *index, replaying, event };
             self.mutual_exclusion.applied(&applied)?;
             self.shared.applied(&applied)?;
+            self.sessions.applied(&applied)?;
             self.tokens.applied(&applied)?;
             self.renewal.applied(&applied)?;
             self.judged_changes += 1;
@@ -165,6 +176,7 @@ impl Checker {
         for (index, event) in events {
             self.holders.applied(event, now_ms)?;
             self.shared.first_applied(event, now_ms)?;
+            self.sessions.first_applied(event, now_ms)?;
             self.reads.applied(event, now_ms);
             self.expiry.applied(*index, event, now_ms);
         }
@@ -177,6 +189,7 @@ impl Checker {
             self.renewal.restored(node, table, local_ms);
         } else if !events.is_empty() {
             self.shared.compare(node, table)?;
+            self.sessions.compare(node, table)?;
         }
         self.convergence.observed(node, applied_index, table)
     }

@@ -98,7 +98,12 @@ impl Check {
                     delayed.insert(key.clone());
                 }
             }
-            AppliedEvent::Renewed { .. } | AppliedEvent::Proclaimed { .. } | AppliedEvent::Restored => {}
+            AppliedEvent::Renewed { .. }
+            | AppliedEvent::Proclaimed { .. }
+            | AppliedEvent::Restored
+            | AppliedEvent::SessionOpened { .. }
+            | AppliedEvent::SessionRenewed { .. }
+            | AppliedEvent::SessionEnded { .. } => {}
         }
         Ok(())
     }
@@ -202,6 +207,7 @@ mod tests {
             token: token(n),
             lease_ms: LeaseMs::new(1_000).unwrap(),
             existing: false,
+            session: None,
         };
         check.applied(&on(0, &reader(1))).unwrap();
         check.applied(&on(0, &reader(2))).unwrap();
@@ -217,6 +223,7 @@ mod tests {
         // release and the second grant are applied again.
         let mut table = LockTable::new();
         table.apply(Command::Grant {
+            session: None,
             key: key(),
             lease_ms: LeaseMs::new(1_000).unwrap(),
             owner: Owner::new(b"a".to_vec()).unwrap(),

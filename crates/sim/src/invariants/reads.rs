@@ -109,6 +109,7 @@ mod tests {
             token: token(n),
             lease_ms: LeaseMs::new(1_000).unwrap(),
             existing: false,
+            session: None,
         }
     }
 

@@ -3,7 +3,10 @@
 //! it, its own clock must have passed the moment it applied that lock's last
 //! grant or renewal plus the lease. An Expire that overtook a renewal fails
 //! this. Judged per holder: a read-write lock's or a semaphore's holders
-//! each have a lease of their own.
+//! each have a lease of their own. A holder under a session has its
+//! session's instead: the session's last open or renewal (a keep-alive, or
+//! a renew of anything it holds) plus its TTL, to which both the session's
+//! end and each of its holders' expiry are held.
 
 use std::collections::BTreeMap;
 
@@ -17,6 +20,12 @@ use super::Applied;
 #[derive(Debug, Default)]
 pub struct Check {
     refreshed: Vec<BTreeMap<(Key, FencingToken), Refreshed>>,
+    /// Per node, each open session and when it was last renewed: what it
+    /// holds has no lease of its own, the session's deadline is held to
+    /// its TTL as a lock's to its lease.
+    sessions: Vec<BTreeMap<FencingToken, Refreshed>>,
+    /// Per node, the holders under a session, and the session.
+    held_by: Vec<BTreeMap<(Key, FencingToken), FencingToken>>,
 }
 
 /// The node's clock when it applied a lock's last grant or renewal, the
@@ -25,7 +34,11 @@ type Refreshed = (u64, u64, bool);
 
 impl Check {
     pub fn new(nodes: usize) -> Check {
-        Check { refreshed: vec![BTreeMap::new(); nodes] }
+        Check {
+            refreshed: vec![BTreeMap::new(); nodes],
+            sessions: vec![BTreeMap::new(); nodes],
+            held_by: vec![BTreeMap::new(); nodes],
+        }
     }
 
     /// Node `node` installed a snapshot at `local_ms`, ending the turn with
@@ -35,10 +48,23 @@ impl Check {
     /// that asked again with a shorter lease may have shortened it; the
     /// snapshot carries the lease asked last.)
     pub fn restored(&mut self, node: usize, table: &LockTable, local_ms: u64) {
-        let locks = table.list(b"", usize::MAX).map(|(key, lock)| ((key, lock.token), lock.lease_ms));
+        let locks = table
+            .list(b"", usize::MAX)
+            .filter(|(_, lock)| lock.session.is_none())
+            .map(|(key, lock)| ((key, lock.token), lock.lease_ms));
         let holders = table.list_shared(b"", usize::MAX).flat_map(|(key, shared)| {
-            shared.holders.iter().map(move |(token, holder)| ((key, *token), holder.lease_ms))
+            shared
+                .holders
+                .iter()
+                .filter(|(_, holder)| holder.session.is_none())
+                .map(move |(token, holder)| ((key, *token), holder.lease_ms))
         });
+        self.sessions[node] =
+            table.sessions().map(|(id, session)| (id, (local_ms, session.ttl_ms.get(), false))).collect();
+        self.held_by[node] = table
+            .sessions()
+            .flat_map(|(id, session)| session.holds.iter().map(move |held| (held.clone(), id)))
+            .collect();
         self.refreshed[node] = locks
             .chain(holders)
             .map(|((key, token), lease_ms)| ((key.clone(), token), (local_ms, lease_ms.get(), false)))
@@ -47,7 +73,63 @@ impl Check {
 
     pub fn applied(&mut self, applied: &Applied<'_>) -> Result<(), String> {
         let refreshed = &mut self.refreshed[applied.node];
+        let sessions = &mut self.sessions[applied.node];
+        let held_by = &mut self.held_by[applied.node];
+        let decided_here = |proposer: &Option<fencelock_raft::NodeId>| {
+            *proposer == Some(fencelock_raft::NodeId(applied.node as u64 + 1)) && applied.is_leader
+        };
         match applied.event {
+            // Held under a session: its lease is the session's.
+            AppliedEvent::Granted { key, token, session: Some(session), .. } => {
+                held_by.insert((key.clone(), *token), *session);
+            }
+            // A renew of what a session holds renews the session.
+            AppliedEvent::Renewed { key, token, lease_ms }
+                if held_by.contains_key(&(key.clone(), *token)) =>
+            {
+                let session = held_by[&(key.clone(), *token)];
+                sessions.insert(session, (applied.local_ms, lease_ms.get(), applied.replaying));
+            }
+            // Held under a session, expired (by its session's end, or by
+            // anything else): held to the session's deadline.
+            AppliedEvent::Expired { key, token, proposer }
+            | AppliedEvent::Delayed { key, token, proposer, .. }
+                if held_by.contains_key(&(key.clone(), *token)) =>
+            {
+                let session = held_by.remove(&(key.clone(), *token)).expect("held under a session");
+                if let AppliedEvent::Delayed { delay_ms, .. } = applied.event {
+                    refreshed
+                        .insert((key.clone(), *token), (applied.local_ms, delay_ms.get(), applied.replaying));
+                }
+                if let Some((at_ms, ttl_ms, false)) = sessions.get(&session).copied() {
+                    let due_ms = at_ms + ttl_ms;
+                    if decided_here(proposer) && applied.local_ms < due_ms {
+                        return Err(format!(
+                            "node {} expired {key} (token {token}) under session {session} at {} ms on its clock, \
+                             before {due_ms} ms",
+                            applied.node + 1,
+                            applied.local_ms
+                        ));
+                    }
+                }
+            }
+            AppliedEvent::SessionOpened { session, ttl_ms }
+            | AppliedEvent::SessionRenewed { session, ttl_ms } => {
+                sessions.insert(*session, (applied.local_ms, ttl_ms.get(), applied.replaying));
+            }
+            AppliedEvent::SessionEnded { session, expired, proposer } => {
+                let last = sessions.remove(session);
+                if let Some((at_ms, ttl_ms, false)) = last.filter(|_| *expired) {
+                    let due_ms = at_ms + ttl_ms;
+                    if decided_here(proposer) && applied.local_ms < due_ms {
+                        return Err(format!(
+                            "node {} expired session {session} at {} ms on its clock, before {due_ms} ms",
+                            applied.node + 1,
+                            applied.local_ms
+                        ));
+                    }
+                }
+            }
             AppliedEvent::Granted { key, token, lease_ms, .. }
             | AppliedEvent::Renewed { key, token, lease_ms } => {
                 refreshed
@@ -87,6 +169,7 @@ impl Check {
             }
             AppliedEvent::Released { key, token } => {
                 refreshed.remove(&(key.clone(), *token));
+                held_by.remove(&(key.clone(), *token));
             }
             AppliedEvent::Proclaimed { .. } | AppliedEvent::Restored => {}
         }
@@ -107,6 +190,7 @@ mod tests {
             token: token(n),
             lease_ms: LeaseMs::new(lease_ms).unwrap(),
             existing,
+            session: None,
         }
     }
 
@@ -155,6 +239,7 @@ mod tests {
             token: token(n),
             lease_ms: LeaseMs::new(5_000).unwrap(),
             existing: false,
+            session: None,
         };
         let mut check = Check::new(3);
         check.applied(&leader(1_000, &reader(1))).unwrap();
@@ -167,6 +252,45 @@ mod tests {
             err.contains("node 1 expired k-rw (token 2) at 7000 ms on its clock, before 8000 ms"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_renew_of_a_lock_under_a_session_renews_the_session() {
+        let session = token(1);
+        let ttl_ms = LeaseMs::new(5_000).unwrap();
+        let under = AppliedEvent::Granted {
+            key: key(),
+            token: token(2),
+            lease_ms: ttl_ms,
+            existing: false,
+            session: Some(session),
+        };
+        let ended = AppliedEvent::SessionEnded { session, expired: true, proposer: Some(NodeId(1)) };
+        let history = |check: &mut Check| {
+            check.applied(&leader(1_000, &AppliedEvent::SessionOpened { session, ttl_ms })).unwrap();
+            check.applied(&leader(1_000, &under)).unwrap();
+            // Renewed by a renew of its lock (not a keep-alive) at 4 s:
+            // good until 9 s.
+            check.applied(&leader(4_000, &renewed(2, 5_000))).unwrap();
+        };
+        let mut check = Check::new(3);
+        history(&mut check);
+        // Its lock expired, by the session's end, at 7 s: before 9 s.
+        let err = check.applied(&leader(7_000, &expired(2, 0))).unwrap_err();
+        assert!(
+            err.contains("expired k (token 2) under session 1 at 7000 ms on its clock, before 9000 ms"),
+            "{err}"
+        );
+        let mut check = Check::new(3);
+        history(&mut check);
+        let err = check.applied(&leader(7_000, &ended)).unwrap_err();
+        assert!(err.contains("expired session 1 at 7000 ms on its clock, before 9000 ms"), "{err}");
+        // After 9 s, both pass; a lock under a session has no lease of its
+        // own (5 s from its grant at 1 s).
+        let mut check = Check::new(3);
+        history(&mut check);
+        check.applied(&leader(9_000, &expired(2, 0))).unwrap();
+        check.applied(&leader(9_000, &ended)).unwrap();
     }
 
     #[test]
@@ -237,6 +361,7 @@ mod tests {
     fn a_restored_snapshot_gives_each_lock_a_full_lease_from_then() {
         let mut table = LockTable::new();
         table.apply(Command::Grant {
+            session: None,
             key: key(),
             lease_ms: LeaseMs::new(5_000).unwrap(),
             owner: Owner::new(b"a".to_vec()).unwrap(),

@@ -68,7 +68,10 @@ fn key_and_token(event: &AppliedEvent) -> Option<(&Key, FencingToken)> {
         | AppliedEvent::Delayed { key, token, .. }
         | AppliedEvent::DelayLifted { key, token, .. }
         | AppliedEvent::Proclaimed { key, token } => Some((key, *token)),
-        AppliedEvent::Restored => None,
+        AppliedEvent::Restored
+        | AppliedEvent::SessionOpened { .. }
+        | AppliedEvent::SessionRenewed { .. }
+        | AppliedEvent::SessionEnded { .. } => None,
     }
 }
 
@@ -642,6 +645,7 @@ mod tests {
             token: token(n),
             lease_ms: LeaseMs::new(1_000).unwrap(),
             existing: false,
+            session: None,
         }
     }
 
@@ -658,6 +662,7 @@ mod tests {
         let mut table = LockTable::new();
         for (n, share) in shares.iter().enumerate() {
             table.apply(Command::GrantShared {
+                session: None,
                 key: key.clone(),
                 lease_ms: LeaseMs::new(1_000).unwrap(),
                 owner: Owner::new(format!("o{n}").into_bytes()).unwrap(),
@@ -714,6 +719,7 @@ mod tests {
             token: token(2),
             lease_ms: LeaseMs::new(1_000).unwrap(),
             existing: true,
+            session: None,
         };
         assert!(check.applied(&on(0, &regrant)).is_err());
         assert!(check.applied(&on(0, &released(&rw(), 2))).is_err());
@@ -786,6 +792,7 @@ mod tests {
         // A plain lock on a shared key, a shared lock on a plain one.
         let mut plain = LockTable::new();
         plain.apply(Command::Grant {
+            session: None,
             key: rw(),
             lease_ms: LeaseMs::new(1_000).unwrap(),
             owner: Owner::new(b"o".to_vec()).unwrap(),

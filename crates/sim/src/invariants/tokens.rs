@@ -1,5 +1,7 @@
 //! Fencing tokens strictly increase on every node, and no token is ever
 //! issued for two different grants, across all nodes, crashes and leaders.
+//! A session's id is a token from the same counter: it counts as issued,
+//! never for a grant as well.
 
 use std::collections::BTreeMap;
 
@@ -13,9 +15,9 @@ use super::Applied;
 pub struct Check {
     /// The last new token each node applied.
     last: Vec<Option<FencingToken>>,
-    /// Every token any node granted, the key it was for and the log
-    /// position that granted it.
-    issued: BTreeMap<FencingToken, (Key, u64)>,
+    /// Every token any node granted, the key it was for (none: a
+    /// session's id) and the log position that granted it.
+    issued: BTreeMap<FencingToken, (Option<Key>, u64)>,
 }
 
 impl Check {
@@ -28,23 +30,31 @@ impl Check {
     }
 
     pub fn applied(&mut self, applied: &Applied<'_>) -> Result<(), String> {
-        let AppliedEvent::Granted { key, token, existing: false, .. } = applied.event else { return Ok(()) };
+        let (key, token) = match applied.event {
+            AppliedEvent::Granted { key, token, existing: false, .. } => (Some(key), token),
+            AppliedEvent::SessionOpened { session, .. } => (None, session),
+            _ => return Ok(()),
+        };
+        let name = |key: Option<&Key>| key.map_or_else(|| "a session".to_owned(), Key::to_string);
         let last = &mut self.last[applied.node];
         if last.is_some_and(|last| *token <= last) {
             return Err(format!("node {}: token {token} granted after {last:?}", applied.node + 1));
         }
         *last = Some(*token);
         match self.issued.get(token) {
-            Some((earlier, _)) if earlier != key => {
-                Err(format!("token {token} issued for {earlier} and again for {key}"))
-            }
+            Some((earlier, _)) if earlier.as_ref() != key => Err(format!(
+                "token {token} issued for {} and again for {}",
+                name(earlier.as_ref()),
+                name(key)
+            )),
             Some((_, at)) if *at != applied.index => Err(format!(
-                "token {token} issued for {key} at index {at} and again at index {}",
+                "token {token} issued for {} at index {at} and again at index {}",
+                name(key),
                 applied.index
             )),
             Some(_) => Ok(()),
             None => {
-                self.issued.insert(*token, (key.clone(), applied.index));
+                self.issued.insert(*token, (key.cloned(), applied.index));
                 Ok(())
             }
         }
@@ -74,6 +84,7 @@ mod tests {
             token: token(n),
             lease_ms: LeaseMs::new(1_000).unwrap(),
             existing,
+            session: None,
         }
     }
 
@@ -120,6 +131,27 @@ mod tests {
         assert_eq!(check.highest_issued(), Some(token(2)));
     }
 
+    fn opened(n: u64) -> AppliedEvent {
+        AppliedEvent::SessionOpened { session: token(n), ttl_ms: LeaseMs::new(1_000).unwrap() }
+    }
+
+    #[test]
+    fn a_session_id_is_an_issued_token() {
+        let mut check = Check::new(4);
+        check.applied(&at(0, 1, &granted(b"a", 1, false))).unwrap();
+        check.applied(&at(0, 2, &opened(2))).unwrap();
+        check.applied(&at(1, 2, &opened(2))).unwrap();
+        assert_eq!(check.highest_issued(), Some(token(2)));
+        // A lock's token equal to a session's id, and the reverse (on nodes
+        // that applied nothing before).
+        let err = check.applied(&at(2, 3, &granted(b"b", 2, false))).unwrap_err();
+        assert!(err.contains("token 2 issued for a session and again for b"), "{err}");
+        let err = check.applied(&at(0, 3, &opened(1))).unwrap_err();
+        assert!(err.contains("node 1: token 1 granted after"), "{err}");
+        let err = check.applied(&at(3, 4, &opened(1))).unwrap_err();
+        assert!(err.contains("token 1 issued for a and again for a session"), "{err}");
+    }
+
     #[test]
     fn a_replay_after_a_restart_passes() {
         let mut check = Check::new(1);
@@ -128,6 +160,7 @@ mod tests {
         // Reopened on a disk that had applied index 1 only: index 2 again.
         let mut table = LockTable::new();
         table.apply(Command::Grant {
+            session: None,
             key: key(b"a"),
             lease_ms: LeaseMs::new(1_000).unwrap(),
             owner: Owner::new(b"o".to_vec()).unwrap(),

@@ -112,6 +112,7 @@ mod tests {
             token: FencingToken::new(token).unwrap(),
             lease_ms: LeaseMs::new(1_000).unwrap(),
             existing: false,
+            session: None,
         }
     }
 
