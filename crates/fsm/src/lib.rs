@@ -576,11 +576,7 @@ impl LockTable {
         let Some(ended) = self.sessions.remove(&session) else { return };
         self.count(&ended.owner, false);
         for (key, token) in ended.holds {
-            let delay = delays
-                .iter()
-                .filter(|(prefix, _)| key.as_bytes().starts_with(prefix))
-                .max_by_key(|(prefix, _)| prefix.len())
-                .map(|(_, delay)| *delay);
+            let delay = fencelock_types::lock_delay_for(delays, key.as_bytes());
             // The session is gone: a holder held back is on its own.
             if let Some(lock) = self.locks.get_mut(&key).filter(|lock| lock.token == token) {
                 lock.session = None;
@@ -589,14 +585,7 @@ impl LockTable {
             {
                 holder.session = None;
             }
-            match delay {
-                Some(delay) => {
-                    self.expire(&key, token, Some(delay));
-                }
-                None => {
-                    self.expire(&key, token, None);
-                }
-            }
+            self.expire(&key, token, delay);
         }
     }
 

@@ -150,11 +150,7 @@ impl Config {
 
     /// The lock-delay for `key`: the rule of its longest matching prefix.
     pub fn lock_delay(&self, key: &[u8]) -> Option<LeaseMs> {
-        self.lock_delays
-            .iter()
-            .filter(|(prefix, _)| key.starts_with(prefix))
-            .max_by_key(|(prefix, _)| prefix.len())
-            .map(|(_, delay)| *delay)
+        fencelock_types::lock_delay_for(&self.lock_delays, key)
     }
 
     /// Checks the lease bounds against the election timeout, given the

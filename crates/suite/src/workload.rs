@@ -238,6 +238,38 @@ pub fn spawn(
     Ok(threads)
 }
 
+/// Records client `client`'s operation on `key`, completed now.
+fn record(
+    shared: &Shared,
+    client: usize,
+    owner: &str,
+    key: &str,
+    invoke_us: u64,
+    kind: OpKind,
+    outcome: Outcome,
+) {
+    shared.recorder.record(Op {
+        id: 0,
+        client,
+        owner: owner.to_owned(),
+        key: key.to_owned(),
+        invoke_us,
+        complete_us: shared.recorder.now_us(),
+        kind,
+        outcome,
+    });
+}
+
+/// Client `client` writes to the fenced store under `token`, and records it.
+fn fenced_write(shared: &Shared, client: usize, owner: &str, key: &str, token: u64) {
+    let invoke = shared.recorder.now_us();
+    let outcome = match shared.store.write(key, token, client, invoke) {
+        Ok(()) => Outcome::Accepted,
+        Err(highest) => Outcome::Rejected { highest },
+    };
+    record(shared, client, owner, key, invoke, OpKind::Write { token }, outcome);
+}
+
 /// The history's record of a shared acquire.
 fn shared_kind(share: Share, lease_ms: u64, wait_ms: u64) -> OpKind {
     let (share, permits) = match share {
@@ -306,16 +338,7 @@ impl Worker {
     }
 
     fn record(&self, key: &str, invoke_us: u64, kind: OpKind, outcome: Outcome) {
-        self.shared.recorder.record(Op {
-            id: 0,
-            client: self.index,
-            owner: self.owner.clone(),
-            key: key.to_owned(),
-            invoke_us,
-            complete_us: self.shared.recorder.now_us(),
-            kind,
-            outcome,
-        });
+        record(&self.shared, self.index, &self.owner, key, invoke_us, kind, outcome);
     }
 
     /// One acquire, and if granted: maybe a check and a pause, the write,
@@ -429,12 +452,7 @@ impl Worker {
         // Readers and permit holders share the key: only a plain holder
         // or a writer may write, for the store's rule is one writer's.
         if matches!(share, None | Some(Share::Write)) {
-            let invoke = self.shared.recorder.now_us();
-            let outcome = match self.shared.store.write(&key, token, self.index, invoke) {
-                Ok(()) => Outcome::Accepted,
-                Err(highest) => Outcome::Rejected { highest },
-            };
-            self.record(&key, invoke, OpKind::Write { token }, outcome);
+            fenced_write(&self.shared, self.index, &self.owner, &key, token);
         }
 
         let invoke = self.shared.recorder.now_us();
@@ -524,26 +542,12 @@ impl SessionWorker {
     }
 
     fn record(&self, key: &str, invoke_us: u64, kind: OpKind, outcome: Outcome) {
-        self.shared.recorder.record(Op {
-            id: 0,
-            client: self.index,
-            owner: self.owner.clone(),
-            key: key.to_owned(),
-            invoke_us,
-            complete_us: self.shared.recorder.now_us(),
-            kind,
-            outcome,
-        });
+        record(&self.shared, self.index, &self.owner, key, invoke_us, kind, outcome);
     }
 
     /// Writes to the fenced store under `token`.
     fn write(&self, key: &str, token: u64) {
-        let invoke = self.shared.recorder.now_us();
-        let outcome = match self.shared.store.write(key, token, self.index, invoke) {
-            Ok(()) => Outcome::Accepted,
-            Err(highest) => Outcome::Rejected { highest },
-        };
-        self.record(key, invoke, OpKind::Write { token }, outcome);
+        fenced_write(&self.shared, self.index, &self.owner, key, token);
     }
 
     /// Opens a session, takes keys under it, writes under each token while
@@ -637,18 +641,7 @@ impl SessionWorker {
             };
             self.record("", invoke, OpKind::SessionClose { session }, outcome);
             for (key, token) in &held {
-                let mut op = Op {
-                    id: 0,
-                    client: self.index,
-                    owner: self.owner.clone(),
-                    key: key.clone(),
-                    invoke_us: invoke,
-                    complete_us: self.shared.recorder.now_us(),
-                    kind: OpKind::Release { token: *token },
-                    outcome: released.clone(),
-                };
-                op.complete_us = op.complete_us.max(invoke);
-                self.shared.recorder.record(op);
+                self.record(key, invoke, OpKind::Release { token: *token }, released.clone());
             }
             return;
         }

@@ -83,6 +83,17 @@ pub const PERMITS_MAX: u32 = 100_000;
 /// a level above its own ([`InvalidReason::LevelNotReached`]).
 pub const LEVEL: u32 = 3;
 
+/// The lock-delay for `key` under `rules` (prefix, delay): the rule of the
+/// longest prefix the key starts with, if any. The leader's configuration
+/// and the state machine's ExpireSession read the rules alike.
+pub fn lock_delay_for(rules: &[(Vec<u8>, LeaseMs)], key: &[u8]) -> Option<LeaseMs> {
+    rules
+        .iter()
+        .filter(|(prefix, _)| key.starts_with(prefix))
+        .max_by_key(|(prefix, _)| prefix.len())
+        .map(|(_, delay)| *delay)
+}
+
 /// The longest lease a command may carry: 30 days, in milliseconds. Servers
 /// configure tighter bounds; this one only keeps deadline arithmetic far from
 /// overflow on every replica.
