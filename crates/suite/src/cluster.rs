@@ -364,9 +364,11 @@ impl Cluster {
         let deadline = Instant::now() + within;
         loop {
             let statuses = self.statuses();
-            let caught_up = statuses
-                .iter()
-                .any(|(node, status)| *node == id && status.as_ref().is_some_and(|status| !status.rejoining));
+            // A blank node still waiting for its peers' hellos has not
+            // decided to rejoin yet: `rejoining` is false then too.
+            let caught_up = statuses.iter().any(|(node, status)| {
+                *node == id && status.as_ref().is_some_and(|status| !status.rejoining && !status.starting)
+            });
             if caught_up && leader_of(&statuses).is_some() {
                 return Ok(());
             }
