@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
+use ahash::RandomState;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use fencelock_types::client_pb::{Error, ErrorCode, Request, Request_oneof_kind as RequestKind, Response};
 use mio::net::{TcpListener, TcpStream};
@@ -271,7 +272,7 @@ pub(crate) struct EventLoop<M> {
     listener: Option<TcpListener>,
     inbox: Receiver<(Token, Response, bool)>,
     pub(crate) shared: Arc<LoopShared>,
-    connections: HashMap<Token, Connection>,
+    connections: HashMap<Token, Connection, RandomState>,
     next_token: usize,
     /// Connections with output to write after this round of events.
     to_flush: Vec<Token>,
@@ -293,7 +294,7 @@ pub(crate) struct EventLoop<M> {
     /// closed then (a handshake checks a certificate only once).
     expiries: std::collections::BTreeSet<(Instant, Token)>,
     /// Open connections by remote IP address.
-    per_address: HashMap<std::net::IpAddr, usize>,
+    per_address: HashMap<std::net::IpAddr, usize, RandomState>,
     /// When idle connections are next looked for.
     next_idle_sweep: Option<Instant>,
     /// Repeated warnings, per kind and address.
@@ -386,7 +387,7 @@ impl<M: protobuf::Message> EventLoop<M> {
             listener: Some(listener),
             inbox,
             shared,
-            connections: HashMap::new(),
+            connections: HashMap::default(),
             next_token: FIRST_CONNECTION,
             to_flush: Vec::new(),
             scratch: vec![0; READ_CHUNK_BYTES],
@@ -398,7 +399,7 @@ impl<M: protobuf::Message> EventLoop<M> {
             read_again: Vec::new(),
             handshakes: std::collections::VecDeque::new(),
             expiries: std::collections::BTreeSet::new(),
-            per_address: HashMap::new(),
+            per_address: HashMap::default(),
             next_idle_sweep: None,
             throttle: crate::throttle::Throttle::default(),
             input_bytes: 0,
@@ -847,7 +848,7 @@ impl<M: protobuf::Message> EventLoop<M> {
 
     /// Hands one request on, or refuses it over the in-flight limit.
     fn dispatch(&mut self, token: Token, request: Request) -> Result<(), Close> {
-        let at_limit = |connections: &HashMap<Token, Connection>| {
+        let at_limit = |connections: &HashMap<Token, Connection, RandomState>| {
             connections.get(&token).is_some_and(|connection| {
                 connection.shared.in_flight.load(Ordering::SeqCst) >= self.config.in_flight_max
             })

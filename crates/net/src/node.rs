@@ -26,6 +26,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use ahash::RandomState;
 use fencelock_types::client_pb::PeerHello;
 use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
@@ -448,8 +449,8 @@ pub(crate) struct Peers<M> {
     /// Repeated warnings, per kind and address.
     throttle: crate::throttle::Throttle,
     /// Outgoing connection tokens to their peer.
-    by_token: HashMap<Token, u64>,
-    incoming: HashMap<Token, Incoming>,
+    by_token: HashMap<Token, u64, RandomState>,
+    incoming: HashMap<Token, Incoming, RandomState>,
     next_token: usize,
     /// Peers with output to write.
     dirty: Vec<u64>,
@@ -567,8 +568,8 @@ impl<M: Message> Peers<M> {
             outgoing: BTreeMap::new(),
             named: false,
             throttle: crate::throttle::Throttle::default(),
-            by_token: HashMap::new(),
-            incoming: HashMap::new(),
+            by_token: HashMap::default(),
+            incoming: HashMap::default(),
             next_token: FIRST_PEER_TOKEN,
             dirty: Vec::new(),
             again: Vec::new(),
@@ -782,7 +783,7 @@ impl<M: Message> Peers<M> {
 
     fn close_link(
         registry: &Registry,
-        by_token: &mut HashMap<Token, u64>,
+        by_token: &mut HashMap<Token, u64, RandomState>,
         outgoing: &mut Outgoing,
         retry_at: Instant,
     ) {

@@ -8,6 +8,8 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
+use ahash::RandomState;
+
 use fencelock_types::{Command, FencingToken, Key};
 
 use crate::types::RequestId;
@@ -103,7 +105,7 @@ pub(crate) struct Requests {
     /// The locks proposed and not yet answered would add: in all, and per
     /// owner identity (see [`Pending::new_locks`]).
     new_locks: usize,
-    new_locks_of: HashMap<Vec<u8>, usize>,
+    new_locks_of: HashMap<Vec<u8>, usize, RandomState>,
 }
 
 impl Requests {
