@@ -137,3 +137,33 @@ def test_holders_of_a_plain_lock_and_of_a_free_key(cluster):
         assert lock.share is None
         with pytest.raises(Held):
             cluster.client().acquire_shared(key, Share.READ, ttl=10)
+
+
+def test_a_shared_holders_proclaim_raises_invalid_argument_and_changes_nothing(cluster):
+    prefix = _name("proclaim")
+    rw, pool, plain = prefix + "rw", prefix + "pool", prefix + "leader"
+    one, two = cluster.client(), cluster.client()
+    readers = [client.acquire_shared(rw, Share.READ, ttl=10) for client in (one, two)]
+    permits = [client.acquire_shared(pool, Share.permit(2), ttl=10) for client in (one, two)]
+
+    def holders(key):
+        return [(h.token, h.owner, h.share, h.permits, h.value) for h in one.holders(key)]
+
+    before = holders(rw), holders(pool)
+    # Each holder, the first or not, hears that it has no value to
+    # proclaim, not that it lost the key (``proclaim`` False).
+    for lock in readers + permits:
+        with pytest.raises(InvalidArgument, match="carries no value to proclaim"):
+            lock.proclaim("10.0.0.1:80")
+    with pytest.raises(InvalidArgument, match=f"token {readers[1].token} holds it"):
+        one.proclaim(rw, readers[1].token, "x")
+    # A token that holds no place on the key: False, as before.
+    assert one.proclaim(rw, permits[0].token, "x") is False
+    assert (holders(rw), holders(pool)) == before
+    assert all(one.check(lock.key_bytes, lock.token) for lock in readers + permits)
+    # A plain lock's holder still proclaims.
+    with one.lock(plain, ttl=10, value="a") as leader:
+        assert leader.proclaim("b") is True
+        assert one.get(plain).value == b"b"
+    for lock in readers + permits:
+        assert lock.release() is True

@@ -43,7 +43,9 @@
 //!   token; a force-release frees every holder. The key leaves the table
 //!   with its last holder. Lock-delay holds a holder back as it does a
 //!   plain lock (its place stays taken until the delay's end); values are
-//!   for plain locks.
+//!   for plain locks: a Proclaim of a live shared holder's token is Invalid
+//!   (`SharedHolderHasNoValue`), of any other token NotFound, and neither
+//!   changes the key.
 //! - Sessions: an OpenSession issues a token from the one counter as the
 //!   session's id. A Grant or GrantShared under a session (of the same
 //!   owner, open) is held by it instead of a lease of its own ([`Lock::session`]);
@@ -788,8 +790,16 @@ impl LockTable {
                 }
                 ApplyResult::Renewed { token, lease_ms: holder.lease_ms }
             }
-            // Shared holders carry no value.
-            SharedCommand::Proclaim => ApplyResult::NotFound { holder_token: first },
+            // Shared holders carry no value. A live holder is told so
+            // (NotFound would tell it that it lost the key, and name another
+            // holder); any other token is told who holds the key, as for a
+            // plain lock. Either way nothing changes.
+            SharedCommand::Proclaim(token) => match shared.holders.get(&token) {
+                Some(holder) if !holder.delayed => {
+                    ApplyResult::Invalid { reason: InvalidReason::SharedHolderHasNoValue }
+                }
+                _ => ApplyResult::NotFound { holder_token: first },
+            },
         }
     }
 
@@ -878,7 +888,7 @@ impl LockTable {
         user: Option<&Owner>,
     ) -> ApplyResult {
         if self.shared.contains_key(key) {
-            return self.shared_command(key, SharedCommand::Proclaim);
+            return self.shared_command(key, SharedCommand::Proclaim(token));
         }
         match self.locks.get_mut(key) {
             // Held back by lock-delay: the key is free of holders.
@@ -936,7 +946,7 @@ enum SharedCommand<'a> {
     Release(Option<FencingToken>, Option<&'a Owner>),
     Expire(FencingToken, Option<LeaseMs>),
     Renew(FencingToken, LeaseMs, Option<&'a Owner>),
-    Proclaim,
+    Proclaim(FencingToken),
 }
 
 #[cfg(test)]

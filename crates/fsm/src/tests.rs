@@ -937,7 +937,14 @@ impl Model {
                     }
                 },
             },
-            Command::Proclaim { .. } => ApplyResult::NotFound { holder_token: lowest },
+            // A shared holder carries no value: its own proclaim is
+            // invalid, whoever asks; any other token does not hold the key.
+            Command::Proclaim { token: t, .. } => match self.shared_holder(at, t) {
+                Some(i) if !self.shared[at].2[i].4 => {
+                    ApplyResult::Invalid { reason: InvalidReason::SharedHolderHasNoValue }
+                }
+                _ => ApplyResult::NotFound { holder_token: lowest },
+            },
             _ => return None,
         })
     }
@@ -1843,6 +1850,52 @@ fn a_force_release_frees_every_holder_and_each_holder_renews_and_expires_alone()
     assert_eq!(table.locks_of(b"o2"), 0);
     // The key is free for any kind now.
     assert!(matches!(table.apply(grant("s", "o9")), ApplyResult::Granted { .. }));
+}
+
+#[test]
+fn a_shared_holders_proclaim_is_invalid_and_any_other_token_is_told_the_first_holder() {
+    let mut table = LockTable::new();
+    let proclaim = |k: &str, t: FencingToken, user: Option<&str>| Command::Proclaim {
+        key: key(k),
+        token: t,
+        value: value("10.0.0.9:80"),
+        user: user.map(owner),
+    };
+    let no_value = ApplyResult::Invalid { reason: InvalidReason::SharedHolderHasNoValue };
+    let r1 = taken(&mut table, share_of("rw", "o1", Share::Read, None));
+    let r2 = taken(&mut table, share_of("rw", "o2", Share::Read, None));
+    let w = taken(&mut table, share_of("w", "o1", Share::Write, None));
+    let p1 = taken(&mut table, share_of("sem", "o1", Share::Permit(2), None));
+    let p2 = taken(&mut table, share_of("sem", "o2", Share::Permit(2), None));
+    let before = table.snapshot();
+    // Each live holder, a reader that is not the first, the writer, a
+    // permit, is told it has no value to proclaim: not that it lost the
+    // key, nor that another token holds it. Another user's proclaim of it
+    // too: there is no value to deny it.
+    for (k, t) in [("rw", r1), ("rw", r2), ("w", w), ("sem", p1), ("sem", p2)] {
+        assert_eq!(table.apply(proclaim(k, t, None)), no_value, "{k} {t:?}");
+        assert_eq!(table.apply(proclaim(k, t, Some("o9"))), no_value, "{k} {t:?}");
+    }
+    // A token that holds no place on the key: the first live holder's.
+    assert_eq!(
+        table.apply(proclaim("rw", token(99), None)),
+        ApplyResult::NotFound { holder_token: Some(r1) }
+    );
+    assert_eq!(table.apply(proclaim("sem", w, None)), ApplyResult::NotFound { holder_token: Some(p1) });
+    // Nothing changed: holders, tokens, leases, counts.
+    assert_eq!(table.snapshot(), before);
+    assert_eq!(holder_tokens(&table, "rw"), [r1, r2]);
+    // Held back by lock-delay, a holder holds nothing: NotFound, naming the
+    // first live holder (none once every holder is held back).
+    table.apply(Command::Expire { key: key("sem"), token: p1, delay: Some(lease(500)) });
+    assert_eq!(table.apply(proclaim("sem", p1, None)), ApplyResult::NotFound { holder_token: Some(p2) });
+    assert_eq!(table.apply(proclaim("sem", p2, None)), no_value);
+    table.apply(Command::Expire { key: key("w"), token: w, delay: Some(lease(500)) });
+    assert_eq!(table.apply(proclaim("w", w, None)), ApplyResult::NotFound { holder_token: None });
+    // A plain lock's holder still proclaims.
+    let plain = granted(&mut table, "plain", "o1");
+    assert_eq!(table.apply(proclaim("plain", plain, None)), ApplyResult::Proclaimed { token: plain });
+    assert_eq!(table.holder(b"plain").unwrap().value, value("10.0.0.9:80"));
 }
 
 // ---------------------------------------------------------------------------

@@ -16,7 +16,7 @@ use fencelock_raft::{
 use fencelock_types::client_pb::{
     self as proto, ErrorCode, Request_oneof_kind as Kind, Response_oneof_kind as Out,
 };
-use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner, Share, Value};
+use fencelock_types::{ApplyResult, Command, FencingToken, InvalidReason, Key, LeaseMs, Owner, Share, Value};
 
 use crate::access::{Access, Right};
 use crate::backup::Backups;
@@ -497,7 +497,7 @@ impl ClientHandler {
             Ok(user) => user,
             Err(err) => return Err(invalid(sink, format!("user: {err}"))),
         };
-        let denied_key = key.clone();
+        let answer_key = key.clone();
         let reply = self.responder(sink, move |reply| match reply {
             Ok(Response::Applied(results)) => match results.as_slice() {
                 [ApplyResult::Proclaimed { token }] => Ok(Out::proclaim(proto::ProclaimResponse {
@@ -510,7 +510,17 @@ impl ClientHandler {
                     holder_token: holder_token.map_or(0, FencingToken::get),
                     ..Default::default()
                 })),
-                [ApplyResult::Denied { token }] => Err(not_yours(&[(&denied_key, *token)])),
+                [ApplyResult::Denied { token }] => Err(not_yours(&[(&answer_key, *token)])),
+                // The token holds the key, as a reader, the writer or a
+                // permit: `proclaimed: false` would tell it that it lost
+                // the key.
+                [ApplyResult::Invalid { reason: InvalidReason::SharedHolderHasNoValue }] => {
+                    Err(Failure::Invalid(format!(
+                        "key {answer_key} is a read-write lock or a semaphore: token {token} holds it as a \
+                         reader, writer or permit, which carries no value to proclaim (values are for plain \
+                         locks)"
+                    )))
+                }
                 other => Err(unexpected(other)),
             },
             Err(err) => Err(err.into()),

@@ -167,3 +167,83 @@ fn readers_share_a_key_a_writer_waits_for_them_and_the_cli_shows_every_holder() 
         Err(ClientError::Held { holder_token: Some(token) }) if token == pool.token()
     ));
 }
+
+#[test]
+fn a_shared_holders_proclaim_is_invalid_argument_and_changes_nothing() {
+    let cluster = Cluster::start(1);
+    let client = cluster.client();
+    cluster.leader(&client);
+    let second = {
+        let mut config = ClientConfig::new(cluster.endpoints());
+        config.owner = Some(b"holder-2".to_vec());
+        config.retry_for = DEADLINE;
+        fencelock_client::Client::connect(config).unwrap()
+    };
+    let lease = Duration::from_secs(30);
+    let reader = client.acquire_shared("cfg/rw", Share::Read, lease, Duration::ZERO).unwrap();
+    let reader_2 = second.acquire_shared("cfg/rw", Share::Read, lease, Duration::ZERO).unwrap();
+    let permit = client.acquire_shared("cfg/pool", Share::Permit(2), lease, Duration::ZERO).unwrap();
+    let permit_2 = second.acquire_shared("cfg/pool", Share::Permit(2), lease, Duration::ZERO).unwrap();
+    // What a key's holders are, leaving out the time left on their leases.
+    let holders = |key: &str| {
+        client
+            .holders(key, true)
+            .unwrap()
+            .into_iter()
+            .map(|info| (info.token, info.owner, info.share, info.permits, info.lease_ms, info.value))
+            .collect::<Vec<_>>()
+    };
+    let (rw_before, pool_before) = (holders("cfg/rw"), holders("cfg/pool"));
+    assert_eq!(rw_before.len(), 2);
+    assert_eq!(pool_before.len(), 2);
+
+    // A holder, the first or not, through its guard or by token, is told it
+    // has no value to proclaim: not that it lost the key.
+    let no_value = |result: Result<bool, ClientError>, key: &str, token: u64| match result {
+        Err(ClientError::InvalidArgument(message)) => {
+            assert!(message.contains(key) && message.contains(&token.to_string()), "{message}");
+            assert!(message.contains("carries no value to proclaim"), "{message}");
+        }
+        other => panic!("a shared holder's proclaim of {key} under {token}: {other:?}"),
+    };
+    no_value(reader.proclaim("10.0.0.1:80"), "cfg/rw", reader.token());
+    no_value(reader_2.proclaim("10.0.0.1:80"), "cfg/rw", reader_2.token());
+    no_value(permit_2.proclaim("10.0.0.1:80"), "cfg/pool", permit_2.token());
+    no_value(
+        client.proclaim("cfg/pool", permit.token(), "x").map(|outcome| outcome.released),
+        "cfg/pool",
+        permit.token(),
+    );
+    // The CLI says so and exits 1 (an error), not 2 (not held).
+    let cli = |args: &[&str]| {
+        Command::new(cli_binary())
+            .arg("--endpoints")
+            .arg(cluster.endpoints().join(","))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let said = cli(&["--json", "proclaim", "cfg/rw", "--token", &reader_2.token().to_string(), "x"]);
+    assert_eq!(said.status.code(), Some(1), "{said:?}");
+    let json: serde_json::Value = serde_json::from_slice(&said.stdout).unwrap();
+    assert_eq!(json["kind"], "invalid_argument", "{said:?}");
+    assert!(String::from_utf8_lossy(&said.stderr).contains("carries no value"), "{said:?}");
+    // A token that holds no place on the key is told who holds it, as before.
+    let elsewhere = client.proclaim("cfg/rw", permit.token(), "x").unwrap();
+    assert!(!elsewhere.released);
+    assert_eq!(elsewhere.holder_token, Some(reader.token()));
+
+    // Nothing changed: the same holders, tokens, leases, and no values.
+    assert_eq!(holders("cfg/rw"), rw_before);
+    assert_eq!(holders("cfg/pool"), pool_before);
+    for guard in [&reader, &reader_2, &permit, &permit_2] {
+        assert!(client.check(guard.key(), guard.token()).unwrap());
+    }
+    // A plain lock's holder still proclaims.
+    let plain = client.acquire("cfg/leader", lease, Duration::ZERO).unwrap();
+    assert!(plain.proclaim("10.0.0.2:80").unwrap());
+    assert_eq!(client.get("cfg/leader", true).unwrap().unwrap().value, b"10.0.0.2:80");
+    for guard in [reader, reader_2, permit, permit_2, plain] {
+        assert!(guard.release().unwrap());
+    }
+}

@@ -147,8 +147,9 @@ impl fmt::Debug for ClusterId {
     }
 }
 
-/// Why a command was refused before it touched the lock table. Every replica
-/// computes the same reason for the same bytes.
+/// Why a command was refused, changing nothing in the lock table. Every
+/// replica computes the same reason for the same bytes applied to the same
+/// table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
 pub enum InvalidReason {
     #[error("entry is not a decodable command batch")]
@@ -179,6 +180,11 @@ pub enum InvalidReason {
     BadShare,
     #[error("the command needs a command level the cluster has not reached")]
     LevelNotReached,
+    /// Unlike the others, decided by the table: a Proclaim whose token is a
+    /// live reader, writer or permit of its key. Answering `NotFound` would
+    /// tell a holder that it lost a key it holds.
+    #[error("a shared holder (read, write or permit) carries no value to proclaim")]
+    SharedHolderHasNoValue,
 }
 
 /// An error decoding bytes that came from outside: a log entry, a snapshot, a
@@ -447,7 +453,7 @@ impl fmt::Debug for LeaseMs {
 
 impl InvalidReason {
     /// Every reason, in wire order.
-    pub const ALL: [InvalidReason; 14] = [
+    pub const ALL: [InvalidReason; 15] = [
         InvalidReason::Undecodable,
         InvalidReason::UnknownCommand,
         InvalidReason::EmptyKey,
@@ -462,6 +468,7 @@ impl InvalidReason {
         InvalidReason::ValueTooLong,
         InvalidReason::BadShare,
         InvalidReason::LevelNotReached,
+        InvalidReason::SharedHolderHasNoValue,
     ];
 
     pub fn to_pb(self) -> pb::InvalidReason {
@@ -480,6 +487,7 @@ impl InvalidReason {
             InvalidReason::ValueTooLong => pb::InvalidReason::VALUE_TOO_LONG,
             InvalidReason::BadShare => pb::InvalidReason::BAD_SHARE,
             InvalidReason::LevelNotReached => pb::InvalidReason::LEVEL_NOT_REACHED,
+            InvalidReason::SharedHolderHasNoValue => pb::InvalidReason::SHARED_HOLDER_HAS_NO_VALUE,
         }
     }
 
@@ -501,6 +509,7 @@ impl InvalidReason {
             pb::InvalidReason::VALUE_TOO_LONG => InvalidReason::ValueTooLong,
             pb::InvalidReason::BAD_SHARE => InvalidReason::BadShare,
             pb::InvalidReason::LEVEL_NOT_REACHED => InvalidReason::LevelNotReached,
+            pb::InvalidReason::SHARED_HOLDER_HAS_NO_VALUE => InvalidReason::SharedHolderHasNoValue,
         })
     }
 }

@@ -289,6 +289,16 @@ fn every_invalid_reason_round_trips_through_pb() {
     assert_eq!(InvalidReason::from_pb(pb::InvalidReason::INVALID_REASON_UNSPECIFIED), None);
 }
 
+/// The numbers are in the raft log's results and never change: `ALL` is in
+/// wire order, 1 up, so a renumbered or reordered reason fails here.
+#[test]
+fn invalid_reasons_keep_their_wire_numbers() {
+    for (number, reason) in (1..).zip(InvalidReason::ALL) {
+        assert_eq!(protobuf::ProtobufEnum::value(&reason.to_pb()), number, "{reason:?}");
+    }
+    assert_eq!(protobuf::ProtobufEnum::value(&InvalidReason::SharedHolderHasNoValue.to_pb()), 15);
+}
+
 #[test]
 fn tokens_order_and_advance() {
     assert_eq!(FencingToken::FIRST.get(), 1);
