@@ -173,6 +173,13 @@ impl Requests {
         self.pending.get(&id)
     }
 
+    /// For the leader's own requests, whose commands it may prune before
+    /// they go (Expires no longer due). Not for a client's request: its
+    /// answer must match what it asked.
+    pub fn get_mut(&mut self, id: RequestId) -> Option<&mut Pending> {
+        self.pending.get_mut(&id).filter(|pending| pending.internal)
+    }
+
     /// Whether an Expire of the leader's own is pending on `key`.
     pub fn is_expiring(&self, key: &Key) -> bool {
         self.expiring.contains_key(key)
@@ -183,10 +190,11 @@ impl Requests {
         for key in &pending.keys {
             self.key_queues.entry(key.clone()).or_default().push_back(id);
         }
-        if let [Command::Expire { key, .. }] = pending.commands.as_slice() {
-            if pending.internal {
-                self.expiring.insert(key.clone(), id);
-            }
+        // The leader's Expires: one or more holders of one key.
+        if let (true, [key], Some(Command::Expire { .. })) =
+            (pending.internal, pending.keys.as_slice(), pending.commands.first())
+        {
+            self.expiring.insert(key.clone(), id);
         }
         self.internal += usize::from(pending.internal);
         self.acquires += usize::from(pending.acquire);

@@ -1274,28 +1274,48 @@ impl Replica {
             self.sessions_expiring.insert(session, id);
             self.submit(id, vec![Command::ExpireSession { session, delays }], None, true);
         }
-        // One Expire per key at a time: a shared key's other holders that
-        // are due go at the next scan.
-        let mut expiring = std::collections::BTreeSet::new();
+        // One request per shared key, with an Expire for each of its
+        // holders that is due (up to an entry's worth): a thousand readers
+        // that die together leave in one entry, not one scan each. Keys in
+        // the order their first holder fell due.
+        let mut by_key: Vec<(Key, Vec<FencingToken>)> = Vec::new();
+        let mut at: BTreeMap<Key, usize> = BTreeMap::new();
         for (key, token) in shared_due {
+            match at.get(&key) {
+                Some(&index) => {
+                    let tokens = &mut by_key[index].1;
+                    if tokens.len() < self.config.entry_commands_max {
+                        tokens.push(token);
+                    }
+                }
+                None => {
+                    at.insert(key.clone(), by_key.len());
+                    by_key.push((key, vec![token]));
+                }
+            }
+        }
+        for (key, tokens) in by_key {
             if self.requests.internal() >= self.config.internal_pending_max {
                 break;
             }
-            if !expiring.insert(key.clone()) {
-                continue;
-            }
             let id = self.internal_id();
-            // As for a plain lock: a holder held back is lifted, a live one
-            // held back if a rule covers its key.
-            let held_back = self
-                .table
-                .shared(key.as_bytes())
-                .and_then(|shared| shared.holders.get(&token))
-                .is_some_and(|holder| holder.delayed);
-            let delay = if held_back { None } else { self.config.lock_delay(key.as_bytes()) };
-            debug!(self.logger, "shared lease due"; "key" => %key, "token" => token.get(), "now_ms" => self.now_ms,
-                "held_back" => held_back, "delay_ms" => delay.map(LeaseMs::get));
-            self.submit(id, vec![Command::Expire { key, token, delay }], None, true);
+            let delay_rule = self.config.lock_delay(key.as_bytes());
+            let shared = self.table.shared(key.as_bytes());
+            let commands = tokens
+                .into_iter()
+                .map(|token| {
+                    // As for a plain lock: a holder held back is lifted, a
+                    // live one held back if a rule covers its key.
+                    let held_back = shared
+                        .and_then(|shared| shared.holders.get(&token))
+                        .is_some_and(|holder| holder.delayed);
+                    let delay = if held_back { None } else { delay_rule };
+                    debug!(self.logger, "shared lease due"; "key" => %key, "token" => token.get(),
+                        "now_ms" => self.now_ms, "held_back" => held_back, "delay_ms" => delay.map(LeaseMs::get));
+                    Command::Expire { key: key.clone(), token, delay }
+                })
+                .collect();
+            self.submit(id, commands, None, true);
         }
         for (key, token) in due {
             if self.requests.internal() >= self.config.internal_pending_max {
@@ -1516,20 +1536,24 @@ impl Replica {
         removed
     }
 
-    /// The key of an Expire of the leader's own that is no longer due (the
-    /// lock was renewed, released or re-granted since it was decided).
-    fn stale_expire(&self, id: RequestId) -> Option<Key> {
-        let pending = self.requests.get(id).filter(|pending| pending.internal)?;
-        match pending.commands.as_slice() {
-            [Command::Expire { key, token, .. }] if self.table.shared(key.as_bytes()).is_some() => {
-                let due = self.shared_leases.is_due(&(key.clone(), *token), *token, self.now_ms);
-                (!due).then(|| key.clone())
+    /// Drops from an Expire request of the leader's own each Expire no
+    /// longer due (the holder was renewed, released or re-granted since it
+    /// was decided); the key, when none is left.
+    fn stale_expire(&mut self, id: RequestId) -> Option<Key> {
+        let (leases, shared_leases, now_ms) = (&self.leases, &self.shared_leases, self.now_ms);
+        let shared = |key: &Key| self.table.shared(key.as_bytes()).is_some();
+        let pending = self.requests.get_mut(id).filter(|pending| pending.internal)?;
+        let Some(Command::Expire { key, .. }) = pending.commands.first() else { return None };
+        let key = key.clone();
+        let is_shared = shared(&key);
+        pending.commands.retain(|command| match command {
+            Command::Expire { key, token, .. } if is_shared => {
+                shared_leases.is_due(&(key.clone(), *token), *token, now_ms)
             }
-            [Command::Expire { key, token, .. }] if !self.leases.is_due(key, *token, self.now_ms) => {
-                Some(key.clone())
-            }
-            _ => None,
-        }
+            Command::Expire { key, token, .. } => leases.is_due(key, *token, now_ms),
+            _ => true,
+        });
+        pending.commands.is_empty().then_some(key)
     }
 
     /// Whether request `id` is an ExpireSession of the leader's own that is

@@ -1888,6 +1888,56 @@ fn a_semaphore_hands_an_expired_permit_to_its_first_waiter_even_after_a_leader_c
 }
 
 #[test]
+fn a_shared_keys_holders_that_lapse_together_leave_in_one_entry_and_one_renewed_meanwhile_stays() {
+    // The leader used to keep one Expire per key in flight, one scan (10 ms)
+    // after another: a thousand readers that died together took 10 s to
+    // leave. Now a key's due holders go in one request; an Expire whose
+    // holder renews before the request's turn is dropped from it.
+    use fencelock_types::Share;
+    let mut net = Net::new(3);
+    net.elect(1);
+    for replica in &mut net.replicas {
+        replica.set_now(0);
+    }
+    let lease_ms = LeaseMs::new(1_000).unwrap();
+    let holders = 200u64;
+    for id in 1..=holders {
+        net.node(1).acquire_shared(
+            RequestId(id),
+            key("pool"),
+            lease_ms,
+            owner(&format!("holder-{id}")),
+            Share::Permit(holders as u32),
+            0,
+        );
+    }
+    net.settle();
+    let tokens: Vec<FencingToken> =
+        (1..=holders).map(|id| applied_token(net.take_reply(RequestId(id)))).collect();
+    assert_eq!(net.node(1).table().shared(b"pool").unwrap().holders.len(), holders as usize);
+    // All are due at 1,100; one renews, its Renew ahead of the Expires on
+    // the key's queue.
+    let renewed = tokens[57];
+    net.node(1).set_now(1_100);
+    net.node(1).propose(
+        RequestId(1_000),
+        vec![Command::Renew { key: key("pool"), token: renewed, lease_ms, user: None }],
+    );
+    let before = net.node(1).status().last_index;
+    net.settle();
+    assert!(matches!(net.take_reply(RequestId(1_000)), Some(Ok(Response::Applied(_)))));
+    // The clock has not moved: one scan, so every lapsed holder went in one
+    // request, and the renewed one stayed.
+    for id in [1, 2, 3] {
+        let left: Vec<FencingToken> =
+            net.node(id).table().shared(b"pool").unwrap().holders.keys().copied().collect();
+        assert_eq!(left, [renewed], "node {id}");
+    }
+    let entries = net.node(1).status().last_index - before;
+    assert!(entries <= 3, "{entries} entries for one renew and one key's expiry");
+}
+
+#[test]
 fn a_semaphore_with_many_waiters_hands_each_freed_permit_to_the_next_in_line() {
     // Found by a process test: a waiter handed a free permit met the
     // waiters still behind it, went back behind them, handed the permit to
