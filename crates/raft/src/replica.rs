@@ -1170,16 +1170,30 @@ impl Replica {
     /// Locks in flight count as held, so two proposals cannot both take
     /// the last place.
     fn quota_check(&self, id: RequestId, handed_over: bool) -> Result<Vec<(Vec<u8>, bool)>, RequestError> {
+        self.quota_check_in(&self.table, id, handed_over, &[])
+    }
+
+    /// [`Replica::quota_check`] against `table`, a clone of the applied
+    /// table with proposals in flight applied to it: `in_table`, the locks
+    /// those proposals add, are counted in flight too, and once only.
+    fn quota_check_in(
+        &self,
+        table: &LockTable,
+        id: RequestId,
+        handed_over: bool,
+        in_table: &[(Vec<u8>, bool)],
+    ) -> Result<Vec<(Vec<u8>, bool)>, RequestError> {
         let Some(pending) = self.requests.get(id) else { return Ok(Vec::new()) };
         let mut new_locks: Vec<(Vec<u8>, bool)> = Vec::new();
+        let in_flight =
+            self.requests.new_locks().saturating_sub(in_table.iter().filter(|(_, adds)| *adds).count());
         for command in &pending.commands {
             let (key, owner, adds) = match command {
                 Command::Grant { key, owner, .. } => {
-                    (Some(key), owner, self.table.holder(key.as_bytes()).is_none())
+                    (Some(key), owner, table.holder(key.as_bytes()).is_none())
                 }
                 Command::GrantShared { key, owner, share, .. } => {
-                    let adds =
-                        self.table.shared_decision(key.as_bytes(), owner, *share) == SharedDecision::Grant;
+                    let adds = table.shared_decision(key.as_bytes(), owner, *share) == SharedDecision::Grant;
                     (Some(key), owner, adds)
                 }
                 // A session counts as one lock.
@@ -1194,11 +1208,14 @@ impl Replica {
             // This request's earlier Grants count too.
             let total = new_locks.iter().filter(|(_, adds)| *adds).count();
             let of_identity = new_locks.iter().filter(|(other, _)| other == identity).count();
-            let table_len = self.table.len() + self.table.session_count();
-            if adds && table_len + self.requests.new_locks() + total >= self.config.locks_max {
+            let table_len = table.len() + table.session_count();
+            if adds && table_len + in_flight + total >= self.config.locks_max {
                 return Err(RequestError::QuotaExceeded(Quota::Table { max: self.config.locks_max }));
             }
-            let held = self.table.locks_of(identity) + self.requests.new_locks_of(identity) + of_identity;
+            let in_table_of = in_table.iter().filter(|(other, _)| other == identity).count();
+            let held = table.locks_of(identity)
+                + self.requests.new_locks_of(identity).saturating_sub(in_table_of)
+                + of_identity;
             if held >= self.config.locks_per_identity_max {
                 return Err(RequestError::QuotaExceeded(Quota::Identity {
                     identity: String::from_utf8_lossy(identity).into_owned(),
@@ -1467,10 +1484,12 @@ impl Replica {
                 }
             };
             self.requests.count_new_locks(id, new_locks);
+            let start = batch.commands.len();
             let removed = self.add_to_batch(&mut batch, id);
             // Hand each lock this request frees to its first waiter in the
             // same entry: a hot-key handoff costs one commit. A waiter that
             // would break a quota is answered, and the next one asked.
+            let mut handed = Vec::new();
             for key in removed {
                 while let Some(waiter) = self.requests.first_waiter(&key) {
                     match self.quota_check(waiter, true) {
@@ -1478,18 +1497,82 @@ impl Replica {
                             self.requests.hand_over(&key, id);
                             self.requests.count_new_locks(waiter, new_locks);
                             self.add_to_batch(&mut batch, waiter);
+                            handed.push((key, waiter));
                             break;
                         }
                         Err(err) => self.finish(waiter, Err(err)),
                     }
                 }
             }
+            self.hand_on_shared(&mut batch, start, id, &handed);
             if batch.commands.len() >= self.config.entry_commands_max {
                 self.propose_entry(std::mem::take(&mut batch));
             }
         }
         if !batch.commands.is_empty() {
             self.propose_entry(batch);
+        }
+    }
+
+    /// Hands the keys that the batch's commands from `start` on touch
+    /// (request `id`'s, and those of the waiters `handed` its keys) on to
+    /// as many more of their waiters as each key will admit once those
+    /// commands apply: the readers queued behind a writer that leaves, or
+    /// the waiters for permits freed together, go in this entry, not one
+    /// entry each. Decided on a clone of the table (O(1): imbl) with those
+    /// commands applied, as the table will decide: nothing else is in
+    /// flight on these keys (their queues hold only this chain), and what
+    /// is in flight elsewhere (a session's end) can only free them.
+    fn hand_on_shared(
+        &mut self,
+        batch: &mut Batch,
+        start: usize,
+        id: RequestId,
+        handed: &[(Key, RequestId)],
+    ) {
+        let mut keys: Vec<Key> = batch.commands[start..]
+            .iter()
+            .filter_map(Command::key)
+            .filter(|key| self.requests.first_waiter(key).is_some())
+            .cloned()
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        keys.sort();
+        keys.dedup();
+        let mut scratch = self.table.clone();
+        for command in &batch.commands[start..] {
+            scratch.apply(command.clone());
+        }
+        // What the chain adds: counted in flight, and held in `scratch`.
+        let mut in_table: Vec<(Vec<u8>, bool)> = std::iter::once(id)
+            .chain(handed.iter().map(|(_, waiter)| *waiter))
+            .filter_map(|chained| self.requests.get(chained))
+            .flat_map(|pending| pending.new_locks.iter().cloned())
+            .collect();
+        for key in keys {
+            // Queued right behind the chain's last request on the key.
+            let mut last = handed.iter().rev().find(|(of, _)| *of == key).map_or(id, |(_, waiter)| *waiter);
+            while let Some(waiter) = self.requests.first_waiter(&key) {
+                if !self.requests.get(waiter).is_some_and(|pending| admits(&scratch, &key, pending)) {
+                    break;
+                }
+                match self.quota_check_in(&scratch, waiter, false, &in_table) {
+                    Ok(new_locks) => {
+                        self.requests.hand_over(&key, last);
+                        in_table.extend(new_locks.iter().cloned());
+                        self.requests.count_new_locks(waiter, new_locks);
+                        let from = batch.commands.len();
+                        self.add_to_batch(batch, waiter);
+                        for command in &batch.commands[from..] {
+                            scratch.apply(command.clone());
+                        }
+                        last = waiter;
+                    }
+                    Err(err) => self.finish(waiter, Err(err)),
+                }
+            }
         }
     }
 

@@ -1938,6 +1938,145 @@ fn a_shared_keys_holders_that_lapse_together_leave_in_one_entry_and_one_renewed_
 }
 
 #[test]
+fn the_readers_queued_behind_a_writer_are_granted_together_in_the_entry_that_frees_the_key() {
+    // They were granted one entry after another: each admitted reader
+    // handed on to the next only once its own grant had applied.
+    use fencelock_types::Share;
+    let mut net = Net::new(3);
+    net.elect(1);
+    let lease_ms = LeaseMs::new(30_000).unwrap();
+    let take = |net: &mut Net<MemStore>, id: u64, who: &str, share: Share, wait_ms: u64| {
+        net.node(1).acquire_shared(RequestId(id), key("rw"), lease_ms, owner(who), share, wait_ms);
+        net.settle();
+    };
+    take(&mut net, 1, "w1", Share::Write, 0);
+    let w1 = applied_token(net.take_reply(RequestId(1)));
+    for (id, who) in [(2, "r1"), (3, "r2"), (4, "r3"), (5, "r4"), (6, "r5")] {
+        take(&mut net, id, who, Share::Read, 60_000);
+    }
+    // A second writer, then a reader that must not pass it.
+    take(&mut net, 7, "w2", Share::Write, 60_000);
+    take(&mut net, 8, "r6", Share::Read, 60_000);
+    assert!((2..=8).all(|id| net.take_reply(RequestId(id)).is_none()));
+    let before = net.node(1).status().last_index;
+    net.node(1).propose(RequestId(9), vec![Command::Release { key: key("rw"), token: Some(w1), user: None }]);
+    net.settle();
+    assert_eq!(net.node(1).status().last_index - before, 1, "the release and the five grants take one entry");
+    let readers: Vec<FencingToken> = (2..=6).map(|id| applied_token(net.take_reply(RequestId(id)))).collect();
+    assert!(readers.windows(2).all(|pair| pair[0] < pair[1]), "granted in line: {readers:?}");
+    assert!(readers[0] > w1);
+    assert!(net.take_reply(RequestId(7)).is_none() && net.take_reply(RequestId(8)).is_none());
+    for id in 1..=3 {
+        let holders: Vec<FencingToken> =
+            net.node(id).table().shared(b"rw").unwrap().holders.keys().copied().collect();
+        assert_eq!(holders, readers, "node {id}");
+    }
+    // The readers leave together: the second writer alone, the last reader
+    // still waits behind it.
+    let releases = readers
+        .iter()
+        .map(|token| Command::Release { key: key("rw"), token: Some(*token), user: None })
+        .collect();
+    net.node(1).propose(RequestId(10), releases);
+    net.settle();
+    let w2 = applied_token(net.take_reply(RequestId(7)));
+    assert!(net.take_reply(RequestId(8)).is_none(), "a reader got in beside the writer");
+    for id in 1..=3 {
+        let holders: Vec<FencingToken> =
+            net.node(id).table().shared(b"rw").unwrap().holders.keys().copied().collect();
+        assert_eq!(holders, [w2], "node {id}");
+    }
+}
+
+#[test]
+fn permits_freed_together_go_to_as_many_waiters_in_the_same_entry_within_the_quotas() {
+    use fencelock_types::Share;
+    let mut net = Net::with_config(3, |config| config.locks_max = 5);
+    net.elect(1);
+    let lease_ms = LeaseMs::new(30_000).unwrap();
+    let permit = |net: &mut Net<MemStore>, id: u64, who: &str, wait_ms: u64| {
+        net.node(1).acquire_shared(
+            RequestId(id),
+            key("pool"),
+            lease_ms,
+            owner(who),
+            Share::Permit(3),
+            wait_ms,
+        );
+        net.settle();
+    };
+    for (id, who) in [(1, "a"), (2, "b"), (3, "c")] {
+        permit(&mut net, id, who, 0);
+    }
+    let held: Vec<FencingToken> = (1..=3).map(|id| applied_token(net.take_reply(RequestId(id)))).collect();
+    for (id, who) in [(4, "d"), (5, "e"), (6, "f"), (7, "g")] {
+        permit(&mut net, id, who, 60_000);
+    }
+    // Another key brings the table to four of its five places.
+    net.node(1).acquire(RequestId(8), key("other"), lease_ms, owner("z"), Value::default(), 0);
+    net.settle();
+    applied_token(net.take_reply(RequestId(8)));
+    // Two permits go in one request: "d" and "e" take them in its entry.
+    let before = net.node(1).status().last_index;
+    let releases = held[..2]
+        .iter()
+        .map(|token| Command::Release { key: key("pool"), token: Some(*token), user: None })
+        .collect();
+    net.node(1).propose(RequestId(9), releases);
+    net.settle();
+    assert_eq!(net.node(1).status().last_index - before, 1);
+    let (d, e) = (applied_token(net.take_reply(RequestId(4))), applied_token(net.take_reply(RequestId(5))));
+    assert!(d > held[2] && e > d);
+    assert!(net.take_reply(RequestId(6)).is_none() && net.take_reply(RequestId(7)).is_none());
+    // The key is full again (the table at four of five): "c" leaves, "f"
+    // takes its permit, "g" waits for one.
+    net.node(1).propose(
+        RequestId(10),
+        vec![Command::Release { key: key("pool"), token: Some(held[2]), user: None }],
+    );
+    net.settle();
+    let f = applied_token(net.take_reply(RequestId(6)));
+    assert!(f > e);
+    assert!(net.take_reply(RequestId(7)).is_none());
+    for id in 1..=3 {
+        let holders: Vec<FencingToken> =
+            net.node(id).table().shared(b"pool").unwrap().holders.keys().copied().collect();
+        assert_eq!(holders, [d, e, f], "node {id}");
+        assert_eq!(net.node(id).table().len(), 4);
+    }
+}
+
+#[test]
+fn readers_handed_a_freed_key_together_stop_at_the_table_quota() {
+    use fencelock_types::Share;
+    let mut net = Net::with_config(3, |config| config.locks_max = 3);
+    net.elect(1);
+    let lease_ms = LeaseMs::new(30_000).unwrap();
+    net.node(1).acquire_shared(RequestId(1), key("rw"), lease_ms, owner("w"), Share::Write, 0);
+    net.settle();
+    let w = applied_token(net.take_reply(RequestId(1)));
+    for (id, who) in [(2, "r1"), (3, "r2"), (4, "r3"), (5, "r4")] {
+        net.node(1).acquire_shared(RequestId(id), key("rw"), lease_ms, owner(who), Share::Read, 60_000);
+        net.settle();
+    }
+    // The writer's place goes to a reader; two more fit the table of
+    // three; the fourth is told the table is full.
+    net.node(1).propose(RequestId(6), vec![Command::Release { key: key("rw"), token: Some(w), user: None }]);
+    net.settle();
+    let readers: Vec<FencingToken> = (2..=4).map(|id| applied_token(net.take_reply(RequestId(id)))).collect();
+    assert!(matches!(
+        net.take_reply(RequestId(5)),
+        Some(Err(RequestError::QuotaExceeded(crate::Quota::Table { max: 3 })))
+    ));
+    for id in 1..=3 {
+        assert_eq!(net.node(id).table().len(), 3, "node {id}");
+        let holders: Vec<FencingToken> =
+            net.node(id).table().shared(b"rw").unwrap().holders.keys().copied().collect();
+        assert_eq!(holders, readers);
+    }
+}
+
+#[test]
 fn a_semaphore_with_many_waiters_hands_each_freed_permit_to_the_next_in_line() {
     // Found by a process test: a waiter handed a free permit met the
     // waiters still behind it, went back behind them, handed the permit to
