@@ -1530,10 +1530,22 @@ impl Replica {
         id: RequestId,
         handed: &[(Key, RequestId)],
     ) {
+        // A plain lock's key has had its one waiter handed over (a hot
+        // key's handoff costs no clone): only a shared key, or one whose
+        // first waiter asks for a share, can take more.
         let mut keys: Vec<Key> = batch.commands[start..]
             .iter()
             .filter_map(Command::key)
-            .filter(|key| self.requests.first_waiter(key).is_some())
+            .filter(|key| {
+                let first = self.requests.first_waiter(key).and_then(|waiter| self.requests.get(waiter));
+                first.is_some_and(|waiter| {
+                    self.table.shared(key.as_bytes()).is_some()
+                        || waiter
+                            .commands
+                            .iter()
+                            .any(|command| matches!(command, Command::GrantShared { .. }))
+                })
+            })
             .cloned()
             .collect();
         if keys.is_empty() {
