@@ -639,13 +639,7 @@ impl Replica {
     /// result). A Grant with a value needs level 2 too: an older build
     /// drops the value.
     fn check_level(&self, commands: &[Command]) -> Result<(), RequestError> {
-        // A cluster not founded yet will be by this leader's Bootstrap,
-        // which goes before every request (or by an earlier leader's, still
-        // in the log: then the table decides alike on every replica).
-        let level = match self.table.cluster_id() {
-            Some(_) => self.table.level(),
-            None => self.table.level().max(self.config.founding_level),
-        };
+        let level = self.cluster_level();
         let needed = commands
             .iter()
             .map(|command| match command {
@@ -683,11 +677,23 @@ impl Replica {
         self.peer_levels.insert(id.0, level);
     }
 
+    /// The cluster's command level as the next proposal will meet it. A
+    /// cluster not founded yet will be by this leader's Bootstrap, which
+    /// goes before every request (or by an earlier leader's, still in the
+    /// log: then the table decides alike on every replica).
+    fn cluster_level(&self) -> u32 {
+        match self.table.cluster_id() {
+            Some(_) => self.table.level(),
+            None => self.table.level().max(self.config.founding_level),
+        }
+    }
+
     /// On a ready leader: once every member applies this build's command
-    /// level and the table is below it, raise it (one RaiseLevel a term).
+    /// level and the cluster is below it, raise it (one RaiseLevel a term;
+    /// none after the Bootstrap of a cluster founded at it).
     fn raise_level(&mut self) {
         if !self.leader_ready
-            || self.table.level() >= LEVEL
+            || self.cluster_level() >= LEVEL
             || self.level_raised_in == Some(self.raw.raft.term)
         {
             return;
@@ -1567,7 +1573,14 @@ impl Replica {
             // Queued right behind the chain's last request on the key.
             let mut last = handed.iter().rev().find(|(of, _)| *of == key).map_or(id, |(_, waiter)| *waiter);
             while let Some(waiter) = self.requests.first_waiter(&key) {
-                if !self.requests.get(waiter).is_some_and(|pending| admits(&scratch, &key, pending)) {
+                // Only a new place: an owner's retry (its grant Existing)
+                // waits for an entry after the grant it repeats, so that a
+                // ghost release of that grant, known by its index, never
+                // takes the place the retry was told it holds.
+                let takes_new_place = self.requests.get(waiter).is_some_and(|pending| {
+                    admits(&scratch, &key, pending) && !repeats_a_grant(&scratch, &key, pending)
+                });
+                if !takes_new_place {
                     break;
                 }
                 match self.quota_check_in(&scratch, waiter, false, &in_table) {
@@ -2552,6 +2565,20 @@ fn admits(table: &LockTable, key: &Key, waiter: &Pending) -> bool {
             !matches!(table.shared_decision(key.as_bytes(), owner, *share), SharedDecision::Rejected(_))
         }
         _ => table.holder(key.as_bytes()).is_none() && table.shared(key.as_bytes()).is_none(),
+    })
+}
+
+/// Whether `waiter` asks `key` as a retry of its owner, who holds a place
+/// there already: its grant would be Existing.
+fn repeats_a_grant(table: &LockTable, key: &Key, waiter: &Pending) -> bool {
+    waiter.commands.iter().any(|command| match command {
+        Command::GrantShared { key: wanted, owner, share, .. } if wanted == key => {
+            matches!(table.shared_decision(key.as_bytes(), owner, *share), SharedDecision::Existing(_))
+        }
+        Command::Grant { key: wanted, owner, .. } if wanted == key => {
+            table.holder(key.as_bytes()).is_some_and(|lock| lock.owner == *owner)
+        }
+        _ => false,
     })
 }
 

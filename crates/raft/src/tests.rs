@@ -2047,6 +2047,61 @@ fn permits_freed_together_go_to_as_many_waiters_in_the_same_entry_within_the_quo
 }
 
 #[test]
+fn an_owners_retry_is_not_handed_a_place_in_the_entry_of_the_grant_it_repeats() {
+    // Found by the simulator: a permit handed in one entry to an acquire
+    // and to its owner's retry (on a new connection) gave the retry the
+    // same token at the same index; the first answer went to the closed
+    // connection, and the ghost release of that grant, known by its
+    // index, then took the permit the retry had been told it holds.
+    use fencelock_types::Share;
+    let mut net = Net::new(3);
+    net.elect(1);
+    let lease_ms = LeaseMs::new(30_000).unwrap();
+    let permit = |net: &mut Net<MemStore>, id: u64, who: &str, wait_ms: u64| {
+        net.node(1).acquire_shared(
+            RequestId(id),
+            key("pool"),
+            lease_ms,
+            owner(who),
+            Share::Permit(2),
+            wait_ms,
+        );
+        net.settle();
+    };
+    permit(&mut net, 1, "a", 0);
+    permit(&mut net, 2, "b", 0);
+    let (a, b) = (applied_token(net.take_reply(RequestId(1))), applied_token(net.take_reply(RequestId(2))));
+    permit(&mut net, 3, "o", 60_000);
+    permit(&mut net, 4, "o", 60_000);
+    let before = net.node(1).status().last_index;
+    net.node(1).propose(
+        RequestId(5),
+        vec![
+            Command::Release { key: key("pool"), token: Some(a), user: None },
+            Command::Release { key: key("pool"), token: Some(b), user: None },
+        ],
+    );
+    net.settle();
+    let granted = applied_token(net.take_reply(RequestId(3)));
+    let retried = match net.take_reply(RequestId(4)) {
+        Some(Ok(Response::Applied(results))) => match results.as_slice() {
+            [ApplyResult::Granted { token, existing: true, .. }] => *token,
+            other => panic!("the retry was answered {other:?}"),
+        },
+        other => panic!("the retry was answered {other:?}"),
+    };
+    assert_eq!(granted, retried);
+    assert!(net.node(1).status().last_index > before + 1, "the retry's re-grant shares the grant's entry");
+    // The first answer was not delivered: its grant, at the releases'
+    // entry, is a ghost; the retry's re-grant since keeps the permit.
+    net.node(1).release_ghost(crate::GrantRef { key: key("pool"), token: granted, index: before + 1 });
+    net.settle();
+    for id in 1..=3 {
+        assert!(net.node(id).table().holds(b"pool", granted), "node {id} lost the retry's permit");
+    }
+}
+
+#[test]
 fn readers_handed_a_freed_key_together_stop_at_the_table_quota() {
     use fencelock_types::Share;
     let mut net = Net::with_config(3, |config| config.locks_max = 3);
