@@ -20,6 +20,12 @@
 //! keep-alives (or a renew of a lock it holds), release a key of it now
 //! and then, and in the end close it or abandon it (it must lapse and free
 //! everything). A session found gone (NoSession) is replaced by a new one.
+//!
+//! A cluster founded at an older command level (`upgrade.rs`) refuses what
+//! needs a level it has not reached (`RequestError::LevelNotReached`),
+//! proposing nothing: a plain client then takes its lock without a value,
+//! as a client of an older cluster does, and every other client asks again
+//! a while later (a holder's probe goes back to its holding).
 
 use fencelock_raft::watch::WatchQuery;
 use fencelock_raft::{ClientRequest, Query, Reply, RequestError, Response};
@@ -48,6 +54,10 @@ const SEMAPHORE_PERMITS: u32 = 2;
 const PROBE_PPM: u64 = 50_000;
 /// The most locks a simulated list asks for (more than clients can hold).
 const LIST_LIMIT: usize = 100;
+/// How long a client refused for the cluster's command level waits before
+/// it asks again, in ms: the leader raises it once every member is
+/// upgraded, which takes a while.
+const LEVEL_RETRY_MS: (u64, u64) = (100, 1_000);
 
 /// The events one watch answer holds (about): small, so that answers end
 /// at entry boundaries often.
@@ -68,6 +78,9 @@ pub(crate) enum Op {
         key: Key,
         lease_ms: LeaseMs,
         wait_ms: u64,
+        /// With the owner as the lock's value, as an election candidate
+        /// names itself (a level-2 request); without, once refused for it.
+        value: bool,
     },
     /// A reader's or the writer's acquire of a read-write lock, or a
     /// permit's of a semaphore.
@@ -343,7 +356,7 @@ impl World {
         }
         let lease_ms = LeaseMs::new(self.rng.pick(&[600, 1_500, 4_000])).expect("a valid lease");
         let wait_ms = self.rng.pick(&[0, 0, 300, 2_000]);
-        Op::Acquire { key, lease_ms, wait_ms }
+        Op::Acquire { key, lease_ms, wait_ms, value: true }
     }
 
     /// A shared client's next request: mostly an acquire, as a reader (or,
@@ -521,10 +534,11 @@ impl World {
         let owner = self.clients[client].owner.clone();
         let user = self.clients[client].user.clone();
         let request = match op.clone() {
-            Op::Acquire { key, lease_ms, wait_ms } => {
-                // The owner as the lock's value, as an election candidate
-                // names itself.
-                let value = Value::new(owner.as_bytes().to_vec()).unwrap_or_default();
+            Op::Acquire { key, lease_ms, wait_ms, value } => {
+                let value = match value {
+                    true => Value::new(owner.as_bytes().to_vec()).unwrap_or_default(),
+                    false => Value::none(),
+                };
                 ClientRequest::Acquire { key, lease_ms, owner, value, wait_ms }
             }
             Op::AcquireShared { key, share, lease_ms, wait_ms } => {
@@ -969,14 +983,9 @@ impl World {
                     | RequestError::Stopped,
                 ),
             ) => self.retry(client, op, pause),
-            // The cluster has not raised its command level yet.
-            (
-                op @ (Op::OpenSession { .. }
-                | Op::KeepAlive { .. }
-                | Op::CloseSession { .. }
-                | Op::AcquireIn { .. }),
-                Err(RequestError::LevelNotReached { .. }),
-            ) => self.retry(client, op, pause),
+            (op, Err(RequestError::LevelNotReached { needed, level, .. })) => {
+                self.level_not_reached(client, op, needed, level, pause)?
+            }
             (
                 Op::AcquireIn { .. },
                 Err(
@@ -1004,6 +1013,48 @@ impl World {
                 self.wake_client(client, pause);
             }
             (op, other) => return Err(format!("client {}: {op:?} answered {other:?}", client + 1)),
+        }
+        Ok(())
+    }
+
+    /// `client` was refused `op` because the cluster is at command level
+    /// `level` and it needs `needed`: nothing was proposed, so nothing is
+    /// held or promised; it asks again, without the value for a plain
+    /// acquire. A request that needs no level above 1 is never refused so.
+    fn level_not_reached(
+        &mut self,
+        client: usize,
+        op: Op,
+        needed: u32,
+        level: u32,
+        pause: u64,
+    ) -> Result<(), String> {
+        match op {
+            Op::Acquire { key, lease_ms, wait_ms, value: true } => {
+                let op = Op::Acquire { key, lease_ms, wait_ms, value: false };
+                self.clients[client].state = ClientState::Retrying { op };
+                self.wake_client(client, pause);
+            }
+            // A leader that has not applied the raise yet: it still holds
+            // its key.
+            Op::Probe { key, token, lease_ms, release_at_ms, .. } => {
+                self.clients[client].state = ClientState::Holding { key, token, lease_ms, release_at_ms };
+                self.wake_client(client, pause);
+            }
+            op @ (Op::AcquireShared { .. }
+            | Op::OpenSession { .. }
+            | Op::KeepAlive { .. }
+            | Op::CloseSession { .. }
+            | Op::AcquireIn { .. }) => {
+                let later = self.rng.range(LEVEL_RETRY_MS.0, LEVEL_RETRY_MS.1);
+                self.retry(client, op, later);
+            }
+            op => {
+                return Err(format!(
+                    "client {}: {op:?} refused as needing level {needed}, the cluster at {level}",
+                    client + 1
+                ))
+            }
         }
         Ok(())
     }

@@ -116,16 +116,10 @@ impl World {
     /// The node dies (its unsynced writes and its client connections with
     /// it), and with the swarm's odds its whole disk too; it restarts later.
     pub(crate) fn crash(&mut self, node: usize) {
-        if self.nodes[node].node.take().is_none() {
+        if !self.stop(node) {
             return;
         }
-        self.nodes[node].disk.crash();
-        self.nodes[node].wake_at = None;
-        self.checker.expiry.leader_lost(node);
         self.note(&format!("crash {}", node + 1));
-        for conn in std::mem::take(&mut self.nodes[node].conns) {
-            self.connection_reset(conn);
-        }
         if self.rng.chance(self.swarm.lose_disk_ppm) && !self.any_node_recovering() {
             let asynchronous = self.nodes[node].disk.is_async();
             self.nodes[node].disk = SimDisk::new(asynchronous);
@@ -134,6 +128,21 @@ impl World {
         }
         let down_ms = self.rng.range(200, 3_000);
         self.schedule(down_ms, Event::Restart(node));
+    }
+
+    /// The node's process ends, taking its unsynced writes and its client
+    /// connections with it; false if it was down already.
+    pub(crate) fn stop(&mut self, node: usize) -> bool {
+        if self.nodes[node].node.take().is_none() {
+            return false;
+        }
+        self.nodes[node].disk.crash();
+        self.nodes[node].wake_at = None;
+        self.checker.expiry.leader_lost(node);
+        for conn in std::mem::take(&mut self.nodes[node].conns) {
+            self.connection_reset(conn);
+        }
+        true
     }
 
     pub(crate) fn heal(&mut self) -> Result<(), String> {

@@ -14,7 +14,13 @@
 //! - clients: acquires with and without waiting, renewals, releases, and
 //!   disconnects in the middle of a request; some clients take read-write
 //!   locks and semaphore permits instead of plain locks; some hold several
-//!   keys under a session, keep it alive, close it or let it lapse.
+//!   keys under a session, keep it alive, close it or let it lapse;
+//! - the command level the cluster is founded at: this build's
+//!   ([`fencelock_types::LEVEL`]) for most seeds, 1 or 2 for one seed in
+//!   eight each ([`founding_level`]), with old builds among the nodes that
+//!   are upgraded (restarted) during the faults; the leader must raise the
+//!   level once every hello says LEVEL, and until then requests that need
+//!   it are refused (`RequestError::LevelNotReached`) and retried.
 //!
 //! A run has a fault phase, then a heal phase in which the cluster must
 //! converge and serve every client again. The invariants in [`invariants`]
@@ -43,7 +49,10 @@ mod disk;
 mod faults;
 mod network;
 mod rng;
+mod upgrade;
 mod world;
+
+pub use upgrade::founding_level;
 
 use std::fmt;
 
@@ -61,6 +70,9 @@ pub struct SimConfig {
     /// Simulated milliseconds of faults, then of healing.
     pub fault_ms: u64,
     pub heal_ms: u64,
+    /// The command level the cluster is founded at: by default drawn from
+    /// the seed ([`founding_level`]).
+    pub founding_level: u32,
 }
 
 impl SimConfig {
@@ -73,6 +85,7 @@ impl SimConfig {
             session_clients: 1,
             fault_ms: 20_000,
             heal_ms: 10_000,
+            founding_level: founding_level(seed),
         }
     }
 }
@@ -94,6 +107,8 @@ pub struct Report {
     pub events: u64,
     pub grants: u64,
     pub faults: u64,
+    /// The command level the cluster was founded at.
+    pub founding_level: u32,
     /// Client acknowledgements checked for durability.
     pub acknowledgements: usize,
     /// How often each check judged something.
@@ -109,9 +124,10 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "seed {} ({} nodes): {} simulated s, {} events, {} grants, {} faults, {} acks, trace {:08x}: ",
+            "seed {} ({} nodes, level {}): {} simulated s, {} events, {} grants, {} faults, {} acks, trace {:08x}: ",
             self.seed,
             self.nodes,
+            self.founding_level,
             self.sim_ms / 1_000,
             self.events,
             self.grants,
@@ -121,11 +137,18 @@ impl fmt::Display for Report {
         )?;
         match &self.result {
             Ok(()) => write!(f, "ok"),
-            Err(violation) => write!(
-                f,
-                "VIOLATION at {} ms: {}\n  swarm: {}\n  replay: cargo xtask sim --seed {} --nodes {}",
-                violation.at_ms, violation.message, self.swarm, self.seed, self.nodes
-            ),
+            Err(violation) => {
+                write!(
+                    f,
+                    "VIOLATION at {} ms: {}\n  swarm: {}\n  replay: cargo xtask sim --seed {} --nodes {}",
+                    violation.at_ms, violation.message, self.swarm, self.seed, self.nodes
+                )?;
+                // A level other than the seed's own was asked for.
+                if self.founding_level != founding_level(self.seed) {
+                    write!(f, " --founding-level {}", self.founding_level)?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -133,7 +156,7 @@ impl fmt::Display for Report {
 /// Runs one simulation. A panic inside (raft-rs's own fatal checks, an
 /// assertion of ours) is reported as a violation of the seed, not lost.
 pub fn run(config: SimConfig) -> Report {
-    let (seed, nodes) = (config.seed, config.nodes);
+    let (seed, nodes, founding_level) = (config.seed, config.nodes, config.founding_level);
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| world::World::new(config).run())) {
         Ok(report) => report,
         Err(payload) => {
@@ -149,6 +172,7 @@ pub fn run(config: SimConfig) -> Report {
                 events: 0,
                 grants: 0,
                 faults: 0,
+                founding_level,
                 acknowledgements: 0,
                 judged: Vec::new(),
                 trace_digest: 0,

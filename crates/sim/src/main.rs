@@ -1,7 +1,7 @@
 //! `fencelock-sim`: runs seeds of the simulation and reports each failure,
 //! with the command that replays it. `cargo xtask sim` calls it.
 //!
-//! Usage: `fencelock-sim [--seeds N] [--first F] [--seed S] [--nodes 3|5] [--fault-ms T] [--heal-ms T] [--jobs N]`
+//! Usage: `fencelock-sim [--seeds N] [--first F] [--seed S] [--nodes 3|5] [--fault-ms T] [--heal-ms T] [--founding-level L] [--jobs N]`
 //!
 //! A sweep runs its seeds on `--jobs` threads (every core by default). Each
 //! seed is still one single-threaded, deterministic run: the threads only
@@ -42,6 +42,11 @@ struct Options {
     /// Simulated milliseconds of healing [default: SimConfig's]
     #[arg(long, value_name = "T")]
     heal_ms: Option<u64>,
+    /// The command level every seed founds its cluster at, 1 to this
+    /// build's [default: drawn from the seed: 1 or 2 for one seed in eight
+    /// each, else this build's]
+    #[arg(long, value_name = "L", value_parser = parse_level)]
+    founding_level: Option<u32>,
     /// Threads that run seeds [default: the available parallelism]
     #[arg(long, value_name = "N")]
     jobs: Option<NonZeroUsize>,
@@ -76,6 +81,8 @@ fn main() -> ExitCode {
     let mut failed = 0;
     // How often each check judged something, over the sweep.
     let mut judged: Vec<(&'static str, u64)> = Vec::new();
+    // Seeds by the command level they founded their cluster at.
+    let mut founded = vec![0u64; fencelock_types::LEVEL as usize + 1];
     let next = AtomicU64::new(0);
     let (sender, reports) = mpsc::channel::<Report>();
     std::thread::scope(|scope| {
@@ -97,6 +104,9 @@ fn main() -> ExitCode {
         for report in reports {
             done += 1;
             sim_ms += report.sim_ms;
+            if let Some(seeds) = founded.get_mut(report.founding_level as usize) {
+                *seeds += 1;
+            }
             for (check, count) in &report.judged {
                 match judged.iter_mut().find(|(name, _)| name == check) {
                     Some((_, total)) => *total += count,
@@ -129,6 +139,13 @@ fn main() -> ExitCode {
     );
     let judged: Vec<String> = judged.iter().map(|(check, count)| format!("{count} {check}")).collect();
     println!("checks judged: {}", judged.join(", "));
+    let founded: Vec<String> = founded
+        .iter()
+        .enumerate()
+        .skip(1)
+        .map(|(level, seeds)| format!("{seeds} at level {level}"))
+        .collect();
+    println!("clusters founded: {}", founded.join(", "));
     println!("sim: {} passed, {} failed", done - failed, failed);
     if failed > 0 {
         ExitCode::from(1)
@@ -143,7 +160,15 @@ impl Options {
         let mut config = SimConfig::new(seed, nodes);
         config.fault_ms = self.fault_ms.unwrap_or(config.fault_ms);
         config.heal_ms = self.heal_ms.unwrap_or(config.heal_ms);
+        config.founding_level = self.founding_level.unwrap_or(config.founding_level);
         config
+    }
+}
+
+fn parse_level(text: &str) -> Result<u32, String> {
+    match text.parse() {
+        Ok(level @ 1..=fencelock_types::LEVEL) => Ok(level),
+        _ => Err(format!("--founding-level is a level from 1 to {}", fencelock_types::LEVEL)),
     }
 }
 
@@ -168,9 +193,10 @@ mod tests {
         Options::command().debug_assert();
         let plain = parse(&[]).unwrap();
         assert_eq!(
-            (plain.seeds, plain.first, plain.seed, plain.nodes, plain.jobs),
-            (100, 0, None, None, None)
+            (plain.seeds, plain.first, plain.seed, plain.nodes, plain.jobs, plain.founding_level),
+            (100, 0, None, None, None, None)
         );
+        assert_eq!(plain.config(4).founding_level, fencelock_sim::founding_level(4));
         assert_eq!(plain.config(4).nodes, 3);
         assert_eq!(plain.config(5).nodes, 5);
         let given = parse(&[
@@ -186,16 +212,21 @@ mod tests {
             "200",
             "--jobs",
             "3",
+            "--founding-level",
+            "1",
         ])
         .unwrap();
         assert_eq!((given.seeds, given.first, given.jobs.map(NonZeroUsize::get)), (7, 9, Some(3)));
         let config = given.config(4);
         assert_eq!((config.seed, config.nodes, config.fault_ms, config.heal_ms), (4, 5, 100, 200));
+        assert_eq!(config.founding_level, 1);
         assert_eq!(parse(&["--seed", "1", "--seed", "2"]).unwrap().seed, Some(2));
         for (bad, says) in [
             (&["--nodes", "4"][..], "--nodes is 3 or 5"),
             (&["--seeds", "many"], "--seeds"),
             (&["--jobs", "0"], "--jobs"),
+            (&["--founding-level", "0"], "--founding-level is a level from 1 to"),
+            (&["--founding-level", "9"], "--founding-level is a level from 1 to"),
             (&["--first"], "--first"),
             (&["--replay"], "--replay"),
         ] {

@@ -39,6 +39,46 @@ fn a_seed_replays_byte_for_byte() {
 }
 
 #[test]
+fn clusters_founded_below_the_level_are_raised_under_faults() {
+    // Old builds upgraded during the faults; until the raise, requests
+    // that need the level are refused (and asked again), then served.
+    let mut failures = Vec::new();
+    let (mut refusals, mut raised) = (0, 0);
+    for founding_level in 1..fencelock_types::LEVEL {
+        for seed in 0..4 {
+            let mut config = SimConfig::new(seed, if seed % 2 == 0 { 3 } else { 5 });
+            config.founding_level = founding_level;
+            config.fault_ms = 8_000;
+            config.heal_ms = 8_000;
+            let report = run(config);
+            if report.result.is_err() {
+                failures.push(report.to_string());
+            }
+            let judged = |check| report.judged.iter().find(|(name, _)| *name == check).map_or(0, |(_, n)| *n);
+            refusals += judged("level refusals");
+            raised += judged("levels raised");
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert_eq!(raised, 4 * u64::from(fencelock_types::LEVEL - 1));
+    assert!(refusals > 0);
+}
+
+#[test]
+fn a_run_founds_at_the_level_its_seed_draws_and_a_replay_names_another() {
+    let mut config = SimConfig::new(4, 3);
+    assert_eq!(config.founding_level, crate::founding_level(4));
+    config.founding_level = 1;
+    config.fault_ms = 1_000;
+    config.heal_ms = 1_000;
+    let mut report = run(config);
+    assert_eq!(report.founding_level, 1);
+    report.result = Err(crate::Violation { at_ms: 0, message: "made up".into() });
+    let text = report.to_string();
+    assert!(text.contains("replay: cargo xtask sim --seed 4 --nodes 3 --founding-level 1"), "{text}");
+}
+
+#[test]
 fn seeds_that_once_failed_pass() {
     // 3002890773: a follower's election timeout fired between installing a
     // leader's snapshot and that write becoming durable, and raft-rs

@@ -10,9 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use fencelock_fsm::LockTable;
 use fencelock_raft::{
     rejoin::ClusterState, Action, ClientRequest, Config, ConnId, Event as NodeEvent, GrantRef, Node,
-    NodeConfig, NodeId, Reply, Role, RoleChange,
+    NodeConfig, NodeId, Reply, RequestError, Role, RoleChange,
 };
-use fencelock_types::LeaseMs;
+use fencelock_types::{LeaseMs, LEVEL};
 use raft::prelude::Message;
 
 use crate::clients::{Ask, Client, Kind};
@@ -23,6 +23,7 @@ use crate::faults::Swarm;
 use crate::invariants::{convergence, shared, Checker};
 use crate::network::Network;
 use crate::rng::Rng;
+use crate::upgrade::Builds;
 use crate::{Report, SimConfig, Violation};
 use fencelock_raft::gate::Refusal;
 
@@ -46,6 +47,14 @@ pub(crate) enum Event {
         to: usize,
         from: usize,
     },
+    /// A peer's connection opens with its hello (to a running node; see
+    /// `upgrade.rs`).
+    Connect {
+        to: usize,
+        from: usize,
+    },
+    /// An old build is upgraded to this one (`upgrade.rs`).
+    Upgrade(usize),
     /// The node's own timer: only the latest one counts.
     Wake {
         node: usize,
@@ -106,6 +115,9 @@ pub(crate) struct SimNode {
     /// Bumped at every start: work a crashed incarnation asked for is
     /// dropped.
     pub incarnation: u64,
+    /// The command level its hellos say: [`LEVEL`], or an old build's
+    /// until its upgrade (`upgrade.rs`).
+    pub build_level: u32,
     /// This incarnation's count of applied entries and its applied index
     /// when last asked: while the count stands and no change is applied,
     /// the index stands too, and the (costly) status need not be asked.
@@ -134,6 +146,8 @@ pub struct World {
     pub(crate) healed_at: Option<u64>,
     pub(crate) finished: bool,
     pub(crate) checker: Checker,
+    /// The old builds and their upgrades, on a random stream of their own.
+    pub(crate) builds: Builds,
     trace: crc32fast::Hasher,
     events: u64,
     pub(crate) grants: u64,
@@ -144,6 +158,7 @@ impl World {
     pub fn new(config: SimConfig) -> World {
         let mut rng = Rng::new(config.seed);
         let swarm = Swarm::draw(&mut rng);
+        let builds = Builds::draw(config.seed, config.nodes, config.founding_level, config.fault_ms);
         let voters: Vec<NodeId> = (1..=config.nodes as u64).map(NodeId).collect();
         let nodes = (0..config.nodes)
             .map(|i| {
@@ -151,6 +166,7 @@ impl World {
                 driver.election_ticks = ELECTION_TICKS_MIN;
                 driver.election_ticks_max = Some(ELECTION_TICKS_MAX);
                 driver.heartbeat_ticks = 2;
+                driver.founding_level = config.founding_level;
                 driver.snapshot_interval_entries = rng.pick(&[20, 100, 1_000]);
                 driver.lease_ms_min = 500;
                 driver.lease_ms_max = 60_000;
@@ -175,6 +191,7 @@ impl World {
                     wake_at: None,
                     persist_scheduled: false,
                     incarnation: 0,
+                    build_level: builds.old[i].map_or(LEVEL, |(level, _)| level),
                     conns: BTreeSet::new(),
                     recovering: false,
                     applied_seen: None,
@@ -217,6 +234,7 @@ impl World {
             healed_at: None,
             finished: false,
             checker,
+            builds,
             trace: crc32fast::Hasher::new(),
             events: 0,
             grants: 0,
@@ -233,6 +251,7 @@ impl World {
             events: self.events,
             grants: self.grants,
             faults: self.faults,
+            founding_level: self.config.founding_level,
             acknowledgements: self.checker.durability.acknowledgements(),
             judged: self.checker.judged(),
             trace_digest: self.trace.clone().finalize(),
@@ -248,6 +267,11 @@ impl World {
         for client in 0..self.clients.len() {
             let at = self.rng.range(0, 500);
             self.wake_client(client, at);
+        }
+        for (node, old) in self.builds.old.clone().into_iter().enumerate() {
+            if let Some((_, at_ms)) = old {
+                self.schedule(at_ms, Event::Upgrade(node));
+            }
         }
         self.schedule(self.swarm.fault_interval_ms, Event::Fault);
         self.schedule(self.config.fault_ms, Event::Heal);
@@ -292,6 +316,14 @@ impl World {
                 self.feed(to, NodeEvent::PeerMessage(*message))
             }
             Event::Hello { to, from } => self.hello(to, from),
+            Event::Connect { to, from } => {
+                self.connect(to, from);
+                Ok(())
+            }
+            Event::Upgrade(node) => {
+                self.upgrade(node);
+                Ok(())
+            }
             Event::Snapshot { node, incarnation, event } => {
                 if incarnation != self.nodes[node].incarnation || self.nodes[node].node.is_none() {
                     return Ok(());
@@ -421,6 +453,7 @@ impl World {
         }
         let starting = opened.is_starting();
         self.nodes[node].node = Some(opened);
+        self.connect_peers(node);
         self.nodes[node].incarnation += 1;
         self.nodes[node].applied_seen = None;
         self.nodes[node].conns.clear();
@@ -459,7 +492,7 @@ impl World {
             && !self.network.is_cut(to, from)
             && self.nodes[to].clock.paused(self.now_ms).is_none();
         if let (true, Some(peer)) = (reachable, self.nodes[from].node.as_ref()) {
-            let report = peer.hello_for(NodeId(to as u64 + 1));
+            let report = self.hello_of(from, to, peer);
             self.feed(to, NodeEvent::PeerHello { from: NodeId(from as u64 + 1), report })?;
         }
         // Reconnect with backoff while the node still waits.
@@ -638,6 +671,9 @@ impl World {
     /// connection, the answer is lost; half the time the node's listener
     /// notices the closed socket as it writes and hands the grants back.
     fn answer(&mut self, node: usize, ask: Ask, reply: Reply, grants: Vec<GrantRef>) -> Result<(), String> {
+        if let Err(RequestError::LevelNotReached { needed, level, .. }) = &reply {
+            self.checker.levels.refused(node, *needed, *level)?;
+        }
         if self.trace_clients {
             self.note(&format!(
                 "{} answers client {} {} on {}: {reply:?}",
@@ -706,6 +742,7 @@ impl World {
         if let Some(table) = converged {
             let table = LockTable::restore(&table).map_err(|err| err.to_string())?;
             self.checker.durability.finish(&table)?;
+            self.checker.levels.finish(self.config.founding_level, table.level())?;
         }
         Ok(())
     }

@@ -82,6 +82,15 @@ mod tests {
     }
 
     #[test]
+    fn tables_that_differ_only_in_their_command_level_are_caught() {
+        // The level is in the snapshot, so in the digest.
+        let mut check = Check::default();
+        check.observed(0, 3, &LockTable::at_level(1)).unwrap();
+        let err = check.observed(1, 3, &LockTable::at_level(3)).unwrap_err();
+        assert!(err.contains("node 1 and node 2 differ at applied index 3"), "{err}");
+    }
+
+    #[test]
     fn a_table_that_changed_at_the_same_index_is_caught() {
         // The unchanged table is judged by equality, the changed one is
         // encoded again and compared with the first seen at that index.

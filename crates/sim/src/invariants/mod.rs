@@ -25,7 +25,12 @@
 //! - [`sessions`]: a session's end frees all it held, holders name only
 //!   open sessions of their owner, on every node after each change; a
 //!   client told its session is alive keeps it, and what it holds under
-//!   it, for its TTL.
+//!   it, for its TTL;
+//! - [`levels`]: the command level is one non-decreasing function of the
+//!   log index on every node (across restarts and snapshot installs too),
+//!   no change is applied below the level its command needs, refusals
+//!   agree with the refusing node's table, and a cluster founded below
+//!   this build's level ends the run raised to it.
 
 pub mod convergence;
 pub mod durability;
@@ -33,6 +38,7 @@ pub mod expiry;
 #[cfg(test)]
 mod fixtures;
 pub mod holders;
+pub mod levels;
 pub mod liveness;
 pub mod mutual_exclusion;
 pub mod reads;
@@ -76,6 +82,7 @@ pub struct Checker {
     pub watches: watches::Check,
     pub shared: shared::Check,
     pub sessions: sessions::Check,
+    pub levels: levels::Check,
     /// Applied changes each per-node check judged.
     judged_changes: u64,
     /// Per node: the highest index it applied, and the highest it had
@@ -96,6 +103,7 @@ impl Checker {
             expiry: expiry::Check::new(drift_ppm_max),
             shared: shared::Check::new(nodes, drift_ppm_max),
             sessions: sessions::Check::new(nodes, drift_ppm_max),
+            levels: levels::Check::new(nodes),
             applied_max: vec![0; nodes],
             replay_until: vec![0; nodes],
             ..Checker::default()
@@ -105,6 +113,7 @@ impl Checker {
     /// A node (re)opened on its disk with `table`.
     pub fn opened(&mut self, node: usize, table: &LockTable) {
         self.replay_until[node] = self.applied_max[node];
+        self.levels.reset(node);
         self.reset(node, table);
     }
 
@@ -137,6 +146,7 @@ impl Checker {
         .into_iter()
         .chain(self.shared.judged())
         .chain(self.sessions.judged())
+        .chain(self.levels.judged())
         .collect()
     }
 
@@ -184,6 +194,7 @@ impl Checker {
             self.durability.applied(*index, event);
         }
         self.watches.applied(events);
+        self.levels.turn(node, events, applied_index, table)?;
         if restored_at.is_some() {
             self.reset(node, table);
             self.renewal.restored(node, table, local_ms);
