@@ -15,7 +15,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use cargo_metadata::{DependencyKind, MetadataCommand, PackageId};
+use cargo_metadata::{DependencyKind, MetadataCommand};
 
 /// The allowed arrows between workspace crates. A crate missing here fails
 /// tidy: adding a crate means deciding its place in the graph.
@@ -175,10 +175,13 @@ fn check_core_dependencies(graph: &Graph, package: &str, allowed: &[&str], probl
     }
 }
 
-/// The normal (not dev, not build) dependency graph of the workspace, by
-/// package name.
+/// The normal (not dev, not build) dependency graph of the workspace. Walked
+/// by package id (two versions of a crate are two packages, with their own
+/// dependencies), answered by package name.
 struct Graph {
     workspace: BTreeSet<String>,
+    names: BTreeMap<String, String>,
+    ids: BTreeMap<String, String>,
     edges: BTreeMap<String, BTreeSet<String>>,
 }
 
@@ -186,46 +189,55 @@ impl Graph {
     fn load(root: &Path) -> Result<Graph> {
         let metadata =
             MetadataCommand::new().current_dir(root).exec().context("cannot read `cargo metadata`")?;
-        let name_of: BTreeMap<&PackageId, &str> =
-            metadata.packages.iter().map(|package| (&package.id, package.name.as_str())).collect();
-        let workspace = metadata
+        let names: BTreeMap<String, String> = metadata
+            .packages
+            .iter()
+            .map(|package| (package.id.repr.clone(), package.name.to_string()))
+            .collect();
+        let workspace: BTreeSet<String> =
+            metadata.workspace_members.iter().filter_map(|id| names.get(&id.repr)).cloned().collect();
+        // Workspace crates by name: their names are unique.
+        let ids = metadata
             .workspace_members
             .iter()
-            .filter_map(|id| name_of.get(id))
-            .map(|name| (*name).to_owned())
+            .filter_map(|id| names.get(&id.repr).map(|name| (name.clone(), id.repr.clone())))
             .collect();
         let resolve = metadata.resolve.context("`cargo metadata` gave no dependency graph")?;
         let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for node in resolve.nodes {
-            let Some(from) = name_of.get(&node.id) else {
-                continue;
-            };
             let to = node
                 .deps
                 .iter()
                 .filter(|dep| dep.dep_kinds.iter().any(|kind| kind.kind == DependencyKind::Normal))
-                .filter_map(|dep| name_of.get(&dep.pkg))
-                .map(|name| (*name).to_owned());
-            edges.entry((*from).to_owned()).or_default().extend(to);
+                .map(|dep| dep.pkg.repr.clone());
+            edges.entry(node.id.repr.clone()).or_default().extend(to);
         }
-        Ok(Graph { workspace, edges })
+        Ok(Graph { workspace, names, ids, edges })
     }
 
+    fn name(&self, id: &str) -> String {
+        self.names.get(id).cloned().unwrap_or_else(|| id.to_owned())
+    }
+
+    /// The names of the direct dependencies of workspace crate `package`.
     fn direct(&self, package: &str) -> BTreeSet<String> {
-        self.edges.get(package).cloned().unwrap_or_default()
+        let Some(id) = self.ids.get(package) else { return BTreeSet::new() };
+        self.edges.get(id).into_iter().flatten().map(|dependency| self.name(dependency)).collect()
     }
 
+    /// The names of every package workspace crate `package` builds on.
     fn transitive(&self, package: &str) -> BTreeSet<String> {
+        let Some(id) = self.ids.get(package) else { return BTreeSet::new() };
         let mut seen = BTreeSet::new();
-        let mut stack = vec![package.to_owned()];
+        let mut stack = vec![id.clone()];
         while let Some(next) = stack.pop() {
-            for dependency in self.direct(&next) {
+            for dependency in self.edges.get(&next).into_iter().flatten() {
                 if seen.insert(dependency.clone()) {
-                    stack.push(dependency);
+                    stack.push(dependency.clone());
                 }
             }
         }
-        seen
+        seen.iter().map(|id| self.name(id)).collect()
     }
 }
 
