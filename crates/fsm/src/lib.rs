@@ -489,6 +489,17 @@ impl LockTable {
         self.sessions.len()
     }
 
+    /// Whether a lock or a holder on `key` is held under a session.
+    pub fn has_session_holder(&self, key: &[u8]) -> bool {
+        match self.locks.get(key) {
+            Some(lock) => lock.session.is_some(),
+            None => self
+                .shared
+                .get(key)
+                .is_some_and(|shared| shared.holders.values().any(|holder| holder.session.is_some())),
+        }
+    }
+
     /// The session `token`'s lock or holder on `key` is held under, if
     /// any.
     pub fn session_of(&self, key: &[u8], token: FencingToken) -> Option<FencingToken> {

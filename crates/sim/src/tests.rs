@@ -24,6 +24,22 @@ fn a_sweep_of_seeds_keeps_every_invariant() {
 }
 
 #[test]
+fn seeds_that_found_node_bugs_keep_every_invariant() {
+    // Each found a bug in the leader's same-entry handoff of shared keys:
+    // 754 an owner's retry handed the permit of the grant it repeats (a
+    // ghost release then took it), 132174523 a permit a session's end held
+    // back in the same entry handed to a waiter, which was rejected.
+    let mut failures = Vec::new();
+    for (seed, nodes) in [(754, 3), (132_174_523, 5)] {
+        let report = run(SimConfig::new(seed, nodes));
+        if report.result.is_err() {
+            failures.push(report.to_string());
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
 fn a_seed_replays_byte_for_byte() {
     // Seeds with elections, crashes and lost disks (election timeouts are
     // drawn from the seed after every role change, not by raft-rs).
