@@ -153,10 +153,21 @@ impl World {
         self.swarm.abandon_ppm = 0;
         self.swarm.reset_ppm = 0;
         for node in 0..self.nodes.len() {
+            let was_paused = self.nodes[node].clock.paused(self.now_ms).is_some();
             self.nodes[node].clock.paused_until_ms = 0;
             self.nodes[node].disk.disarm();
             if self.nodes[node].node.is_none() {
                 self.start_node(node)?;
+            } else if was_paused {
+                // A paused node's turn and fsync were put off to the end of
+                // its pause: it resumes now, so they go now (seed
+                // 2774141204: a leader paused past the heal could not apply
+                // its own entry, nor expire the lease it granted, until the
+                // old pause's end).
+                if self.nodes[node].persist_scheduled {
+                    self.schedule(0, Event::Persist(node));
+                }
+                self.set_wake(node, self.now_ms);
             }
         }
         Ok(())

@@ -640,7 +640,7 @@ impl World {
         }
     }
 
-    fn set_wake(&mut self, node: usize, at: u64) {
+    pub(crate) fn set_wake(&mut self, node: usize, at: u64) {
         self.nodes[node].wake_generation += 1;
         self.nodes[node].wake_at = Some(at);
         let generation = self.nodes[node].wake_generation;
