@@ -2709,3 +2709,34 @@ fn an_acquire_under_another_session_than_its_owner_holds_the_key_under_is_answer
     }
     assert_eq!(net.node(1).table().holder(b"a").and_then(|lock| lock.session), Some(session));
 }
+
+#[test]
+fn a_cluster_founded_at_this_builds_level_is_never_raised_to_it_again() {
+    // The window: the new leader is ready and has proposed its Bootstrap,
+    // which has not applied yet (the table is unfounded, at level 1). A
+    // tick then must not take the unfounded table's level for the
+    // cluster's and propose a RaiseLevel to the level being founded.
+    let mut net = Net::new(3);
+    for id in 2..=3 {
+        net.node(1).peer_level(NodeId(id), fencelock_types::LEVEL);
+    }
+    net.node(1).campaign().unwrap();
+    for _ in 0..100 {
+        net.turn().unwrap();
+        if net.node(1).status().leader_ready {
+            break;
+        }
+    }
+    assert!(net.node(1).status().leader_ready);
+    assert!(net.node(1).table().cluster_id().is_none(), "the Bootstrap applied already: no window to test");
+    // The Bootstrap is the leader's last entry: proposed as it became ready.
+    let bootstrap_index = net.node(1).status().last_index;
+    net.node(1).tick();
+    net.settle();
+    assert!(net.node(1).table().cluster_id().is_some());
+    for id in 1..=3 {
+        let status = net.node(id).status();
+        assert_eq!(net.node(id).table().level(), fencelock_types::LEVEL);
+        assert_eq!(status.applied_index, bootstrap_index, "node {id}: an entry after the Bootstrap");
+    }
+}
