@@ -16,6 +16,17 @@
 //! reads the terminal and Ctrl-C reaches it directly, as it would without
 //! fencelock.
 //!
+//! Stops follow the shell's job control. When the job stops in a terminal
+//! (Ctrl-Z, or a background read), fencelock gives the terminal back and
+//! stops too, so that the shell sees its job stopped; a SIGTSTP sent to
+//! fencelock itself is passed on to the job, and fencelock stops once the
+//! job has. A stopped fencelock renews nothing: the lock may lapse. When
+//! continued (`fg`, `bg`, SIGCONT), fencelock looks at the lock before the
+//! job: lost, the job is stopped for good (it never runs again without
+//! the lock); held, the job is continued (and given the terminal in the
+//! foreground). Outside a terminal, a job stopped by someone else (a
+//! SIGSTOP to its pid) keeps its lock: fencelock goes on renewing.
+//!
 //! Its own outcomes have exit codes the user may choose
 //! (`--conflict-exit-code`, `--lost-exit-code`) so that they are not taken
 //! for CMD's, and its JSON goes to stderr or `--json-file`: stdout is CMD's.
@@ -40,33 +51,54 @@ use crate::watchdog::{group_alive, stop_group, Watchdog};
 const POLL: Duration = Duration::from_millis(50);
 
 /// Signals to fencelock that are passed on to CMD, each with the flag its
-/// handler raises.
+/// handler raises, and the flag of SIGCONT (fencelock was continued).
 struct Forwarded {
     flags: Vec<(Signal, Arc<AtomicBool>)>,
+    continued: Arc<AtomicBool>,
 }
 
 impl Forwarded {
     fn install() -> Result<Forwarded> {
-        let mut flags = Vec::new();
-        for signal in [Signal::SIGTERM, Signal::SIGHUP, Signal::SIGINT] {
+        let register = |signal: Signal| -> Result<Arc<AtomicBool>> {
             let flag = Arc::new(AtomicBool::new(false));
             signal_hook::flag::register(signal as i32, Arc::clone(&flag))
                 .with_context(|| format!("cannot handle {signal}"))?;
-            flags.push((signal, flag));
+            Ok(flag)
+        };
+        let mut flags = Vec::new();
+        for signal in [Signal::SIGTERM, Signal::SIGHUP, Signal::SIGINT, Signal::SIGTSTP] {
+            flags.push((signal, register(signal)?));
         }
-        Ok(Forwarded { flags })
+        Ok(Forwarded { flags, continued: register(Signal::SIGCONT)? })
     }
 
-    /// Passes the signals fencelock got on to the job's group. (A Ctrl-C
-    /// in a terminal reaches the job directly, its group being the
-    /// foreground one, and not fencelock.)
-    fn forward(&self, group: Pid) {
+    /// Passes the signals fencelock got on to the job's group (a Ctrl-C or
+    /// Ctrl-Z in a terminal reaches the job directly, its group being the
+    /// foreground one, and not fencelock). True if one was SIGTSTP: asked
+    /// to stop, fencelock stops once the job has.
+    fn forward(&self, group: Pid) -> bool {
+        let mut stop = false;
         for (signal, flag) in &self.flags {
             if flag.swap(false, Ordering::SeqCst) {
                 let _ = killpg(group, *signal);
+                stop |= *signal == Signal::SIGTSTP;
             }
         }
+        stop
     }
+
+    /// Whether fencelock was continued since the last call.
+    fn continued(&self) -> bool {
+        self.continued.swap(false, Ordering::SeqCst)
+    }
+}
+
+/// Whether `child` (the job's first process) is stopped now. The stop is
+/// left to be reported again (`WNOWAIT`): this asks, it does not reap.
+fn is_stopped(child: Pid) -> bool {
+    use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+    let flags = WaitPidFlag::WSTOPPED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    matches!(waitid(Id::Pid(child), flags), Ok(WaitStatus::Stopped(..)))
 }
 
 /// The terminal handed to the job's group while it runs, when fencelock
@@ -96,11 +128,30 @@ impl Foreground {
     }
 }
 
-impl Drop for Foreground {
-    fn drop(&mut self) {
+impl Foreground {
+    /// Whether fencelock runs on a terminal of its session (in its
+    /// foreground or not): under a shell's job control.
+    fn job_control() -> bool {
+        let stdin = std::io::stdin();
+        stdin.is_terminal() && nix::unistd::tcgetpgrp(&stdin).is_ok()
+    }
+
+    /// Whether the job's group has the terminal.
+    fn handed(&self) -> bool {
+        self.own.is_some()
+    }
+
+    /// Gives the terminal back to fencelock's group.
+    fn give_back(&mut self) {
         if let Some(own) = self.own.take() {
             let _ = nix::unistd::tcsetpgrp(std::io::stdin(), own);
         }
+    }
+}
+
+impl Drop for Foreground {
+    fn drop(&mut self) {
+        self.give_back();
     }
 }
 
@@ -134,6 +185,14 @@ pub fn hold(
     };
     let lost = Exit::Code(args.lost_exit_code);
     let token = guard.token();
+    if guard.is_lost() {
+        // Lost before CMD could start (fencelock stopped while it waited,
+        // a lease shorter than the wait for its answer): CMD never runs.
+        let reason = guard.lost_reason().unwrap_or_else(|| "lost".to_owned());
+        eprintln!("fencelock: lost the lock on {} before the command started ({reason})", args.key);
+        emit_json(cli, args, &lock_json(&args.key, token, guard.lease(), lost, Some(&reason)))?;
+        return Ok(lost);
+    }
     // Installed before CMD starts, so that no signal can kill fencelock
     // while CMD runs unsupervised.
     let forwarded = Forwarded::install()?;
@@ -153,7 +212,12 @@ pub fn hold(
             return Err(error);
         }
     };
-    let foreground = Foreground::hand_to(group);
+    let mut foreground = Foreground::hand_to(group);
+    // Under a shell's job control (started in the foreground or not): the
+    // job's stops are fencelock's.
+    let interactive = foreground.handed() || Foreground::job_control();
+    // A SIGTSTP came: fencelock stops once the job has.
+    let mut stop_asked = false;
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
@@ -163,7 +227,22 @@ pub fn hold(
                 return Err(error).context("cannot wait for the command");
             }
         }
-        forwarded.forward(group);
+        stop_asked |= forwarded.forward(group);
+        let mut resumed = forwarded.continued();
+        if (interactive || stop_asked) && is_stopped(group) {
+            foreground.give_back();
+            eprintln!(
+                "fencelock: the command is stopped, and fencelock with it: the lock on {} is not renewed \
+                 and lapses within {} unless resumed",
+                args.key,
+                humantime::format_duration(guard.lease())
+            );
+            stop_asked = false;
+            // Fencelock's whole process, renewer included, until a SIGCONT.
+            let _ = nix::sys::signal::raise(Signal::SIGSTOP);
+            resumed = true;
+        }
+        // Continued: the lock is looked at before the job is.
         if guard.is_lost() {
             drop(foreground);
             let reason = guard.lost_reason().unwrap_or_else(|| "lost".to_owned());
@@ -177,6 +256,14 @@ pub fn hold(
             watchdog.dismiss();
             emit_json(cli, args, &lock_json(&args.key, token, guard.lease(), lost, Some(&reason)))?;
             return Ok(lost);
+        }
+        if resumed {
+            if interactive && !foreground.handed() {
+                // `fg`: the terminal is fencelock's again, and goes on to
+                // the job (`bg`: it stays the shell's).
+                foreground = Foreground::hand_to(group);
+            }
+            let _ = killpg(group, Signal::SIGCONT);
         }
         std::thread::sleep(POLL);
     };

@@ -56,6 +56,9 @@ pub fn stop_group(group: Pid, grace: Duration, mut leader: Option<&mut Child>) -
         }
     };
     let _ = killpg(group, Signal::SIGTERM);
+    // A stopped job (Ctrl-Z, `fencelock lock` stopped with it) acts on
+    // the SIGTERM only once continued.
+    let _ = killpg(group, Signal::SIGCONT);
     let deadline = Instant::now() + grace;
     loop {
         reap(&mut leader);

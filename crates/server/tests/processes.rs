@@ -432,6 +432,159 @@ fn a_job_is_stopped_whole_when_fencelock_is_killed_and_leaves_nothing_behind_whe
     assert_eq!(client.get(b"jobs/left", true).unwrap(), None, "the lock was not released");
 }
 
+/// The state letter of process `pid` ("R", "S", "T" for stopped...), or
+/// None once it is gone.
+fn state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next())
+}
+
+fn wait_stopped(pid: i32, what: &str) {
+    let deadline = Instant::now() + DEADLINE;
+    while state(pid) != Some('T') {
+        assert!(Instant::now() < deadline, "{what} (pid {pid}) did not stop: {:?}", state(pid));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn signal(pid: u32, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).unwrap();
+}
+
+#[test]
+fn fencelock_lock_stops_with_its_job_and_never_continues_it_without_the_lock() {
+    use nix::sys::signal::Signal;
+    let cluster = Cluster::start(3);
+    let client = cluster.client();
+    cluster.leader(&client);
+    let lock = |key: &str, ttl: &str, script: &str, json: &std::path::Path| {
+        Command::new(cli_binary())
+            .args(["--endpoints", &cluster.endpoints().join(","), "lock", key, "--ttl", ttl, "--grace", "1s"])
+            .arg("--json-file")
+            .arg(json)
+            .args(["--", "sh", "-c", script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+
+    // SIGTSTP to fencelock (what a shell's `kill -TSTP` or a supervisor
+    // sends): the job stops, then fencelock. Continued within the lease,
+    // the job goes on under the lock and ends as it would have.
+    let pid_file = cluster.dir.path().join("tstp.pid");
+    let json = cluster.dir.path().join("tstp.json");
+    let mut fencelock =
+        lock("jobs/tstp", "30s", &format!("echo $$ > {}; sleep 2; exit 5", pid_file.display()), &json);
+    let job = read_pid(&pid_file);
+    signal(fencelock.id(), Signal::SIGTSTP);
+    wait_stopped(job, "the job");
+    wait_stopped(fencelock.id() as i32, "fencelock");
+    assert_eq!(state(job), Some('T'), "the job ran on while fencelock was stopped");
+    let token = client.get(b"jobs/tstp", true).unwrap().unwrap().token;
+    signal(fencelock.id(), Signal::SIGCONT);
+    let status = fencelock.wait().unwrap();
+    assert_eq!(status.code(), Some(5), "{:?}", fencelock.stderr.take().map(std::io::read_to_string));
+    let result: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!((&result["token"], &result["lost"]), (&token.into(), &false.into()), "{result}");
+    assert!(!client.check(b"jobs/tstp", token).unwrap(), "released when the job ended");
+
+    // Stopped past the lease: when fencelock is continued, the lock is
+    // lost, and the job, still stopped, never runs again.
+    let pid_file = cluster.dir.path().join("lapse.pid");
+    let after = cluster.dir.path().join("lapse.after");
+    let json = cluster.dir.path().join("lapse.json");
+    let script = format!("echo $$ > {}; sleep 4; echo ran > {}", pid_file.display(), after.display());
+    let mut fencelock = lock("jobs/lapse", "2s", &script, &json);
+    let job = read_pid(&pid_file);
+    let token = client.get(b"jobs/lapse", true).unwrap().unwrap().token;
+    signal(fencelock.id(), Signal::SIGTSTP);
+    wait_stopped(job, "the job");
+    wait_stopped(fencelock.id() as i32, "fencelock");
+    // The lease runs out on the cluster, and on fencelock's clock.
+    let deadline = Instant::now() + DEADLINE;
+    while client.check(b"jobs/lapse", token).unwrap() {
+        assert!(Instant::now() < deadline, "the lock outlived its lease");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(state(job), Some('T'));
+    signal(fencelock.id(), Signal::SIGCONT);
+    let status = fencelock.wait().unwrap();
+    let stderr = fencelock.stderr.take().map(std::io::read_to_string).unwrap().unwrap();
+    assert_eq!(status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("fencelock with it"), "{stderr}");
+    let result: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(result["lost"], serde_json::Value::Bool(true), "{result}");
+    wait_gone(job, "the job outlived its lost lock");
+    assert!(!after.exists(), "the job ran on after its lock was lost");
+}
+
+/// Field `n` (1-based, as in proc(5)) of process `pid`'s stat line.
+fn stat_field(pid: i32, n: usize) -> Option<i64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(n - 3)?.parse().ok()
+}
+
+#[test]
+fn in_a_terminal_ctrl_z_stops_the_job_and_fencelock_and_the_terminal_comes_back() {
+    use nix::sys::signal::Signal;
+    // `script` (util-linux) runs fencelock on a terminal of its own, its
+    // stdin typed into it: fencelock hands the terminal to the job.
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("skipped: no `script` (util-linux) to make a terminal");
+        return;
+    }
+    let cluster = Cluster::start(3);
+    let client = cluster.client();
+    cluster.leader(&client);
+    let pid_file = cluster.dir.path().join("tty.pid");
+    let line = format!(
+        "{} --endpoints {} lock jobs/tty --ttl 30s -- sh -c 'echo $$ > {}; sleep 2; exit 5'",
+        cli_binary().display(),
+        cluster.endpoints().join(","),
+        pid_file.display()
+    );
+    let mut script = Command::new("script")
+        .args(["-qfec", &line, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let job = read_pid(&pid_file);
+    let fencelock = stat_field(job, 4).unwrap() as i32;
+    let own_group = stat_field(fencelock, 5).unwrap();
+    // The terminal's foreground group (tpgid) is the job's.
+    let deadline = Instant::now() + DEADLINE;
+    while stat_field(job, 8) != Some(i64::from(job)) {
+        assert!(Instant::now() < deadline, "the job never got the terminal: {:?}", stat_field(job, 8));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Ctrl-Z on the terminal reaches the job's group only.
+    script.stdin.as_mut().unwrap().write_all(b"\x1a").unwrap();
+    wait_stopped(job, "the job");
+    wait_stopped(fencelock, "fencelock");
+    assert_eq!(stat_field(fencelock, 8), Some(own_group), "the terminal was not given back");
+    let token = client.get(b"jobs/tty", true).unwrap().unwrap().token;
+    // `fg`: fencelock's group continued, with the terminal. (`script`
+    // stops itself when its child stops, as a terminal's job: it too.)
+    nix::sys::signal::killpg(nix::unistd::Pid::from_raw(own_group as i32), Signal::SIGCONT).unwrap();
+    signal(script.id(), Signal::SIGCONT);
+    let deadline = Instant::now() + DEADLINE;
+    let status = loop {
+        if let Some(status) = script.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the job did not finish once continued: {:?}", state(job));
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(5));
+    assert!(!client.check(b"jobs/tty", token).unwrap(), "released when the job ended");
+}
+
 #[test]
 fn a_node_whose_data_directory_was_lost_rejoins_without_a_vote_and_catches_up() {
     let mut cluster = Cluster::start(3);
