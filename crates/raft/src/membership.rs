@@ -402,7 +402,13 @@ impl Replica {
     /// A joining replica with no configuration yet answers an append with
     /// a rejection hinting at its empty log: the leader backs off to its
     /// first index and, once the log there is compacted, sends a snapshot.
-    /// True when it did (the message is not stepped).
+    /// An append from the log's start already is dropped unanswered: a
+    /// rejection would have the leader send the same append again at once,
+    /// a ping-pong of whole logs until the snapshot is ready (and, with
+    /// each duplicated rejection starting one more, without bound: found by
+    /// the simulator's membership changes, seeds 66, 712 and 824). The
+    /// leader sends it again on its next heartbeat's answer. True when the
+    /// message is not to be stepped.
     pub(super) fn refuse_append_while_joining(&mut self, message: &raft::prelude::Message) -> bool {
         use raft::prelude::MessageType;
         if !self.config.joining
@@ -410,6 +416,9 @@ impl Replica {
             || !self.raw.store().conf_state().voters.is_empty()
         {
             return false;
+        }
+        if message.index == 0 {
+            return true;
         }
         let reject = self.append_rejection(message, message.index, 0);
         self.send(vec![reject]);

@@ -501,6 +501,9 @@ impl World {
     /// once, and sends what it waited for again elsewhere.
     pub(crate) fn connection_reset(&mut self, conn: u64) {
         self.client_conns.remove(&conn);
+        if self.operator_connection_reset(conn) {
+            return;
+        }
         let Some(client) = self.clients.iter().position(|c| c.conn.is_some_and(|(_, open)| open == conn))
         else {
             return;

@@ -157,7 +157,9 @@ impl World {
             self.nodes[node].clock.paused_until_ms = 0;
             self.nodes[node].disk.disarm();
             if self.nodes[node].node.is_none() {
-                self.start_node(node)?;
+                if self.nodes[node].may_start() {
+                    self.start_node(node)?;
+                }
             } else if was_paused {
                 // A paused node's turn and fsync were put off to the end of
                 // its pause: it resumes now, so they go now (seed

@@ -20,7 +20,17 @@
 //!   eight each ([`founding_level`]), with old builds among the nodes that
 //!   are upgraded (restarted) during the faults; the leader must raise the
 //!   level once every hello says LEVEL, and until then requests that need
-//!   it are refused (`RequestError::LevelNotReached`) and retried.
+//!   it are refused (`RequestError::LevelNotReached`) and retried;
+//! - membership changes, with `--membership seed` for one seed in seven
+//!   ([`membership_changes`]), with `always` for every seed; off by default
+//!   (`never`) until a lagging member can hear a leader added after its
+//!   configuration (seed 939 of 5 nodes: the gate refuses that leader as
+//!   no peer, and the member never catches up):
+//!   during the faults an operator grows the cluster (a new blank node,
+//!   added as a learner, promoted once caught up), shrinks it (a voter
+//!   removed, the leader too, never below three voters) or replaces a
+//!   node (both), through admin requests it retries as an operator would;
+//!   a removed node stops and counts no more (`membership.rs`).
 //!
 //! A run has a fault phase, then a heal phase in which the cluster must
 //! converge and serve every client again. The invariants in [`invariants`]
@@ -47,11 +57,13 @@ mod clients;
 mod clock;
 mod disk;
 mod faults;
+mod membership;
 mod network;
 mod rng;
 mod upgrade;
 mod world;
 
+pub use membership::membership_changes;
 pub use upgrade::founding_level;
 
 use std::fmt;
@@ -73,6 +85,10 @@ pub struct SimConfig {
     /// The command level the cluster is founded at: by default drawn from
     /// the seed ([`founding_level`]).
     pub founding_level: u32,
+    /// Whether an operator changes the membership during the faults: off
+    /// by default (see the crate doc); [`membership_changes`] draws it from
+    /// the seed.
+    pub membership: bool,
 }
 
 impl SimConfig {
@@ -86,6 +102,7 @@ impl SimConfig {
             fault_ms: 20_000,
             heal_ms: 10_000,
             founding_level: founding_level(seed),
+            membership: false,
         }
     }
 }
@@ -109,6 +126,11 @@ pub struct Report {
     pub faults: u64,
     /// The command level the cluster was founded at.
     pub founding_level: u32,
+    /// Whether an operator changed the membership during the faults.
+    pub membership: bool,
+    /// Members the operator was told were added, and removed.
+    pub members_added: u64,
+    pub members_removed: u64,
     /// Client acknowledgements checked for durability.
     pub acknowledgements: usize,
     /// How often each check judged something.
@@ -135,6 +157,9 @@ impl fmt::Display for Report {
             self.acknowledgements,
             self.trace_digest
         )?;
+        if self.membership {
+            write!(f, "{} members added, {} removed: ", self.members_added, self.members_removed)?;
+        }
         match &self.result {
             Ok(()) => write!(f, "ok"),
             Err(violation) => {
@@ -147,6 +172,9 @@ impl fmt::Display for Report {
                 if self.founding_level != founding_level(self.seed) {
                     write!(f, " --founding-level {}", self.founding_level)?;
                 }
+                if self.membership {
+                    write!(f, " --membership always")?;
+                }
                 Ok(())
             }
         }
@@ -156,7 +184,8 @@ impl fmt::Display for Report {
 /// Runs one simulation. A panic inside (raft-rs's own fatal checks, an
 /// assertion of ours) is reported as a violation of the seed, not lost.
 pub fn run(config: SimConfig) -> Report {
-    let (seed, nodes, founding_level) = (config.seed, config.nodes, config.founding_level);
+    let (seed, nodes, founding_level, membership) =
+        (config.seed, config.nodes, config.founding_level, config.membership);
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| world::World::new(config).run())) {
         Ok(report) => report,
         Err(payload) => {
@@ -173,6 +202,9 @@ pub fn run(config: SimConfig) -> Report {
                 grants: 0,
                 faults: 0,
                 founding_level,
+                membership,
+                members_added: 0,
+                members_removed: 0,
                 acknowledgements: 0,
                 judged: Vec::new(),
                 trace_digest: 0,

@@ -1,7 +1,7 @@
 //! `fencelock-sim`: runs seeds of the simulation and reports each failure,
 //! with the command that replays it. `cargo xtask sim` calls it.
 //!
-//! Usage: `fencelock-sim [--seeds N] [--first F] [--seed S] [--nodes 3|5] [--fault-ms T] [--heal-ms T] [--founding-level L] [--jobs N]`
+//! Usage: `fencelock-sim [--seeds N] [--first F] [--seed S] [--nodes 3|5] [--fault-ms T] [--heal-ms T] [--founding-level L] [--membership always|never|seed] [--jobs N]`
 //!
 //! A sweep runs its seeds on `--jobs` threads (every core by default). Each
 //! seed is still one single-threaded, deterministic run: the threads only
@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::Instant;
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use fencelock_sim::{run, Report, SimConfig};
 
 /// Runs seeds of the whole-cluster simulation.
@@ -47,9 +47,22 @@ struct Options {
     /// each, else this build's]
     #[arg(long, value_name = "L", value_parser = parse_level)]
     founding_level: Option<u32>,
+    /// Whether an operator changes the membership during the faults: on
+    /// every seed, on none, or as each seed draws (one in seven); none by
+    /// default until a known node bug is fixed (the crate doc)
+    #[arg(long, value_name = "WHEN", value_enum, default_value_t = Membership::Never)]
+    membership: Membership,
     /// Threads that run seeds [default: the available parallelism]
     #[arg(long, value_name = "N")]
     jobs: Option<NonZeroUsize>,
+}
+
+/// When seeds change their cluster's membership.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Membership {
+    Always,
+    Never,
+    Seed,
 }
 
 /// Every this many seeds, a long sweep says how far it got.
@@ -83,6 +96,8 @@ fn main() -> ExitCode {
     let mut judged: Vec<(&'static str, u64)> = Vec::new();
     // Seeds by the command level they founded their cluster at.
     let mut founded = vec![0u64; fencelock_types::LEVEL as usize + 1];
+    // Seeds with an operator, and the members it added and removed.
+    let (mut changing, mut added, mut removed) = (0u64, 0u64, 0u64);
     let next = AtomicU64::new(0);
     let (sender, reports) = mpsc::channel::<Report>();
     std::thread::scope(|scope| {
@@ -106,6 +121,11 @@ fn main() -> ExitCode {
             sim_ms += report.sim_ms;
             if let Some(seeds) = founded.get_mut(report.founding_level as usize) {
                 *seeds += 1;
+            }
+            if report.membership {
+                changing += 1;
+                added += report.members_added;
+                removed += report.members_removed;
             }
             for (check, count) in &report.judged {
                 match judged.iter_mut().find(|(name, _)| name == check) {
@@ -146,6 +166,7 @@ fn main() -> ExitCode {
         .map(|(level, seeds)| format!("{seeds} at level {level}"))
         .collect();
     println!("clusters founded: {}", founded.join(", "));
+    println!("membership changed in {changing} seeds: {added} members added, {removed} removed");
     println!("sim: {} passed, {} failed", done - failed, failed);
     if failed > 0 {
         ExitCode::from(1)
@@ -161,6 +182,11 @@ impl Options {
         config.fault_ms = self.fault_ms.unwrap_or(config.fault_ms);
         config.heal_ms = self.heal_ms.unwrap_or(config.heal_ms);
         config.founding_level = self.founding_level.unwrap_or(config.founding_level);
+        config.membership = match self.membership {
+            Membership::Always => true,
+            Membership::Never => false,
+            Membership::Seed => fencelock_sim::membership_changes(seed),
+        };
         config
     }
 }
@@ -197,6 +223,14 @@ mod tests {
             (100, 0, None, None, None, None)
         );
         assert_eq!(plain.config(4).founding_level, fencelock_sim::founding_level(4));
+        assert_eq!(plain.membership, Membership::Never);
+        assert!((0..20).all(|seed| !plain.config(seed).membership));
+        let drawn = parse(&["--membership", "seed"]).unwrap();
+        for seed in 0..20 {
+            assert_eq!(drawn.config(seed).membership, fencelock_sim::membership_changes(seed));
+        }
+        assert!(parse(&["--membership", "always"]).unwrap().config(4).membership);
+        assert!(!parse(&["--membership", "never"]).unwrap().config(10).membership);
         assert_eq!(plain.config(4).nodes, 3);
         assert_eq!(plain.config(5).nodes, 5);
         let given = parse(&[
@@ -227,6 +261,7 @@ mod tests {
             (&["--jobs", "0"], "--jobs"),
             (&["--founding-level", "0"], "--founding-level is a level from 1 to"),
             (&["--founding-level", "9"], "--founding-level is a level from 1 to"),
+            (&["--membership", "sometimes"], "--membership"),
             (&["--first"], "--first"),
             (&["--replay"], "--replay"),
         ] {

@@ -33,6 +33,8 @@ fn seeds_that_found_node_bugs_keep_every_invariant() {
     // put off to its pause's end.
     let mut failures = Vec::new();
     for (seed, nodes) in [(754, 3), (132_174_523, 5), (2_774_141_204, 3)] {
+        // Their runs as they were: no membership change drawn.
+        assert!(!crate::membership_changes(seed), "{seed}");
         let report = run(SimConfig::new(seed, nodes));
         if report.result.is_err() {
             failures.push(report.to_string());
@@ -123,4 +125,62 @@ fn runs_do_real_work() {
             .sum();
         assert!(judged > 0, "{check}: {report}");
     }
+}
+
+#[test]
+fn membership_changes_under_faults_keep_every_invariant() {
+    // An operator grows, shrinks and replaces nodes while the faults go
+    // on; the new nodes start blank, removed ones stop and count no more.
+    let mut failures = Vec::new();
+    let (mut added, mut removed, mut judged) = (0, 0, 0);
+    for (seed, nodes) in [(0, 3), (1, 5), (7, 5), (8, 3), (22, 3), (23, 5)] {
+        let mut config = SimConfig::new(seed, nodes);
+        config.membership = true;
+        config.fault_ms = 8_000;
+        config.heal_ms = 8_000;
+        let report = run(config);
+        assert!(report.membership, "{report}");
+        if report.result.is_err() {
+            failures.push(report.to_string());
+        }
+        added += report.members_added;
+        removed += report.members_removed;
+        judged += report.judged.iter().find(|(name, _)| *name == "membership changes").map_or(0, |(_, n)| *n);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(added >= 3 && removed >= 3, "{added} added, {removed} removed");
+    assert!(judged >= added + removed, "{judged}");
+}
+
+#[test]
+fn seeds_that_found_membership_bugs_keep_every_invariant() {
+    // A joining learner rejected every append from its leader's first
+    // index, and each rejection had the leader send the whole log again at
+    // once (each duplicated one starting one more exchange): the runs never
+    // ended (stopped at the event cap as a message storm).
+    let mut failures = Vec::new();
+    for seed in [66, 712, 824] {
+        assert!(crate::membership_changes(seed), "{seed}");
+        let mut config = SimConfig::new(seed, 3);
+        config.membership = true;
+        let report = run(config);
+        if report.result.is_err() {
+            failures.push(report.to_string());
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn a_seed_with_membership_changes_replays_byte_for_byte_and_names_them_in_its_replay() {
+    let mut config = SimConfig::new(8, 3);
+    config.membership = true;
+    let first = run(config.clone());
+    let second = run(config);
+    assert_eq!(first.trace_digest, second.trace_digest);
+    assert_eq!((first.members_added, first.members_removed), (second.members_added, second.members_removed));
+    let mut report = first;
+    report.result = Err(crate::Violation { at_ms: 0, message: "made up".into() });
+    let text = report.to_string();
+    assert!(text.contains("replay: cargo xtask sim --seed 8 --nodes 3 --membership always"), "{text}");
 }

@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use fencelock_fsm::LockTable;
 use fencelock_raft::{
-    rejoin::ClusterState, Action, ClientRequest, Config, ConnId, Event as NodeEvent, GrantRef, Node,
-    NodeConfig, NodeId, Reply, RequestError, Role, RoleChange,
+    rejoin::ClusterState, Action, ClientRequest, Config, ConnId, Event as NodeEvent, FatalError, GrantRef,
+    Node, NodeConfig, NodeId, Reply, RequestError, Role, RoleChange,
 };
 use fencelock_types::{LeaseMs, LEVEL};
 use raft::prelude::Message;
@@ -21,6 +21,7 @@ use crate::clock::NodeClock;
 use crate::disk::SimDisk;
 use crate::faults::Swarm;
 use crate::invariants::{convergence, shared, Checker};
+use crate::membership::{Operator, Rejoin};
 use crate::network::Network;
 use crate::rng::Rng;
 use crate::upgrade::Builds;
@@ -34,6 +35,9 @@ const ELECTION_TICKS_MIN: usize = 10;
 const ELECTION_TICKS_MAX: usize = 20;
 /// After the run, how long the nodes get to agree on one table.
 const QUIESCE_MS: u64 = 10_000;
+/// The events a run may take: a run takes tens of thousands, a message
+/// storm (messages that beget more than one message each) without end.
+const EVENTS_MAX: u64 = 1_000_000;
 
 #[derive(Debug)]
 pub(crate) enum Event {
@@ -94,6 +98,13 @@ pub(crate) enum Event {
     Fault,
     Restart(usize),
     ClearPartition(u64),
+    /// The operator's timer (`membership.rs`); only its latest one counts.
+    Operator {
+        generation: u64,
+    },
+    /// The operator stops a node it removed, if the node has not stopped
+    /// by itself (it may never hear of its removal).
+    Decommission(usize),
     Heal,
     Finish,
 }
@@ -122,6 +133,84 @@ pub(crate) struct SimNode {
     /// when last asked: while the count stands and no change is applied,
     /// the index stands too, and the (costly) status need not be asked.
     pub applied_seen: Option<(u64, u64)>,
+    /// Out of the cluster for good: it stopped as removed, or the operator
+    /// removed it (`membership.rs`). It never starts again and counts no
+    /// more.
+    pub retired: bool,
+    /// A new node the operator means to add: it starts once the cluster
+    /// has taken it as a learner.
+    pub awaiting_add: bool,
+}
+
+/// What an event is, without its payload (a raft message may carry the
+/// whole log).
+fn event_kind(event: &Event) -> String {
+    match event {
+        Event::Deliver { to, message } => {
+            format!("{:?} from {} to {}", message.get_msg_type(), message.from, to + 1)
+        }
+        other => {
+            let text = format!("{other:?}");
+            text.chars().take(100).collect()
+        }
+    }
+}
+
+impl SimNode {
+    /// Node `id` of a cluster of `voters`, its settings, clock and disk
+    /// drawn from `rng` (the seed's main stream for the founding nodes,
+    /// the operator's for the nodes it adds).
+    pub(crate) fn draw(
+        id: NodeId,
+        voters: Vec<NodeId>,
+        config: &SimConfig,
+        swarm: &Swarm,
+        build_level: u32,
+        rng: &mut Rng,
+    ) -> SimNode {
+        let mut driver = Config::new(id, voters);
+        driver.election_ticks = ELECTION_TICKS_MIN;
+        driver.election_ticks_max = Some(ELECTION_TICKS_MAX);
+        driver.heartbeat_ticks = 2;
+        driver.founding_level = config.founding_level;
+        driver.snapshot_interval_entries = rng.pick(&[20, 100, 1_000]);
+        driver.lease_ms_min = 500;
+        driver.lease_ms_max = 60_000;
+        driver.expiry_scan_interval_ms = 10;
+        // Lock-delay on one of the workload's plain keys and on the
+        // shared ones (taken from no random draw, so that seeds keep
+        // their runs otherwise).
+        let delay_ms = LeaseMs::new(400).expect("a valid delay");
+        driver.lock_delays = vec![(b"k1".to_vec(), delay_ms), (shared::PREFIX.to_vec(), delay_ms)];
+        // Half the nodes would found the cluster with a token floor
+        // (fencelockd's is its wall clock in microseconds).
+        driver.token_floor = if rng.chance(500_000) { rng.range(1, 1 << 50) } else { 0 };
+        let drift_bound = swarm.drift_ppm_max as i64;
+        let drift_ppm = rng.range(0, 2 * drift_bound as u64 + 1) as i64 - drift_bound;
+        let asynchronous = rng.chance(500_000);
+        SimNode {
+            node: None,
+            disk: SimDisk::new(asynchronous),
+            config: driver,
+            clock: NodeClock::new(rng.range(0, 1_000_000), drift_ppm),
+            wake_generation: 0,
+            wake_at: None,
+            persist_scheduled: false,
+            incarnation: 0,
+            build_level,
+            conns: BTreeSet::new(),
+            recovering: false,
+            applied_seen: None,
+            retired: false,
+            awaiting_add: false,
+        }
+    }
+
+    /// Whether the node may (re)start: it is neither out of the cluster
+    /// nor still waiting to be added.
+    pub(crate) fn may_start(&self) -> bool {
+        !self.retired && !self.awaiting_add
+    }
 }
 
 pub struct World {
@@ -148,6 +237,9 @@ pub struct World {
     pub(crate) checker: Checker,
     /// The old builds and their upgrades, on a random stream of their own.
     pub(crate) builds: Builds,
+    /// The operator that changes the membership, in a run that does, on a
+    /// random stream of its own.
+    pub(crate) operator: Option<Operator>,
     trace: crc32fast::Hasher,
     events: u64,
     pub(crate) grants: u64,
@@ -162,40 +254,8 @@ impl World {
         let voters: Vec<NodeId> = (1..=config.nodes as u64).map(NodeId).collect();
         let nodes = (0..config.nodes)
             .map(|i| {
-                let mut driver = Config::new(NodeId(i as u64 + 1), voters.clone());
-                driver.election_ticks = ELECTION_TICKS_MIN;
-                driver.election_ticks_max = Some(ELECTION_TICKS_MAX);
-                driver.heartbeat_ticks = 2;
-                driver.founding_level = config.founding_level;
-                driver.snapshot_interval_entries = rng.pick(&[20, 100, 1_000]);
-                driver.lease_ms_min = 500;
-                driver.lease_ms_max = 60_000;
-                driver.expiry_scan_interval_ms = 10;
-                // Lock-delay on one of the workload's plain keys and on the
-                // shared ones (taken from no random draw, so that seeds keep
-                // their runs otherwise).
-                let delay_ms = LeaseMs::new(400).expect("a valid delay");
-                driver.lock_delays = vec![(b"k1".to_vec(), delay_ms), (shared::PREFIX.to_vec(), delay_ms)];
-                // Half the nodes would found the cluster with a token floor
-                // (fencelockd's is its wall clock in microseconds).
-                driver.token_floor = if rng.chance(500_000) { rng.range(1, 1 << 50) } else { 0 };
-                let drift_bound = swarm.drift_ppm_max as i64;
-                let drift_ppm = rng.range(0, 2 * drift_bound as u64 + 1) as i64 - drift_bound;
-                let asynchronous = rng.chance(500_000);
-                SimNode {
-                    node: None,
-                    disk: SimDisk::new(asynchronous),
-                    config: driver,
-                    clock: NodeClock::new(rng.range(0, 1_000_000), drift_ppm),
-                    wake_generation: 0,
-                    wake_at: None,
-                    persist_scheduled: false,
-                    incarnation: 0,
-                    build_level: builds.old[i].map_or(LEVEL, |(level, _)| level),
-                    conns: BTreeSet::new(),
-                    recovering: false,
-                    applied_seen: None,
-                }
+                let build_level = builds.old[i].map_or(LEVEL, |(level, _)| level);
+                SimNode::draw(NodeId(i as u64 + 1), voters.clone(), &config, &swarm, build_level, &mut rng)
             })
             .collect();
         // The clients of shared keys come after the others, so that those
@@ -213,7 +273,9 @@ impl World {
                 Client::new(i, config.nodes, kind)
             })
             .collect();
-        let checker = Checker::new(config.nodes, swarm.drift_ppm_max);
+        let operator = config.membership.then(|| Operator::draw(config.seed, config.nodes, config.fault_ms));
+        let slots = config.nodes + operator.as_ref().map_or(0, Operator::nodes_added_max);
+        let checker = Checker::new(slots, swarm.drift_ppm_max);
         let network =
             Network::new(swarm.loss_ppm, swarm.duplicate_ppm, swarm.delay_min_ms, swarm.delay_jitter_ms);
         World {
@@ -235,6 +297,7 @@ impl World {
             finished: false,
             checker,
             builds,
+            operator,
             trace: crc32fast::Hasher::new(),
             events: 0,
             grants: 0,
@@ -252,6 +315,9 @@ impl World {
             grants: self.grants,
             faults: self.faults,
             founding_level: self.config.founding_level,
+            membership: self.operator.is_some(),
+            members_added: self.operator.as_ref().map_or(0, |operator| operator.added),
+            members_removed: self.operator.as_ref().map_or(0, |operator| operator.removed),
             acknowledgements: self.checker.durability.acknowledgements(),
             judged: self.checker.judged(),
             trace_digest: self.trace.clone().finalize(),
@@ -273,6 +339,9 @@ impl World {
                 self.schedule(at_ms, Event::Upgrade(node));
             }
         }
+        if let Some(at_ms) = self.operator.as_ref().and_then(Operator::first_at_ms) {
+            self.wake_operator(at_ms);
+        }
         self.schedule(self.swarm.fault_interval_ms, Event::Fault);
         self.schedule(self.config.fault_ms, Event::Heal);
         let end_ms = self.config.fault_ms + self.config.heal_ms;
@@ -281,6 +350,14 @@ impl World {
         while let Some(((at, _), event)) = self.queue.pop_first() {
             self.now_ms = at;
             self.events += 1;
+            if self.events > EVENTS_MAX {
+                let message = format!(
+                    "more than {EVENTS_MAX} events by {} ms (a message storm? the last: {})",
+                    self.now_ms,
+                    event_kind(&event)
+                );
+                return Err(self.violation(message));
+            }
             self.handle(event).map_err(|message| self.violation(message))?;
             if self.finished {
                 break;
@@ -384,6 +461,9 @@ impl World {
                 }
                 Ok(())
             }
+            Event::Reply { ask, reply } if ask.client == self.operator_client() => {
+                self.operator_reply(ask, reply)
+            }
             Event::Reply { ask, reply } => self.client_reply(ask, reply),
             Event::Client { client, generation } => {
                 if generation != self.clients[client].generation {
@@ -399,13 +479,18 @@ impl World {
                 Ok(())
             }
             Event::Restart(node) => {
-                if self.nodes[node].node.is_none() {
+                if self.nodes[node].node.is_none() && self.nodes[node].may_start() {
                     self.start_node(node)?;
                 }
                 Ok(())
             }
             Event::ClearPartition(id) => {
                 self.network.clear(id);
+                Ok(())
+            }
+            Event::Operator { generation } => self.operator_wakes(generation),
+            Event::Decommission(node) => {
+                self.decommission(node);
                 Ok(())
             }
             Event::Heal => self.heal(),
@@ -428,17 +513,31 @@ impl World {
     /// disk makes it wait for its peers' hellos.
     pub(crate) fn start_node(&mut self, node: usize) -> Result<(), String> {
         let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let recovered = self.nodes[node]
+            .disk
+            .recover()
+            .map_err(|err| format!("the disk of {} does not read back: {err}", node + 1))?;
+        if recovered.is_blank() && self.nodes[node].incarnation > 0 {
+            match self.rejoin_as_member(node) {
+                Rejoin::Start => {}
+                Rejoin::Later(delay_ms) => {
+                    self.schedule(delay_ms, Event::Restart(node));
+                    return Ok(());
+                }
+                Rejoin::Never => return Ok(()),
+            }
+        }
         let config = NodeConfig {
             driver: self.nodes[node].config.clone(),
             tick_ms: Some(TICK_MS),
             election_seed: Some(self.rng.next_u64()),
         };
-        let recovered = self.nodes[node]
-            .disk
-            .recover()
-            .map_err(|err| format!("the disk of {} does not read back: {err}", node + 1))?;
-        let opened = Node::open(config, recovered, &logger)
-            .map_err(|err| format!("node {} does not reopen: {err}", node + 1))?;
+        let opened = match Node::open(config, recovered, &logger) {
+            Ok(opened) => opened,
+            // Its disk says it was removed: it stops at once.
+            Err(FatalError::Removed { index }) => return self.node_removed(node, index),
+            Err(err) => return Err(format!("node {} does not reopen: {err}", node + 1)),
+        };
         // The operator's procedure (docs/operations.md): `new` for a node's
         // first start only, `existing` from then on, so that a node whose
         // disk is lost later can never found a second cluster with other
@@ -509,9 +608,17 @@ impl World {
         let local_ms = self.nodes[node].clock.local_ms(self.now_ms);
         let Some(running) = self.nodes[node].node.as_mut() else { return Ok(()) };
         let mut actions = Vec::new();
-        running.turn(local_ms, &mut |action| actions.push(action)).map_err(|err| {
-            format!("node {} failed in its turn (nothing but its disk may fail it): {err}", node + 1)
-        })?;
+        match running.turn(local_ms, &mut |action| actions.push(action)) {
+            Ok(()) => {}
+            // Its removal is durable: the process ends (fencelockd exits).
+            Err(FatalError::Removed { index }) => return self.node_removed(node, index),
+            Err(err) => {
+                return Err(format!(
+                    "node {} failed in its turn (nothing but its disk or its removal may stop it): {err}",
+                    node + 1
+                ))
+            }
+        }
         // The writes first: if the disk dies mid-turn, nothing of this turn
         // leaves the node (a shell that stops at a failed write may have
         // sent the turn's early messages; holding them back is stricter).
@@ -539,6 +646,9 @@ impl World {
                 Action::Reply { to, reply, grants } => replies.push((to, reply, grants)),
                 Action::Applied { index, event } => applied.push((index, event)),
                 Action::Role(role) => {
+                    if let RoleChange::Leader { term } = role {
+                        self.checker.membership.elected(node, term)?;
+                    }
                     if let RoleChange::LeaderReady { .. } = role {
                         self.checker.expiry.leader_ready(node, self.now_ms);
                     } else {
@@ -568,6 +678,10 @@ impl World {
             }
         }
         let mut applied_seen = self.nodes[node].applied_seen;
+        // Once the membership changed, nodes outside a node's configuration
+        // (removed ones that do not know it yet, new ones it has not
+        // applied the addition of) talk to it, and are refused.
+        let outsiders = self.operator.as_ref().is_some_and(|operator| operator.asked);
         if let Some(replica) = self.nodes[node].node.as_ref().and_then(Node::replica) {
             // Only real peers talk here: the gate must let all they send
             // through, save stale acknowledgements and snapshots that the
@@ -577,7 +691,8 @@ impl World {
             let refused = stats.refused;
             for reason in Refusal::ALL {
                 let stale =
-                    matches!(reason, Refusal::AckPastLastIndex | Refusal::BadSnapshot | Refusal::NotNow);
+                    matches!(reason, Refusal::AckPastLastIndex | Refusal::BadSnapshot | Refusal::NotNow)
+                        || outsiders && matches!(reason, Refusal::NotAPeer);
                 if !stale && refused.get(reason) > 0 {
                     return Err(format!(
                         "node {}'s gate refused a real peer's message: {}",
@@ -724,7 +839,7 @@ impl World {
                 }
                 let Some(((at, _), event)) = self.queue.pop_first() else { break };
                 self.now_ms = at;
-                if matches!(event, Event::Client { .. } | Event::Reply { .. }) {
+                if matches!(event, Event::Client { .. } | Event::Reply { .. } | Event::Operator { .. }) {
                     continue;
                 }
                 self.events += 1;
@@ -740,6 +855,9 @@ impl World {
         }
         self.checker.liveness.finish(self.clients.len(), converged.is_some())?;
         if let Some(table) = converged {
+            if self.operator.is_some() {
+                self.members_agree()?;
+            }
             let table = LockTable::restore(&table).map_err(|err| err.to_string())?;
             self.checker.durability.finish(&table)?;
             self.checker.levels.finish(self.config.founding_level, table.level())?;
@@ -747,10 +865,12 @@ impl World {
         Ok(())
     }
 
-    /// The table every node holds, if they all hold the same at the same index.
+    /// The table every member holds, if they all hold the same at the same
+    /// index.
     fn agreed_table(&self) -> Option<Vec<u8>> {
+        let members = self.member_nodes()?;
         let mut seen = None;
-        for node in &self.nodes {
+        for node in members.iter().map(|member| &self.nodes[*member]) {
             let replica = node.node.as_ref()?.replica()?;
             let view = (replica.status().applied_index, convergence::digest(replica.table()));
             match seen {
@@ -759,6 +879,6 @@ impl World {
                 Some(_) => {}
             }
         }
-        self.nodes[0].node.as_ref()?.replica().map(|replica| replica.table().snapshot())
+        self.nodes[*members.first()?].node.as_ref()?.replica().map(|replica| replica.table().snapshot())
     }
 }

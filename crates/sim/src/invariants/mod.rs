@@ -30,7 +30,16 @@
 //!   log index on every node (across restarts and snapshot installs too),
 //!   no change is applied below the level its command needs, refusals
 //!   agree with the refusing node's table, and a cluster founded below
-//!   this build's level ends the run raised to it.
+//!   this build's level ends the run raised to it;
+//! - [`membership`]: at most one leader per term; a node stops as removed
+//!   only when asked to; at the end every member holds the same member
+//!   set, and every change the operator was told applied stands in it.
+//!
+//! The per-node checks are sized for every node a run may start, those a
+//! membership change adds included; a node's view starts again whenever it
+//! (re)opens, so a new member is judged from its first table on, and the
+//! checks across nodes (tokens, convergence, durability) take it like any
+//! other.
 
 pub mod convergence;
 pub mod durability;
@@ -40,6 +49,7 @@ mod fixtures;
 pub mod holders;
 pub mod levels;
 pub mod liveness;
+pub mod membership;
 pub mod mutual_exclusion;
 pub mod reads;
 pub mod renewal;
@@ -83,6 +93,7 @@ pub struct Checker {
     pub shared: shared::Check,
     pub sessions: sessions::Check,
     pub levels: levels::Check,
+    pub membership: membership::Check,
     /// Applied changes each per-node check judged.
     judged_changes: u64,
     /// Per node: the highest index it applied, and the highest it had
@@ -92,8 +103,8 @@ pub struct Checker {
 }
 
 impl Checker {
-    /// A checker for `nodes` nodes whose clocks drift at most
-    /// `drift_ppm_max` parts per million.
+    /// A checker for `nodes` nodes (every node a run may start) whose
+    /// clocks drift at most `drift_ppm_max` parts per million.
     pub fn new(nodes: usize, drift_ppm_max: u64) -> Checker {
         Checker {
             mutual_exclusion: mutual_exclusion::Check::new(nodes),
@@ -147,6 +158,7 @@ impl Checker {
         .chain(self.shared.judged())
         .chain(self.sessions.judged())
         .chain(self.levels.judged())
+        .chain(self.membership.judged())
         .collect()
     }
 
