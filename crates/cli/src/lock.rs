@@ -126,9 +126,7 @@ impl Foreground {
         let _ = killpg(group, Signal::SIGCONT);
         Foreground { own: Some(nix::unistd::getpgrp()) }
     }
-}
 
-impl Foreground {
     /// Whether fencelock runs on a terminal of its session (in its
     /// foreground or not): under a shell's job control.
     fn job_control() -> bool {
@@ -183,15 +181,20 @@ pub fn hold(
         }
         Err(error) => return Err(error).with_context(|| format!("cannot acquire {}", args.key)),
     };
-    let lost = Exit::Code(args.lost_exit_code);
     let token = guard.token();
+    let reason = || guard.lost_reason().unwrap_or_else(|| "lost".to_owned());
+    // The JSON of a lost lock, and the exit that says so.
+    let report_lost = |reason: &str| -> Result<Exit> {
+        let lost = Exit::Code(args.lost_exit_code);
+        emit_json(cli, args, &lock_json(&args.key, token, guard.lease(), lost, Some(reason)))?;
+        Ok(lost)
+    };
     if guard.is_lost() {
         // Lost before CMD could start (fencelock stopped while it waited,
         // a lease shorter than the wait for its answer): CMD never runs.
-        let reason = guard.lost_reason().unwrap_or_else(|| "lost".to_owned());
+        let reason = reason();
         eprintln!("fencelock: lost the lock on {} before the command started ({reason})", args.key);
-        emit_json(cli, args, &lock_json(&args.key, token, guard.lease(), lost, Some(&reason)))?;
-        return Ok(lost);
+        return report_lost(&reason);
     }
     // Installed before CMD starts, so that no signal can kill fencelock
     // while CMD runs unsupervised.
@@ -215,7 +218,7 @@ pub fn hold(
     let mut foreground = Foreground::hand_to(group);
     // Under a shell's job control (started in the foreground or not): the
     // job's stops are fencelock's.
-    let interactive = foreground.handed() || Foreground::job_control();
+    let interactive = Foreground::job_control();
     // A SIGTSTP came: fencelock stops once the job has.
     let mut stop_asked = false;
     let status = loop {
@@ -245,7 +248,7 @@ pub fn hold(
         // Continued: the lock is looked at before the job is.
         if guard.is_lost() {
             drop(foreground);
-            let reason = guard.lost_reason().unwrap_or_else(|| "lost".to_owned());
+            let reason = reason();
             eprintln!("fencelock: lost the lock on {} ({reason}); stopping the command", args.key);
             if stop_group(group, args.grace(), Some(&mut child)) {
                 eprintln!(
@@ -254,8 +257,7 @@ pub fn hold(
                 );
             }
             watchdog.dismiss();
-            emit_json(cli, args, &lock_json(&args.key, token, guard.lease(), lost, Some(&reason)))?;
-            return Ok(lost);
+            return report_lost(&reason);
         }
         if resumed {
             if interactive && !foreground.handed() {
@@ -276,10 +278,9 @@ pub fn hold(
     watchdog.dismiss();
     // A loss noticed only now still happened while CMD ran.
     if guard.is_lost() {
-        let reason = guard.lost_reason().unwrap_or_else(|| "lost".to_owned());
+        let reason = reason();
         eprintln!("fencelock: lost the lock on {} before the command finished ({reason})", args.key);
-        emit_json(cli, args, &lock_json(&args.key, token, guard.lease(), lost, Some(&reason)))?;
-        return Ok(lost);
+        return report_lost(&reason);
     }
     let lease = guard.lease();
     if let Err(error) = guard.release() {

@@ -506,8 +506,7 @@ impl World {
                 operator.removed += 1;
                 // It is never started again; if it runs, it stops once it
                 // applies its removal, or the operator stops it.
-                self.nodes[node].retired = true;
-                self.nodes[node].recovering = false;
+                self.nodes[node].retire();
                 self.schedule(DECOMMISSION_MS, Event::Decommission(node));
             }
         }
@@ -536,8 +535,7 @@ impl World {
         self.note(&format!("{} applied its removal at index {index}: it stops", node + 1));
         self.checker.membership.stopped_removed(node, index)?;
         self.stop(node);
-        self.nodes[node].retired = true;
-        self.nodes[node].recovering = false;
+        self.nodes[node].retire();
         Ok(())
     }
 
@@ -557,8 +555,7 @@ impl World {
         };
         let Some((_, voter)) = members.iter().find(|(member, _)| *member == node).copied() else {
             self.note(&format!("{} starts blank and is no member any more: it stays down", node + 1));
-            self.nodes[node].retired = true;
-            self.nodes[node].recovering = false;
+            self.nodes[node].retire();
             return Rejoin::Never;
         };
         let config = &mut self.nodes[node].config;

@@ -206,6 +206,12 @@ impl SimNode {
         }
     }
 
+    /// Takes the node out of the cluster for good.
+    pub(crate) fn retire(&mut self) {
+        self.retired = true;
+        self.recovering = false;
+    }
+
     /// Whether the node may (re)start: it is neither out of the cluster
     /// nor still waiting to be added.
     pub(crate) fn may_start(&self) -> bool {
