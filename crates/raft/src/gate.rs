@@ -18,10 +18,36 @@ use raft::prelude::{EntryType, Message, MessageType};
 
 use crate::types::NodeId;
 
-/// The largest term a peer may send: far beyond any real cluster's (a
-/// million elections a second would take nine years to reach it), and far
-/// enough below `u64::MAX` that raft-rs's `term + 1` never overflows.
-pub const TERM_MAX: u64 = 1 << 48;
+/// The largest term any message may carry: far enough below `u64::MAX`
+/// that raft-rs's `term + 1` never overflows. No accepted message can lead
+/// a node there: see [`TERM_JUMP_MAX`].
+pub const TERM_MAX: u64 = 1 << 62;
+
+/// How far past the node's own term a peer's message may go: a million
+/// elections. A real peer is never that far ahead (every election moves the
+/// term by one, and a node hears of each within an election timeout or
+/// catches up in one step). A forged term further out is refused, so that
+/// one message cannot carry a node (and through its answers, the cluster)
+/// to where its next campaign's term is refused by every gate: from the
+/// cluster's term, reaching [`TERM_MAX`] would take 2^42 forged messages,
+/// each adopted. The cluster then simply holds an election at the forged
+/// term plus one.
+pub const TERM_JUMP_MAX: u64 = 1 << 20;
+
+/// The bound in place of [`TERM_JUMP_MAX`] for a node still at term 0 (blank,
+/// or a learner never contacted): it may be joining a cluster whose term is
+/// past a million (for example one that took a forged term under a build
+/// before the relative bound). What such a node adopts, others refuse to
+/// follow further than [`TERM_JUMP_MAX`] past their own term.
+pub const TERM_FIRST_MAX: u64 = 1 << 48;
+
+/// The largest term a message to a node at `own` term may carry.
+pub fn term_bound(own: u64) -> u64 {
+    match own {
+        0 => TERM_FIRST_MAX,
+        own => own.saturating_add(TERM_JUMP_MAX).min(TERM_MAX),
+    }
+}
 
 /// The largest log index a peer may name: raft-rs adds counts of entries
 /// to indexes, which must not overflow.
@@ -43,8 +69,9 @@ pub enum Refusal {
     /// proposals, read requests and leadership transfers, which fencelock
     /// never forwards (a follower answers its clients `NOT_LEADER`).
     ForbiddenType,
-    /// A term of 0 (raft-rs would take it for a local message) or past
-    /// [`TERM_MAX`], in the message, its log term or an entry.
+    /// A term of 0 (raft-rs would take it for a local message), a message
+    /// term more than [`TERM_JUMP_MAX`] past this node's own, or any term
+    /// past [`TERM_MAX`] (in the message, its log term or an entry).
     BadTerm,
     /// An index past [`INDEX_MAX`], or an append whose entries do not
     /// follow its index one by one with terms in order, or too many.
@@ -194,7 +221,7 @@ pub fn check_with(message: &Message, local: &Local<'_>, table: Option<&LockTable
     // raft-rs sets the term of every message a peer sends; a term of 0
     // is how it tells a local message.
     if message.term == 0
-        || message.term > TERM_MAX
+        || message.term > term_bound(local.term)
         || message.log_term > TERM_MAX
         || message.commit_term > TERM_MAX
     {

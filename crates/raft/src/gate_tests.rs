@@ -7,7 +7,9 @@ use fencelock_fsm::LockTable;
 use fencelock_types::{ClusterId, Command, FencingToken, Key, LeaseMs, Owner};
 use raft::prelude::{ConfState, Entry, EntryType, Message, MessageType, Snapshot};
 
-use super::{check, Local, Refusal, RefusalLog, Refusals, LOG_EVERY_MS, TERM_MAX};
+use super::{
+    check, Local, Refusal, RefusalLog, Refusals, LOG_EVERY_MS, TERM_FIRST_MAX, TERM_JUMP_MAX, TERM_MAX,
+};
 use crate::types::NodeId;
 
 const VOTERS: [NodeId; 3] = [NodeId(1), NodeId(2), NodeId(3)];
@@ -100,7 +102,7 @@ fn what_a_real_peer_sends_passes() {
     assert_eq!(check(&snapshot(5, vec![3, 1, 2]), &local()), Ok(()));
     assert_eq!(check(&snapshot(7, vec![1, 2, 3]), &local()), Ok(()));
     let mut highest = message(MessageType::MsgHeartbeat);
-    highest.term = TERM_MAX;
+    highest.term = 3 + TERM_JUMP_MAX;
     assert_eq!(check(&highest, &local()), Ok(()));
 }
 
@@ -155,6 +157,13 @@ fn proposals_reads_transfers_and_local_types_are_refused() {
 #[test]
 fn a_term_that_is_zero_or_could_overflow_is_refused() {
     for term in [0, TERM_MAX + 1, u64::MAX - 1, u64::MAX] {
+        let mut heartbeat = message(MessageType::MsgHeartbeat);
+        heartbeat.term = term;
+        assert_eq!(check(&heartbeat, &local()), Err(Refusal::BadTerm), "term {term}");
+    }
+    // Far past the node's own term: the forged heartbeats that used to
+    // brick a cluster (2^48 - 1, 2^48), refused at once.
+    for term in [3 + TERM_JUMP_MAX + 1, (1 << 48) - 1, 1 << 48, TERM_MAX] {
         let mut heartbeat = message(MessageType::MsgHeartbeat);
         heartbeat.term = term;
         assert_eq!(check(&heartbeat, &local()), Err(Refusal::BadTerm), "term {term}");
@@ -356,4 +365,25 @@ fn refusals_are_counted_by_reason_and_logged_once_per_interval() {
     assert_eq!(log.should_log(Refusal::BadTerm, 100 + LOG_EVERY_MS), Some(2));
     let names: std::collections::BTreeSet<&str> = Refusal::ALL.iter().map(|reason| reason.name()).collect();
     assert_eq!(names.len(), Refusal::ALL.len());
+}
+
+#[test]
+fn the_term_bound_follows_the_node_s_own_term_and_never_reaches_the_ceiling() {
+    // A node at term 0 (blank, or a learner never contacted) may join a
+    // cluster far along; past that, the bound moves with the node's term.
+    assert_eq!(super::term_bound(0), TERM_FIRST_MAX);
+    assert_eq!(super::term_bound(1), 1 + TERM_JUMP_MAX);
+    assert_eq!(super::term_bound(TERM_FIRST_MAX), TERM_FIRST_MAX + TERM_JUMP_MAX);
+    assert_eq!(super::term_bound(u64::MAX), TERM_MAX);
+    // A node whose term was pushed to 2^48 by a build before the relative
+    // bound: its next campaign (2^48 + 1) is taken by its peers at 2^48, so
+    // the cluster elects again.
+    let poisoned = Local { term: 1 << 48, ..local() };
+    let mut vote = message(MessageType::MsgRequestPreVote);
+    vote.term = (1 << 48) + 1;
+    vote.index = 10;
+    vote.log_term = 3;
+    assert_eq!(check(&vote, &poisoned), Ok(()));
+    // raft-rs's `term + 1` at the ceiling cannot overflow.
+    const { assert!(TERM_MAX < u64::MAX / 2) };
 }

@@ -165,3 +165,62 @@ fn forged_raft_messages_to_a_follower_and_to_the_leader_are_dropped_and_the_clus
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A forged heartbeat far past the cluster's term used to be taken, and
+/// the cluster's next campaign (its term plus one) refused by every gate:
+/// at 2^48 every node stayed pre-candidate for ever; at 2^48 - 1 it waited
+/// for the next leader loss. Each is refused now, and the cluster elects
+/// and grants after two leader kills.
+#[test]
+fn a_forged_term_far_past_the_cluster_s_leaves_a_cluster_that_elects_after_two_leader_kills() {
+    let mut cluster = Cluster::configure(3);
+    let metrics: Vec<String> = (1..=3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
+    for (node, addr) in cluster.nodes.iter_mut().zip(&metrics) {
+        node.extra_args = vec!["--metrics-addr".into(), addr.clone()];
+    }
+    for id in 1..=3 {
+        cluster.launch(id);
+    }
+    let client = cluster.client();
+    let mut leader = cluster.leader(&client);
+    let mut last = client.acquire(b"before", Duration::from_secs(60), Duration::ZERO).unwrap().token();
+    for term in [(1u64 << 48) - 1, 1 << 48, u64::MAX] {
+        for to in (1..=3).filter(|id| *id != leader) {
+            let heartbeat = message(MessageType::MsgHeartbeat, leader, to, term);
+            let what = format!("a heartbeat of term {term} from the leader's id");
+            send_as(cluster.peer_addr(to), &metrics[(to - 1) as usize], leader, &heartbeat, &what);
+        }
+    }
+    for round in 0..2 {
+        cluster.kill(leader);
+        let was = leader;
+        // The two others elect without the old leader.
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let running: Vec<u64> = (1..=3).filter(|id| *id != was).collect();
+            let statuses: Vec<_> =
+                running.iter().filter_map(|id| client.status(cluster.client_addr(*id)).ok()).collect();
+            if let Some(status) =
+                statuses.iter().find(|status| status.leader_id != 0 && status.leader_id != was)
+            {
+                leader = status.leader_id;
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: no leader after killing {was}\n{}",
+                cluster.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let key = format!("after-{round}");
+        let token = client.acquire(key.as_bytes(), Duration::from_secs(60), Duration::ZERO).unwrap().token();
+        assert!(token > last, "round {round}: token {token} after {last}");
+        last = token;
+        for id in (1..=3).filter(|id| *id != was) {
+            let status = client.status(cluster.client_addr(id)).unwrap();
+            assert!(status.term < SANE_TERM, "node {id} took a forged term: {}", status.term);
+        }
+        cluster.launch(was);
+    }
+}
