@@ -230,7 +230,9 @@ impl ClientListener {
         logger: &Logger,
     ) -> std::io::Result<ClientListener> {
         // No peers: the loop's peer message type is never used.
-        let event_loop = EventLoop::<fencelock_types::client_pb::PeerHello>::bind(config, handler, logger)?;
+        let listener = bind_listener(config.listen_addr)?;
+        let event_loop =
+            EventLoop::<fencelock_types::client_pb::PeerHello>::bind(config, listener, handler, logger)?;
         let local_addr = event_loop.local_addr()?;
         let shared = Arc::clone(&event_loop.shared);
         let loop_shared = Arc::clone(&shared);
@@ -362,15 +364,15 @@ enum Close {
 }
 
 impl<M: protobuf::Message> EventLoop<M> {
-    /// Binds the client listener; the loop runs once [`EventLoop::run`] is
-    /// called on its thread.
+    /// Takes the client listener (bound by [`crate::Listeners::bind`]); the
+    /// loop runs once [`EventLoop::run`] is called on its thread.
     pub(crate) fn bind(
         config: ClientConfig,
+        mut listener: TcpListener,
         handler: Arc<dyn Handler>,
         logger: &Logger,
     ) -> io::Result<EventLoop<M>> {
         let poll = Poll::new()?;
-        let mut listener = bind_listener(config.listen_addr)?;
         poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
         let waker = Waker::new(poll.registry(), WAKER)?;
         let (outbox, inbox) = unbounded();

@@ -246,10 +246,29 @@ impl NodeLoop {
         client_addrs: ClientAddrs,
         logger: &Logger,
     ) -> io::Result<NodeLoop> {
+        let listeners = Listeners::bind(clients.listen_addr, peers.listen_addr)
+            .map_err(|err| io::Error::new(err.source.kind(), err.to_string()))?;
+        NodeLoop::start_on(listeners, clients, peers, route, handler, make_core, client_addrs, logger)
+    }
+
+    /// [`NodeLoop::start`] on listeners bound before (the addresses in the
+    /// configurations are not bound again).
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_on<M: Message>(
+        listeners: Listeners,
+        clients: ClientConfig,
+        peers: PeerConfig,
+        route: fn(&M) -> Route,
+        handler: Arc<dyn Handler>,
+        make_core: impl FnOnce(LoopWaker) -> Box<dyn Core<M>>,
+        client_addrs: ClientAddrs,
+        logger: &Logger,
+    ) -> io::Result<NodeLoop> {
         let logger = logger.new(slog::o!("node_id" => peers.node_id));
-        let mut event_loop = EventLoop::<M>::bind(clients, handler, &logger)?;
+        let Listeners { client, peer } = listeners;
+        let mut event_loop = EventLoop::<M>::bind(clients, client, handler, &logger)?;
         let client_addr = event_loop.local_addr()?;
-        let mut listener = crate::client::bind_listener(peers.listen_addr)?;
+        let mut listener = peer;
         let peer_addr = listener.local_addr()?;
         event_loop.poll.registry().register(
             &mut listener,
@@ -299,6 +318,41 @@ impl NodeLoop {
     }
 }
 
+/// A node's two listening sockets, bound before anything else happens at
+/// start (before its data directory is written, or it asks a cluster to
+/// add it): a port in use is found while nothing has been done yet.
+#[derive(Debug)]
+pub struct Listeners {
+    client: mio::net::TcpListener,
+    peer: mio::net::TcpListener,
+}
+
+/// A listening address that cannot be bound, named.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen for {which} on {addr}: {source}")]
+pub struct BindError {
+    /// `clients` or `peers`.
+    pub which: &'static str,
+    pub addr: SocketAddr,
+    #[source]
+    pub source: io::Error,
+}
+
+impl Listeners {
+    /// Binds the client and the peer listener, in that order.
+    pub fn bind(client_addr: SocketAddr, peer_addr: SocketAddr) -> Result<Listeners, BindError> {
+        let bind = |which, addr| {
+            crate::client::bind_listener(addr).map_err(|source| BindError { which, addr, source })
+        };
+        Ok(Listeners { client: bind("clients", client_addr)?, peer: bind("peers", peer_addr)? })
+    }
+
+    /// The addresses bound (a port 0 asked for is a real one here).
+    pub fn local_addrs(&self) -> io::Result<(SocketAddr, SocketAddr)> {
+        Ok((self.client.local_addr()?, self.peer.local_addr()?))
+    }
+}
+
 /// The client addresses that peers announced in their hellos, by node id.
 #[derive(Clone, Debug)]
 pub struct ClientAddrs(Arc<RwLock<BTreeMap<u64, String>>>);
@@ -341,10 +395,18 @@ struct GreetingsInner {
     /// This node's cluster id, empty until it knows one.
     cluster_id: Vec<u8>,
     heard: BTreeMap<u64, Heard>,
+    /// Nodes outside this node's peers whose hellos named a cluster while
+    /// this node knew none (a running cluster that added it), with the
+    /// client address each said it serves on; at most [`STRANGERS_MAX`].
+    strangers: BTreeMap<u64, String>,
     /// Bumped by every hello recorded, so that the loop feeds the node
     /// only what is new.
     hellos: u64,
 }
+
+/// The most strangers a node keeps ([`Greetings::strangers`]): one is
+/// enough to know that a cluster runs.
+const STRANGERS_MAX: usize = 8;
 
 /// What a peer's hello said.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -357,6 +419,8 @@ pub struct Heard {
     /// The command level the peer's build applies (0: a build before
     /// levels).
     pub level: u32,
+    /// The hello named a cluster.
+    pub named: bool,
 }
 
 impl Greetings {
@@ -399,6 +463,22 @@ impl Greetings {
         self.0.read().unwrap_or_else(PoisonError::into_inner).heard.clone()
     }
 
+    /// The nodes outside this node's peers whose hellos named a cluster
+    /// while this node knew none, with the client address each announced:
+    /// refused as peers, but a blank node must not found a cluster of its
+    /// own while one that added it runs.
+    pub fn strangers(&self) -> BTreeMap<u64, String> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).strangers.clone()
+    }
+
+    fn record_stranger(&self, hello: &PeerHello) {
+        let mut inner = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        if inner.strangers.len() < STRANGERS_MAX || inner.strangers.contains_key(&hello.node_id) {
+            inner.strangers.insert(hello.node_id, hello.client_addr.clone());
+            inner.hellos += 1;
+        }
+    }
+
     /// How many hellos were recorded so far: a change says there is news
     /// in [`Greetings::heard`].
     pub fn hellos(&self) -> u64 {
@@ -425,6 +505,7 @@ impl Greetings {
             term: hello.term,
             last_index: hello.last_index,
             level: hello.level,
+            named: !hello.cluster_id.is_empty(),
         };
         let mut inner = self.0.write().unwrap_or_else(PoisonError::into_inner);
         inner.heard.insert(peer, heard);
@@ -1176,11 +1257,6 @@ impl<M: Message> Peers<M> {
                         Ok(None) => break,
                         Ok(Some((hello, used))) => {
                             at += used;
-                            if hello.node_id == self.config.node_id
-                                || !self.config.peers.contains(hello.node_id)
-                            {
-                                return Err(Some(format!("hello from node {}, not a peer", hello.node_id)));
-                            }
                             if self.config.tls.is_some() {
                                 // The hello may claim only the node the
                                 // certificate names.
@@ -1191,6 +1267,20 @@ impl<M: Message> Peers<M> {
                                         hello.node_id
                                     )));
                                 }
+                            }
+                            if hello.node_id == self.config.node_id
+                                || !self.config.peers.contains(hello.node_id)
+                            {
+                                // A running cluster that added this node
+                                // (member add) while its store is blank:
+                                // noted, so that it does not found its own.
+                                if hello.node_id != self.config.node_id
+                                    && !hello.cluster_id.is_empty()
+                                    && !self.config.greetings.is_named()
+                                {
+                                    self.config.greetings.record_stranger(&hello);
+                                }
+                                return Err(Some(format!("hello from node {}, not a peer", hello.node_id)));
                             }
                             // Both sides named: the same cluster. A side that
                             // knows no name yet (a new node, or one that lost

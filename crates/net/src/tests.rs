@@ -732,7 +732,7 @@ fn hellos_say_what_the_caller_knows_when_it_connects() {
     let two = node(2, &addrs, 1 << 20);
     let heard = heard_from(&two, 1, |_| true);
     // The hello says the command level of the caller's build too.
-    assert_eq!(heard, Heard { knows_you: true, term: 7, last_index: 42, level: fencelock_types::LEVEL });
+    assert_eq!(heard, Heard { knows_you: true, term: 7, last_index: 42, level: fencelock_types::LEVEL, named: false });
     let hellos = two.greetings.hellos();
     assert!(hellos >= 1);
     // Node 2 knows nothing of node 1 and says so.
@@ -742,7 +742,7 @@ fn hellos_say_what_the_caller_knows_when_it_connects() {
     two.stop();
     let two = node(2, &addrs, 1 << 20);
     let heard = heard_from(&two, 1, |_| true);
-    assert_eq!(heard, Heard { knows_you: false, term: 9, last_index: 50, level: fencelock_types::LEVEL });
+    assert_eq!(heard, Heard { knows_you: false, term: 9, last_index: 50, level: fencelock_types::LEVEL, named: false });
 }
 
 #[test]
@@ -774,6 +774,49 @@ fn a_hello_naming_another_cluster_is_refused_once_this_node_knows_its_own() {
     let one = node(1, &addrs, 1 << 20);
     one.greetings.set_cluster_id(&[1; 16]);
     assert_eq!(deliver((1, &one), 2, "same cluster", &two).role, "same cluster");
+}
+
+#[test]
+fn a_stranger_naming_a_cluster_is_refused_but_noted_while_this_node_knows_no_cluster() {
+    let addrs: BTreeMap<u64, SocketAddr> = [(1, free_addr()), (2, free_addr())].into_iter().collect();
+    let two = node(2, &addrs, 1 << 20);
+    let hello = |node_id: u64, cluster_id: &[u8], client_addr: &str| PeerHello {
+        node_id,
+        cluster_id: cluster_id.to_vec(),
+        client_addr: client_addr.to_owned(),
+        ..Default::default()
+    };
+    let refused = |hello: PeerHello| {
+        let mut rogue = connect(addrs[&2]);
+        rogue.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write_frame(&mut rogue, &hello).unwrap();
+        let mut rest = Vec::new();
+        matches!(rogue.read_to_end(&mut rest), Ok(0))
+    };
+    // A stranger without a cluster says nothing worth keeping.
+    assert!(refused(hello(7, &[], "127.0.0.1:1")));
+    assert!(two.greetings.strangers().is_empty());
+    // A running cluster's node (the cluster added node 2): refused as a
+    // peer, and noted with the client address it serves on.
+    let before = two.greetings.hellos();
+    assert!(refused(hello(4, &[5; 16], "127.0.0.1:7104")));
+    assert_eq!(two.greetings.strangers().get(&4).map(String::as_str), Some("127.0.0.1:7104"));
+    assert!(two.greetings.hellos() > before, "the loop would not look at it");
+    assert!(two.inbound.try_recv().is_err());
+    // A flood of them is bounded.
+    for id in 100..140 {
+        assert!(refused(hello(id, &[5; 16], "127.0.0.1:1")));
+    }
+    assert!(two.greetings.strangers().len() <= 8, "{:?}", two.greetings.strangers());
+    // Once node 2 knows its cluster, strangers are no longer its business.
+    let three_addrs: BTreeMap<u64, SocketAddr> = [(1, free_addr()), (3, free_addr())].into_iter().collect();
+    let three = node(3, &three_addrs, 1 << 20);
+    three.greetings.set_cluster_id(&[1; 16]);
+    let mut rogue = connect(three_addrs[&3]);
+    rogue.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write_frame(&mut rogue, &hello(9, &[5; 16], "127.0.0.1:9")).unwrap();
+    assert!(matches!(rogue.read_to_end(&mut Vec::new()), Ok(0)));
+    assert!(three.greetings.strangers().is_empty());
 }
 
 #[test]

@@ -226,6 +226,13 @@ pub struct Node<T> {
     registry: Registry<T>,
     /// Each peer's last hello.
     heard: BTreeMap<u64, PeerReport>,
+    /// Nodes outside this node's configuration whose hellos named a
+    /// cluster while this node's store was blank: a running cluster that
+    /// added it. It never founds a cluster of its own then.
+    strangers: BTreeSet<u64>,
+    /// When a blank node that would found alone may found (its first turn
+    /// plus `founding_grace_ms`), set at that turn.
+    found_at_ms: Option<u64>,
     /// The command level each peer's last hello said.
     levels: BTreeMap<u64, u32>,
     /// Actions decided while handling events, handed out at the next turn.
@@ -262,6 +269,8 @@ impl<T> Node<T> {
             phase: Phase::Starting { next_report_ms: STARTING_REPORT_EVERY_MS },
             registry: Registry::default(),
             heard: BTreeMap::new(),
+            strangers: BTreeSet::new(),
+            found_at_ms: None,
             levels: BTreeMap::new(),
             pending: Vec::new(),
             next_tick_ms: None,
@@ -275,6 +284,16 @@ impl<T> Node<T> {
             node.start(recovered, None)?;
         } else if blank && node.config.driver.voters.len() > 1 {
             info!(node.logger, "empty store: asking the peers whether this node was a member before");
+        } else if blank
+            && (node.config.driver.founding_grace_ms > 0
+                || node.config.driver.initial_cluster_state == rejoin::ClusterState::Existing)
+        {
+            // Alone in its configuration: founding needs nobody's answer,
+            // but a running cluster that added this node would say so first.
+            info!(node.logger, "empty store, and no other member named: listening for a running cluster before \
+                                founding one";
+                "grace_ms" => node.config.driver.founding_grace_ms,
+                "initial_cluster_state" => ?node.config.driver.initial_cluster_state);
         } else {
             node.start(recovered, None)?;
         }
@@ -326,6 +345,8 @@ impl<T> Node<T> {
                 }
                 if self.config.driver.voters.contains(&from) {
                     self.heard.insert(from.0, report);
+                } else if report.named && matches!(self.phase, Phase::Starting { .. }) {
+                    self.strangers.insert(from.0);
                 }
             }
             Event::PeerMessage(message) => {
@@ -415,6 +436,9 @@ impl<T> Node<T> {
             out(action);
         }
         if let Phase::Starting { .. } = self.phase {
+            if let Some(by) = self.strangers.first() {
+                return Err(FatalError::MemberElsewhere { by: *by });
+            }
             match self.decide_start(now_ms) {
                 Start::Wait => return Ok(()),
                 start => {
@@ -462,7 +486,15 @@ impl<T> Node<T> {
         let id = self.config.driver.id;
         let peers: BTreeSet<u64> =
             self.config.driver.voters.iter().map(|voter| voter.0).filter(|voter| *voter != id.0).collect();
-        let start = rejoin::decide(&peers, &self.heard, self.config.driver.initial_cluster_state);
+        let mut start = rejoin::decide(&peers, &self.heard, self.config.driver.initial_cluster_state);
+        if start == Start::Fresh && peers.is_empty() {
+            // Alone: founding, once nobody has contacted it for the grace.
+            let found_at_ms =
+                *self.found_at_ms.get_or_insert(now_ms.saturating_add(self.config.driver.founding_grace_ms));
+            if now_ms < found_at_ms {
+                start = Start::Wait;
+            }
+        }
         match start {
             Start::Wait => {
                 if let Phase::Starting { next_report_ms, .. } = &mut self.phase {
@@ -470,8 +502,18 @@ impl<T> Node<T> {
                         *next_report_ms = now_ms.saturating_add(STARTING_REPORT_EVERY_MS);
                         let waiting: Vec<u64> =
                             peers.iter().filter(|peer| !self.heard.contains_key(peer)).copied().collect();
-                        info!(self.logger, "empty store: waiting for peers to say whether this node was a member before";
-                            "answered" => ?self.heard.keys().collect::<Vec<_>>(), "waiting_for" => ?waiting);
+                        if self.config.driver.initial_cluster_state == rejoin::ClusterState::Existing
+                            && waiting.is_empty()
+                        {
+                            warn!(self.logger, "empty store, --initial-cluster-state existing, and no peer names a \
+                                                cluster: waiting, never founding one. To join a running cluster, \
+                                                start this node with --join and its client endpoints; to found \
+                                                a new one, with --initial-cluster-state new";
+                                "answered" => ?self.heard.keys().collect::<Vec<_>>());
+                        } else {
+                            info!(self.logger, "empty store: waiting for peers to say whether this node was a member before";
+                                "answered" => ?self.heard.keys().collect::<Vec<_>>(), "waiting_for" => ?waiting);
+                        }
                     }
                 }
             }
@@ -509,7 +551,8 @@ impl<T> Node<T> {
             Phase::Running(replica) => {
                 let (term, last_index) = replica.log_position();
                 let knows_you = replica.known_peers().contains(&peer.0);
-                PeerReport { knows_you, term, last_index, level: fencelock_types::LEVEL }
+                let named = replica.cluster_id().is_some();
+                PeerReport { knows_you, term, last_index, level: fencelock_types::LEVEL, named }
             }
         }
     }

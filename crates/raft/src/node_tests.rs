@@ -330,8 +330,15 @@ fn a_starting_node_refuses_clients_and_waits_for_its_peers() {
     node.handle(2, Event::PeerHello { from: NodeId(9), report: Default::default() });
     node.turn(2, &mut |_| {}).unwrap();
     assert!(node.is_starting());
-    // Every peer answered and none knows it: a new cluster.
+    // Every peer answered and none knows it, nor names a cluster: founding
+    // a new one, which `existing` never does.
     node.handle(3, Event::PeerHello { from: NodeId(3), report: Default::default() });
+    node.turn(3, &mut |_| {}).unwrap();
+    assert!(node.is_starting(), "founded with `existing`");
+    // Node 3 runs the cluster (it names it) and does not know node 1: a
+    // voter of the configuration that starts late.
+    let named = crate::rejoin::PeerReport { term: 2, last_index: 5, named: true, ..Default::default() };
+    node.handle(3, Event::PeerHello { from: NodeId(3), report: named });
     let mut started = None;
     node.turn(3, &mut |action| {
         if let Action::Started(start) = action {
@@ -387,7 +394,13 @@ fn a_blank_node_known_to_a_majority_rejoins_without_a_vote() {
     let mut store = MemStore::new();
     let mut node: Node<u32> = Node::open(config, store.recover().unwrap(), &logger).unwrap();
     let knows =
-        crate::rejoin::PeerReport { knows_you: true, term: 4, last_index: 17, level: fencelock_types::LEVEL };
+        crate::rejoin::PeerReport {
+            knows_you: true,
+            term: 4,
+            last_index: 17,
+            level: fencelock_types::LEVEL,
+            named: true,
+        };
     node.handle(0, Event::PeerHello { from: NodeId(2), report: knows });
     turns_synced(&mut node, 0, &mut store);
     assert!(node.is_starting(), "one peer of two is no majority of the others");
@@ -593,6 +606,7 @@ fn a_snapshot_from_the_leader_is_decoded_by_the_shell_and_installed_from_that_ta
             term: 0,
             last_index: 0,
             level: fencelock_types::LEVEL,
+            named: false,
         };
         node.handle(0, Event::PeerHello { from: NodeId(peer), report });
     }
@@ -670,4 +684,85 @@ fn a_snapshot_from_the_leader_is_decoded_by_the_shell_and_installed_from_that_ta
     node.handle(40, Event::PeerMessage(snapshot_message(30, 2)));
     turns_synced(&mut node, 40, &mut store);
     assert_eq!(node.replica().unwrap().status().applied_index, 30);
+}
+
+/// A blank node alone in its configuration, as `fencelockd --id 4 --peers
+/// 4=P4` starts after `fencelock member add 4`: with a founding grace or
+/// `existing` it listens first.
+fn alone(state: crate::rejoin::ClusterState, grace_ms: u64) -> (Node<u32>, MemStore) {
+    let logger = slog::Logger::root(slog::Discard, slog::o!());
+    let mut driver = Config::new(NodeId(4), vec![NodeId(4)]);
+    driver.initial_cluster_state = state;
+    driver.founding_grace_ms = grace_ms;
+    let config = NodeConfig { driver, tick_ms: Some(10), election_seed: Some(4) };
+    let mut store = MemStore::new();
+    let node = Node::open(config, store.recover().unwrap(), &logger).unwrap();
+    (node, store)
+}
+
+/// Whether the node founded (started, and leads its cluster of one) by
+/// `until_ms`, turning every 10 ms.
+fn founds_by(node: &mut Node<u32>, store: &mut MemStore, from_ms: u64, until_ms: u64) -> bool {
+    (from_ms..=until_ms).step_by(10).any(|now_ms| {
+        turns_synced(node, now_ms, store);
+        node.status().is_some_and(|status| status.leader_ready)
+    })
+}
+
+#[test]
+fn a_blank_node_alone_in_its_configuration_founds_only_after_the_grace_and_only_if_new() {
+    use crate::rejoin::ClusterState;
+    // `new`, no one calls: it founds, after the grace and not before.
+    let (mut node, mut store) = alone(ClusterState::New, 2_000);
+    assert!(!founds_by(&mut node, &mut store, 0, 1_990), "founded within the grace");
+    assert!(node.is_starting());
+    assert!(founds_by(&mut node, &mut store, 2_000, 6_000), "never founded");
+    // `existing`: never, however long it waits.
+    for grace_ms in [0, 2_000] {
+        let (mut node, mut store) = alone(ClusterState::Existing, grace_ms);
+        assert!(!founds_by(&mut node, &mut store, 0, 60_000), "founded with `existing`");
+        assert!(node.is_starting());
+        // A hello from an unnamed stranger changes nothing.
+        let blank = crate::rejoin::PeerReport { level: fencelock_types::LEVEL, ..Default::default() };
+        node.handle(60_000, Event::PeerHello { from: NodeId(1), report: blank });
+        assert!(!founds_by(&mut node, &mut store, 60_000, 61_000));
+    }
+    // Without a grace, `new` founds at once (a library user's single node).
+    let (mut node, mut store) = alone(ClusterState::New, 0);
+    assert!(!node.is_starting());
+    assert!(founds_by(&mut node, &mut store, 0, 5_000));
+}
+
+#[test]
+fn a_blank_node_that_a_running_cluster_contacts_never_founds_and_stops_saying_so() {
+    use crate::rejoin::ClusterState;
+    for state in [ClusterState::New, ClusterState::Existing] {
+        let (mut node, mut store) = alone(state, 2_000);
+        assert!(!founds_by(&mut node, &mut store, 0, 500));
+        // The leader of the cluster that added node 4 connects: its hello
+        // names the cluster.
+        let named = crate::rejoin::PeerReport {
+            knows_you: false,
+            term: 3,
+            last_index: 40,
+            level: fencelock_types::LEVEL,
+            named: true,
+        };
+        node.handle(510, Event::PeerHello { from: NodeId(1), report: named });
+        let stopped = node.turn(520, &mut |_| {});
+        assert!(
+            matches!(stopped, Err(crate::FatalError::MemberElsewhere { by: 1 })),
+            "{state:?}: {stopped:?}"
+        );
+        assert!(node.is_starting(), "{state:?}: it started");
+        let message = crate::FatalError::MemberElsewhere { by: 1 }.to_string();
+        assert!(message.contains("--join"), "{message}");
+    }
+    // A node that runs already (it founded, or has data) pays strangers no
+    // heed: the transport refuses them as peers.
+    let (mut node, mut store) = alone(ClusterState::New, 0);
+    assert!(founds_by(&mut node, &mut store, 0, 5_000));
+    let named = crate::rejoin::PeerReport { named: true, ..Default::default() };
+    node.handle(5_000, Event::PeerHello { from: NodeId(1), report: named });
+    assert!(node.turn(5_010, &mut |_| {}).is_ok());
 }

@@ -69,6 +69,9 @@ pub struct PeerReport {
     /// The command level the peer's build applies (0: a build before
     /// levels, which applies level 1).
     pub level: u32,
+    /// The peer's hello names a cluster: it is a member of a running (or
+    /// once running) cluster, whose id it has applied.
+    pub named: bool,
 }
 
 /// What the operator says of the cluster a node with an empty store starts
@@ -84,8 +87,10 @@ pub enum ClusterState {
     /// above the old ones, from the wall clock).
     #[default]
     New,
-    /// A cluster that runs already: a blank node founds nothing unless
-    /// every peer answered and none knows it, and rejoins one that does.
+    /// A cluster that runs already: a blank node never founds one. It
+    /// starts as a member of the cluster its peers name (every peer
+    /// answered, none knows it, and one names the cluster), rejoins one
+    /// that knows it, and otherwise waits.
     Existing,
 }
 
@@ -118,6 +123,13 @@ pub fn decide(peers: &BTreeSet<u64>, reports: &BTreeMap<u64, PeerReport>, state:
         return Start::Wait;
     }
     if answered.len() == peers.len() {
+        // With every peer heard, none knowing this node: a voter of the
+        // configuration its peers started with that starts late (they name
+        // their cluster), or the first start of a new cluster. The latter
+        // is founding, which `Existing` never does.
+        if state == ClusterState::Existing && !answered.iter().any(|report| report.named) {
+            return Start::Wait;
+        }
         return Start::Fresh;
     }
     // A majority of the cluster, this node counted, and all of it blank: a
@@ -241,7 +253,7 @@ mod tests {
     use super::*;
 
     fn report(knows_you: bool, term: u64, last_index: u64) -> PeerReport {
-        PeerReport { knows_you, term, last_index, level: fencelock_types::LEVEL }
+        PeerReport { knows_you, term, last_index, level: fencelock_types::LEVEL, named: term > 0 }
     }
 
     fn peers(ids: &[u64]) -> BTreeSet<u64> {
@@ -261,8 +273,16 @@ mod tests {
         );
         reports.insert(3, report(false, 4, 9));
         assert_eq!(decide(&three, &reports, ClusterState::Existing), Start::Fresh);
-        // A single node has nobody to ask.
-        assert_eq!(decide(&BTreeSet::new(), &BTreeMap::new(), ClusterState::Existing), Start::Fresh);
+        // A single node has nobody to ask: it founds when told the cluster
+        // is new, never when told it exists.
+        assert_eq!(decide(&BTreeSet::new(), &BTreeMap::new(), ClusterState::New), Start::Fresh);
+        assert_eq!(decide(&BTreeSet::new(), &BTreeMap::new(), ClusterState::Existing), Start::Wait);
+        // Every peer answered, none of them with a cluster: founding, which
+        // `Existing` never does.
+        let blank_peers: BTreeMap<u64, PeerReport> =
+            [(2, report(false, 0, 0)), (3, report(false, 0, 0))].into_iter().collect();
+        assert_eq!(decide(&three, &blank_peers, ClusterState::Existing), Start::Wait);
+        assert_eq!(decide(&three, &blank_peers, ClusterState::New), Start::Fresh);
         // Reports from strangers count for nothing.
         let stranger: BTreeMap<u64, PeerReport> = [(9, report(false, 0, 0))].into_iter().collect();
         assert_eq!(decide(&peers(&[2]), &stranger, ClusterState::New), Start::Wait);

@@ -1048,6 +1048,7 @@ fn report_of<D: TestStore>(net: &mut Net<D>, id: u64, about: u64) -> crate::rejo
         term,
         last_index,
         level: fencelock_types::LEVEL,
+        named: node.cluster_id().is_some(),
     }
 }
 

@@ -77,6 +77,12 @@ pub struct Config {
     pub cluster_id: ClusterId,
     /// How a node with a blank store starts (see [`crate::rejoin::decide`]).
     pub initial_cluster_state: crate::rejoin::ClusterState,
+    /// How long a blank node that would found a cluster alone (it names
+    /// no other voter) first listens for hellos: should a running cluster
+    /// that added it contact it meanwhile, it does not found
+    /// ([`FatalError::MemberElsewhere`]). fencelockd waits 2 s, past its
+    /// peers' reconnection backoff; the default, 0, founds at once.
+    pub founding_grace_ms: u64,
     /// The node joins a running cluster that added it as a learner
     /// (`fencelockd --join`): a blank store starts with no configuration
     /// and learns it from the leader; `voters` are then the members the
@@ -140,6 +146,7 @@ impl Config {
             token_floor: 0,
             founding_level: fencelock_types::LEVEL,
             initial_cluster_state: crate::rejoin::ClusterState::New,
+            founding_grace_ms: 0,
             joining: false,
             lock_delays: Vec::new(),
             watch_history_bytes_max: 16 << 20,
@@ -597,6 +604,16 @@ pub enum FatalError {
         fencelock_types::LEVEL
     )]
     TooOld { level: u32 },
+    /// The store is blank and node `by`, of a running cluster that this
+    /// node's configuration does not name, contacted it: the cluster
+    /// added this node (`fencelock member add`). Founding a cluster of its
+    /// own would grant locks that cluster holds; it must start with
+    /// `--join` instead.
+    #[error(
+        "this node's data directory is empty, and node {by} of a running cluster contacted it as a member: it \
+         must join that cluster (start it with --join and the cluster's client endpoints), not found a new one"
+    )]
+    MemberElsewhere { by: u64 },
 }
 
 #[cfg(test)]

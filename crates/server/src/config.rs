@@ -15,6 +15,12 @@ use serde::Deserialize;
 
 use crate::access::{Access, RuleConfig};
 
+/// How long a node with an empty data directory and no other member in
+/// its --peers listens for a running cluster before it founds one
+/// (`fencelock_raft::Config::founding_grace_ms`): twice the peers' longest
+/// reconnection backoff.
+const FOUNDING_GRACE_MS: u64 = 2_000;
+
 /// Command-line flags. Every setting but `--config`, `--config-check`,
 /// `--restore` and `--join` can also come from the TOML file (same names,
 /// with underscores); every one but `--config-check` from the environment
@@ -477,6 +483,10 @@ impl ServerConfig {
             InitialClusterState::New => ClusterState::New,
             InitialClusterState::Existing => ClusterState::Existing,
         };
+        // A node alone in its --peers listens this long before it founds:
+        // a running cluster that added it (member add) reconnects within a
+        // second (the peers' reconnection backoff) and says so.
+        driver.founding_grace_ms = FOUNDING_GRACE_MS;
         driver.election_ticks = (election_ms / tick_ms) as usize;
         driver.heartbeat_ticks = (heartbeat_ms / tick_ms) as usize;
         driver.lease_ms_min = lease_min_ms;

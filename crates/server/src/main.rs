@@ -98,9 +98,20 @@ fn main() -> ExitCode {
     match run(&config, &logger) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            let removed = err
-                .chain()
-                .any(|cause| matches!(cause.downcast_ref::<FatalError>(), Some(FatalError::Removed { .. })));
+            fn fatal<'a>(cause: &'a (dyn std::error::Error + 'static)) -> Option<&'a FatalError> {
+                cause.downcast_ref::<FatalError>()
+            }
+            if err.chain().any(|cause| matches!(fatal(cause), Some(FatalError::MemberElsewhere { .. }))) {
+                // Not a failure a restart mends: the same command would
+                // stop again. Exit code 4, which the systemd unit does not
+                // restart either.
+                crit!(logger, "fencelockd stopped: a running cluster added this node, which must join it";
+                    "error" => format!("{err:#}"));
+                eprintln!("fencelockd: {err:#}");
+                return ExitCode::from(EXIT_MEMBER_ELSEWHERE);
+            }
+            let removed =
+                err.chain().any(|cause| matches!(fatal(cause), Some(FatalError::Removed { .. })));
             if removed {
                 // Not a failure to restart from: exit code 3, which the
                 // systemd unit does not restart (RestartPreventExitStatus).
@@ -118,6 +129,11 @@ fn main() -> ExitCode {
 /// The exit code of a node that stops because it was removed from the
 /// cluster (or finds itself removed at start).
 const EXIT_REMOVED: u8 = 3;
+
+/// The exit code of a node with an empty data directory that a running
+/// cluster contacted as its member, started without `--join`: it stops
+/// rather than found a second cluster.
+const EXIT_MEMBER_ELSEWHERE: u8 = 4;
 
 fn build_logger(config: &ServerConfig) -> (Logger, slog_async::AsyncGuard) {
     let drain: Box<dyn Drain<Ok = (), Err = slog::Never> + Send> = match config.log_format {
@@ -207,8 +223,14 @@ impl NodeCore {
                     term: heard.term,
                     last_index: heard.last_index,
                     level: heard.level,
+                    named: heard.named,
                 };
                 self.driver.hello(NodeId(id), report);
+            }
+            // Members of a running cluster this node's configuration does
+            // not name: a blank node then never founds one of its own.
+            for id in self.greetings.strangers().into_keys() {
+                self.driver.hello(NodeId(id), PeerReport { named: true, ..PeerReport::default() });
             }
         }
         // Before the turn's messages open connections: their hellos name
@@ -345,6 +367,10 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         ),
         None => None,
     };
+    // Both ports next, before anything is written or anyone is asked to
+    // add this node: a port in use leaves nothing half done, and the error
+    // names the address.
+    let listeners = fencelock_net::Listeners::bind(config.client_addr, config.peer_listen_addr)?;
     // Certificates first: a bad file is a configuration error, named.
     let tls = match &config.certs_dir {
         Some(dir) => Some(TlsConfigs::load(dir, config.id).context("cannot serve TLS")?),
@@ -423,6 +449,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     let node = Node::open(node_config, recovered, logger)
         .with_context(|| format!("cannot open the replica in {}", raft_dir.display()))?;
     let greetings = Greetings::new();
+    let hello_book = greetings.clone();
     // Known from the store already, unless the node is new: named before
     // any hello is sent.
     let cluster_id = node.cluster_id();
@@ -513,7 +540,8 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         let _ = waker_slot.set(waker);
         Box::new(core)
     };
-    let node = NodeLoop::start(
+    let node = NodeLoop::start_on(
+        listeners,
         client_config,
         peer_config,
         |message: &Message| Route { from: message.from, to: message.to },
@@ -522,9 +550,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         client_addrs,
         logger,
     )
-    .with_context(|| {
-        format!("cannot listen on {} (clients) and {own_peer_addr} (peers)", config.client_addr)
-    })?;
+    .context("cannot start the node loop")?;
     let waker = node.waker();
     if let Some(listener) = metrics_listener {
         metrics::spawn(listener, config.id, requests_tx.clone(), waker.clone(), logger.clone())?;
@@ -589,9 +615,21 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     waker.wake();
     node.join().map_err(|_| anyhow::anyhow!("the node loop panicked"))?;
     let outcome = outcome.lock().map_err(|_| anyhow::anyhow!("the node loop panicked"))?.take();
-    let stats = outcome
-        .ok_or_else(|| anyhow::anyhow!("the node loop ended without a word"))?
-        .context("the driver stopped on a fatal error")?;
+    let outcome = outcome.ok_or_else(|| anyhow::anyhow!("the node loop ended without a word"))?;
+    if let Err(err @ FatalError::MemberElsewhere { .. }) = outcome {
+        // What to run instead, with the endpoints the cluster announced.
+        let strangers = hello_book.strangers();
+        let endpoints: Vec<&str> =
+            strangers.values().map(String::as_str).filter(|addr| !addr.is_empty()).collect();
+        let join = match endpoints.is_empty() {
+            true => "--join and the cluster's client endpoints".to_owned(),
+            false => format!("--join {}", endpoints.join(",")),
+        };
+        return Err(anyhow::Error::new(err).context(format!(
+            "not founding a cluster: start this node again with {join} (its data directory holds no raft state yet)"
+        )));
+    }
+    let stats = outcome.context("the driver stopped on a fatal error")?;
     info!(logger, "fencelockd stopped"; "entries_applied" => stats.entries_applied, "syncs" => stats.syncs);
     Ok(())
 }

@@ -291,3 +291,74 @@ fn a_joined_voter_that_lost_its_data_rejoins_without_a_vote_instead_of_joining_a
     assert!(admin.check("rejoin/before", before.token()).unwrap());
     wait_for_voters(&admin, &[1, 2, 3, 4], dir.path());
 }
+
+/// The operator's mistake of issue "one cluster, one truth": `member add
+/// 4`, then node 4 started with only itself in --peers and no --join
+/// (with and without `--initial-cluster-state existing`). It used to found
+/// a second cluster and grant a lock the real cluster held, under a
+/// higher token. Now it stops (exit code 4) and says to start it with
+/// --join, which `member add` printed; started so, it joins.
+#[test]
+fn a_node_added_and_started_without_join_never_founds_a_second_cluster() {
+    let Founded { dir, peer_addrs, client_addrs, mut daemons, admin } = found(4);
+    let held = admin.acquire("split/held", Duration::from_secs(120), Duration::ZERO).unwrap();
+    let endpoints = client_addrs[..3].join(",");
+    let added = fencelock(&["--endpoints", &endpoints, "member", "add", "4", &peer_addrs[3], &client_addrs[3]]);
+    assert!(added.status.success(), "{added:?}");
+    let printed = String::from_utf8_lossy(&added.stdout).into_owned();
+    let command = printed.lines().find(|line| line.trim_start().starts_with("fencelockd ")).unwrap_or_else(|| {
+        panic!("member add printed no start command:\n{printed}");
+    });
+    let join_at = command.find("--join ").unwrap_or_else(|| panic!("no --join in {command}"));
+    let join = command[join_at + "--join ".len()..].trim().to_owned();
+    for member in &client_addrs[..3] {
+        assert!(join.contains(member.as_str()), "{command}");
+    }
+
+    // Someone else asks node 4 for the held lock the whole time it runs.
+    let asking = Arc::new(AtomicBool::new(true));
+    let rogue_grants = Arc::new(Mutex::new(Vec::new()));
+    let asker = {
+        let (asking, grants, addr) = (Arc::clone(&asking), Arc::clone(&rogue_grants), client_addrs[3].clone());
+        std::thread::spawn(move || {
+            let mut config = ClientConfig::new(vec![addr]);
+            config.request_timeout = Duration::from_millis(300);
+            config.retry_for = Duration::from_millis(300);
+            config.owner = Some(b"intruder".to_vec());
+            while asking.load(Ordering::SeqCst) {
+                if let Ok(client) = Client::connect(config.clone()) {
+                    if let Ok(guard) = client.acquire("split/held", Duration::from_secs(60), Duration::ZERO) {
+                        grants.lock().unwrap().push(guard.token());
+                        std::mem::forget(guard);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    for extra in [&[][..], &["--initial-cluster-state", "existing"][..]] {
+        let own = format!("4={}", peer_addrs[3]);
+        let mut node = start(dir.path(), 4, &own, &client_addrs[3], extra);
+        let status = node.exited(DEADLINE);
+        let log = std::fs::read_to_string(dir.path().join("node-4.log")).unwrap();
+        assert_eq!(status.and_then(|status| status.code()), Some(4), "{extra:?}: node 4 did not stop:\n{log}");
+        assert!(!log.contains("founding the cluster"), "{extra:?}:\n{log}");
+        assert!(log.contains("--join"), "{extra:?}: the error does not say what to run:\n{log}");
+        // The endpoint of the member that contacted it (the leader).
+        let named = client_addrs[..3].iter().any(|member| log.contains(&format!("--join {member}")));
+        assert!(named, "{extra:?}: the error names no endpoint:\n{log}");
+    }
+    asking.store(false, Ordering::SeqCst);
+    asker.join().unwrap();
+    assert_eq!(*rogue_grants.lock().unwrap(), Vec::<u64>::new(), "node 4 granted the held lock");
+
+    // Started as member add said, it joins and serves the real table.
+    let args: Vec<String> = command.split_whitespace().skip(1).map(str::to_owned).collect();
+    let own = args.iter().position(|arg| arg == "--peers").map(|at| args[at + 1].clone()).unwrap();
+    assert_eq!(own, format!("4={}", peer_addrs[3]));
+    daemons.push(start(dir.path(), 4, &own, &client_addrs[3], &["--join", &join]));
+    wait_for_voters(&admin, &[1, 2, 3, 4], dir.path());
+    let status = admin.status(&client_addrs[3]).unwrap();
+    assert!(status.last_token >= held.token(), "{status:?}");
+    assert!(admin.check("split/held", held.token()).unwrap(), "the real holder lost the lock");
+}
