@@ -179,7 +179,28 @@ fn a_node_of_an_existing_cluster_waits_for_every_peer_and_says_whom() {
     std::thread::sleep(Duration::from_secs(1));
     let status = probe::status(nodes[1].client, Duration::from_secs(2)).unwrap();
     assert!(status.starting && status.leader_id == 0, "{status:?}");
+    // Every peer answers now, all blank: founding, which `existing` never
+    // does, however long it waits.
     daemons.push(start(dir.path(), 3, &peers, &nodes[2], &existing));
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let status = probe::status(nodes[2].client, Duration::from_secs(2));
+        if status.as_ref().is_ok_and(|status| status.starting && status.waiting_for.is_empty()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{status:?}: {}", logs(dir.path()));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    for addrs in &nodes {
+        let status = probe::status(addrs.client, Duration::from_secs(2)).unwrap();
+        assert!(status.starting && status.leader_id == 0, "founded with `existing`: {status:?}");
+    }
+    // The operator means a new cluster: started again with `new`, it is.
+    drop(daemons);
+    let daemons: Vec<Daemon> =
+        (0..3).map(|at| start(dir.path(), at + 1, &peers, &nodes[at as usize], &[])).collect();
     let clients: Vec<SocketAddr> = nodes.iter().map(|addrs| addrs.client).collect();
     probe::wait_for_leader(&clients, DEADLINE).unwrap_or_else(|err| panic!("{err}: {}", logs(dir.path())));
+    drop(daemons);
 }
