@@ -61,9 +61,8 @@ pub use frame::{
     decode_frame, decode_piece, encode_frame, encode_parts, read_frame, write_frame, FrameError, PART_FLAG,
 };
 pub use node::{
-    BindError, ClientAddrs, Core, Greetings, Heard, Listeners, LoopWaker, NodeIo, NodeLoop, PeerBook, PeerConfig,
-    PeerTls, Route,
-    Turn, PART_BYTES,
+    BindError, ClientAddrs, Core, Greetings, Heard, Listeners, LoopWaker, NodeIo, NodeLoop, PeerBook,
+    PeerConfig, PeerTls, Route, Turn, PART_BYTES,
 };
 pub use wire::{Got, Reloadable, Wire};
 

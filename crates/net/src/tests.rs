@@ -732,7 +732,10 @@ fn hellos_say_what_the_caller_knows_when_it_connects() {
     let two = node(2, &addrs, 1 << 20);
     let heard = heard_from(&two, 1, |_| true);
     // The hello says the command level of the caller's build too.
-    assert_eq!(heard, Heard { knows_you: true, term: 7, last_index: 42, level: fencelock_types::LEVEL, named: false });
+    assert_eq!(
+        heard,
+        Heard { knows_you: true, term: 7, last_index: 42, level: fencelock_types::LEVEL, named: false }
+    );
     let hellos = two.greetings.hellos();
     assert!(hellos >= 1);
     // Node 2 knows nothing of node 1 and says so.
@@ -742,7 +745,10 @@ fn hellos_say_what_the_caller_knows_when_it_connects() {
     two.stop();
     let two = node(2, &addrs, 1 << 20);
     let heard = heard_from(&two, 1, |_| true);
-    assert_eq!(heard, Heard { knows_you: false, term: 9, last_index: 50, level: fencelock_types::LEVEL, named: false });
+    assert_eq!(
+        heard,
+        Heard { knows_you: false, term: 9, last_index: 50, level: fencelock_types::LEVEL, named: false }
+    );
 }
 
 #[test]

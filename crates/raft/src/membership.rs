@@ -251,6 +251,31 @@ impl Replica {
         Ok(())
     }
 
+    /// On a graceful stop: if this node leads, hands leadership to the most
+    /// caught-up other voter it heard from recently, and returns it, so
+    /// that the cluster does not wait an election timeout for a leader.
+    /// `None` when it does not lead or no other voter is reachable.
+    pub fn hand_off(&mut self) -> Option<NodeId> {
+        if self.raw.raft.state != StateRole::Leader {
+            return None;
+        }
+        let prs = self.raw.raft.prs();
+        let to = prs
+            .conf()
+            .voters()
+            .ids()
+            .iter()
+            .filter(|voter| *voter != self.id.0)
+            .filter_map(|voter| Some((voter, prs.get(voter)?)))
+            .filter(|(_, progress)| progress.recent_active)
+            // The most caught up; of equals, the lowest id.
+            .max_by_key(|(voter, progress)| (progress.matched, std::cmp::Reverse(*voter)))
+            .map(|(voter, _)| NodeId(voter))?;
+        info!(self.logger, "stopping: handing leadership over"; "to" => to.0);
+        self.raw.transfer_leader(to.0);
+        Some(to)
+    }
+
     /// Hands leadership to voter `to`; answered when this node sees `to`
     /// lead, or failed after [`TRANSFER_WAIT_MS`].
     pub fn transfer(&mut self, id: RequestId, to: NodeId) {

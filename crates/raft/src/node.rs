@@ -662,6 +662,16 @@ impl<T> Node<T> {
         self.registry.len()
     }
 
+    /// On a graceful stop: hands leadership, if this node has it, to the
+    /// most caught-up voter it reaches ([`Replica::hand_off`]), which it
+    /// returns. The shell then waits, a bounded while, to see another lead.
+    pub fn hand_off(&mut self) -> Option<NodeId> {
+        match &mut self.phase {
+            Phase::Running(replica) => replica.hand_off(),
+            Phase::Starting { .. } => None,
+        }
+    }
+
     /// Every request waiting for an answer, to be told the node stopped;
     /// the node forgets them.
     pub fn stop(&mut self) -> Vec<T> {

@@ -393,14 +393,13 @@ fn a_blank_node_known_to_a_majority_rejoins_without_a_vote() {
     };
     let mut store = MemStore::new();
     let mut node: Node<u32> = Node::open(config, store.recover().unwrap(), &logger).unwrap();
-    let knows =
-        crate::rejoin::PeerReport {
-            knows_you: true,
-            term: 4,
-            last_index: 17,
-            level: fencelock_types::LEVEL,
-            named: true,
-        };
+    let knows = crate::rejoin::PeerReport {
+        knows_you: true,
+        term: 4,
+        last_index: 17,
+        level: fencelock_types::LEVEL,
+        named: true,
+    };
     node.handle(0, Event::PeerHello { from: NodeId(2), report: knows });
     turns_synced(&mut node, 0, &mut store);
     assert!(node.is_starting(), "one peer of two is no majority of the others");

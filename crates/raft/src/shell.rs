@@ -201,6 +201,12 @@ pub enum Request {
     TransferLeader {
         to: NodeId,
     },
+    /// A graceful stop begins: if this node leads, it hands leadership to
+    /// the most caught-up voter it reaches ([`Node::hand_off`]); the answer
+    /// names that voter, `None` when there is nothing to hand.
+    HandOff {
+        reply: Sender<Option<NodeId>>,
+    },
     /// The applied index and the lock table's snapshot bytes, at once from
     /// local state: for checking that replicas converge.
     Table {
@@ -229,6 +235,7 @@ impl Request {
             | Request::Status { .. }
             | Request::Table { .. }
             | Request::Metrics { .. }
+            | Request::HandOff { .. }
             | Request::TransferLeader { .. } => {}
         }
     }
@@ -572,6 +579,10 @@ impl Driver {
             Request::Read { query, reply } => client(ClientRequest::Read(query), reply),
             Request::ReadLocal { query, reply } => client(ClientRequest::ReadLocal(query), reply),
             Request::TransferLeader { to } => Event::TransferLeader(to),
+            Request::HandOff { reply } => {
+                let _ = reply.send(self.node.hand_off());
+                return;
+            }
             Request::Status { reply } => {
                 if let Some(status) = self.node.status() {
                     let _ = reply.send(status);

@@ -110,8 +110,7 @@ fn main() -> ExitCode {
                 eprintln!("fencelockd: {err:#}");
                 return ExitCode::from(EXIT_MEMBER_ELSEWHERE);
             }
-            let removed =
-                err.chain().any(|cause| matches!(fatal(cause), Some(FatalError::Removed { .. })));
+            let removed = err.chain().any(|cause| matches!(fatal(cause), Some(FatalError::Removed { .. })));
             if removed {
                 // Not a failure to restart from: exit code 3, which the
                 // systemd unit does not restart (RestartPreventExitStatus).
@@ -606,6 +605,9 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         }
     }
 
+    if !node.is_finished() {
+        hand_off(&requests_tx, &waker, logger);
+    }
     node.stop_accepting();
     let deadline = Instant::now() + SHUTDOWN_GRACE;
     while Instant::now() < deadline && !node.is_finished() && pending_requests(&requests_tx, &waker) > 0 {
@@ -675,6 +677,46 @@ fn reload_certificates(config: &ServerConfig, tls: Option<&TlsConfigs>, logger: 
                 "error" => %err);
         }
     }
+}
+
+/// How long a stopping leader waits to see another voter lead after it
+/// handed leadership over: raft-rs gives a transfer an election timeout.
+const HAND_OFF_WAIT: Duration = Duration::from_secs(3);
+
+/// A stopping leader hands leadership to the most caught-up voter and waits
+/// (at most [`HAND_OFF_WAIT`]) until it no longer leads, so that a rolling
+/// restart costs no election timeout; meanwhile it serves on, answering
+/// clients with the new leader once there is one. A follower stops at once.
+fn hand_off(requests: &Sender<Request>, waker: &LoopWaker, logger: &Logger) {
+    let (tx, rx) = bounded(1);
+    if requests.send(Request::HandOff { reply: tx }).is_err() {
+        return;
+    }
+    waker.wake();
+    let Ok(Some(to)) = rx.recv_timeout(Duration::from_secs(1)) else { return };
+    let started = Instant::now();
+    while started.elapsed() < HAND_OFF_WAIT {
+        let (tx, rx) = bounded(1);
+        if requests.send(Request::Status { reply: tx }).is_err() {
+            return;
+        }
+        waker.wake();
+        match rx.recv_timeout(Duration::from_secs(1)) {
+            Ok(status)
+                if status.role != fencelock_raft::Role::Leader
+                    && status.leader.is_some_and(|leader| leader != status.id) =>
+            {
+                info!(logger, "leadership handed over"; "to" => to.0,
+                    "leader" => status.leader.map_or(0, |leader| leader.0),
+                    "took_ms" => started.elapsed().as_millis() as u64);
+                return;
+            }
+            Ok(_) => std::thread::sleep(Duration::from_millis(10)),
+            Err(_) => return,
+        }
+    }
+    warn!(logger, "leadership was not handed over in time: stopping as leader (the cluster elects another)";
+        "to" => to.0, "waited_ms" => HAND_OFF_WAIT.as_millis() as u64);
 }
 
 /// Requests the driver has accepted and not answered, 0 if it is gone.

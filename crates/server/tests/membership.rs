@@ -303,12 +303,14 @@ fn a_node_added_and_started_without_join_never_founds_a_second_cluster() {
     let Founded { dir, peer_addrs, client_addrs, mut daemons, admin } = found(4);
     let held = admin.acquire("split/held", Duration::from_secs(120), Duration::ZERO).unwrap();
     let endpoints = client_addrs[..3].join(",");
-    let added = fencelock(&["--endpoints", &endpoints, "member", "add", "4", &peer_addrs[3], &client_addrs[3]]);
+    let added =
+        fencelock(&["--endpoints", &endpoints, "member", "add", "4", &peer_addrs[3], &client_addrs[3]]);
     assert!(added.status.success(), "{added:?}");
     let printed = String::from_utf8_lossy(&added.stdout).into_owned();
-    let command = printed.lines().find(|line| line.trim_start().starts_with("fencelockd ")).unwrap_or_else(|| {
-        panic!("member add printed no start command:\n{printed}");
-    });
+    let command =
+        printed.lines().find(|line| line.trim_start().starts_with("fencelockd ")).unwrap_or_else(|| {
+            panic!("member add printed no start command:\n{printed}");
+        });
     let join_at = command.find("--join ").unwrap_or_else(|| panic!("no --join in {command}"));
     let join = command[join_at + "--join ".len()..].trim().to_owned();
     for member in &client_addrs[..3] {
@@ -319,7 +321,8 @@ fn a_node_added_and_started_without_join_never_founds_a_second_cluster() {
     let asking = Arc::new(AtomicBool::new(true));
     let rogue_grants = Arc::new(Mutex::new(Vec::new()));
     let asker = {
-        let (asking, grants, addr) = (Arc::clone(&asking), Arc::clone(&rogue_grants), client_addrs[3].clone());
+        let (asking, grants, addr) =
+            (Arc::clone(&asking), Arc::clone(&rogue_grants), client_addrs[3].clone());
         std::thread::spawn(move || {
             let mut config = ClientConfig::new(vec![addr]);
             config.request_timeout = Duration::from_millis(300);
@@ -341,7 +344,11 @@ fn a_node_added_and_started_without_join_never_founds_a_second_cluster() {
         let mut node = start(dir.path(), 4, &own, &client_addrs[3], extra);
         let status = node.exited(DEADLINE);
         let log = std::fs::read_to_string(dir.path().join("node-4.log")).unwrap();
-        assert_eq!(status.and_then(|status| status.code()), Some(4), "{extra:?}: node 4 did not stop:\n{log}");
+        assert_eq!(
+            status.and_then(|status| status.code()),
+            Some(4),
+            "{extra:?}: node 4 did not stop:\n{log}"
+        );
         assert!(!log.contains("founding the cluster"), "{extra:?}:\n{log}");
         assert!(log.contains("--join"), "{extra:?}: the error does not say what to run:\n{log}");
         // The endpoint of the member that contacted it (the leader).
