@@ -106,28 +106,61 @@ pub struct PeerBook(Arc<RwLock<BookInner>>);
 struct BookInner {
     version: u64,
     peers: BTreeMap<u64, String>,
+    /// Nodes of this cluster that the configuration behind `peers` does
+    /// not name (added since), learned from their hellos: at most
+    /// [`LEARNED_MAX`], until a configuration names them.
+    learned: BTreeMap<u64, String>,
 }
+
+/// The most peers a book learns from hellos ([`PeerBook::learn`]).
+const LEARNED_MAX: usize = 16;
 
 impl PeerBook {
     pub fn new(peers: BTreeMap<u64, String>) -> PeerBook {
-        PeerBook(Arc::new(RwLock::new(BookInner { version: 1, peers })))
+        PeerBook(Arc::new(RwLock::new(BookInner { version: 1, peers, learned: BTreeMap::new() })))
     }
 
-    /// Replaces the addresses (a no-op when they are the same).
+    /// Replaces the addresses (a no-op when they are the same). Learned
+    /// peers that the new addresses name are forgotten as learned.
     pub fn set(&self, peers: BTreeMap<u64, String>) {
         let mut inner = self.0.write().unwrap_or_else(PoisonError::into_inner);
         if inner.peers != peers {
+            inner.learned.retain(|id, _| !peers.contains_key(id));
             inner.peers = peers;
             inner.version += 1;
         }
     }
 
+    /// Adds a node of this cluster that the configuration this node
+    /// applied does not name yet, at the peer address its hello gave, so
+    /// that this node can answer it (it leads a configuration this node
+    /// missed). Bounded: past [`LEARNED_MAX`], nothing more is learned.
+    pub fn learn(&self, id: u64, addr: &str) {
+        let mut inner = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        if addr.is_empty()
+            || inner.peers.contains_key(&id)
+            || inner.learned.get(&id).is_some_and(|at| at == addr)
+        {
+            return;
+        }
+        if inner.learned.len() >= LEARNED_MAX && !inner.learned.contains_key(&id) {
+            return;
+        }
+        inner.learned.insert(id, addr.to_owned());
+        inner.version += 1;
+    }
+
+    /// The peers to connect to: the configuration's and the learned.
     pub fn get(&self) -> BTreeMap<u64, String> {
-        self.0.read().unwrap_or_else(PoisonError::into_inner).peers.clone()
+        let inner = self.0.read().unwrap_or_else(PoisonError::into_inner);
+        let mut all = inner.learned.clone();
+        all.extend(inner.peers.iter().map(|(id, addr)| (*id, addr.clone())));
+        all
     }
 
     pub fn contains(&self, id: u64) -> bool {
-        self.0.read().unwrap_or_else(PoisonError::into_inner).peers.contains_key(&id)
+        let inner = self.0.read().unwrap_or_else(PoisonError::into_inner);
+        inner.peers.contains_key(&id) || inner.learned.contains_key(&id)
     }
 
     fn len(&self) -> usize {
@@ -394,11 +427,17 @@ struct GreetingsInner {
     known: BTreeSet<u64>,
     /// This node's cluster id, empty until it knows one.
     cluster_id: Vec<u8>,
+    /// Where this node's peers reach it, and the voters and applied index
+    /// of its configuration, as its hellos say.
+    peer_addr: String,
+    voters: Vec<u64>,
+    applied: u64,
     heard: BTreeMap<u64, Heard>,
     /// Nodes outside this node's peers whose hellos named a cluster while
-    /// this node knew none (a running cluster that added it), with the
-    /// client address each said it serves on; at most [`STRANGERS_MAX`].
-    strangers: BTreeMap<u64, String>,
+    /// this node knew none (a running cluster that added it), with what
+    /// they said and the client address each said it serves on; at most
+    /// [`STRANGERS_MAX`].
+    strangers: BTreeMap<u64, (Heard, String)>,
     /// Bumped by every hello recorded, so that the loop feeds the node
     /// only what is new.
     hellos: u64,
@@ -409,7 +448,7 @@ struct GreetingsInner {
 const STRANGERS_MAX: usize = 8;
 
 /// What a peer's hello said.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Heard {
     /// The peer has had raft messages from this node before.
     pub knows_you: bool,
@@ -421,7 +460,29 @@ pub struct Heard {
     pub level: u32,
     /// The hello named a cluster.
     pub named: bool,
+    /// The voters of the configuration the peer applied, and its applied
+    /// index (empty and 0 from a peer that starts, or an older build).
+    pub voters: Vec<u64>,
+    pub applied: u64,
 }
+
+impl Heard {
+    fn of(hello: &PeerHello) -> Heard {
+        Heard {
+            knows_you: hello.knows_you,
+            term: hello.term,
+            last_index: hello.last_index,
+            level: hello.level,
+            named: !hello.cluster_id.is_empty(),
+            voters: hello.voters.iter().copied().take(MEMBERS_IN_HELLO_MAX).collect(),
+            applied: hello.applied,
+        }
+    }
+}
+
+/// The most voters a hello's configuration is read with (a configuration
+/// has at most 64 members; the rest of a longer list is dropped).
+const MEMBERS_IN_HELLO_MAX: usize = 64;
 
 impl Greetings {
     pub fn new() -> Greetings {
@@ -464,18 +525,36 @@ impl Greetings {
     }
 
     /// The nodes outside this node's peers whose hellos named a cluster
-    /// while this node knew none, with the client address each announced:
-    /// refused as peers, but a blank node must not found a cluster of its
-    /// own while one that added it runs.
-    pub fn strangers(&self) -> BTreeMap<u64, String> {
+    /// while this node knew none, with what each said and the client
+    /// address it announced: refused as peers, but a blank node must not
+    /// found a cluster of its own while one that added it runs.
+    pub fn strangers(&self) -> BTreeMap<u64, (Heard, String)> {
         self.0.read().unwrap_or_else(PoisonError::into_inner).strangers.clone()
     }
 
     fn record_stranger(&self, hello: &PeerHello) {
         let mut inner = self.0.write().unwrap_or_else(PoisonError::into_inner);
         if inner.strangers.len() < STRANGERS_MAX || inner.strangers.contains_key(&hello.node_id) {
-            inner.strangers.insert(hello.node_id, hello.client_addr.clone());
+            inner.strangers.insert(hello.node_id, (Heard::of(hello), hello.client_addr.clone()));
             inner.hellos += 1;
+        }
+    }
+
+    /// Sets where this node's peers reach it, as its hellos say.
+    pub fn set_peer_addr(&self, peer_addr: &str) {
+        let mut inner = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        if inner.peer_addr != peer_addr {
+            inner.peer_addr = peer_addr.to_owned();
+        }
+    }
+
+    /// Sets the configuration this node's hellos say it applied: its
+    /// voters, and its applied index.
+    pub fn set_configuration(&self, voters: &[u64], applied: u64) {
+        let mut inner = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        inner.applied = applied;
+        if inner.voters != voters {
+            inner.voters = voters.to_vec();
         }
     }
 
@@ -495,18 +574,15 @@ impl Greetings {
             last_index: inner.last_index,
             cluster_id: inner.cluster_id.clone(),
             level: fencelock_types::LEVEL,
+            peer_addr: inner.peer_addr.clone(),
+            voters: inner.voters.clone(),
+            applied: inner.applied,
             ..Default::default()
         }
     }
 
     fn record(&self, peer: u64, hello: &PeerHello) {
-        let heard = Heard {
-            knows_you: hello.knows_you,
-            term: hello.term,
-            last_index: hello.last_index,
-            level: hello.level,
-            named: !hello.cluster_id.is_empty(),
-        };
+        let heard = Heard::of(hello);
         let mut inner = self.0.write().unwrap_or_else(PoisonError::into_inner);
         inner.heard.insert(peer, heard);
         inner.hellos += 1;
@@ -1268,19 +1344,32 @@ impl<M: Message> Peers<M> {
                                     )));
                                 }
                             }
-                            if hello.node_id == self.config.node_id
-                                || !self.config.peers.contains(hello.node_id)
-                            {
-                                // A running cluster that added this node
-                                // (member add) while its store is blank:
-                                // noted, so that it does not found its own.
-                                if hello.node_id != self.config.node_id
-                                    && !hello.cluster_id.is_empty()
-                                    && !self.config.greetings.is_named()
-                                {
-                                    self.config.greetings.record_stranger(&hello);
+                            if hello.node_id == self.config.node_id {
+                                return Err(Some(format!("hello from node {}, this node", hello.node_id)));
+                            }
+                            if !self.config.peers.contains(hello.node_id) {
+                                // Of this cluster, though the configuration
+                                // this node applied does not name it (it
+                                // was added since, and may lead): taken,
+                                // and answered at the address it gives.
+                                let ours = self.config.greetings.cluster_id();
+                                let same_cluster = !hello.cluster_id.is_empty()
+                                    && (hello.cluster_id == ours
+                                        || (ours.is_empty() && hello.voters.contains(&self.config.node_id)));
+                                if !same_cluster {
+                                    // A running cluster that added this
+                                    // node (member add) while its store is
+                                    // blank: noted, so that it does not
+                                    // found its own.
+                                    if !hello.cluster_id.is_empty() && ours.is_empty() {
+                                        self.config.greetings.record_stranger(&hello);
+                                    }
+                                    return Err(Some(format!(
+                                        "hello from node {}, not a peer",
+                                        hello.node_id
+                                    )));
                                 }
-                                return Err(Some(format!("hello from node {}, not a peer", hello.node_id)));
+                                self.config.peers.learn(hello.node_id, &hello.peer_addr);
                             }
                             // Both sides named: the same cluster. A side that
                             // knows no name yet (a new node, or one that lost

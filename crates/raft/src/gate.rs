@@ -63,7 +63,8 @@ pub enum Refusal {
     /// Addressed to another node.
     NotForThisNode,
     /// From this node itself, or from a node that is not a member of its
-    /// configuration.
+    /// configuration (save what a leader sends, at a term no lower than
+    /// this node's: it may lead a configuration this node has not applied).
     NotAPeer,
     /// A type peers never send: local ones (`MsgHup`, `MsgBeat`...), and
     /// proposals, read requests and leadership transfers, which fencelock
@@ -199,10 +200,13 @@ pub fn check_with(message: &Message, local: &Local<'_>, table: Option<&LockTable
     if message.to != local.id.0 {
         return Err(Refusal::NotForThisNode);
     }
-    if message.from == local.id.0 || !local.voters.contains(&NodeId(message.from)) {
+    let kind = message.get_msg_type();
+    if message.from == local.id.0 || message.from == 0 {
         return Err(Refusal::NotAPeer);
     }
-    let kind = message.get_msg_type();
+    if !local.voters.contains(&NodeId(message.from)) && !from_a_newer_leader(message, local) {
+        return Err(Refusal::NotAPeer);
+    }
     if !matches!(
         kind,
         MessageType::MsgAppend
@@ -285,6 +289,26 @@ pub fn check_with(message: &Message, local: &Local<'_>, table: Option<&LockTable
         _ => {}
     }
     Ok(())
+}
+
+/// Whether a message from a node outside this node's configuration may
+/// pass: what a leader sends its followers (appends, heartbeats,
+/// snapshots), at a term no lower than this node's. A member that missed a
+/// configuration change (it was down or cut off while a node was added,
+/// and that node now leads) would otherwise refuse its leader for ever and
+/// never learn the configuration that names it. The transport delivers a
+/// non-member's messages only when its hello named this node's cluster
+/// (and under TLS, only what its certificate names). Raft's safety does
+/// not rest on the follower knowing its leader: a leader of a term has
+/// the votes of a majority of its configuration, and the follower's log
+/// checks (term, index) as from any leader. Votes and answers from
+/// non-members stay refused: they count only in a configuration that
+/// names them.
+fn from_a_newer_leader(message: &Message, local: &Local<'_>) -> bool {
+    matches!(
+        message.get_msg_type(),
+        MessageType::MsgAppend | MessageType::MsgHeartbeat | MessageType::MsgSnapshot
+    ) && message.term >= local.term
 }
 
 fn check_snapshot(message: &Message, local: &Local<'_>, table: Option<&LockTable>) -> Result<(), Refusal> {

@@ -224,12 +224,11 @@ pub struct Node<T> {
     config: NodeConfig,
     phase: Phase,
     registry: Registry<T>,
-    /// Each peer's last hello.
+    /// Each peer's last hello: from the voters of its configuration, and,
+    /// while the store is blank, from any node whose hello named a
+    /// cluster (a member added since `--peers` was written, or a running
+    /// cluster that added this node).
     heard: BTreeMap<u64, PeerReport>,
-    /// Nodes outside this node's configuration whose hellos named a
-    /// cluster while this node's store was blank: a running cluster that
-    /// added it. It never founds a cluster of its own then.
-    strangers: BTreeSet<u64>,
     /// When a blank node that would found alone may found (its first turn
     /// plus `founding_grace_ms`), set at that turn.
     found_at_ms: Option<u64>,
@@ -269,7 +268,6 @@ impl<T> Node<T> {
             phase: Phase::Starting { next_report_ms: STARTING_REPORT_EVERY_MS },
             registry: Registry::default(),
             heard: BTreeMap::new(),
-            strangers: BTreeSet::new(),
             found_at_ms: None,
             levels: BTreeMap::new(),
             pending: Vec::new(),
@@ -343,10 +341,9 @@ impl<T> Node<T> {
                 if let Phase::Running(replica) = &mut self.phase {
                     replica.peer_level(from, report.level);
                 }
-                if self.config.driver.voters.contains(&from) {
+                let starting = matches!(self.phase, Phase::Starting { .. });
+                if self.config.driver.voters.contains(&from) || (report.named && starting) {
                     self.heard.insert(from.0, report);
-                } else if report.named && matches!(self.phase, Phase::Starting { .. }) {
-                    self.strangers.insert(from.0);
                 }
             }
             Event::PeerMessage(message) => {
@@ -436,8 +433,8 @@ impl<T> Node<T> {
             out(action);
         }
         if let Phase::Starting { .. } = self.phase {
-            if let Some(by) = self.strangers.first() {
-                return Err(FatalError::MemberElsewhere { by: *by });
+            if let Some(by) = self.member_elsewhere() {
+                return Err(FatalError::MemberElsewhere { by });
             }
             match self.decide_start(now_ms) {
                 Start::Wait => return Ok(()),
@@ -446,7 +443,9 @@ impl<T> Node<T> {
                         Start::Rejoin(floor) => Some(floor),
                         _ => None,
                     };
-                    // Only a blank store waits for hellos.
+                    // Only a blank store waits for hellos. It starts in the
+                    // configuration it decided from.
+                    self.config.driver.voters = self.start_voters().into_iter().map(NodeId).collect();
                     self.start(Recovered::default(), floor)?;
                     out(Action::Started(start));
                 }
@@ -481,11 +480,40 @@ impl<T> Node<T> {
         Ok(())
     }
 
+    /// The voters a blank node decides its start among: the newest
+    /// configuration a hello named, when it names this node a voter (its
+    /// `--peers` may list members removed since, and miss ones added);
+    /// else its own configuration.
+    fn start_voters(&self) -> BTreeSet<u64> {
+        let id = self.config.driver.id.0;
+        match rejoin::newest_configuration(&self.heard) {
+            Some((_, voters)) if voters.contains(&id) => voters.iter().copied().collect(),
+            _ => self.config.driver.voters.iter().map(|voter| voter.0).collect(),
+        }
+    }
+
+    /// While the store is blank: the node whose hello shows a running
+    /// cluster that does not count this node among its voters (it added
+    /// it as a learner, or removed it), or, from a build that does not say
+    /// its configuration, a node outside this node's `--peers` naming a
+    /// cluster. Founding or bootstrapping would then part from that
+    /// cluster: the node must `--join` it.
+    fn member_elsewhere(&self) -> Option<u64> {
+        let id = self.config.driver.id;
+        match rejoin::newest_configuration(&self.heard) {
+            Some((by, voters)) => (!voters.contains(&id.0)).then_some(by),
+            None => self
+                .heard
+                .iter()
+                .find(|(from, report)| report.named && !self.config.driver.voters.contains(&NodeId(**from)))
+                .map(|(from, _)| *from),
+        }
+    }
+
     /// The start of a node whose store was blank, from its peers' hellos.
     fn decide_start(&mut self, now_ms: u64) -> Start {
         let id = self.config.driver.id;
-        let peers: BTreeSet<u64> =
-            self.config.driver.voters.iter().map(|voter| voter.0).filter(|voter| *voter != id.0).collect();
+        let peers: BTreeSet<u64> = self.start_voters().into_iter().filter(|voter| *voter != id.0).collect();
         let mut start = rejoin::decide(&peers, &self.heard, self.config.driver.initial_cluster_state);
         if start == Start::Fresh && peers.is_empty() {
             // Alone: founding, once nobody has contacted it for the grace.
@@ -552,7 +580,16 @@ impl<T> Node<T> {
                 let (term, last_index) = replica.log_position();
                 let knows_you = replica.known_peers().contains(&peer.0);
                 let named = replica.cluster_id().is_some();
-                PeerReport { knows_you, term, last_index, level: fencelock_types::LEVEL, named }
+                let status = replica.status();
+                PeerReport {
+                    knows_you,
+                    term,
+                    last_index,
+                    level: fencelock_types::LEVEL,
+                    named,
+                    voters: status.voters,
+                    applied: status.applied_index,
+                }
             }
         }
     }
@@ -621,8 +658,7 @@ impl<T> Node<T> {
     pub fn report(&self, now_ms: u64) -> NodeStatus {
         let id = self.config.driver.id;
         let Phase::Running(replica) = &self.phase else {
-            let mut voters: Vec<u64> = self.config.driver.voters.iter().map(|voter| voter.0).collect();
-            voters.sort_unstable();
+            let voters: Vec<u64> = self.start_voters().into_iter().collect();
             let waiting_for =
                 voters.iter().filter(|peer| **peer != id.0 && !self.heard.contains_key(peer)).copied();
             return NodeStatus {

@@ -399,6 +399,7 @@ fn a_blank_node_known_to_a_majority_rejoins_without_a_vote() {
         last_index: 17,
         level: fencelock_types::LEVEL,
         named: true,
+        ..Default::default()
     };
     node.handle(0, Event::PeerHello { from: NodeId(2), report: knows });
     turns_synced(&mut node, 0, &mut store);
@@ -606,6 +607,7 @@ fn a_snapshot_from_the_leader_is_decoded_by_the_shell_and_installed_from_that_ta
             last_index: 0,
             level: fencelock_types::LEVEL,
             named: false,
+            ..Default::default()
         };
         node.handle(0, Event::PeerHello { from: NodeId(peer), report });
     }
@@ -746,6 +748,7 @@ fn a_blank_node_that_a_running_cluster_contacts_never_founds_and_stops_saying_so
             last_index: 40,
             level: fencelock_types::LEVEL,
             named: true,
+            ..Default::default()
         };
         node.handle(510, Event::PeerHello { from: NodeId(1), report: named });
         let stopped = node.turn(520, &mut |_| {});

@@ -60,7 +60,7 @@ pub struct Floor {
 }
 
 /// What a peer said of itself and of this node.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PeerReport {
     /// The peer has had raft messages from this node before.
     pub knows_you: bool,
@@ -72,6 +72,24 @@ pub struct PeerReport {
     /// The peer's hello names a cluster: it is a member of a running (or
     /// once running) cluster, whose id it has applied.
     pub named: bool,
+    /// The voters of the configuration the peer applied (empty while it
+    /// starts, and from builds before this field), and the index it had
+    /// applied: of two reports, the one applied further names the newer
+    /// configuration. A blank node decides from the newest it hears, not
+    /// from its `--peers`, which go stale as members change.
+    pub voters: Vec<u64>,
+    pub applied: u64,
+}
+
+/// The newest configuration that named reports give, with the peer that
+/// gave it: the voters of the report applied furthest (configurations
+/// change only by applying entries, in log order).
+pub fn newest_configuration(reports: &BTreeMap<u64, PeerReport>) -> Option<(u64, &[u64])> {
+    reports
+        .iter()
+        .filter(|(_, report)| report.named && !report.voters.is_empty())
+        .max_by_key(|(id, report)| (report.applied, std::cmp::Reverse(**id)))
+        .map(|(id, report)| (*id, report.voters.as_slice()))
 }
 
 /// What the operator says of the cluster a node with an empty store starts
@@ -253,7 +271,14 @@ mod tests {
     use super::*;
 
     fn report(knows_you: bool, term: u64, last_index: u64) -> PeerReport {
-        PeerReport { knows_you, term, last_index, level: fencelock_types::LEVEL, named: term > 0 }
+        PeerReport {
+            knows_you,
+            term,
+            last_index,
+            level: fencelock_types::LEVEL,
+            named: term > 0,
+            ..Default::default()
+        }
     }
 
     fn peers(ids: &[u64]) -> BTreeSet<u64> {
@@ -310,9 +335,9 @@ mod tests {
     fn a_new_cluster_starts_with_a_majority_of_blank_nodes_and_an_existing_one_waits_for_all() {
         let five = peers(&[2, 3, 4, 5]);
         let blank = report(false, 0, 0);
-        let mut reports: BTreeMap<u64, PeerReport> = [(2, blank)].into_iter().collect();
+        let mut reports: BTreeMap<u64, PeerReport> = [(2, blank.clone())].into_iter().collect();
         assert_eq!(decide(&five, &reports, ClusterState::New), Start::Wait, "2 of 5");
-        reports.insert(3, blank);
+        reports.insert(3, blank.clone());
         assert_eq!(decide(&five, &reports, ClusterState::New), Start::Fresh, "3 of 5, all blank");
         assert_eq!(decide(&five, &reports, ClusterState::Existing), Start::Wait);
         // A peer with any history: the cluster runs (or ran), and this node
@@ -320,7 +345,7 @@ mod tests {
         // from everyone.
         for history in [report(false, 1, 0), report(false, 0, 3)] {
             let mut reports = reports.clone();
-            reports.insert(4, history);
+            reports.insert(4, history.clone());
             assert_eq!(decide(&five, &reports, ClusterState::New), Start::Wait, "{history:?}");
         }
         // Two of three nodes of a new cluster.

@@ -944,15 +944,32 @@ fn messages_from_strangers_or_for_others_are_dropped() {
     let mut net = Net::new(3);
     net.elect(1);
     let term = net.node(2).status().term;
-    for (from, to) in [(9, 2), (2, 2), (1, 3)] {
+    // A stranger may send what a leader sends (it may lead a configuration
+    // node 2 missed), never a vote or an answer; no one may send as node 2
+    // or to another node.
+    for (from, to, kind) in [
+        (9, 2, MessageType::MsgRequestVote),
+        (9, 2, MessageType::MsgRequestPreVote),
+        (9, 2, MessageType::MsgHeartbeatResponse),
+        (2, 2, MessageType::MsgHeartbeat),
+        (1, 3, MessageType::MsgHeartbeat),
+    ] {
         let mut message = Message::default();
-        message.set_msg_type(MessageType::MsgHeartbeat);
+        message.set_msg_type(kind);
         message.from = from;
         message.to = to;
         message.term = term + 10;
         message.commit = 1_000;
         net.node(2).step(message);
     }
+    // Nor a stranger's heartbeat from an earlier term.
+    let mut stale = Message::default();
+    stale.set_msg_type(MessageType::MsgHeartbeat);
+    stale.from = 9;
+    stale.to = 2;
+    stale.term = term - 1;
+    net.node(2).step(stale);
+    assert_eq!(net.node(2).stats().refused.get(crate::gate::Refusal::NotAPeer), 5);
     net.settle();
     assert_eq!(net.node(2).status().term, term, "a stranger moved the term");
     assert_eq!(net.node(2).status().leader, Some(NodeId(1)));
@@ -1049,6 +1066,7 @@ fn report_of<D: TestStore>(net: &mut Net<D>, id: u64, about: u64) -> crate::rejo
         last_index,
         level: fencelock_types::LEVEL,
         named: node.cluster_id().is_some(),
+        ..Default::default()
     }
 }
 

@@ -216,20 +216,22 @@ impl NodeCore {
         let hellos = self.greetings.hellos();
         if self.driver.node().is_starting() || hellos != self.hellos_fed {
             self.hellos_fed = hellos;
+            let report = |heard: fencelock_net::Heard| PeerReport {
+                knows_you: heard.knows_you,
+                term: heard.term,
+                last_index: heard.last_index,
+                level: heard.level,
+                named: heard.named,
+                voters: heard.voters,
+                applied: heard.applied,
+            };
             for (id, heard) in self.greetings.heard() {
-                let report = PeerReport {
-                    knows_you: heard.knows_you,
-                    term: heard.term,
-                    last_index: heard.last_index,
-                    level: heard.level,
-                    named: heard.named,
-                };
-                self.driver.hello(NodeId(id), report);
+                self.driver.hello(NodeId(id), report(heard));
             }
             // Members of a running cluster this node's configuration does
             // not name: a blank node then never founds one of its own.
-            for id in self.greetings.strangers().into_keys() {
-                self.driver.hello(NodeId(id), PeerReport { named: true, ..PeerReport::default() });
+            for (id, (heard, _)) in self.greetings.strangers() {
+                self.driver.hello(NodeId(id), report(heard));
             }
         }
         // Before the turn's messages open connections: their hellos name
@@ -254,6 +256,9 @@ impl NodeCore {
         self.follow_members();
         let (term, last_index, known) = self.driver.node().hello_state();
         self.greetings.set_own(term, last_index, &known);
+        if let Some(status) = self.driver.node().status() {
+            self.greetings.set_configuration(&status.voters, status.applied_index);
+        }
         self.name_cluster();
         if self.requests.is_empty() {
             Ok(self.driver.next_wake())
@@ -448,6 +453,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     let node = Node::open(node_config, recovered, logger)
         .with_context(|| format!("cannot open the replica in {}", raft_dir.display()))?;
     let greetings = Greetings::new();
+    greetings.set_peer_addr(&config.advertise_peer_addr);
     let hello_book = greetings.clone();
     // Known from the store already, unless the node is new: named before
     // any hello is sent.
@@ -622,7 +628,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         // What to run instead, with the endpoints the cluster announced.
         let strangers = hello_book.strangers();
         let endpoints: Vec<&str> =
-            strangers.values().map(String::as_str).filter(|addr| !addr.is_empty()).collect();
+            strangers.values().map(|(_, addr)| addr.as_str()).filter(|addr| !addr.is_empty()).collect();
         let join = match endpoints.is_empty() {
             true => "--join and the cluster's client endpoints".to_owned(),
             false => format!("--join {}", endpoints.join(",")),

@@ -369,3 +369,123 @@ fn a_node_added_and_started_without_join_never_founds_a_second_cluster() {
     assert!(status.last_token >= held.token(), "{status:?}");
     assert!(admin.check("split/held", held.token()).unwrap(), "the real holder lost the lock");
 }
+
+/// Issue "one cluster, one truth", item 2: a founder's --peers still list
+/// the start-up members after two of them were removed. Its disk dies and
+/// it starts again with the same command: it used to wait for ever for
+/// hellos from the removed members. It decides from the configuration its
+/// peers' hellos name, and rejoins within 30 s.
+#[test]
+fn a_voter_whose_disk_died_after_two_members_were_removed_rejoins_with_its_stale_peers() {
+    let dir = tempfile::tempdir().unwrap();
+    let peer_addrs: Vec<String> = (0..5).map(|_| addr()).collect();
+    let client_addrs: Vec<String> = (0..5).map(|_| addr()).collect();
+    let peers = (0..5).map(|at| format!("{}={}", at + 1, peer_addrs[at])).collect::<Vec<_>>().join(",");
+    let mut daemons: Vec<Option<Daemon>> =
+        (0..5).map(|at| Some(start(dir.path(), at as u64 + 1, &peers, &client_addrs[at], &[]))).collect();
+    let admin = client(client_addrs.clone());
+    wait_for_voters(&admin, &[1, 2, 3, 4, 5], dir.path());
+    let before = admin.acquire("stale/before", Duration::from_secs(120), Duration::ZERO).unwrap();
+    for id in [4u64, 5] {
+        let removed =
+            fencelock(&["--endpoints", &client_addrs.join(","), "member", "remove", &id.to_string()]);
+        assert!(removed.status.success(), "{removed:?}\n{}", logs(dir.path()));
+        let status = daemons[(id - 1) as usize].as_mut().unwrap().exited(DEADLINE);
+        assert_eq!(status.and_then(|status| status.code()), Some(3), "node {id}: {}", logs(dir.path()));
+    }
+    wait_for_voters(&admin, &[1, 2, 3], dir.path());
+    // Node 3's disk dies (a follower or the leader: the others elect).
+    drop(daemons[2].take());
+    std::fs::remove_dir_all(dir.path().join("data-3")).unwrap();
+    let during = admin.acquire("stale/during", Duration::from_secs(120), Duration::ZERO).unwrap();
+    let restarted = Instant::now();
+    daemons[2] = Some(start(dir.path(), 3, &peers, &client_addrs[2], &[]));
+    let deadline = restarted + Duration::from_secs(30);
+    loop {
+        let status = admin.status(&client_addrs[2]);
+        if status
+            .as_ref()
+            .is_ok_and(|status| !status.starting && !status.rejoining && status.last_token >= during.token())
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 3 did not rejoin within 30 s: {status:?}\n{}",
+            logs(dir.path())
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = std::fs::read_to_string(dir.path().join("node-3.log")).unwrap();
+    assert!(log.contains("its data was lost"), "{log}");
+    println!("node 3 rejoined {} ms after its restart", restarted.elapsed().as_millis());
+    assert!(admin.check("stale/before", before.token()).unwrap());
+    assert!(admin.check("stale/during", during.token()).unwrap());
+    let after = admin.acquire("stale/after", Duration::from_secs(120), Duration::ZERO).unwrap();
+    assert!(after.token() > during.token());
+    wait_for_voters(&admin, &[1, 2, 3], dir.path());
+}
+
+/// Issue "one cluster, one truth", item 3: a member that missed the
+/// configuration changes (down while nodes 4 and 5 joined and nodes 1 and
+/// 2 were removed) comes back to a cluster whose leader its configuration
+/// does not name. It used to refuse that leader for ever (`not a peer`),
+/// and the cluster tolerated one failure fewer. It follows the leader now,
+/// catches up, and counts: with a second member killed, the cluster still
+/// grants through it.
+#[test]
+fn a_member_that_missed_the_changes_follows_a_leader_its_configuration_does_not_name() {
+    let Founded { dir, peer_addrs, client_addrs, mut daemons, admin } = found(5);
+    let before = admin.acquire("lag/before", Duration::from_secs(300), Duration::ZERO).unwrap();
+    // Node 3 goes down, its data kept.
+    let founders = (0..3).map(|at| format!("{}={}", at + 1, peer_addrs[at])).collect::<Vec<_>>().join(",");
+    drop(daemons.remove(2));
+    let seeds = client_addrs[..2].join(",");
+    for id in [4u64, 5] {
+        let at = (id - 1) as usize;
+        let own = format!("{id}={}", peer_addrs[at]);
+        daemons.push(start(dir.path(), id, &own, &client_addrs[at], &["--join", &seeds]));
+    }
+    wait_for_voters(&admin, &[1, 2, 3, 4, 5], dir.path());
+    for id in [1u64, 2] {
+        let removed =
+            fencelock(&["--endpoints", &client_addrs.join(","), "member", "remove", &id.to_string()]);
+        assert!(removed.status.success(), "{removed:?}\n{}", logs(dir.path()));
+    }
+    let survivors: Vec<String> = client_addrs[2..].to_vec();
+    let admin = client(survivors.clone());
+    wait_for_voters(&admin, &[3, 4, 5], dir.path());
+    let during = admin.acquire("lag/during", Duration::from_secs(300), Duration::ZERO).unwrap();
+    // Node 3 comes back with its old configuration (1, 2, 3) and --peers.
+    daemons.push(start(dir.path(), 3, &founders, &client_addrs[2], &[]));
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let status = admin.status(&client_addrs[2]);
+        if status.as_ref().is_ok_and(|status| {
+            let voters: Vec<u64> = status
+                .members
+                .iter()
+                .filter(|member| member.role == "voter")
+                .map(|member| member.id)
+                .collect();
+            status.leader_id >= 4 && status.last_token >= during.token() && voters == [3, 4, 5]
+        }) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 3 never followed the new leader: {status:?}\n{}",
+            logs(dir.path())
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // It counts: with node 4 or 5 gone, the other and node 3 are a quorum.
+    // daemons: 1, 2 (stopped, removed), 4, 5, 3.
+    let leader = admin.status(&client_addrs[2]).unwrap().leader_id;
+    let other = if leader == 4 { 5 } else { 4 };
+    drop(daemons.remove(if other == 4 { 2 } else { 3 }));
+    let after = admin.acquire("lag/after", Duration::from_secs(300), Duration::ZERO).unwrap();
+    assert!(after.token() > during.token());
+    assert!(admin.check("lag/before", before.token()).unwrap());
+    assert!(admin.check("lag/during", during.token()).unwrap());
+}

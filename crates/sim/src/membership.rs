@@ -283,6 +283,7 @@ impl World {
         added.config.joining = true;
         added.config.initial_cluster_state = ClusterState::Existing;
         added.awaiting_add = true;
+        added.join_when_blank = true;
         self.nodes.push(added);
         node
     }
@@ -529,6 +530,21 @@ impl World {
         }
     }
 
+    /// Node `node`, blank, heard from `by` of a configuration that does
+    /// not hold it as a voter: the process exits (code 4), saying to start
+    /// it with `--join`, which the operator does a while later.
+    pub(crate) fn member_elsewhere(&mut self, node: usize, by: u64) -> Result<(), String> {
+        self.note(&format!(
+            "{} is blank and node {by}'s configuration does not hold it: it stops, to --join",
+            node + 1
+        ));
+        self.stop(node);
+        self.nodes[node].join_when_blank = true;
+        let delay = self.operator_pause(RETRY_MS);
+        self.schedule(delay, Event::Restart(node));
+        Ok(())
+    }
+
     /// Node `node` applied its removal at `index` (or its disk says so):
     /// its process ends, for good.
     pub(crate) fn node_removed(&mut self, node: usize, index: u64) -> Result<(), String> {
@@ -540,14 +556,22 @@ impl World {
     }
 
     /// Before `node` restarts on a blank disk (its disk was lost, or it
-    /// never held anything), once the membership has changed: as
-    /// `fencelockd --join` does, it asks the cluster's leader for the
-    /// members, and rejoins with them as a voter (without a vote until it
-    /// has caught up), or joins again as a learner; a node that is no
-    /// member any more stays down. Without a ready leader to ask, it asks
-    /// again later.
+    /// never held anything), once the membership has changed. A founder
+    /// restarts with its first command (its `--peers` stale, with
+    /// `existing`): it decides from the configuration its peers' hellos
+    /// name, and stops if that configuration holds it no more
+    /// ([`World::member_elsewhere`]). A node that was added (or told to
+    /// join) starts as `fencelockd --join` does: it asks the cluster's
+    /// leader for the members, and rejoins with them as a voter (without a
+    /// vote until it has caught up), or joins again as a learner; a node
+    /// that is no member any more stays down. Without a ready leader to
+    /// ask, it asks again later.
     pub(crate) fn rejoin_as_member(&mut self, node: usize) -> Rejoin {
         if !self.operator.as_ref().is_some_and(|operator| operator.asked) {
+            return Rejoin::Start;
+        }
+        if !self.nodes[node].join_when_blank {
+            self.nodes[node].config.initial_cluster_state = ClusterState::Existing;
             return Rejoin::Start;
         }
         let Some(members) = self.leader_members() else {

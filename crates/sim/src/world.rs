@@ -140,6 +140,11 @@ pub(crate) struct SimNode {
     /// A new node the operator means to add: it starts once the cluster
     /// has taken it as a learner.
     pub awaiting_add: bool,
+    /// On a blank disk it starts as `fencelockd --join` does, asking the
+    /// leader for the members: a node the operator added, or one that
+    /// stopped because the cluster's configuration did not hold it as a
+    /// voter (`World::member_elsewhere`).
+    pub join_when_blank: bool,
 }
 
 /// What an event is, without its payload (a raft message may carry the
@@ -203,6 +208,7 @@ impl SimNode {
             applied_seen: None,
             retired: false,
             awaiting_add: false,
+            join_when_blank: false,
         }
     }
 
@@ -618,6 +624,7 @@ impl World {
             Ok(()) => {}
             // Its removal is durable: the process ends (fencelockd exits).
             Err(FatalError::Removed { index }) => return self.node_removed(node, index),
+            Err(FatalError::MemberElsewhere { by }) => return self.member_elsewhere(node, by),
             Err(err) => {
                 return Err(format!(
                     "node {} failed in its turn (nothing but its disk or its removal may stop it): {err}",
