@@ -405,6 +405,12 @@ impl ClientAddrs {
             addrs.insert(id, addr);
         }
     }
+
+    fn remove(&self, id: u64) {
+        if let Ok(mut addrs) = self.0.write() {
+            addrs.remove(&id);
+        }
+    }
 }
 
 impl Default for ClientAddrs {
@@ -1220,6 +1226,14 @@ impl<M: Message> Peers<M> {
             }
             let _ = registry.deregister(incoming.wire.stream());
             incoming.wire.shutdown();
+            // What its hello announced holds while a connection from that
+            // peer is open: a closed one's address is forgotten (clients
+            // are pointed only at a leader that is connected now).
+            if let Some(peer) = incoming.peer {
+                if !self.incoming.values().any(|other| other.peer == Some(peer)) {
+                    self.client_addrs.remove(peer);
+                }
+            }
         }
     }
 

@@ -1235,3 +1235,24 @@ fn partial_requests_on_many_connections_are_bounded_in_total_and_others_are_serv
     write_frame(&mut good, &status_request(1)).unwrap();
     parked_settles_at(&parked, 1);
 }
+
+#[test]
+fn a_peer_s_announced_client_address_is_forgotten_when_its_connection_closes() {
+    let addrs: BTreeMap<u64, SocketAddr> = [(1, free_addr()), (2, free_addr())].into_iter().collect();
+    let one = node(1, &addrs, 1 << 20);
+    // A process claims node 2 and announces a client address: clients of
+    // node 1 would be pointed there while it leads.
+    let mut claimed = connect(addrs[&1]);
+    let hello = PeerHello { node_id: 2, client_addr: "127.0.0.1:46999".into(), ..Default::default() };
+    write_frame(&mut claimed, &hello).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while one.client_addrs.get(2).is_none() {
+        assert!(std::time::Instant::now() < deadline, "the hello was never taken");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(claimed);
+    while one.client_addrs.get(2).is_some() {
+        assert!(std::time::Instant::now() < deadline, "a closed connection's address outlived it");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

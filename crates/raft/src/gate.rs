@@ -63,8 +63,9 @@ pub enum Refusal {
     /// Addressed to another node.
     NotForThisNode,
     /// From this node itself, or from a node that is not a member of its
-    /// configuration (save what a leader sends, at a term no lower than
-    /// this node's: it may lead a configuration this node has not applied).
+    /// configuration (save what a leader sends and what a candidate asks,
+    /// at a term no lower than this node's: it may be a member of a
+    /// configuration this node has not applied).
     NotAPeer,
     /// A type peers never send: local ones (`MsgHup`, `MsgBeat`...), and
     /// proposals, read requests and leadership transfers, which fencelock
@@ -204,7 +205,7 @@ pub fn check_with(message: &Message, local: &Local<'_>, table: Option<&LockTable
     if message.from == local.id.0 || message.from == 0 {
         return Err(Refusal::NotAPeer);
     }
-    if !local.voters.contains(&NodeId(message.from)) && !from_a_newer_leader(message, local) {
+    if !local.voters.contains(&NodeId(message.from)) && !from_a_newer_member(message, local) {
         return Err(Refusal::NotAPeer);
     }
     if !matches!(
@@ -293,21 +294,31 @@ pub fn check_with(message: &Message, local: &Local<'_>, table: Option<&LockTable
 
 /// Whether a message from a node outside this node's configuration may
 /// pass: what a leader sends its followers (appends, heartbeats,
-/// snapshots), at a term no lower than this node's. A member that missed a
-/// configuration change (it was down or cut off while a node was added,
-/// and that node now leads) would otherwise refuse its leader for ever and
-/// never learn the configuration that names it. The transport delivers a
-/// non-member's messages only when its hello named this node's cluster
-/// (and under TLS, only what its certificate names). Raft's safety does
-/// not rest on the follower knowing its leader: a leader of a term has
-/// the votes of a majority of its configuration, and the follower's log
-/// checks (term, index) as from any leader. Votes and answers from
-/// non-members stay refused: they count only in a configuration that
-/// names them.
-fn from_a_newer_leader(message: &Message, local: &Local<'_>) -> bool {
+/// snapshots) and what a candidate asks (votes, pre-votes), at a term no
+/// lower than this node's. A member that missed a configuration change
+/// (it was down or cut off while a node was added, and that node now leads
+/// or campaigns) would otherwise refuse it for ever: it would never learn
+/// the configuration that names it, and its vote would be missing from
+/// every election, leaving the cluster one failure from a stall. The
+/// transport delivers a non-member's messages only when its hello named
+/// this node's cluster (under TLS, only what its certificate names).
+///
+/// Raft processes requests without consulting the configuration (the
+/// Raft thesis, 4.1): a leader of a term holds the votes of a majority of
+/// its own configuration, the follower's log checks (term, index) as for
+/// any leader, and a vote counts only in the candidate's configuration.
+/// A removed node cannot disrupt: pre-vote and check-quorum have a node
+/// that hears from its leader refuse it. Answers from non-members (votes,
+/// acknowledgements) stay refused: they count only in a configuration
+/// that names their sender.
+fn from_a_newer_member(message: &Message, local: &Local<'_>) -> bool {
     matches!(
         message.get_msg_type(),
-        MessageType::MsgAppend | MessageType::MsgHeartbeat | MessageType::MsgSnapshot
+        MessageType::MsgAppend
+            | MessageType::MsgHeartbeat
+            | MessageType::MsgSnapshot
+            | MessageType::MsgRequestVote
+            | MessageType::MsgRequestPreVote
     ) && message.term >= local.term
 }
 

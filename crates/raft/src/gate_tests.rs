@@ -128,9 +128,9 @@ fn a_message_for_another_node_or_from_a_stranger_is_refused() {
         stranger.from = from;
         assert_eq!(check(&stranger, &local()), Err(Refusal::NotAPeer), "from {from}");
     }
-    // From outside the configuration, what only a leader sends passes at a
-    // term no lower than this node's (a leader added after the
-    // configuration this node applied); nothing else does.
+    // From outside the configuration, what a leader sends and a candidate
+    // asks passes at a term no lower than this node's (a member added
+    // after the configuration this node applied); no answer does.
     for from in [4, u64::MAX] {
         let mut older = append();
         older.from = from;
@@ -140,8 +140,6 @@ fn a_message_for_another_node_or_from_a_stranger_is_refused() {
         assert_eq!(check(&older, &local()), Err(Refusal::NotAPeer), "an append of an older term from {from}");
         for kind in [
             MessageType::MsgAppendResponse,
-            MessageType::MsgRequestVote,
-            MessageType::MsgRequestPreVote,
             MessageType::MsgRequestVoteResponse,
             MessageType::MsgRequestPreVoteResponse,
             MessageType::MsgHeartbeatResponse,
@@ -162,6 +160,21 @@ fn a_message_for_another_node_or_from_a_stranger_is_refused() {
         let mut install = snapshot(5, vec![1, 2, 3, 4]);
         install.from = from;
         assert_eq!(check(&install, &local()), Ok(()), "a snapshot from {from}");
+        for kind in [MessageType::MsgRequestVote, MessageType::MsgRequestPreVote] {
+            let mut vote = message(kind);
+            vote.from = from;
+            vote.term = 4;
+            vote.index = 10;
+            vote.log_term = 3;
+            assert_eq!(check(&vote, &local()), Ok(()), "{kind:?} from {from}");
+            vote.term = 2;
+            vote.log_term = 2;
+            assert_eq!(
+                check(&vote, &local()),
+                Err(Refusal::NotAPeer),
+                "{kind:?} of an older term from {from}"
+            );
+        }
     }
 }
 

@@ -226,10 +226,11 @@ fn a_joining_node_takes_messages_only_from_the_members_it_was_told() {
     let mut net = Net::new(3);
     net.elect(1);
     net.join(4, &[1, 2, 3]);
-    // A vote asked by a node outside the members it was told (a heartbeat
-    // would pass: a leader of a configuration it has not applied yet).
+    // An answer from a node outside the members it was told (a heartbeat
+    // or a vote request would pass: a member of a configuration it has not
+    // applied yet).
     let mut forged = Message::default();
-    forged.set_msg_type(MessageType::MsgRequestVote);
+    forged.set_msg_type(MessageType::MsgHeartbeatResponse);
     forged.from = 9;
     forged.to = 4;
     forged.term = 5;

@@ -944,12 +944,12 @@ fn messages_from_strangers_or_for_others_are_dropped() {
     let mut net = Net::new(3);
     net.elect(1);
     let term = net.node(2).status().term;
-    // A stranger may send what a leader sends (it may lead a configuration
-    // node 2 missed), never a vote or an answer; no one may send as node 2
-    // or to another node.
+    // A stranger may send what a leader sends or a candidate asks (it may
+    // be a member of a configuration node 2 missed), never an answer; no
+    // one may send as node 2 or to another node.
     for (from, to, kind) in [
-        (9, 2, MessageType::MsgRequestVote),
-        (9, 2, MessageType::MsgRequestPreVote),
+        (9, 2, MessageType::MsgRequestVoteResponse),
+        (9, 2, MessageType::MsgRequestPreVoteResponse),
         (9, 2, MessageType::MsgHeartbeatResponse),
         (2, 2, MessageType::MsgHeartbeat),
         (1, 3, MessageType::MsgHeartbeat),

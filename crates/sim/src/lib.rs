@@ -21,12 +21,9 @@
 //!   are upgraded (restarted) during the faults; the leader must raise the
 //!   level once every hello says LEVEL, and until then requests that need
 //!   it are refused (`RequestError::LevelNotReached`) and retried;
-//! - membership changes, with `--membership seed` for one seed in seven
-//!   ([`membership_changes`]), with `always` for every seed; off by default
-//!   (`never`) until a lagging member can hear a leader added after its
-//!   configuration (seed 939 of 5 nodes: the gate refuses that leader as
-//!   no peer, and the member never catches up):
-//!   during the faults an operator grows the cluster (a new blank node,
+//! - membership changes, for one seed in seven by default (`--membership
+//!   seed`, [`membership_changes`]), with `always` for every seed, `never`
+//!   for none: during the faults an operator grows the cluster (a new blank node,
 //!   added as a learner, promoted once caught up), shrinks it (a voter
 //!   removed, the leader too, never below three voters) or replaces a
 //!   node (both), through admin requests it retries as an operator would;
@@ -85,9 +82,9 @@ pub struct SimConfig {
     /// The command level the cluster is founded at: by default drawn from
     /// the seed ([`founding_level`]).
     pub founding_level: u32,
-    /// Whether an operator changes the membership during the faults: off
-    /// by default (see the crate doc); [`membership_changes`] draws it from
-    /// the seed.
+    /// Whether an operator changes the membership during the faults: by
+    /// default as [`membership_changes`] draws it from the seed (one seed
+    /// in seven).
     pub membership: bool,
 }
 
@@ -102,7 +99,7 @@ impl SimConfig {
             fault_ms: 20_000,
             heal_ms: 10_000,
             founding_level: founding_level(seed),
-            membership: false,
+            membership: membership_changes(seed),
         }
     }
 }

@@ -48,9 +48,9 @@ struct Options {
     #[arg(long, value_name = "L", value_parser = parse_level)]
     founding_level: Option<u32>,
     /// Whether an operator changes the membership during the faults: on
-    /// every seed, on none, or as each seed draws (one in seven); none by
-    /// default until a known node bug is fixed (the crate doc)
-    #[arg(long, value_name = "WHEN", value_enum, default_value_t = Membership::Never)]
+    /// every seed, on none, or as each seed draws (one in seven, the
+    /// default)
+    #[arg(long, value_name = "WHEN", value_enum, default_value_t = Membership::Seed)]
     membership: Membership,
     /// Threads that run seeds [default: the available parallelism]
     #[arg(long, value_name = "N")]
@@ -223,8 +223,11 @@ mod tests {
             (100, 0, None, None, None, None)
         );
         assert_eq!(plain.config(4).founding_level, fencelock_sim::founding_level(4));
-        assert_eq!(plain.membership, Membership::Never);
-        assert!((0..20).all(|seed| !plain.config(seed).membership));
+        assert_eq!(plain.membership, Membership::Seed);
+        for seed in 0..20 {
+            assert_eq!(plain.config(seed).membership, fencelock_sim::membership_changes(seed));
+        }
+        assert!((0..100).any(|seed| plain.config(seed).membership), "the default changes no member");
         let drawn = parse(&["--membership", "seed"]).unwrap();
         for seed in 0..20 {
             assert_eq!(drawn.config(seed).membership, fencelock_sim::membership_changes(seed));

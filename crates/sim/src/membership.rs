@@ -1,9 +1,9 @@
 //! Membership changes during the faults, made as an operator makes them
 //! (docs/operations.md, "Change the membership").
 //!
-//! With `--membership seed`, one seed in seven ([`membership_changes`])
-//! has an operator; with `always`, every seed; by default none (the crate
-//! doc says why). It carries
+//! With `--membership seed` (the default), one seed in seven
+//! ([`membership_changes`]) has an operator; with `always`, every seed;
+//! with `never`, none. It carries
 //! out one to three operations, one at a time, each no earlier than a time
 //! drawn in the fault phase:
 //! - grow: a new node (a new id, a blank disk) is added as a learner; once

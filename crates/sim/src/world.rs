@@ -571,6 +571,17 @@ impl World {
         if starting {
             self.schedule_hellos(node);
         }
+        // It connects to its peers too: a node that waits for hellos hears
+        // from it (a member added after that node started waiting; without
+        // membership changes every node is in every wait's schedule
+        // already, and seeds keep their runs).
+        let changed = self.operator.as_ref().is_some_and(|operator| operator.asked);
+        for other in (0..self.nodes.len()).filter(|_| changed) {
+            if other != node && self.nodes[other].node.as_ref().is_some_and(Node::is_starting) {
+                let delay = self.rng.range(10, 300);
+                self.schedule(delay, Event::Hello { to: other, from: node });
+            }
+        }
         self.turn(node)
     }
 
