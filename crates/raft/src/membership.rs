@@ -58,7 +58,24 @@ impl Replica {
     /// comes once its entry applied here, or at once when it is refused or
     /// there is nothing to change.
     pub fn change_members(&mut self, id: RequestId, change: MemberChange) {
-        let plan = match self.plan(&change) {
+        self.change_members_checked(id, change, false);
+    }
+
+    /// [`Replica::change_members`]; `confirmed`: a ReadIndex has shown that
+    /// this node led when the request's answer was decided. An answer that
+    /// does not go through the log (done already, or refused by the
+    /// configuration) waits for that: a leader deposed without knowing it
+    /// (paused, cut off) would answer from an old configuration, say
+    /// "not a member" of a node the new leader added.
+    pub(super) fn change_members_checked(&mut self, id: RequestId, change: MemberChange, confirmed: bool) {
+        let plan = self.plan(&change);
+        let without_log = matches!(plan, Ok(Plan::Done) | Err(RequestError::BadMemberChange(_)));
+        if without_log && !confirmed {
+            self.member_checks.insert(id, change);
+            self.raw.read_index(id.0.to_le_bytes().to_vec());
+            return;
+        }
+        let plan = match plan {
             Ok(plan) => plan,
             Err(err) => {
                 self.reply(id, Err(err));
@@ -333,6 +350,9 @@ impl Replica {
         let leader_hint = self.leader_hint();
         if let Some(id) = self.member_request.take() {
             self.reply(id, Err(RequestError::LeadershipLost { leader_hint }));
+        }
+        for id in std::mem::take(&mut self.member_checks).into_keys() {
+            self.reply(id, Err(RequestError::NotLeader { leader_hint }));
         }
     }
 

@@ -241,3 +241,52 @@ fn a_joining_node_takes_messages_only_from_the_members_it_was_told() {
     net.settle();
     assert_eq!(net.node(4).status().voters, vec![1, 2, 3], "the learner learnt the configuration");
 }
+
+/// Found by the simulator with membership changes on (seed 7814 of 3
+/// nodes): a leader paused long enough to be deposed, back and still
+/// thinking it leads, answered a promotion of the learner the new leader
+/// had added with "not a member; add it first", from its old
+/// configuration. Answers that do not go through the log wait for a
+/// ReadIndex that shows the node still leads.
+#[test]
+fn a_deposed_leader_answers_no_membership_request_from_its_old_configuration() {
+    // Election timeouts of 10 to 40 ticks, so that nodes 2 and 3 elect.
+    let stores = vec![MemStore::new(), MemStore::new(), MemStore::new()];
+    let mut net = Net::build(stores, |config| {
+        config.election_ticks = 10;
+        config.election_ticks_max = Some(40);
+    });
+    net.elect(1);
+    // Node 1 is cut off (and node 4 never runs: its messages go nowhere).
+    net.down.insert(1);
+    net.down.insert(4);
+    let mut rounds = 0;
+    let leader = loop {
+        if let Some(ready) = [2, 3].into_iter().find(|id| net.node(*id).is_leader_ready()) {
+            break ready;
+        }
+        rounds += 1;
+        assert!(rounds < 5_000, "nodes 2 and 3 elected no one: {:?}", net.node(2).status());
+        net.until_quiet();
+        net.node(2).tick();
+        net.node(3).tick();
+    };
+    net.node(leader).change_members(RequestId(7), learner(4));
+    for _ in 0..5 {
+        net.until_quiet();
+        net.node(2).tick();
+        net.node(3).tick();
+    }
+    assert!(matches!(net.take_reply(RequestId(7)), Some(Ok(Response::Members { .. }))));
+    assert_eq!(net.node(1).status().role, crate::Role::Leader, "node 1 should not know it was deposed");
+    // Back: asked at once, before it hears of the new term.
+    net.down.remove(&1);
+    net.node(1).change_members(RequestId(8), MemberChange::Promote(NodeId(4)));
+    net.until_quiet();
+    let reply = net.take_reply(RequestId(8));
+    assert!(
+        !matches!(reply, Some(Err(RequestError::BadMemberChange(_)))),
+        "the deposed leader answered from its old configuration: {reply:?}"
+    );
+    assert!(matches!(reply, Some(Err(RequestError::NotLeader { .. }))), "{reply:?}");
+}

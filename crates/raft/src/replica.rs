@@ -271,6 +271,11 @@ pub struct Replica {
     /// Reads taken by a leader that has not committed an entry of its term
     /// yet: raft-rs drops a ReadIndex then, so they are asked once it has.
     reads_before_ready: Vec<RequestId>,
+    /// Membership requests answered without the log (a retry of a change
+    /// that applied, or one the configuration refuses), waiting for a
+    /// ReadIndex to confirm this node still leads: a leader deposed
+    /// without knowing it would answer from an old configuration.
+    member_checks: BTreeMap<RequestId, crate::types::MemberChange>,
     /// Reads whose ReadIndex is known, waiting for apply to reach it.
     reads_at_index: Vec<(u64, RequestId)>,
 
@@ -432,6 +437,7 @@ impl Replica {
             last_expiry_scan_ms: None,
             reads: BTreeMap::new(),
             reads_before_ready: Vec::new(),
+            member_checks: BTreeMap::new(),
             reads_at_index: Vec::new(),
             snapshots_sent: Vec::new(),
             encoding: None,
@@ -525,7 +531,7 @@ impl Replica {
         if self.watches.cancel(id) {
             return true;
         }
-        if self.reads.remove(&id).is_some() {
+        if self.reads.remove(&id).is_some() || self.member_checks.remove(&id).is_some() {
             self.reads_at_index.retain(|(_, read)| *read != id);
             self.reads_before_ready.retain(|read| *read != id);
             return true;
@@ -1634,10 +1640,18 @@ impl Replica {
                 // As the table will decide it: a release of another user's
                 // lock is denied and frees nothing, and a lock held back by
                 // lock-delay is freed only by force or by its lifting Expire.
+                // A lock held under a session may be held back or freed by
+                // that session's end, in flight or earlier in this batch (a
+                // CloseSession or the leader's ExpireSession goes through no
+                // key queue): no guess then; its waiter is woken when the
+                // key frees. Seed 5871 of 5 nodes: an ExpireSession held k1
+                // back, the release of it later in the same entry freed
+                // nothing, and the waiter handed it was rejected.
                 self.table.holder(key.as_bytes()).is_some_and(|lock| {
                     token.is_none_or(|token| token == lock.token)
                         && user.is_none_or(|user| lock.owner.is_of_user(user.as_bytes()))
                         && (!lock.delayed || *expire || token.is_none())
+                        && lock.session.is_none()
                 })
             })
             .map(|(key, ..)| key.clone())
@@ -1810,7 +1824,7 @@ impl Replica {
 
         for read in ready.take_read_states() {
             let id = read_request_id(&read.request_ctx);
-            if self.reads.contains_key(&id) {
+            if self.reads.contains_key(&id) || self.member_checks.contains_key(&id) {
                 self.reads_at_index.push((read.index, id));
             }
         }
@@ -2457,6 +2471,12 @@ impl Replica {
             std::mem::take(&mut self.reads_at_index).into_iter().partition(|(index, _)| *index <= applied);
         self.reads_at_index = waiting;
         for (_, id) in due {
+            if let Some(change) = self.member_checks.remove(&id) {
+                // Still the leader at the read's index, with every change
+                // before it applied: the answer holds.
+                self.change_members_checked(id, change, true);
+                continue;
+            }
             let Some(query) = self.reads.remove(&id) else {
                 continue;
             };

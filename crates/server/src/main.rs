@@ -592,6 +592,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
 
     // Wait for a signal, or for the loop to stop on its own (a fatal error).
     let poll = tick(Duration::from_millis(100));
+    let mut systemd = SystemdNotifier::default();
     loop {
         select! {
             recv(signal_rx) -> signal => {
@@ -607,9 +608,11 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
                 if node.is_finished() {
                     break;
                 }
+                systemd.poll(&requests_tx, &waker, logger);
             }
         }
     }
+    systemd.stopping();
 
     if !node.is_finished() {
         hand_off(&requests_tx, &waker, logger);
@@ -681,6 +684,60 @@ fn reload_certificates(config: &ServerConfig, tls: Option<&TlsConfigs>, logger: 
         Err(err) => {
             error!(logger, "certificate reload failed: serving on with the certificates loaded before";
                 "error" => %err);
+        }
+    }
+}
+
+/// Tells systemd (`Type=notify`, through `$NOTIFY_SOCKET`; nothing without
+/// it) when the node serves: `READY=1` once it is ready as `GET /ready`
+/// says (started, a leader known, caught up), with `STATUS=` lines saying
+/// what it waits for until then, and `STOPPING=1` when it stops.
+#[derive(Default)]
+struct SystemdNotifier {
+    ready: bool,
+    status: String,
+}
+
+impl SystemdNotifier {
+    fn poll(&mut self, requests: &Sender<Request>, waker: &LoopWaker, logger: &Logger) {
+        if self.ready || std::env::var_os("NOTIFY_SOCKET").is_none() {
+            return;
+        }
+        let (tx, rx) = bounded(1);
+        if requests.send(Request::Metrics { reply: tx }).is_err() {
+            return;
+        }
+        waker.wake();
+        let Ok((status, _)) = rx.recv_timeout(Duration::from_secs(1)) else { return };
+        let (ready, line) = match metrics::readiness(&status) {
+            Ok(()) => (true, "serving".to_owned()),
+            Err(why) => (false, format!("not ready: {why}")),
+        };
+        let mut states = Vec::new();
+        if line != self.status {
+            states.push(sd_notify::NotifyState::Status(&line));
+        }
+        if ready {
+            states.push(sd_notify::NotifyState::Ready);
+        }
+        if states.is_empty() {
+            return;
+        }
+        match sd_notify::notify(false, &states) {
+            Ok(()) => {
+                self.ready = ready;
+                self.status = line;
+                if ready {
+                    info!(logger, "told systemd the node is ready");
+                }
+            }
+            Err(err) => warn!(logger, "cannot notify systemd"; "error" => %err),
+        }
+    }
+
+    fn stopping(&self) {
+        if std::env::var_os("NOTIFY_SOCKET").is_some() {
+            let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
         }
     }
 }

@@ -571,7 +571,9 @@ impl World {
             return Rejoin::Start;
         }
         if !self.nodes[node].join_when_blank {
-            self.nodes[node].config.initial_cluster_state = ClusterState::Existing;
+            if self.formed {
+                self.nodes[node].config.initial_cluster_state = ClusterState::Existing;
+            }
             return Rejoin::Start;
         }
         let Some(members) = self.leader_members() else {

@@ -181,6 +181,12 @@ fn seeds_that_stranded_a_member_or_a_blank_node_keep_every_invariant() {
     // from members removed since (or, in the simulator, for a leader to
     // ask before it restarted); 7069 and 3178...7349: a member added after
     // a blank node began to wait never said hello to it. None converged.
+    // 7814, 4360, 5078: a deposed leader that did not know it answered a
+    // promotion "not a member" from its old configuration. 8283: the
+    // simulated operator switched to `existing` before the cluster formed,
+    // and `existing` never founds. 5871: a leader handed a session-held
+    // key released in the same entry as its session's expiry, which held
+    // the key back: the waiter's grant was rejected.
     let mut failures = Vec::new();
     let seeds = [
         (939, 5),
@@ -199,6 +205,11 @@ fn seeds_that_stranded_a_member_or_a_blank_node_keep_every_invariant() {
         (7069, 3),
         (7341, 3),
         (7349, 3),
+        (7814, 3),
+        (4360, 5),
+        (5078, 5),
+        (8283, 3),
+        (5871, 5),
     ];
     for (seed, nodes) in seeds {
         let mut config = SimConfig::new(seed, nodes);

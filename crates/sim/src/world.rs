@@ -244,6 +244,10 @@ pub struct World {
     /// applies (`SIM_TRACE=clients`).
     pub(crate) trace_clients: bool,
     pub(crate) healed: bool,
+    /// A node has applied the cluster's id (its first leader's Bootstrap):
+    /// from then on a node starts with `existing`, as docs/operations.md
+    /// says once `fencelock status` shows a leader.
+    pub(crate) formed: bool,
     pub(crate) healed_at: Option<u64>,
     pub(crate) finished: bool,
     pub(crate) checker: Checker,
@@ -305,6 +309,7 @@ impl World {
             print_notes: std::env::var_os("SIM_TRACE").is_some(),
             trace_clients: std::env::var("SIM_TRACE").is_ok_and(|trace| trace == "clients"),
             healed: false,
+            formed: false,
             healed_at: None,
             finished: false,
             checker,
@@ -550,11 +555,14 @@ impl World {
             Err(FatalError::Removed { index }) => return self.node_removed(node, index),
             Err(err) => return Err(format!("node {} does not reopen: {err}", node + 1)),
         };
-        // The operator's procedure (docs/operations.md): `new` for a node's
-        // first start only, `existing` from then on, so that a node whose
+        // The operator's procedure (docs/operations.md): `new` until the
+        // cluster has formed, `existing` from then on, so that a node whose
         // disk is lost later can never found a second cluster with other
-        // blank nodes.
-        self.nodes[node].config.initial_cluster_state = ClusterState::Existing;
+        // blank nodes (and one that crashed before the cluster formed can
+        // still found it: `existing` never founds).
+        if self.formed {
+            self.nodes[node].config.initial_cluster_state = ClusterState::Existing;
+        }
         let disk = if self.nodes[node].disk.is_async() { "asynchronous" } else { "synchronous" };
         if let Some(replica) = opened.replica() {
             self.checker.opened(node, replica.table());
@@ -700,6 +708,9 @@ impl World {
             for (index, event) in &applied {
                 self.note(&format!("{} applied {index}: {event:?}", node + 1));
             }
+        }
+        if !self.formed {
+            self.formed = self.nodes[node].node.as_ref().and_then(Node::cluster_id).is_some();
         }
         let mut applied_seen = self.nodes[node].applied_seen;
         // Once the membership changed, nodes outside a node's configuration
