@@ -74,8 +74,9 @@ pub fn suites() -> Vec<Suite> {
         ),
         suite(
             "membership",
-            "nodes join, are promoted and removed, and a killed node is replaced, mixed with kill -9",
-            &[GrowShrink, ReplaceNode, KillRandom],
+            "nodes join, are promoted and removed, and a killed node is replaced, mixed with kill -9, \
+             partitions and lost data directories (a node whose --peers went stale rejoins)",
+            &[GrowShrink, ReplaceNode, KillRandom, PartitionHalves, IsolateLeader, LoseData],
         ),
         suite("combined", "every fault above but the membership changes, dealt in a seeded order", &combined),
     ]
