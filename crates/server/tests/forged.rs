@@ -108,8 +108,9 @@ fn send_as(addr: &str, metrics_addr: &str, claim: u64, message: &Message, what: 
     }
 }
 
-#[test]
-fn forged_raft_messages_to_a_follower_and_to_the_leader_are_dropped_and_the_cluster_serves_on() {
+/// Three nodes, each with a metrics endpoint (where the gate's refusals
+/// are counted), started; and those endpoints.
+fn cluster_with_metrics() -> (Cluster, Vec<String>) {
     let mut cluster = Cluster::configure(3);
     let metrics: Vec<String> = (1..=3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
     for (node, addr) in cluster.nodes.iter_mut().zip(&metrics) {
@@ -118,6 +119,12 @@ fn forged_raft_messages_to_a_follower_and_to_the_leader_are_dropped_and_the_clus
     for id in 1..=3 {
         cluster.launch(id);
     }
+    (cluster, metrics)
+}
+
+#[test]
+fn forged_raft_messages_to_a_follower_and_to_the_leader_are_dropped_and_the_cluster_serves_on() {
+    let (mut cluster, metrics) = cluster_with_metrics();
     let client = cluster.client();
     let leader = cluster.leader(&client);
     let vault = client.acquire(b"vault", Duration::from_secs(60), Duration::ZERO).unwrap();
@@ -173,14 +180,7 @@ fn forged_raft_messages_to_a_follower_and_to_the_leader_are_dropped_and_the_clus
 /// and grants after two leader kills.
 #[test]
 fn a_forged_term_far_past_the_cluster_s_leaves_a_cluster_that_elects_after_two_leader_kills() {
-    let mut cluster = Cluster::configure(3);
-    let metrics: Vec<String> = (1..=3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
-    for (node, addr) in cluster.nodes.iter_mut().zip(&metrics) {
-        node.extra_args = vec!["--metrics-addr".into(), addr.clone()];
-    }
-    for id in 1..=3 {
-        cluster.launch(id);
-    }
+    let (mut cluster, metrics) = cluster_with_metrics();
     let client = cluster.client();
     let mut leader = cluster.leader(&client);
     let mut last = client.acquire(b"before", Duration::from_secs(60), Duration::ZERO).unwrap().token();
