@@ -175,6 +175,9 @@ struct NodeCore {
     initial_peers: BTreeMap<u64, String>,
     /// The configuration the book was last set from.
     conf_version: Option<u64>,
+    /// Whether `initial_peers` were compared with the members (once, at
+    /// the first configuration known).
+    peers_checked: bool,
     id: u64,
     logger: Logger,
 }
@@ -282,6 +285,20 @@ impl NodeCore {
         // until then it keeps the members the cluster named.
         if members.is_empty() {
             return;
+        }
+        if !self.peers_checked {
+            // Once, at start: --peers (or the TOML's peers) go stale as
+            // members change, which is harmless (they are only where a blank
+            // node first looks), but an operator reading them is misled.
+            self.peers_checked = true;
+            let listed: Vec<u64> = self.initial_peers.keys().copied().collect();
+            let ids: Vec<u64> = members.iter().map(|member| member.id.0).collect();
+            if listed != ids {
+                warn!(self.logger, "--peers differs from the cluster's members: the members are in the log, and \
+                                    --peers is only where a node with an empty data directory first looks (update \
+                                    it when convenient)";
+                    "peers" => ?listed, "members" => ?ids);
+            }
         }
         let mut peers = BTreeMap::new();
         for member in members.into_iter().filter(|member| member.id.0 != self.id) {
@@ -480,6 +497,9 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         book: book.clone(),
         initial_peers: peers.clone(),
         conf_version: None,
+        // A node that joined was given the cluster's members: nothing to
+        // compare.
+        peers_checked: config.join.is_some(),
         id: config.id,
         logger: logger.clone(),
         driver,

@@ -419,6 +419,12 @@ fn a_voter_whose_disk_died_after_two_members_were_removed_rejoins_with_its_stale
     let log = std::fs::read_to_string(dir.path().join("node-3.log")).unwrap();
     assert!(log.contains("its data was lost"), "{log}");
     println!("node 3 rejoined {} ms after its restart", restarted.elapsed().as_millis());
+    // And it says that its --peers are stale.
+    let deadline = Instant::now() + DEADLINE;
+    while !std::fs::read_to_string(dir.path().join("node-3.log")).unwrap().contains("--peers differs") {
+        assert!(Instant::now() < deadline, "node 3 never said its --peers are stale");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert!(admin.check("stale/before", before.token()).unwrap());
     assert!(admin.check("stale/during", during.token()).unwrap());
     let after = admin.acquire("stale/after", Duration::from_secs(120), Duration::ZERO).unwrap();
@@ -488,4 +494,33 @@ fn a_member_that_missed_the_changes_follows_a_leader_its_configuration_does_not_
     assert!(after.token() > during.token());
     assert!(admin.check("lag/before", before.token()).unwrap());
     assert!(admin.check("lag/during", during.token()).unwrap());
+}
+
+/// Issue "one cluster, one truth", item 8: a port clash used to be found
+/// after `--join` had registered the node (a dead learner left in the
+/// cluster) or `--restore` had seeded its directory (which the same
+/// command then refused). Both ports are bound first now: the error names
+/// the address in use, nothing is written, nobody is asked.
+#[test]
+fn a_port_in_use_is_found_before_anything_is_written_or_anyone_asked() {
+    let Founded { dir, peer_addrs, client_addrs, daemons: _daemons, admin } = found(4);
+    let taken = std::net::TcpListener::bind(&client_addrs[3]).unwrap();
+    let own = format!("4={}", peer_addrs[3]);
+    let endpoints = client_addrs[..3].join(",");
+    let mut node = start(dir.path(), 4, &own, &client_addrs[3], &["--join", &endpoints]);
+    let status = node.exited(DEADLINE);
+    let log = std::fs::read_to_string(dir.path().join("node-4.log")).unwrap();
+    assert_eq!(status.and_then(|status| status.code()), Some(1), "{log}");
+    assert!(log.contains(&format!("cannot listen for clients on {}", client_addrs[3])), "{log}");
+    assert!(!dir.path().join("data-4").exists(), "the data directory was written");
+    let members = admin.member_list().unwrap();
+    assert!(members.members.iter().all(|member| member.id != 4), "node 4 was registered: {members:?}");
+    // --restore likewise leaves no seeded directory behind.
+    let backup = dir.path().join("backup.flkt");
+    let saved = fencelock(&["--endpoints", &endpoints, "snapshot", "save", backup.to_str().unwrap()]);
+    assert!(saved.status.success(), "{saved:?}");
+    let mut node = start(dir.path(), 4, &own, &client_addrs[3], &["--restore", backup.to_str().unwrap()]);
+    assert_eq!(node.exited(DEADLINE).and_then(|status| status.code()), Some(1));
+    assert!(!dir.path().join("data-4").exists(), "--restore seeded the directory");
+    drop(taken);
 }
