@@ -184,7 +184,11 @@ fn seeds_that_stranded_a_member_or_a_blank_node_keep_every_invariant() {
     // 7814, 4360, 5078: a deposed leader that did not know it answered a
     // promotion "not a member" from its old configuration. 8283: the
     // simulated operator switched to `existing` before the cluster formed,
-    // and `existing` never founds. 5871: a leader handed a session-held
+    // and `existing` never founds. 2473889242 and 2473892444 (CI's sweep,
+    // without membership changes): switched once a node applied the
+    // cluster id instead, a node that had voted and lost its disk before
+    // that restarted with `new`, found its peers blank and voted again (two
+    // leaders of term 1): the switch is at the first leader now. 5871: a leader handed a session-held
     // key released in the same entry as its session's expiry, which held
     // the key back: the waiter's grant was rejected.
     let mut failures = Vec::new();
@@ -214,6 +218,13 @@ fn seeds_that_stranded_a_member_or_a_blank_node_keep_every_invariant() {
     for (seed, nodes) in seeds {
         let mut config = SimConfig::new(seed, nodes);
         config.membership = true;
+        let report = run(config);
+        if report.result.is_err() {
+            failures.push(report.to_string());
+        }
+    }
+    for (seed, nodes) in [(2_473_889_242, 3), (2_473_892_444, 3)] {
+        let config = SimConfig::new(seed, nodes);
         let report = run(config);
         if report.result.is_err() {
             failures.push(report.to_string());

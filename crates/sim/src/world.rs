@@ -244,9 +244,10 @@ pub struct World {
     /// applies (`SIM_TRACE=clients`).
     pub(crate) trace_clients: bool,
     pub(crate) healed: bool,
-    /// A node has applied the cluster's id (its first leader's Bootstrap):
-    /// from then on a node starts with `existing`, as docs/operations.md
-    /// says once `fencelock status` shows a leader.
+    /// A node has been elected leader: from then on a node starts with
+    /// `existing`, as docs/operations.md says once `fencelock status` shows
+    /// a leader (votes were cast: a node that lost its disk since must
+    /// not found with blank peers and vote again).
     pub(crate) formed: bool,
     pub(crate) healed_at: Option<u64>,
     pub(crate) finished: bool,
@@ -544,6 +545,15 @@ impl World {
                 Rejoin::Never => return Ok(()),
             }
         }
+        // The operator's procedure (docs/operations.md): `new` until the
+        // cluster has had a leader, `existing` from then on, so that a node
+        // whose disk is lost later can never found a second cluster with
+        // other blank nodes and vote again in a term it voted in (and one
+        // that lost it before any election can still found the cluster:
+        // `existing` never founds).
+        if self.formed {
+            self.nodes[node].config.initial_cluster_state = ClusterState::Existing;
+        }
         let config = NodeConfig {
             driver: self.nodes[node].config.clone(),
             tick_ms: Some(TICK_MS),
@@ -555,14 +565,6 @@ impl World {
             Err(FatalError::Removed { index }) => return self.node_removed(node, index),
             Err(err) => return Err(format!("node {} does not reopen: {err}", node + 1)),
         };
-        // The operator's procedure (docs/operations.md): `new` until the
-        // cluster has formed, `existing` from then on, so that a node whose
-        // disk is lost later can never found a second cluster with other
-        // blank nodes (and one that crashed before the cluster formed can
-        // still found it: `existing` never founds).
-        if self.formed {
-            self.nodes[node].config.initial_cluster_state = ClusterState::Existing;
-        }
         let disk = if self.nodes[node].disk.is_async() { "asynchronous" } else { "synchronous" };
         if let Some(replica) = opened.replica() {
             self.checker.opened(node, replica.table());
@@ -680,6 +682,7 @@ impl World {
                 Action::Role(role) => {
                     if let RoleChange::Leader { term } = role {
                         self.checker.membership.elected(node, term)?;
+                        self.formed = true;
                     }
                     if let RoleChange::LeaderReady { .. } = role {
                         self.checker.expiry.leader_ready(node, self.now_ms);
@@ -708,9 +711,6 @@ impl World {
             for (index, event) in &applied {
                 self.note(&format!("{} applied {index}: {event:?}", node + 1));
             }
-        }
-        if !self.formed {
-            self.formed = self.nodes[node].node.as_ref().and_then(Node::cluster_id).is_some();
         }
         let mut applied_seen = self.nodes[node].applied_seen;
         // Once the membership changed, nodes outside a node's configuration
