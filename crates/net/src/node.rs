@@ -466,8 +466,9 @@ pub struct Heard {
     pub level: u32,
     /// The hello named a cluster.
     pub named: bool,
-    /// The voters of the configuration the peer applied, and its applied
-    /// index (empty and 0 from a peer that starts, or an older build).
+    /// The voters of the configuration the peer applied, and the index it
+    /// had applied when that configuration changed (empty and 0 from a
+    /// peer that starts, or an older build).
     pub voters: Vec<u64>,
     pub applied: u64,
 }
@@ -555,7 +556,9 @@ impl Greetings {
     }
 
     /// Sets the configuration this node's hellos say it applied: its
-    /// voters, and its applied index.
+    /// voters, and the index it had applied when that configuration
+    /// changed (configurations change only by applying entries, so these
+    /// indexes order them as the log does).
     pub fn set_configuration(&self, voters: &[u64], applied: u64) {
         let mut inner = self.0.write().unwrap_or_else(PoisonError::into_inner);
         inner.applied = applied;

@@ -205,7 +205,7 @@ pub fn check_with(message: &Message, local: &Local<'_>, table: Option<&LockTable
     if message.from == local.id.0 || message.from == 0 {
         return Err(Refusal::NotAPeer);
     }
-    if !local.voters.contains(&NodeId(message.from)) && !from_a_newer_member(message, local) {
+    if !local.voters.contains(&NodeId(message.from)) && !from_a_newer_member(kind, message.term, local) {
         return Err(Refusal::NotAPeer);
     }
     if !matches!(
@@ -311,15 +311,15 @@ pub fn check_with(message: &Message, local: &Local<'_>, table: Option<&LockTable
 /// that hears from its leader refuse it. Answers from non-members (votes,
 /// acknowledgements) stay refused: they count only in a configuration
 /// that names their sender.
-fn from_a_newer_member(message: &Message, local: &Local<'_>) -> bool {
+fn from_a_newer_member(kind: MessageType, term: u64, local: &Local<'_>) -> bool {
     matches!(
-        message.get_msg_type(),
+        kind,
         MessageType::MsgAppend
             | MessageType::MsgHeartbeat
             | MessageType::MsgSnapshot
             | MessageType::MsgRequestVote
             | MessageType::MsgRequestPreVote
-    ) && message.term >= local.term
+    ) && term >= local.term
 }
 
 fn check_snapshot(message: &Message, local: &Local<'_>, table: Option<&LockTable>) -> Result<(), Refusal> {

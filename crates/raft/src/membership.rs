@@ -231,13 +231,8 @@ impl Replica {
                     self.check_quorum_after(&voters)?;
                     if *id == self.id {
                         // The most caught-up other voter takes over.
-                        let prs = self.raw.raft.prs();
-                        let to = voters
-                            .iter()
-                            .copied()
-                            .max_by_key(|voter| prs.get(*voter).map_or(0, |p| p.matched));
-                        return match to {
-                            Some(to) => Ok(Plan::HandOver(NodeId(to))),
+                        return match self.most_caught_up(&voters, false) {
+                            Some(to) => Ok(Plan::HandOver(to)),
                             None => bad(format!("node {} is the last voter", id.0)),
                         };
                     }
@@ -276,21 +271,26 @@ impl Replica {
         if self.raw.raft.state != StateRole::Leader {
             return None;
         }
-        let prs = self.raw.raft.prs();
-        let to = prs
-            .conf()
-            .voters()
-            .ids()
-            .iter()
-            .filter(|voter| *voter != self.id.0)
-            .filter_map(|voter| Some((voter, prs.get(voter)?)))
-            .filter(|(_, progress)| progress.recent_active)
-            // The most caught up; of equals, the lowest id.
-            .max_by_key(|(voter, progress)| (progress.matched, std::cmp::Reverse(*voter)))
-            .map(|(voter, _)| NodeId(voter))?;
+        let others: Vec<u64> =
+            self.raw.raft.prs().conf().voters().ids().iter().filter(|voter| *voter != self.id.0).collect();
+        let to = self.most_caught_up(&others, true)?;
         info!(self.logger, "stopping: handing leadership over"; "to" => to.0);
         self.raw.transfer_leader(to.0);
         Some(to)
+    }
+
+    /// The voter among `voters` whose log matches this leader's furthest
+    /// (of equals, the last); with `reachable_only`, among those it heard
+    /// from recently.
+    fn most_caught_up(&self, voters: &[u64], reachable_only: bool) -> Option<NodeId> {
+        let prs = self.raw.raft.prs();
+        voters
+            .iter()
+            .filter(|voter| {
+                !reachable_only || prs.get(**voter).is_some_and(|progress| progress.recent_active)
+            })
+            .max_by_key(|voter| prs.get(**voter).map_or(0, |progress| progress.matched))
+            .map(|voter| NodeId(*voter))
     }
 
     /// Hands leadership to voter `to`; answered when this node sees `to`

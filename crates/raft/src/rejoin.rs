@@ -73,9 +73,9 @@ pub struct PeerReport {
     /// once running) cluster, whose id it has applied.
     pub named: bool,
     /// The voters of the configuration the peer applied (empty while it
-    /// starts, and from builds before this field), and the index it had
-    /// applied: of two reports, the one applied further names the newer
-    /// configuration. A blank node decides from the newest it hears, not
+    /// starts, and from builds before this field), and an index it had
+    /// applied with that configuration (fencelockd: when it changed): of
+    /// two reports, the one applied further names the newer configuration. A blank node decides from the newest it hears, not
     /// from its `--peers`, which go stale as members change.
     pub voters: Vec<u64>,
     pub applied: u64,

@@ -259,9 +259,6 @@ impl NodeCore {
         self.follow_members();
         let (term, last_index, known) = self.driver.node().hello_state();
         self.greetings.set_own(term, last_index, &known);
-        if let Some(status) = self.driver.node().status() {
-            self.greetings.set_configuration(&status.voters, status.applied_index);
-        }
         self.name_cluster();
         if self.requests.is_empty() {
             Ok(self.driver.next_wake())
@@ -280,6 +277,13 @@ impl NodeCore {
             return;
         }
         self.conf_version = version;
+        // What the hellos say of the configuration, from now on: its voters,
+        // and the index applied when this node saw it change (which orders
+        // configurations as the log does). Here, not every turn: a status is
+        // not free, and this runs on the request path.
+        if let Some(status) = self.driver.node().status() {
+            self.greetings.set_configuration(&status.voters, status.applied_index);
+        }
         let Some((_, members)) = self.driver.node().members() else { return };
         // A joining node learns its configuration with its first snapshot:
         // until then it keeps the members the cluster named.
@@ -292,7 +296,8 @@ impl NodeCore {
             // node first looks), but an operator reading them is misled.
             self.peers_checked = true;
             let listed: Vec<u64> = self.initial_peers.keys().copied().collect();
-            let ids: Vec<u64> = members.iter().map(|member| member.id.0).collect();
+            let mut ids: Vec<u64> = members.iter().map(|member| member.id.0).collect();
+            ids.sort_unstable();
             if listed != ids {
                 warn!(self.logger, "--peers differs from the cluster's members: the members are in the log, and \
                                     --peers is only where a node with an empty data directory first looks (update \
