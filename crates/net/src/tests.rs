@@ -1256,3 +1256,25 @@ fn a_peer_s_announced_client_address_is_forgotten_when_its_connection_closes() {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+#[test]
+fn a_flood_of_hellos_from_this_cluster_s_unknown_nodes_teaches_the_book_a_bounded_number() {
+    // A node of this cluster that the configuration does not name yet is
+    // learned from its hello, to be answered; a peer (or, in plain mode,
+    // anyone who read the cluster id from a status) naming a thousand such
+    // nodes teaches at most 16, and never moves a configured peer.
+    let book = PeerBook::new([(2, "10.0.0.2:7001".to_owned())].into_iter().collect());
+    for id in 100..1_100u64 {
+        book.learn(id, &format!("10.0.9.{}:7001", id % 250));
+    }
+    book.learn(2, "10.6.6.6:7001");
+    book.learn(3, "");
+    let peers = book.get();
+    assert_eq!(peers.len(), 1 + 16, "{peers:?}");
+    assert_eq!(peers.get(&2).map(String::as_str), Some("10.0.0.2:7001"));
+    assert!(!book.contains(3), "a hello without an address was learned");
+    // A configuration that names a learned node takes it over.
+    book.set([(2, "10.0.0.2:7001".to_owned()), (100, "10.0.0.100:7001".to_owned())].into_iter().collect());
+    assert_eq!(book.get().get(&100).map(String::as_str), Some("10.0.0.100:7001"));
+    assert_eq!(book.get().len(), 1 + 16);
+}
