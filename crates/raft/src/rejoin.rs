@@ -144,8 +144,11 @@ pub fn decide(peers: &BTreeSet<u64>, reports: &BTreeMap<u64, PeerReport>, state:
         // With every peer heard, none knowing this node: a voter of the
         // configuration its peers started with that starts late (they name
         // their cluster), or the first start of a new cluster. The latter
-        // is founding, which `Existing` never does.
-        if state == ClusterState::Existing && !answered.iter().any(|report| report.named) {
+        // is founding, which `Existing` never does. A peer with a history
+        // (a term, a log) is a cluster that formed, named or not yet (its
+        // first leader's Bootstrap may be uncommitted still).
+        let formed = |report: &&PeerReport| report.named || report.term > 0 || report.last_index > 0;
+        if state == ClusterState::Existing && !answered.iter().any(formed) {
             return Start::Wait;
         }
         return Start::Fresh;
@@ -307,6 +310,12 @@ mod tests {
         let blank_peers: BTreeMap<u64, PeerReport> =
             [(2, report(false, 0, 0)), (3, report(false, 0, 0))].into_iter().collect();
         assert_eq!(decide(&three, &blank_peers, ClusterState::Existing), Start::Wait);
+        // A peer with a term is a cluster that formed, though not named yet.
+        let unnamed: BTreeMap<u64, PeerReport> =
+            [(2, report(false, 0, 0)), (3, PeerReport { term: 1, ..report(false, 0, 0) })]
+                .into_iter()
+                .collect();
+        assert_eq!(decide(&three, &unnamed, ClusterState::Existing), Start::Fresh);
         assert_eq!(decide(&three, &blank_peers, ClusterState::New), Start::Fresh);
         // Reports from strangers count for nothing.
         let stranger: BTreeMap<u64, PeerReport> = [(9, report(false, 0, 0))].into_iter().collect();

@@ -223,7 +223,10 @@ fn seeds_that_stranded_a_member_or_a_blank_node_keep_every_invariant() {
             failures.push(report.to_string());
         }
     }
-    for (seed, nodes) in [(2_473_889_242, 3), (2_473_892_444, 3)] {
+    // 3125328174 (CI's sweep): a leader was elected but its Bootstrap never
+    // committed; a blank `existing` node found its peers unnamed and waited
+    // for ever: a peer with a term or a log is a cluster that formed.
+    for (seed, nodes) in [(2_473_889_242, 3), (2_473_892_444, 3), (3_125_328_174, 3)] {
         let config = SimConfig::new(seed, nodes);
         let report = run(config);
         if report.result.is_err() {
