@@ -198,7 +198,15 @@ pub struct SessionIdArgs {
 pub enum CertCommand {
     /// Make the cluster's CA: ca.crt, and ca.key (mode 0600; keep it off
     /// the nodes once their certificates are made).
-    CreateCa(Overwrite),
+    CreateCa {
+        #[command(flatten)]
+        overwrite: Overwrite,
+        /// The cluster the CA's certificates name (lowercase letters,
+        /// digits, `.`, `_`, `-`); one drawn from the CA's key by default.
+        /// A node takes as peers only certificates that name its cluster.
+        #[arg(long, value_name = "NAME")]
+        cluster: Option<String>,
+    },
     /// Make node N's certificate, node-N.crt and node-N.key, for the host
     /// names and IP addresses it serves under.
     CreateNode {
@@ -209,6 +217,10 @@ pub enum CertCommand {
         /// The node's id, as in fencelockd --id.
         #[arg(long)]
         id: u64,
+        /// The cluster the certificate names, when not the CA's (a CA that
+        /// serves several clusters).
+        #[arg(long, value_name = "NAME")]
+        cluster: Option<String>,
         /// DNS names and IP addresses clients and peers reach the node by.
         #[arg(required = true, value_name = "HOST")]
         hosts: Vec<String>,
@@ -222,6 +234,10 @@ pub enum CertCommand {
         lifetime: Lifetime,
         /// The user name: letters, digits, `.`, `_` and `-`.
         name: String,
+        /// The cluster the certificate names, when not the CA's (a CA that
+        /// serves several clusters).
+        #[arg(long, value_name = "NAME")]
+        cluster: Option<String>,
     },
 }
 

@@ -3,7 +3,7 @@
 //! `--json`).
 
 use anyhow::{Context, Result};
-use fencelock_tls::{create_ca, create_client_for, create_node_for, Layout};
+use fencelock_tls::{create_ca_named, create_client_for, create_node_for, Layout};
 use serde_json::json;
 
 use crate::args::{CertCommand, Cli};
@@ -14,12 +14,14 @@ pub fn run(cli: &Cli, command: &CertCommand) -> Result<Exit> {
     let dir = cli.certs_dir.as_ref().context("name the certificates directory with --certs-dir DIR")?;
     let layout = Layout::new(dir);
     let written = match command {
-        CertCommand::CreateCa(overwrite) => create_ca(&layout, overwrite.overwrite)?,
-        CertCommand::CreateNode { overwrite, lifetime, id, hosts } => {
-            create_node_for(&layout, *id, hosts, overwrite.overwrite, lifetime.lifetime)?
+        CertCommand::CreateCa { overwrite, cluster } => {
+            create_ca_named(&layout, cluster.as_deref(), overwrite.overwrite)?
         }
-        CertCommand::CreateClient { overwrite, lifetime, name } => {
-            create_client_for(&layout, name, overwrite.overwrite, lifetime.lifetime)?
+        CertCommand::CreateNode { overwrite, lifetime, id, hosts, cluster } => {
+            create_node_for(&layout, *id, hosts, overwrite.overwrite, lifetime.lifetime, cluster.as_deref())?
+        }
+        CertCommand::CreateClient { overwrite, lifetime, name, cluster } => {
+            create_client_for(&layout, name, overwrite.overwrite, lifetime.lifetime, cluster.as_deref())?
         }
     };
     if cli.json {

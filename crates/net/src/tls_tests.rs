@@ -138,7 +138,7 @@ fn plain_tcp_strangers_and_nodes_are_refused_and_the_listener_serves_on() {
 fn a_connection_is_closed_when_its_client_certificate_expires() {
     let dir = tempfile::tempdir().unwrap();
     let layout = certs(dir.path());
-    fencelock_tls::create_client_for(&layout, "brief", false, Duration::from_secs(2)).unwrap();
+    fencelock_tls::create_client_for(&layout, "brief", false, Duration::from_secs(2), None).unwrap();
     let listener = start(&layout);
     let brief = client_tls(&layout, "brief").unwrap();
     let mut stream = tls_connect(listener.local_addr(), &brief);
@@ -165,7 +165,7 @@ fn peer_connections_end_with_the_peer_certificate() {
     let dir = tempfile::tempdir().unwrap();
     let layout = cluster_certs(dir.path());
     // Node 2's certificate ends within 2 s.
-    fencelock_tls::create_node_for(&layout, 2, &["127.0.0.1".into()], true, Duration::from_secs(2)).unwrap();
+    fencelock_tls::create_node_for(&layout, 2, &["127.0.0.1".into()], true, Duration::from_secs(2), None).unwrap();
     let addrs: std::collections::BTreeMap<u64, SocketAddr> = (1..=2).map(|id| (id, free_addr())).collect();
     let one = node_with(1, &addrs, 1 << 20, Arc::new(Immediate), Some(&layout));
     let two = node_with(2, &addrs, 1 << 20, Arc::new(Immediate), Some(&layout));

@@ -5,6 +5,11 @@
 //! - The peer port takes only node certificates of the cluster's CA; the
 //!   node's network layer then holds the connection to the node id the
 //!   certificate names.
+//! - A side whose certificate names its cluster (`fencelock://cluster/`)
+//!   refuses, on every port and either way, a certificate that names
+//!   another cluster: a node of another cluster signed by the same CA
+//!   fails the handshake. One that names none (made before clusters had
+//!   names) passes; the node's hello rules still hold it to the cluster.
 //! - Toward a peer, a node presents its own certificate and accepts only
 //!   the certificate of the node it dialled: it asks for the name
 //!   `node-<id>.fencelock`, which only that node's certificate carries.
@@ -34,7 +39,9 @@ use rustls::{
 };
 use time::OffsetDateTime;
 
-use crate::{identity_of, CertError, Identity, Layout};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+
+use crate::{cluster_of, identity_of, CertError, Identity, Layout};
 
 /// What a node runs TLS with.
 #[derive(Clone, Debug)]
@@ -48,6 +55,8 @@ pub struct NodeTls {
     pub client_server: Arc<ServerConfig>,
     /// When this node's certificate expires.
     pub not_after: OffsetDateTime,
+    /// The cluster its certificate names, if any.
+    pub cluster: Option<String>,
 }
 
 /// The name a node asks for when it dials peer `id`.
@@ -71,8 +80,10 @@ pub fn node_tls(layout: &Layout, id: u64) -> Result<NodeTls, CertError> {
     let provider = provider();
     let bad_config =
         |detail: String| CertError::Bad { path: layout.node_cert(id), what: "node certificate", detail };
+    let cluster = named_cluster(&chain).map_err(bad_config)?;
 
-    let nodes_only = RequireIdentity::new(&roots, &provider, Kind::Node).map_err(bad_config)?;
+    let nodes_only =
+        RequireIdentity::new(&roots, &provider, Kind::Node, cluster.clone()).map_err(bad_config)?;
     let peer_server = ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|err| bad_config(err.to_string()))?
@@ -83,14 +94,17 @@ pub fn node_tls(layout: &Layout, id: u64) -> Result<NodeTls, CertError> {
     let servers = WebPkiServerVerifier::builder_with_provider(Arc::clone(&roots), Arc::clone(&provider))
         .build()
         .map_err(|err| bad_config(err.to_string()))?;
+    let servers = Arc::new(RequireCluster { inner: servers, cluster: cluster.clone() });
     let peer_client = ClientConfig::builder_with_provider(Arc::clone(&provider))
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|err| bad_config(err.to_string()))?
-        .with_webpki_verifier(servers)
+        .dangerous()
+        .with_custom_certificate_verifier(servers)
         .with_client_auth_cert(chain.clone(), key.clone_key())
         .map_err(|err| bad_config(err.to_string()))?;
 
-    let users_only = RequireIdentity::new(&roots, &provider, Kind::User).map_err(bad_config)?;
+    let users_only =
+        RequireIdentity::new(&roots, &provider, Kind::User, cluster.clone()).map_err(bad_config)?;
     let client_server = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|err| bad_config(err.to_string()))?
@@ -104,6 +118,7 @@ pub fn node_tls(layout: &Layout, id: u64) -> Result<NodeTls, CertError> {
         peer_client: Arc::new(peer_client),
         client_server: Arc::new(client_server),
         not_after,
+        cluster,
     })
 }
 
@@ -121,17 +136,44 @@ pub fn client_tls(layout: &Layout, user: &str) -> Result<Arc<ClientConfig>, Cert
     )?;
     let bad_config =
         |detail: String| CertError::Bad { path: cert_path.clone(), what: "client certificate", detail };
+    let cluster = named_cluster(&chain).map_err(bad_config)?;
     let provider = provider();
     let servers = WebPkiServerVerifier::builder_with_provider(roots, Arc::clone(&provider))
         .build()
         .map_err(|err| bad_config(err.to_string()))?;
+    let servers = Arc::new(RequireCluster { inner: servers, cluster });
     let config = ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|err| bad_config(err.to_string()))?
-        .with_webpki_verifier(servers)
+        .dangerous()
+        .with_custom_certificate_verifier(servers)
         .with_client_auth_cert(chain, key)
         .map_err(|err| bad_config(err.to_string()))?;
     Ok(Arc::new(config))
+}
+
+/// The cluster the first certificate of `chain` names.
+fn named_cluster(chain: &[CertificateDer<'static>]) -> Result<Option<String>, String> {
+    match chain.first() {
+        Some(der) => cluster_of(der),
+        None => Ok(None),
+    }
+}
+
+/// Whether a certificate's cluster fits a side whose own certificate
+/// names `ours`: refused only when both name one and they differ. A
+/// certificate that names none was made before clusters had names (or
+/// while a CA that names none is rotated out); the network layer's hello
+/// rules still hold it to the cluster's id.
+fn cluster_fits(ours: Option<&str>, theirs: &[u8]) -> Result<(), rustls::Error> {
+    let Some(ours) = ours else { return Ok(()) };
+    match cluster_of(theirs) {
+        Ok(Some(theirs)) if theirs != ours => Err(rustls::Error::General(format!(
+            "the certificate is of cluster `{theirs}`, this side's of `{ours}`"
+        ))),
+        Ok(_) => Ok(()),
+        Err(detail) => Err(rustls::Error::General(format!("the certificate's cluster: {detail}"))),
+    }
 }
 
 fn provider() -> Arc<CryptoProvider> {
@@ -252,12 +294,14 @@ enum Kind {
     User,
 }
 
-/// The cluster CA's client-certificate check, and one more: the
-/// certificate names a node (the peer port) or a user (the client port).
+/// The cluster CA's client-certificate check, and two more: the
+/// certificate names a node (the peer port) or a user (the client port),
+/// and the same cluster as this node's own (see the module doc).
 #[derive(Debug)]
 struct RequireIdentity {
     inner: Arc<dyn ClientCertVerifier>,
     kind: Kind,
+    cluster: Option<String>,
 }
 
 impl RequireIdentity {
@@ -265,11 +309,12 @@ impl RequireIdentity {
         roots: &Arc<RootCertStore>,
         provider: &Arc<CryptoProvider>,
         kind: Kind,
+        cluster: Option<String>,
     ) -> Result<RequireIdentity, String> {
         let inner = WebPkiClientVerifier::builder_with_provider(Arc::clone(roots), Arc::clone(provider))
             .build()
             .map_err(|err| err.to_string())?;
-        Ok(RequireIdentity { inner, kind })
+        Ok(RequireIdentity { inner, kind, cluster })
     }
 }
 
@@ -290,11 +335,13 @@ impl ClientCertVerifier for RequireIdentity {
             Ok(Identity::User(_)) => self.kind == Kind::User,
             Err(_) => false,
         };
-        if fits {
-            Ok(verified)
-        } else {
-            Err(rustls::Error::InvalidCertificate(rustls::CertificateError::ApplicationVerificationFailure))
+        if !fits {
+            return Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            ));
         }
+        cluster_fits(self.cluster.as_deref(), end_entity)?;
+        Ok(verified)
     }
 
     fn verify_tls12_signature(
@@ -312,6 +359,51 @@ impl ClientCertVerifier for RequireIdentity {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// The cluster CA's server-certificate check (the name dialled), and one
+/// more: the certificate names the same cluster as this side's own.
+#[derive(Debug)]
+struct RequireCluster {
+    inner: Arc<WebPkiServerVerifier>,
+    cluster: Option<String>,
+}
+
+impl ServerCertVerifier for RequireCluster {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let verified = self.inner.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)?;
+        cluster_fits(self.cluster.as_deref(), end_entity)?;
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
         self.inner.verify_tls13_signature(message, cert, dss)
     }
 

@@ -17,6 +17,14 @@
 //! client usage only. The CA lives 10 years, the others 5 (never past the
 //! CA); each starts a day in the past, to forgive clocks that lag. Keys are
 //! ECDSA P-256, written with mode 0600.
+//!
+//! Every certificate also names its cluster, with the URI SAN
+//! `fencelock://cluster/<name>`: the CA gets a name when it is made (one
+//! drawn from its key unless one is given), and the certificates it signs
+//! name the CA's cluster unless told another (a CA that serves several
+//! clusters). A node whose certificate names a cluster takes only peers
+//! whose certificates name the same one ([`node_tls`]); a certificate of
+//! another cluster signed by the same CA is refused in the handshake.
 
 use std::fs;
 use std::io::Write;
@@ -44,6 +52,8 @@ const BACKDATE: Duration = Duration::days(1);
 /// The URI SAN prefixes that say who a certificate is.
 const NODE_URI: &str = "fencelock://node/";
 const USER_URI: &str = "fencelock://user/";
+/// The URI SAN prefix that says which cluster a certificate belongs to.
+const CLUSTER_URI: &str = "fencelock://cluster/";
 
 /// A certificate failure, naming the file or the name at fault.
 #[derive(Debug, thiserror::Error)]
@@ -116,19 +126,39 @@ impl Layout {
     }
 }
 
-/// Makes the cluster's CA: `ca.crt` and `ca.key`. Returns the files written.
+/// Makes the cluster's CA: `ca.crt` and `ca.key`, naming a cluster drawn
+/// from its key. Returns the files written.
 pub fn create_ca(layout: &Layout, overwrite: bool) -> Result<Vec<PathBuf>, CertError> {
+    create_ca_named(layout, None, overwrite)
+}
+
+/// [`create_ca`], naming the cluster `cluster` (checked with
+/// [`check_cluster`]) when given. The certificates it signs name that
+/// cluster unless told another.
+pub fn create_ca_named(
+    layout: &Layout,
+    cluster: Option<&str>,
+    overwrite: bool,
+) -> Result<Vec<PathBuf>, CertError> {
     let (cert, key) = (layout.ca_cert(), layout.ca_key());
     refuse_existing(&[&cert, &key], overwrite)?;
+    if let Some(cluster) = cluster {
+        check_cluster(cluster)?;
+    }
+    let key_pair = KeyPair::generate()?;
+    // Unnamed: 16 hex digits of the public key's X coordinate (after the
+    // 0x04 of an uncompressed point), as random as the key.
+    let drawn: String = key_pair.public_key_raw().iter().skip(1).take(8).map(|byte| format!("{byte:02x}")).collect();
+    let cluster = cluster.map_or(drawn, str::to_owned);
     let mut params = CertificateParams::default();
     params.distinguished_name = name("fencelock CA");
+    params.subject_alt_names = vec![SanType::URI(ia5(&format!("{CLUSTER_URI}{cluster}"))?)];
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     params.key_usages =
         vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     let now = OffsetDateTime::now_utc();
     params.not_before = now - BACKDATE;
     params.not_after = now + CA_LIFETIME;
-    let key_pair = KeyPair::generate()?;
     let certificate = params.self_signed(&key_pair)?;
     create_dir(&layout.dir)?;
     write_file(&key, key_pair.serialize_pem().as_bytes(), 0o600)?;
@@ -144,16 +174,18 @@ pub fn create_node(
     hosts: &[String],
     overwrite: bool,
 ) -> Result<Vec<PathBuf>, CertError> {
-    create_node_for(layout, id, hosts, overwrite, LEAF_LIFETIME.unsigned_abs())
+    create_node_for(layout, id, hosts, overwrite, LEAF_LIFETIME.unsigned_abs(), None)
 }
 
-/// [`create_node`], valid for `lifetime` (never past the CA).
+/// [`create_node`], valid for `lifetime` (never past the CA), naming the
+/// cluster `cluster` when given (else the CA's).
 pub fn create_node_for(
     layout: &Layout,
     id: u64,
     hosts: &[String],
     overwrite: bool,
     lifetime: std::time::Duration,
+    cluster: Option<&str>,
 ) -> Result<Vec<PathBuf>, CertError> {
     if id == 0 {
         return Err(CertError::Name("node ids start at 1".into()));
@@ -177,23 +209,31 @@ pub fn create_node_for(
         });
     }
     let usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
-    let leaf =
-        Leaf { cert: layout.node_cert(id), key: layout.node_key(id), common_name: "node", sans, usages };
+    let leaf = Leaf {
+        cert: layout.node_cert(id),
+        key: layout.node_key(id),
+        common_name: "node",
+        sans,
+        usages,
+        cluster,
+    };
     create_leaf(layout, leaf, overwrite, lifetime)
 }
 
 /// Makes user `user`'s client certificate, signed by the directory's CA,
 /// valid for [`LEAF_LIFETIME`].
 pub fn create_client(layout: &Layout, user: &str, overwrite: bool) -> Result<Vec<PathBuf>, CertError> {
-    create_client_for(layout, user, overwrite, LEAF_LIFETIME.unsigned_abs())
+    create_client_for(layout, user, overwrite, LEAF_LIFETIME.unsigned_abs(), None)
 }
 
-/// [`create_client`], valid for `lifetime` (never past the CA).
+/// [`create_client`], valid for `lifetime` (never past the CA), naming the
+/// cluster `cluster` when given (else the CA's).
 pub fn create_client_for(
     layout: &Layout,
     user: &str,
     overwrite: bool,
     lifetime: std::time::Duration,
+    cluster: Option<&str>,
 ) -> Result<Vec<PathBuf>, CertError> {
     check_user(user)?;
     let sans = vec![SanType::URI(ia5(&format!("{USER_URI}{user}"))?)];
@@ -204,6 +244,7 @@ pub fn create_client_for(
         common_name: user,
         sans,
         usages,
+        cluster,
     };
     create_leaf(layout, leaf, overwrite, lifetime)
 }
@@ -238,6 +279,49 @@ pub fn identity_of(der: &[u8]) -> Result<Identity, String> {
         }
     }
     Err("the certificate names no fencelock node or user (no fencelock:// URI)".into())
+}
+
+/// The cluster the certificate in `der` names, from its
+/// `fencelock://cluster/` URI SAN: `None` when it names none (made before
+/// clusters had names), an error when it does not parse or names a bad one.
+pub fn cluster_of(der: &[u8]) -> Result<Option<String>, String> {
+    let (_, certificate) = x509_parser::parse_x509_certificate(der).map_err(|err| err.to_string())?;
+    cluster_of_parsed(&certificate)
+}
+
+fn cluster_of_parsed(certificate: &x509_parser::certificate::X509Certificate<'_>) -> Result<Option<String>, String> {
+    let sans = certificate
+        .subject_alternative_name()
+        .map_err(|err| err.to_string())?
+        .map(|extension| extension.value.general_names.clone())
+        .unwrap_or_default();
+    let mut named = None;
+    for san in sans {
+        let x509_parser::extensions::GeneralName::URI(uri) = san else { continue };
+        if let Some(cluster) = uri.strip_prefix(CLUSTER_URI) {
+            check_cluster(cluster).map_err(|err| err.to_string())?;
+            if named.is_some() {
+                return Err("the certificate names two clusters".into());
+            }
+            named = Some(cluster.to_owned());
+        }
+    }
+    Ok(named)
+}
+
+/// Checks a cluster name: 1 to 64 of lowercase letters, digits, `.`, `_`
+/// and `-`, starting with a letter or a digit.
+pub fn check_cluster(cluster: &str) -> Result<(), CertError> {
+    let fine = (1..=64).contains(&cluster.len())
+        && cluster.bytes().all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || matches!(byte, b'.' | b'_' | b'-'))
+        && cluster.bytes().next().is_some_and(|byte| byte.is_ascii_alphanumeric());
+    if fine {
+        Ok(())
+    } else {
+        Err(CertError::Name(format!(
+            "cluster name `{cluster}` must be 1 to 64 lowercase letters, digits, `.`, `_` or `-`, starting with a letter or a digit"
+        )))
+    }
 }
 
 /// Checks a user name: 1 to 64 of letters, digits, `.`, `_` and `-`,
@@ -279,6 +363,8 @@ struct Leaf<'a> {
     common_name: &'a str,
     sans: Vec<SanType>,
     usages: Vec<ExtendedKeyUsagePurpose>,
+    /// The cluster it names, if not the CA's.
+    cluster: Option<&'a str>,
 }
 
 fn create_leaf(
@@ -287,7 +373,10 @@ fn create_leaf(
     overwrite: bool,
     lifetime: std::time::Duration,
 ) -> Result<Vec<PathBuf>, CertError> {
-    let Leaf { cert, key, common_name, sans, usages } = leaf;
+    let Leaf { cert, key, common_name, mut sans, usages, cluster } = leaf;
+    if let Some(cluster) = cluster {
+        check_cluster(cluster)?;
+    }
     let lifetime = Duration::try_from(lifetime)
         .ok()
         .filter(|lifetime| *lifetime > Duration::ZERO && *lifetime <= CA_LIFETIME)
@@ -295,7 +384,12 @@ fn create_leaf(
             CertError::Name("a certificate's lifetime must be more than 0 and at most 10 years".into())
         })?;
     refuse_existing(&[&cert, &key], overwrite)?;
-    let (issuer, ca_not_after) = load_issuer(layout)?;
+    let (issuer, ca_not_after, ca_cluster) = load_issuer(layout)?;
+    // A CA made before clusters had names names none: its certificates
+    // then name one only when told.
+    if let Some(cluster) = cluster.map(str::to_owned).or(ca_cluster) {
+        sans.push(SanType::URI(ia5(&format!("{CLUSTER_URI}{cluster}"))?));
+    }
     let mut params = CertificateParams::default();
     params.distinguished_name = name(common_name);
     params.subject_alt_names = sans;
@@ -311,8 +405,11 @@ fn create_leaf(
     Ok(vec![cert, key])
 }
 
-/// The directory's CA, to sign with, and when it expires.
-fn load_issuer(layout: &Layout) -> Result<(Issuer<'static, KeyPair>, OffsetDateTime), CertError> {
+/// The directory's CA, to sign with, when it expires, and the cluster it
+/// names (none for a CA made before clusters had names).
+fn load_issuer(
+    layout: &Layout,
+) -> Result<(Issuer<'static, KeyPair>, OffsetDateTime, Option<String>), CertError> {
     let (cert_path, key_path) = (layout.ca_cert(), layout.ca_key());
     for path in [&cert_path, &key_path] {
         if !path.exists() {
@@ -340,9 +437,10 @@ fn load_issuer(layout: &Layout) -> Result<(Issuer<'static, KeyPair>, OffsetDateT
     if not_after <= OffsetDateTime::now_utc() {
         return Err(bad(&cert_path, "CA certificate", format!("it expired at {not_after}")));
     }
+    let cluster = cluster_of_parsed(&parsed).map_err(|detail| bad(&cert_path, "CA certificate", detail))?;
     let issuer = Issuer::from_ca_cert_pem(&cert_pem, key)
         .map_err(|err| bad(&cert_path, "CA certificate", err.to_string()))?;
-    Ok((issuer, not_after))
+    Ok((issuer, not_after, cluster))
 }
 
 fn name(common_name: &str) -> DistinguishedName {

@@ -9,6 +9,8 @@ use std::os::unix::fs::PermissionsExt;
 use x509_parser::extensions::GeneralName;
 use x509_parser::pem::parse_x509_pem;
 
+
+
 use super::*;
 
 fn der(path: &Path) -> Vec<u8> {
@@ -252,7 +254,14 @@ fn a_ca_file_holding_two_cas_trusts_both_during_a_rotation() {
     let old_dir = tempfile::tempdir().unwrap();
     let old = cluster(old_dir.path());
     let new_dir = tempfile::tempdir().unwrap();
-    let new = cluster(new_dir.path());
+    // The new CA names the old one's cluster, as docs/security.md says to.
+    let name = cluster_of(&der(&old.ca_cert())).unwrap().expect("the CA names a cluster");
+    let new = Layout::new(new_dir.path());
+    create_ca_named(&new, Some(&name), false).unwrap();
+    for id in 1..=3 {
+        create_node(&new, id, &["127.0.0.1".into(), "localhost".into()], false).unwrap();
+    }
+    create_client(&new, "alice", false).unwrap();
     // Node 2 trusts both: the old CA first (its own certificate is still
     // the old CA's), then the new one.
     let both = [std::fs::read(old.ca_cert()).unwrap(), std::fs::read(new.ca_cert()).unwrap()].concat();
@@ -348,7 +357,7 @@ fn an_expired_certificate_is_refused_at_load() {
     let dir = tempfile::tempdir().unwrap();
     let layout = cluster(dir.path());
     // Re-sign alice's certificate with a validity that ended yesterday.
-    let (issuer, _) = super::load_issuer(&layout).unwrap();
+    let (issuer, _, _) = super::load_issuer(&layout).unwrap();
     let key = KeyPair::from_pem(&fs::read_to_string(layout.client_key("alice")).unwrap()).unwrap();
     let mut params = CertificateParams::default();
     params.distinguished_name = super::name("alice");
@@ -360,4 +369,76 @@ fn an_expired_certificate_is_refused_at_load() {
     fs::write(layout.client_cert("alice"), expired.pem()).unwrap();
     let err = client_tls(&layout, "alice").unwrap_err().to_string();
     assert!(err.contains("client-alice.crt") && err.contains("expired at"), "{err}");
+}
+
+/// A client configuration that presents `cert` and checks only that the
+/// server's certificate is of the CA `ca` (not its cluster).
+fn careless(ca: &Path, cert: &Path, key: &Path) -> std::sync::Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(der(ca).into()).unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_file(key).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_client_auth_cert(vec![der(cert).into()], key)
+    .unwrap();
+    std::sync::Arc::new(config)
+}
+
+#[test]
+fn a_node_of_another_cluster_signed_by_the_same_ca_is_refused_on_every_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let ours = cluster(dir.path());
+    let name = cluster_of(&der(&ours.ca_cert())).unwrap().expect("the CA names a cluster");
+    // The same CA, signing for a second cluster with its own name.
+    let other_dir = tempfile::tempdir().unwrap();
+    let other = Layout::new(other_dir.path());
+    std::fs::create_dir_all(other_dir.path()).unwrap();
+    for file in ["ca.crt", "ca.key"] {
+        std::fs::copy(dir.path().join(file), other_dir.path().join(file)).unwrap();
+    }
+    let hosts = ["127.0.0.1".to_owned()];
+    create_node_for(&other, 1, &hosts, false, std::time::Duration::from_secs(3600), Some("other")).unwrap();
+    create_client_for(&other, "alice", false, std::time::Duration::from_secs(3600), Some("other")).unwrap();
+    assert_eq!(cluster_of(&der(&other.node_cert(1))).unwrap().as_deref(), Some("other"));
+    assert_eq!(cluster_of(&der(&ours.node_cert(1))).unwrap(), Some(name.clone()));
+    assert!(signed_by(&der(&other.node_cert(1)), &der(&ours.ca_cert())));
+
+    let two = node_tls(&ours, 2).unwrap();
+    assert_eq!(two.cluster.as_deref(), Some(name.as_str()));
+    let impostor = node_tls(&other, 1).unwrap();
+    // It dials our node 2 as node 1: refused (by itself first, as it
+    // checks our certificate; then by our side, with a dialler that does
+    // not check clusters).
+    let (result, ..) = connect(&impostor.peer_client, peer_server_name(2), &two.peer_server);
+    assert!(result.unwrap_err().contains("cluster"));
+    let dialler = careless(&ours.ca_cert(), &other.node_cert(1), &other.node_key(1));
+    let (result, ..) = connect(&dialler, peer_server_name(2), &two.peer_server);
+    let err = result.unwrap_err();
+    assert!(err.starts_with("server") && err.contains("`other`"), "{err}");
+    // Our node 2 dials it as node 1: refused too.
+    let (result, ..) = connect(&two.peer_client, peer_server_name(1), &impostor.peer_server);
+    let err = result.unwrap_err();
+    assert!(err.starts_with("client") && err.contains("`other`"), "{err}");
+    // A client of ours sent to it (a forged redirect): refused.
+    let alice = client_tls(&ours, "alice").unwrap();
+    let (result, ..) = connect(&alice, ip("127.0.0.1"), &impostor.client_server);
+    assert!(result.unwrap_err().starts_with("client"), "our client trusted the other cluster's node");
+    // The other cluster's user at our client port: refused.
+    let mallory = careless(&ours.ca_cert(), &other.client_cert("alice"), &other.client_key("alice"));
+    let (result, ..) = connect(&mallory, ip("127.0.0.1"), &two.client_server);
+    let err = result.unwrap_err();
+    assert!(err.starts_with("server") && err.contains("`other`"), "the other cluster's user was let in: {err}");
+    // Ours still talk.
+    let one = node_tls(&ours, 1).unwrap();
+    let (result, ..) = connect(&one.peer_client, peer_server_name(2), &two.peer_server);
+    assert_eq!(result, Ok(()));
+    // And a bad name is refused before anything is written.
+    let err = create_node_for(&other, 3, &hosts, false, std::time::Duration::from_secs(3600), Some("Bad/Name")).unwrap_err();
+    assert!(err.to_string().contains("cluster name"), "{err}");
+    assert!(!other.node_cert(3).exists());
 }
