@@ -191,6 +191,14 @@ pub struct PeerTls {
 pub struct Route {
     pub from: u64,
     pub to: u64,
+    /// The message may come from a node that does not know the cluster's
+    /// id yet, to a node that does: one that commits, elects and proves
+    /// nothing (a refusal of entries, which tells a leader where to start
+    /// catching up a blank node). Every other message on a connection
+    /// whose hello named no cluster is dropped once this node knows its
+    /// cluster: a blank node neither votes nor acknowledges, and a node of
+    /// another cluster that hides its id counts for nothing.
+    pub unnamed_ok: bool,
 }
 
 /// What a node loop runs between rounds of socket events: the server's
@@ -612,6 +620,9 @@ pub(crate) struct Peers<M> {
     outgoing: BTreeMap<u64, Outgoing>,
     /// This node knew its cluster's id at the last check.
     named: bool,
+    /// Messages dropped because their connection's hello named no cluster
+    /// while this node knew its own ([`Route::unnamed_ok`]).
+    unnamed_dropped: u64,
     /// Repeated warnings, per kind and address.
     throttle: crate::throttle::Throttle,
     /// Outgoing connection tokens to their peer.
@@ -706,6 +717,8 @@ struct Incoming {
     parts: Vec<u8>,
     /// The peer, once its hello came.
     peer: Option<u64>,
+    /// Its hello named this node's cluster (see [`Route::unnamed_ok`]).
+    named: bool,
     /// When the peer's certificate ends (TLS): the connection is closed.
     expiry: Option<Instant>,
     remote: SocketAddr,
@@ -733,6 +746,7 @@ impl<M: Message> Peers<M> {
             client_addrs,
             outgoing: BTreeMap::new(),
             named: false,
+            unnamed_dropped: 0,
             throttle: crate::throttle::Throttle::default(),
             by_token: HashMap::default(),
             incoming: HashMap::default(),
@@ -1195,6 +1209,7 @@ impl<M: Message> Peers<M> {
                 input: Vec::new(),
                 parts: Vec::new(),
                 peer: None,
+                named: false,
                 expiry: None,
                 remote,
             };
@@ -1408,7 +1423,15 @@ impl<M: Message> Peers<M> {
                                 return Err(Some("the peer's certificate has expired".to_owned()));
                             }
                             self.config.greetings.record(hello.node_id, &hello);
-                            self.client_addrs.insert(hello.node_id, hello.client_addr);
+                            incoming.named = !hello.cluster_id.is_empty();
+                            // Clients are sent only to a node that named
+                            // this cluster: one that hides its id (blank,
+                            // or of another cluster) serves none of ours.
+                            if incoming.named || ours.is_empty() {
+                                self.client_addrs.insert(hello.node_id, hello.client_addr);
+                            } else {
+                                self.client_addrs.remove(hello.node_id);
+                            }
                         }
                         Err(err) => return Err(Some(format!("bad hello: {err}"))),
                     }
@@ -1448,6 +1471,15 @@ impl<M: Message> Peers<M> {
                                     "a message from {} to {} on node {:?}'s connection",
                                     route.from, route.to, incoming.peer
                                 )));
+                            }
+                            if !incoming.named && !route.unnamed_ok && (self.named || self.config.greetings.is_named()) {
+                                // Dropped, not closed: the blank node
+                                // reconnects naming the cluster once it
+                                // has applied its id.
+                                self.unnamed_dropped += 1;
+                                debug!(self.logger, "dropped a message from a node that named no cluster";
+                                    "peer" => incoming.peer, "dropped" => self.unnamed_dropped);
+                                continue;
                             }
                             inbound.push(message);
                         }

@@ -466,7 +466,11 @@ pub(crate) fn node_with(
     let node = NodeLoop::start(
         clients,
         peers,
-        |message: &Msg| Route { from: message.node_id, to: message.leader_id },
+        |message: &Msg| Route {
+            from: message.node_id,
+            to: message.leader_id,
+            unnamed_ok: message.role.starts_with("refusal"),
+        },
         handler,
         |_waker| Box::new(relay) as Box<dyn Core<Msg>>,
         client_addrs.clone(),
@@ -785,11 +789,20 @@ fn a_hello_naming_another_cluster_is_refused_once_this_node_knows_its_own() {
     two.greetings.set_cluster_id(&[1; 16]);
     assert!(closed(hello(&[9; 16])), "another cluster's hello was taken");
     assert!(two.inbound.try_recv().is_err(), "another cluster's message was delivered");
-    // Its own cluster's, and a node that knows no name yet, are taken.
-    for id in [&[1; 16][..], &[]] {
-        assert!(!closed(hello(id)));
-        assert_eq!(two.inbound.recv_timeout(Duration::from_secs(10)).unwrap().role, "foreign");
-    }
+    // Its own cluster's is taken.
+    assert!(!closed(hello(&[1; 16])));
+    assert_eq!(two.inbound.recv_timeout(Duration::from_secs(10)).unwrap().role, "foreign");
+    // A node that names no cluster (blank, or one that hides its id) keeps
+    // its connection, but only what Route::unnamed_ok allows gets through,
+    // and clients are never sent to the address it announces.
+    let mut blank = connect(addrs[&2]);
+    write_frame(&mut blank, &PeerHello { client_addr: "127.0.0.1:46999".into(), ..hello(&[]) }).unwrap();
+    write_frame(&mut blank, &msg(1, 2, "a vote")).unwrap();
+    write_frame(&mut blank, &msg(1, 2, "refusal of entries")).unwrap();
+    assert_eq!(two.inbound.recv_timeout(Duration::from_secs(10)).unwrap().role, "refusal of entries");
+    assert!(two.inbound.try_recv().is_err(), "a message from a node that named no cluster was delivered");
+    assert_eq!(two.client_addrs.get(1), None, "a node that named no cluster was made a redirect target");
+    drop(blank);
     // And its own hellos name the cluster.
     let one = node(1, &addrs, 1 << 20);
     one.greetings.set_cluster_id(&[1; 16]);

@@ -574,7 +574,13 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         listeners,
         client_config,
         peer_config,
-        |message: &Message| Route { from: message.from, to: message.to },
+        |message: &Message| Route {
+            from: message.from,
+            to: message.to,
+            // A refusal of entries: it commits nothing and tells the
+            // leader where to start catching up a blank node.
+            unnamed_ok: message.msg_type == raft::eraftpb::MessageType::MsgAppendResponse && message.reject,
+        },
         handler,
         make_core,
         client_addrs,
