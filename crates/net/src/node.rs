@@ -193,8 +193,8 @@ pub struct Route {
     pub to: u64,
     /// The message may come from a node that does not know the cluster's
     /// id yet, to a node that does: one that commits, elects and proves
-    /// nothing (a refusal of entries, which tells a leader where to start
-    /// catching up a blank node). Every other message on a connection
+    /// nothing (a refusal of entries, or a heartbeat's answer that confirms
+    /// no read: what a leader needs to start catching up a blank node). Every other message on a connection
     /// whose hello named no cluster is dropped once this node knows its
     /// cluster: a blank node neither votes nor acknowledges, and a node of
     /// another cluster that hides its id counts for nothing.

@@ -577,9 +577,16 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         |message: &Message| Route {
             from: message.from,
             to: message.to,
-            // A refusal of entries: it commits nothing and tells the
-            // leader where to start catching up a blank node.
-            unnamed_ok: message.msg_type == raft::eraftpb::MessageType::MsgAppendResponse && message.reject,
+            // What a blank node needs to be caught up, and nothing that
+            // counts: a refusal of entries (it tells the leader where to
+            // start) and a heartbeat's answer without a read's context (it
+            // resumes the leader's probe; one with a context would confirm
+            // a read).
+            unnamed_ok: match message.msg_type {
+                raft::eraftpb::MessageType::MsgAppendResponse => message.reject,
+                raft::eraftpb::MessageType::MsgHeartbeatResponse => message.context.is_empty(),
+                _ => false,
+            },
         },
         handler,
         make_core,

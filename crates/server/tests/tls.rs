@@ -18,8 +18,16 @@ use fencelock_client::{Client, ClientConfig, ClientError, TlsConfig};
 
 /// Makes a CA, nodes 1 to `nodes` on 127.0.0.1, and the users in `users`.
 fn make_certs(dir: &Path, nodes: u64, users: &[&str]) {
+    make_certs_of(dir, nodes, users, None);
+}
+
+/// [`make_certs`], with a CA that names the cluster `cluster` when given.
+fn make_certs_of(dir: &Path, nodes: u64, users: &[&str], cluster: Option<&str>) {
     let dir = dir.to_str().unwrap();
-    assert!(fencelock(&["cert", "create-ca", "--certs-dir", dir]).status.success());
+    let mut create_ca = vec!["cert", "create-ca", "--certs-dir", dir];
+    create_ca.extend(cluster.map(|cluster| ["--cluster", cluster]).iter().flatten());
+    let made = fencelock(&create_ca);
+    assert!(made.status.success(), "{made:?}");
     for id in 1..=nodes {
         let id = id.to_string();
         let made =
@@ -128,30 +136,39 @@ fn wait_for_log(cluster: &Cluster, needle: &str) {
 fn sighup_reloads_the_certificates_to_rotate_the_ca_and_a_bad_reload_changes_nothing() {
     let mut cluster = Cluster::configure(1);
     let certs = cluster.dir.path().join("certs");
-    make_certs(&certs, 1, &["alice"]);
+    make_certs_of(&certs, 1, &["alice"], Some("prod"));
     cluster.nodes[0].extra_args = vec!["--certs-dir".into(), certs.display().to_string()];
     cluster.launch(1);
     let alice = client(&cluster, Some((&certs, "alice")), DEADLINE).unwrap();
     let first = alice.acquire(b"jobs/rotate", Duration::from_secs(30), Duration::ZERO).unwrap();
 
-    // A new CA, with a user of its own who trusts both CAs.
+    // A new CA that names the same cluster (docs/security.md), with a user
+    // of its own who trusts both CAs; and one that forgot to, with carol.
     let new = cluster.dir.path().join("new-certs");
-    make_certs(&new, 1, &["bob"]);
+    make_certs_of(&new, 1, &["bob"], Some("prod"));
+    let forgot = cluster.dir.path().join("forgot-certs");
+    make_certs(&forgot, 1, &["carol"]);
     let both =
         [std::fs::read(certs.join("ca.crt")).unwrap(), std::fs::read(new.join("ca.crt")).unwrap()].concat();
     std::fs::write(new.join("ca.crt"), &both).unwrap();
+    let all = [both.clone(), std::fs::read(forgot.join("ca.crt")).unwrap()].concat();
+    std::fs::write(forgot.join("ca.crt"), &all).unwrap();
     let bob = |retry_for| client(&cluster, Some((&new, "bob")), retry_for).unwrap();
     // The node refuses bob's certificate (he learns it at his first read):
     // with every endpoint refusing, the call fails at once.
     let refused = bob(DEADLINE).check(b"jobs/rotate", first.token()).unwrap_err();
     assert!(refused.to_string().contains("every endpoint refused"), "{refused}");
 
-    // The node trusts both CAs after a SIGHUP.
-    std::fs::write(certs.join("ca.crt"), &both).unwrap();
+    // The node trusts the three CAs after a SIGHUP.
+    std::fs::write(certs.join("ca.crt"), &all).unwrap();
     let pid = nix::unistd::Pid::from_raw(cluster.nodes[0].child.as_ref().unwrap().id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
     wait_for_log(&cluster, "certificates reloaded");
     assert!(bob(DEADLINE).check(b"jobs/rotate", first.token()).unwrap());
+    // Carol's certificate names another cluster: refused by both sides.
+    let carol = client(&cluster, Some((&forgot, "carol")), DEADLINE).unwrap();
+    let refused = carol.check(b"jobs/rotate", first.token()).unwrap_err();
+    assert!(refused.to_string().contains("cluster"), "{refused}");
     // Alice's connection, open since before, serves on.
     assert!(alice.check(b"jobs/rotate", first.token()).unwrap());
 
