@@ -1429,8 +1429,6 @@ impl<M: Message> Peers<M> {
                             // or of another cluster) serves none of ours.
                             if incoming.named || ours.is_empty() {
                                 self.client_addrs.insert(hello.node_id, hello.client_addr);
-                            } else {
-                                self.client_addrs.remove(hello.node_id);
                             }
                         }
                         Err(err) => return Err(Some(format!("bad hello: {err}"))),
@@ -1472,7 +1470,10 @@ impl<M: Message> Peers<M> {
                                     route.from, route.to, incoming.peer
                                 )));
                             }
-                            if !incoming.named && !route.unnamed_ok && (self.named || self.config.greetings.is_named()) {
+                            if !incoming.named
+                                && !route.unnamed_ok
+                                && (self.named || self.config.greetings.is_named())
+                            {
                                 // Dropped, not closed: the blank node
                                 // reconnects naming the cluster once it
                                 // has applied its id.

@@ -165,7 +165,8 @@ fn peer_connections_end_with_the_peer_certificate() {
     let dir = tempfile::tempdir().unwrap();
     let layout = cluster_certs(dir.path());
     // Node 2's certificate ends within 2 s.
-    fencelock_tls::create_node_for(&layout, 2, &["127.0.0.1".into()], true, Duration::from_secs(2), None).unwrap();
+    fencelock_tls::create_node_for(&layout, 2, &["127.0.0.1".into()], true, Duration::from_secs(2), None)
+        .unwrap();
     let addrs: std::collections::BTreeMap<u64, SocketAddr> = (1..=2).map(|id| (id, free_addr())).collect();
     let one = node_with(1, &addrs, 1 << 20, Arc::new(Immediate), Some(&layout));
     let two = node_with(2, &addrs, 1 << 20, Arc::new(Immediate), Some(&layout));

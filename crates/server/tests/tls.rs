@@ -255,3 +255,146 @@ fn make_certs_node(certs: &Path, id: u64) {
     ]);
     assert!(made.status.success(), "{made:?}");
 }
+
+/// A TLS connection to node `to`'s peer port at `addr` that presents
+/// `cert` and `key`, trusting any server certificate of the CA `ca`
+/// (whatever cluster it names), with `hello` sent: `None` when the node
+/// refused the handshake.
+fn peer_connection(
+    ca: &Path,
+    cert: &Path,
+    key: &Path,
+    to: u64,
+    addr: &str,
+    hello: &fencelock_types::client_pb::PeerHello,
+) -> Option<rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(rustls::pki_types::CertificateDer::from_pem_file(ca).unwrap()).unwrap();
+    let chain = vec![rustls::pki_types::CertificateDer::from_pem_file(cert).unwrap()];
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_file(key).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_client_auth_cert(chain, key)
+    .unwrap();
+    let session =
+        rustls::ClientConnection::new(std::sync::Arc::new(config), fencelock_tls::peer_server_name(to))
+            .unwrap();
+    let socket = std::net::TcpStream::connect(addr).unwrap();
+    socket.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut stream = rustls::StreamOwned::new(session, socket);
+    let mut frame = Vec::new();
+    fencelock_net::encode_frame(hello, &mut frame);
+    std::io::Write::write_all(&mut stream, &frame).ok()?;
+    std::io::Write::flush(&mut stream).ok()?;
+    // TLS 1.3: the server's verdict on our certificate comes after our
+    // side is done; a read shows it.
+    let mut byte = [0u8; 1];
+    match std::io::Read::read(&mut stream, &mut byte) {
+        Err(err)
+            if err.kind() == std::io::ErrorKind::WouldBlock || err.kind() == std::io::ErrorKind::TimedOut =>
+        {
+            Some(stream)
+        }
+        _ => None,
+    }
+}
+
+#[test]
+fn a_node_certificate_of_another_cluster_under_the_same_ca_is_refused_and_redirects_no_client() {
+    let mut cluster = Cluster::configure(3);
+    let certs = cluster.dir.path().join("certs");
+    make_certs(&certs, 3, &["alice"]);
+    for node in &mut cluster.nodes {
+        node.extra_args = vec!["--certs-dir".into(), certs.display().to_string()];
+    }
+    for id in 1..=3 {
+        cluster.launch(id);
+    }
+    let alice = client(&cluster, Some((&certs, "alice")), DEADLINE).unwrap();
+    let first = alice.acquire(b"jobs/fenced", Duration::from_secs(30), Duration::ZERO).unwrap();
+    let leader = alice.status(cluster.client_addr(1)).unwrap().leader_id;
+    assert!(leader != 0);
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+
+    // Where the forged hellos point clients: it counts who comes.
+    let evil = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    evil.set_nonblocking(true).unwrap();
+    let evil_addr = evil.local_addr().unwrap().to_string();
+
+    // The same CA signs for a second cluster: its node with the leader's id.
+    let other = cluster.dir.path().join("other-certs");
+    std::fs::create_dir_all(&other).unwrap();
+    for file in ["ca.crt", "ca.key"] {
+        std::fs::copy(certs.join(file), other.join(file)).unwrap();
+    }
+    let dir = other.to_str().unwrap();
+    let id = leader.to_string();
+    let made = fencelock(&[
+        "cert",
+        "create-node",
+        "--certs-dir",
+        dir,
+        "--id",
+        &id,
+        "--cluster",
+        "other",
+        "127.0.0.1",
+    ]);
+    assert!(made.status.success(), "{made:?}");
+    let hello = fencelock_types::client_pb::PeerHello {
+        node_id: leader,
+        client_addr: evil_addr.clone(),
+        ..Default::default()
+    };
+    let (cert, key) = (other.join(format!("node-{leader}.crt")), other.join(format!("node-{leader}.key")));
+    let follower_peer = cluster.peer_addr(follower).to_owned();
+    assert!(
+        peer_connection(&certs.join("ca.crt"), &cert, &key, follower, &follower_peer, &hello).is_none(),
+        "a node certificate of another cluster was taken on the peer port"
+    );
+
+    // An operator who forgot --cluster: the certificate names this
+    // cluster. Its hello hides the cluster id and points at the evil
+    // address, and it claims a term far ahead.
+    let made =
+        fencelock(&["cert", "create-node", "--certs-dir", dir, "--id", &id, "--overwrite", "127.0.0.1"]);
+    assert!(made.status.success(), "{made:?}");
+    let term_before = alice.status(cluster.client_addr(follower)).unwrap().term;
+    let mut hidden = peer_connection(&certs.join("ca.crt"), &cert, &key, follower, &follower_peer, &hello)
+        .expect("a node of this cluster's CA and name that names no cluster id is taken as a blank node");
+    let mut heartbeat = raft::prelude::Message::default();
+    heartbeat.set_msg_type(raft::prelude::MessageType::MsgHeartbeat);
+    heartbeat.from = leader;
+    heartbeat.to = follower;
+    heartbeat.term = term_before + 50;
+    let mut vote = heartbeat.clone();
+    vote.set_msg_type(raft::prelude::MessageType::MsgRequestVote);
+    let mut frames = Vec::new();
+    for message in [&heartbeat, &vote] {
+        fencelock_net::encode_frame(message, &mut frames);
+    }
+    std::io::Write::write_all(&mut hidden, &frames).unwrap();
+    std::io::Write::flush(&mut hidden).unwrap();
+
+    // A client that knows only the follower is sent to the real leader,
+    // and the follower never took the forged term.
+    let mut config = ClientConfig::new(vec![cluster.client_addr(follower).to_owned()]);
+    config.retry_for = DEADLINE;
+    config.tls = Some(TlsConfig { certs_dir: certs.clone(), user: "alice".into() });
+    let via_follower = Client::connect(config).unwrap();
+    for n in 0..20 {
+        let guard =
+            via_follower.acquire(format!("jobs/after-{n}"), Duration::from_secs(30), Duration::ZERO).unwrap();
+        assert!(guard.token() > first.token());
+    }
+    let status = alice.status(cluster.client_addr(follower)).unwrap();
+    assert_eq!(status.leader_addr, cluster.client_addr(leader), "{status:?}");
+    assert!(status.term < term_before + 50, "the follower took a forged term: {status:?}");
+    assert!(evil.accept().is_err(), "a client was sent to the forged address");
+    drop(hidden);
+}

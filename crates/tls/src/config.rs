@@ -384,7 +384,8 @@ impl ServerCertVerifier for RequireCluster {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let verified = self.inner.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)?;
+        let verified =
+            self.inner.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)?;
         cluster_fits(self.cluster.as_deref(), end_entity)?;
         Ok(verified)
     }

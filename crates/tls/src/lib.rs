@@ -148,7 +148,8 @@ pub fn create_ca_named(
     let key_pair = KeyPair::generate()?;
     // Unnamed: 16 hex digits of the public key's X coordinate (after the
     // 0x04 of an uncompressed point), as random as the key.
-    let drawn: String = key_pair.public_key_raw().iter().skip(1).take(8).map(|byte| format!("{byte:02x}")).collect();
+    let drawn: String =
+        key_pair.public_key_raw().iter().skip(1).take(8).map(|byte| format!("{byte:02x}")).collect();
     let cluster = cluster.map_or(drawn, str::to_owned);
     let mut params = CertificateParams::default();
     params.distinguished_name = name("fencelock CA");
@@ -289,7 +290,9 @@ pub fn cluster_of(der: &[u8]) -> Result<Option<String>, String> {
     cluster_of_parsed(&certificate)
 }
 
-fn cluster_of_parsed(certificate: &x509_parser::certificate::X509Certificate<'_>) -> Result<Option<String>, String> {
+fn cluster_of_parsed(
+    certificate: &x509_parser::certificate::X509Certificate<'_>,
+) -> Result<Option<String>, String> {
     let sans = certificate
         .subject_alternative_name()
         .map_err(|err| err.to_string())?
@@ -313,7 +316,9 @@ fn cluster_of_parsed(certificate: &x509_parser::certificate::X509Certificate<'_>
 /// and `-`, starting with a letter or a digit.
 pub fn check_cluster(cluster: &str) -> Result<(), CertError> {
     let fine = (1..=64).contains(&cluster.len())
-        && cluster.bytes().all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || matches!(byte, b'.' | b'_' | b'-'))
+        && cluster.bytes().all(|byte| {
+            byte.is_ascii_lowercase() || byte.is_ascii_digit() || matches!(byte, b'.' | b'_' | b'-')
+        })
         && cluster.bytes().next().is_some_and(|byte| byte.is_ascii_alphanumeric());
     if fine {
         Ok(())

@@ -9,8 +9,6 @@ use std::os::unix::fs::PermissionsExt;
 use x509_parser::extensions::GeneralName;
 use x509_parser::pem::parse_x509_pem;
 
-
-
 use super::*;
 
 fn der(path: &Path) -> Vec<u8> {
@@ -432,13 +430,18 @@ fn a_node_of_another_cluster_signed_by_the_same_ca_is_refused_on_every_port() {
     let mallory = careless(&ours.ca_cert(), &other.client_cert("alice"), &other.client_key("alice"));
     let (result, ..) = connect(&mallory, ip("127.0.0.1"), &two.client_server);
     let err = result.unwrap_err();
-    assert!(err.starts_with("server") && err.contains("`other`"), "the other cluster's user was let in: {err}");
+    assert!(
+        err.starts_with("server") && err.contains("`other`"),
+        "the other cluster's user was let in: {err}"
+    );
     // Ours still talk.
     let one = node_tls(&ours, 1).unwrap();
     let (result, ..) = connect(&one.peer_client, peer_server_name(2), &two.peer_server);
     assert_eq!(result, Ok(()));
     // And a bad name is refused before anything is written.
-    let err = create_node_for(&other, 3, &hosts, false, std::time::Duration::from_secs(3600), Some("Bad/Name")).unwrap_err();
+    let err =
+        create_node_for(&other, 3, &hosts, false, std::time::Duration::from_secs(3600), Some("Bad/Name"))
+            .unwrap_err();
     assert!(err.to_string().contains("cluster name"), "{err}");
     assert!(!other.node_cert(3).exists());
 }
