@@ -651,7 +651,9 @@ impl Inner {
             let sent = Instant::now();
             let attempt = retry.next_try(sent)?;
             let (kind, request_timeout) = make();
-            let outcome = self.attempt(&attempt.endpoint, kind, request_timeout.min(attempt.timeout)).await;
+            let outcome = self
+                .attempt_at(&attempt.endpoint, attempt.node, kind, request_timeout.min(attempt.timeout))
+                .await;
             match retry.finish(Instant::now(), outcome) {
                 Verdict::Done { kind, endpoint } => {
                     *lock(&self.preferred) = Some(endpoint);
@@ -673,11 +675,28 @@ impl Inner {
     /// One request to one node, connecting first if needed, within
     /// `timeout` in all.
     async fn attempt(&self, addr: &str, kind: Request_oneof_kind, timeout: Duration) -> Outcome {
+        self.attempt_at(addr, None, kind, timeout).await
+    }
+
+    /// [`Inner::attempt`], sent only if the node's certificate names node
+    /// `node` when given (a redirect named it).
+    async fn attempt_at(
+        &self,
+        addr: &str,
+        node: Option<u64>,
+        kind: Request_oneof_kind,
+        timeout: Duration,
+    ) -> Outcome {
         let started = Instant::now();
         let connection = match self.connection(addr, timeout).await {
             Ok(connection) => connection,
             Err(reason) => return Outcome::Retry(format!("{addr}: {reason}")),
         };
+        if let Some(refused) =
+            fencelock_client::sansio::retry::check_node(addr, node, connection.node(), self.tls.is_some())
+        {
+            return refused;
+        }
         let request = Request { kind: Some(kind), ..Default::default() };
         let left = timeout.saturating_sub(started.elapsed());
         match connection.call(request, left).await {

@@ -48,6 +48,8 @@ pub(crate) struct Connection {
     pending: Arc<Mutex<Pending>>,
     next_id: AtomicU64,
     reader: JoinHandle<()>,
+    /// The node id the server's certificate names (TLS only).
+    node: Option<u64>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -76,7 +78,7 @@ impl Connection {
             match tls {
                 None => {
                     let (read, write) = tokio::io::split(stream);
-                    Ok::<_, String>((Box::new(read) as Reader, Box::new(write) as Writer))
+                    Ok::<_, String>((Box::new(read) as Reader, Box::new(write) as Writer, None))
                 }
                 Some(config) => {
                     let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
@@ -87,13 +89,19 @@ impl Connection {
                         .connect(name, stream)
                         .await
                         .map_err(|err| format!("TLS handshake failed: {err}"))?;
+                    let node = stream
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|chain| chain.first())
+                        .and_then(|der| fencelock_client::sansio::retry::node_named(der));
                     let (read, write) = tokio::io::split(stream);
-                    Ok((Box::new(read) as Reader, Box::new(write) as Writer))
+                    Ok((Box::new(read) as Reader, Box::new(write) as Writer, node))
                 }
             }
         })
         .await;
-        let (read, write) = match opened {
+        let (read, write, node) = match opened {
             Ok(halves) => halves?,
             Err(_) => return Err("connect timed out".to_owned()),
         };
@@ -104,7 +112,14 @@ impl Connection {
             pending,
             next_id: AtomicU64::new(1),
             reader,
+            node,
         }))
+    }
+
+    /// The node id the server's certificate names (TLS), `None` on plain
+    /// connections.
+    pub(crate) fn node(&self) -> Option<u64> {
+        self.node
     }
 
     fn closed_reason(&self) -> Option<String> {

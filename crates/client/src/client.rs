@@ -22,6 +22,7 @@ use crate::local::LocalHold;
 use crate::renewer::{HeldLock, Renewer};
 use crate::sansio::calls::{self, RenewAnswer, SessionAnswer};
 use crate::sansio::pool::Pool;
+use crate::sansio::retry::check_node;
 use crate::sansio::{Drift, Outcome, RetryLoop, Retrying, Verdict};
 use crate::session::SessionGuard;
 use crate::types::{Grant, LockInfo, NodeStatus, Released, Renewed, Session};
@@ -678,7 +679,8 @@ impl Inner {
             let sent = Instant::now();
             let attempt = retry.next_try(sent)?;
             let (kind, request_timeout) = make();
-            let outcome = self.attempt(&attempt.endpoint, kind, request_timeout.min(attempt.timeout));
+            let outcome =
+                self.attempt_at(&attempt.endpoint, attempt.node, kind, request_timeout.min(attempt.timeout));
             match retry.finish(Instant::now(), outcome) {
                 Verdict::Done { kind, endpoint } => {
                     *lock(&self.preferred) = Some(endpoint.clone());
@@ -699,11 +701,26 @@ impl Inner {
     /// One request to one node, connecting first if needed, all within
     /// `timeout`.
     pub(crate) fn attempt(&self, addr: &str, kind: Request_oneof_kind, timeout: Duration) -> Outcome {
+        self.attempt_at(addr, None, kind, timeout)
+    }
+
+    /// [`Inner::attempt`], sent only if the node's certificate names node
+    /// `node` when given (a redirect named it).
+    pub(crate) fn attempt_at(
+        &self,
+        addr: &str,
+        node: Option<u64>,
+        kind: Request_oneof_kind,
+        timeout: Duration,
+    ) -> Outcome {
         let started = Instant::now();
         let connection = match self.connection(addr, timeout) {
             Ok(connection) => connection,
             Err(reason) => return Outcome::Retry(format!("{addr}: {reason}")),
         };
+        if let Some(refused) = check_node(addr, node, connection.node(), self.tls.is_some()) {
+            return refused;
+        }
         let request = Request { kind: Some(kind), ..Default::default() };
         let left = timeout.saturating_sub(started.elapsed());
         match connection.call(request, left) {

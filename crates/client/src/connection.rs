@@ -195,6 +195,8 @@ pub(crate) struct Connection {
     reader: Mutex<ReadHalf>,
     waiters: Waiters,
     next_id: AtomicU64,
+    /// The node id the server's certificate names (TLS only).
+    node: Option<u64>,
 }
 
 impl Connection {
@@ -219,13 +221,24 @@ impl Connection {
             Some(config) => Some(handshake(&mut stream, addr, config, timeout)?),
             None => None,
         };
+        let node = tls
+            .as_ref()
+            .and_then(|session| session.peer_certificates()?.first().map(|der| der.to_vec()))
+            .and_then(|der| crate::sansio::retry::node_named(&der));
         let read_half = stream.try_clone().map_err(|err| format!("cannot split the connection: {err}"))?;
         Ok(Arc::new(Connection {
             writer: Mutex::new(WriteHalf { stream, tls }),
             reader: Mutex::new(ReadHalf { stream: read_half, input: Vec::new(), chunk: vec![0; 64 * 1024] }),
             waiters: Waiters::default(),
             next_id: AtomicU64::new(1),
+            node,
         }))
+    }
+
+    /// The node id the server's certificate names (TLS), `None` on plain
+    /// connections.
+    pub(crate) fn node(&self) -> Option<u64> {
+        self.node
     }
 
     /// Sends `request` under a fresh id and waits up to `timeout` for its

@@ -620,3 +620,75 @@ fn a_session_answered_not_open_is_lost_and_a_dropped_guard_closes_its_session() 
         matches!(request.kind, Some(Request_oneof_kind::session_close(_)))
     });
 }
+
+/// A TLS fake server with node `id`'s certificate from `layout` that
+/// answers every request with `answer` and counts the requests it read.
+fn tls_server(layout: &fencelock_tls::Layout, id: u64, answer: Response) -> (String, Arc<AtomicUsize>) {
+    let server = fencelock_tls::node_tls(layout, id).unwrap().client_server;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let requests = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&requests);
+    thread::spawn(move || {
+        for socket in listener.incoming() {
+            let Ok(socket) = socket else { return };
+            let (server, answer, counted) = (Arc::clone(&server), answer.clone(), Arc::clone(&counted));
+            thread::spawn(move || {
+                let session = rustls::ServerConnection::new(server).unwrap();
+                let mut stream = rustls::StreamOwned::new(session, socket);
+                while let Ok(request) = read_frame::<Request>(&mut stream, 1 << 20) {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    let mut frame = Vec::new();
+                    encode_frame(&Response { id: request.id, ..answer.clone() }, &mut frame);
+                    if stream.write_all(&frame).and_then(|()| stream.flush()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, requests)
+}
+
+#[test]
+fn a_redirect_is_followed_only_to_a_node_whose_certificate_names_the_leader_it_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = fencelock_tls::Layout::new(dir.path());
+    fencelock_tls::create_ca(&layout, false).unwrap();
+    for id in 1..=3 {
+        fencelock_tls::create_node(&layout, id, &["127.0.0.1".into()], false).unwrap();
+    }
+    fencelock_tls::create_client(&layout, "alice", false).unwrap();
+    let held =
+        Response { kind: Some(Response_oneof_kind::get(GetResponse::default())), ..Default::default() };
+    let not_leader = |leader_id: u64, leader_addr: &str| Response {
+        error: SingularPtrField::some(Error {
+            code: ErrorCode::NOT_LEADER,
+            message: "not the leader".into(),
+            leader_id,
+            leader_addr: leader_addr.into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let client = |endpoint: &str| {
+        let mut config = ClientConfig::new(vec![endpoint.to_owned()]);
+        config.retry_for = Duration::from_millis(600);
+        config.request_timeout = Duration::from_secs(2);
+        config.tls = Some(crate::TlsConfig { certs_dir: dir.path().to_owned(), user: "alice".into() });
+        Client::connect(config).unwrap()
+    };
+
+    // Node 3's certificate at the address node 1 says node 2 leads from.
+    let (impostor, impostor_requests) = tls_server(&layout, 3, held.clone());
+    let (follower, _) = tls_server(&layout, 1, not_leader(2, &impostor));
+    let err = client(&follower).get("k", true).unwrap_err();
+    assert!(matches!(err, ClientError::Unavailable(_)), "{err}");
+    assert_eq!(impostor_requests.load(Ordering::SeqCst), 0, "a request went to the wrong node");
+
+    // Node 2 there: followed.
+    let (leader, leader_requests) = tls_server(&layout, 2, held);
+    let (follower, _) = tls_server(&layout, 1, not_leader(2, &leader));
+    assert_eq!(client(&follower).get("k", true).unwrap(), None);
+    assert!(leader_requests.load(Ordering::SeqCst) >= 1);
+}

@@ -50,8 +50,9 @@ pub struct Retrying {
 pub enum Outcome {
     /// The node answered with a result.
     Done(Response_oneof_kind),
-    /// `NOT_LEADER` naming the leader's client address.
-    Redirect { leader: String, reason: String },
+    /// `NOT_LEADER` naming the leader's client address, and its id (0 when
+    /// the node did not say).
+    Redirect { leader: String, leader_id: u64, reason: String },
     /// Worth trying again elsewhere (a connection failed, no answer in
     /// time, `UNAVAILABLE`, `TIMEOUT`): the reason is kept for the final
     /// error.
@@ -69,7 +70,11 @@ impl Outcome {
             match error.code {
                 ErrorCode::OK => {}
                 ErrorCode::NOT_LEADER if !error.leader_addr.is_empty() => {
-                    return Outcome::Redirect { leader: error.leader_addr, reason };
+                    return Outcome::Redirect {
+                        leader: error.leader_addr,
+                        leader_id: error.leader_id,
+                        reason,
+                    };
                 }
                 ErrorCode::NOT_LEADER | ErrorCode::TIMEOUT | ErrorCode::UNAVAILABLE => {
                     return Outcome::Retry(reason)
@@ -102,6 +107,39 @@ pub struct Try {
     /// but never under [`ATTEMPT_MIN`]. The shell takes the smaller of this
     /// and the request's own timeout.
     pub timeout: Duration,
+    /// The node a redirect said is there: under TLS the shell sends only
+    /// if the node's certificate names it (see [`check_node`]).
+    pub node: Option<u64>,
+}
+
+/// Checks, before a request goes, that the node at `endpoint` is the one
+/// a redirect named: its certificate (TLS) names node `presented`. A
+/// follower's hint is only as good as what its peers said; a certificate
+/// is the cluster CA's word. `None`: send; `Some`, the attempt's outcome.
+/// Plain connections present nothing and are not checked.
+pub fn check_node(
+    endpoint: &str,
+    expected: Option<u64>,
+    presented: Option<u64>,
+    tls: bool,
+) -> Option<Outcome> {
+    let expected = expected?;
+    if !tls || presented == Some(expected) {
+        return None;
+    }
+    let named = presented.map_or_else(|| "no node".to_owned(), |id| format!("node {id}"));
+    Some(Outcome::Retry(format!(
+        "{endpoint}: its certificate names {named}, not node {expected}, whom the redirect named: not followed"
+    )))
+}
+
+/// The node id a node's certificate names, from the DER of the first
+/// certificate a TLS server presented.
+pub fn node_named(der: &[u8]) -> Option<u64> {
+    match fencelock_tls::identity_of(der) {
+        Ok(fencelock_tls::Identity::Node(id)) => Some(id),
+        _ => None,
+    }
 }
 
 /// What the call does after an attempt.
@@ -129,6 +167,8 @@ pub struct RetryLoop {
     index: usize,
     backoff: Duration,
     redirected: bool,
+    /// The node the current target should be (a redirect named it).
+    expect: Option<u64>,
     last_reason: String,
     attempted: bool,
     /// Endpoints that refused this client's connection in this call.
@@ -160,6 +200,7 @@ impl RetryLoop {
             index,
             backoff: BACKOFF_MIN,
             redirected: false,
+            expect: None,
             last_reason: "no node answered in time".to_owned(),
             attempted: false,
             refused: Vec::new(),
@@ -179,7 +220,7 @@ impl RetryLoop {
             return Err(ClientError::InvalidArgument("no endpoints given".to_owned()));
         }
         self.attempted = true;
-        Ok(Try { endpoint: self.target.clone(), timeout: left.max(ATTEMPT_MIN) })
+        Ok(Try { endpoint: self.target.clone(), timeout: left.max(ATTEMPT_MIN), node: self.expect })
     }
 
     /// The attempt at [`RetryLoop::next_try`]'s endpoint ended with
@@ -190,9 +231,10 @@ impl RetryLoop {
                 return Verdict::Done { kind: Box::new(kind), endpoint: self.target.clone() }
             }
             Outcome::Fail(error) => return Verdict::Fail(error),
-            Outcome::Redirect { leader, reason } if leader != self.target => {
+            Outcome::Redirect { leader, leader_id, reason } if leader != self.target => {
                 self.last_reason = reason;
                 self.target = leader;
+                self.expect = (leader_id != 0).then_some(leader_id);
                 // The first redirect is followed at once; a chain of them
                 // backs off.
                 std::mem::replace(&mut self.redirected, true)
@@ -211,6 +253,7 @@ impl RetryLoop {
                 self.last_reason = reason;
                 self.index = (self.index + 1) % self.endpoints.len();
                 self.target = self.endpoints[self.index].clone();
+                self.expect = None;
                 true
             }
         };
@@ -291,8 +334,11 @@ mod tests {
         let now = Instant::now();
         let mut call = RetryLoop::new(&endpoints(), None, now, Duration::from_secs(30), 7);
         assert_eq!(call.next_try(now).unwrap().endpoint, "a:1");
-        let redirect =
-            |to: &str| Outcome::Redirect { leader: to.to_owned(), reason: "not the leader".into() };
+        let redirect = |to: &str| Outcome::Redirect {
+            leader: to.to_owned(),
+            leader_id: 0,
+            reason: "not the leader".into(),
+        };
         assert_eq!(pause_of(call.finish(now, redirect("c:3"))), Duration::ZERO);
         assert_eq!(call.next_try(now).unwrap().endpoint, "c:3");
         let second = pause_of(call.finish(now, redirect("b:2")));
@@ -440,5 +486,33 @@ mod tests {
         ] {
             assert!(!refuses_this_client(transient), "{transient}");
         }
+    }
+
+    #[test]
+    fn a_redirect_names_the_node_to_find_there_and_only_a_certificate_of_it_passes() {
+        let now = Instant::now();
+        let mut call =
+            RetryLoop::new(&["a:1".to_owned(), "c:3".to_owned()], None, now, Duration::from_secs(5), 7);
+        assert_eq!(call.next_try(now).unwrap().node, None);
+        let redirect =
+            Outcome::Redirect { leader: "b:2".into(), leader_id: 2, reason: "not the leader".into() };
+        call.finish(now, redirect);
+        let attempt = call.next_try(now).unwrap();
+        assert_eq!((attempt.endpoint.as_str(), attempt.node), ("b:2", Some(2)));
+        // Under TLS, a certificate of another node (or of none) stops it.
+        let refused = check_node("b:2", attempt.node, Some(3), true);
+        assert!(
+            matches!(&refused, Some(Outcome::Retry(reason)) if reason.contains("names node 3, not node 2")),
+            "{refused:?}"
+        );
+        assert!(matches!(check_node("b:2", attempt.node, None, true), Some(Outcome::Retry(_))));
+        assert!(check_node("b:2", attempt.node, Some(2), true).is_none());
+        // Plain connections present nothing to check; a configured endpoint
+        // is not held to a node.
+        assert!(check_node("b:2", attempt.node, None, false).is_none());
+        assert!(check_node("a:1", None, Some(9), true).is_none());
+        // Moving on to the next endpoint forgets the node.
+        call.finish(now, refused.unwrap());
+        assert_eq!(call.next_try(now + Duration::from_secs(1)).unwrap().node, None);
     }
 }
