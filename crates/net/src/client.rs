@@ -743,8 +743,15 @@ impl<M: protobuf::Message> EventLoop<M> {
                 Err(err) => return Err(Close::Quietly(format!("read failed: {err}"))),
             };
             if handshaking && !connection.wire.is_handshaking() {
-                // The port's verifier takes user certificates only.
-                if let Some(fencelock_tls::Identity::User(user)) = connection.wire.peer_identity() {
+                // The port's verifier takes user and node certificates: a
+                // node is the principal `node/<id>`, which no user name
+                // can be (the handler lets it only join as itself).
+                let principal = match connection.wire.peer_identity() {
+                    Some(fencelock_tls::Identity::User(user)) => Some(user),
+                    Some(fencelock_tls::Identity::Node(id)) => Some(fencelock_tls::node_principal(id)),
+                    None => None,
+                };
+                if let Some(user) = principal {
                     debug!(connection.logger, "client authenticated"; "user" => &user);
                     let _ = connection.shared.user.set(user);
                 }

@@ -86,6 +86,12 @@ impl Handler for ClientHandler {
             }
         };
         let user = user.as_deref();
+        if let Some(node) = user.and_then(fencelock_tls::principal_node) {
+            if let Err((sink, code, message)) = self.as_node(node, kind, sink) {
+                sink.send(error_response(id, code, message));
+            }
+            return;
+        }
         let result = match kind {
             Kind::acquire(acquire) => self.acquire(acquire, user, sink),
             Kind::release(release) => self.release(release, user, sink),
@@ -761,6 +767,38 @@ impl ClientHandler {
         Ok(())
     }
 
+    /// What a node's certificate may do on the client port (TLS): what
+    /// `--join` needs and nothing more. It may read the status and the
+    /// membership, confirm the entry an admin's `member add` made for it
+    /// (a `member add` of itself at the addresses that entry holds: it
+    /// never adds a node), and ask to be promoted. So a node joins without
+    /// an admin's key on its machine, and a node's key, stolen, adds no
+    /// node and touches no lock.
+    fn as_node(&self, node: u64, kind: Kind, sink: ResponseSink) -> Result<(), Refusal> {
+        match kind {
+            Kind::status(_) => {
+                self.status(false, sink);
+                Ok(())
+            }
+            Kind::member_list(_) => self.membership_answer(None, None, sink),
+            Kind::member_add(add) if add.id == node => {
+                let entry = (node, add.peer_addr, add.client_addr);
+                self.membership_answer(None, Some(entry), sink)
+            }
+            Kind::member_promote(promote) if promote.id == node => {
+                let change = MemberChange::Promote(NodeId(node));
+                self.membership_answer(Some(ClientRequest::ChangeMembers(change)), None, sink)
+            }
+            _ => Err(denied(
+                sink,
+                format!(
+                    "permission denied: node {node}'s certificate may only join the cluster as node {node} \
+                     (status, member list, and member add and promote of node {node})"
+                ),
+            )),
+        }
+    }
+
     /// A membership request (`None`: the list) or a leadership transfer,
     /// for admins only under TLS; answered with the membership, or the new
     /// leader.
@@ -775,14 +813,46 @@ impl ClientHandler {
                 format!("permission denied: user {user} is not an admin, and membership is for admins");
             return Err(denied(sink, message));
         }
+        self.membership_answer(request, None, sink)
+    }
+
+    /// Sends a membership request (`None`: the list) on, and answers with
+    /// the membership or the new leader. With `confirm` (a node's id and
+    /// addresses), the membership answers only if it holds that node at
+    /// those addresses (see [`ClientHandler::as_node`]).
+    fn membership_answer(
+        &self,
+        request: Option<ClientRequest>,
+        confirm: Option<(u64, String, String)>,
+        sink: ResponseSink,
+    ) -> Result<(), Refusal> {
         let conn = ConnId(sink.connection());
         let identity = Arc::clone(&self.identity);
         let reply = self.responder(sink, move |reply| match reply? {
-            Response::Members { members, index } => Ok(Out::member(proto::MemberResponse {
-                members: members.iter().map(|member| identity.member(member)).collect(),
-                index,
-                ..Default::default()
-            })),
+            Response::Members { members, index } => {
+                if let Some((node, peer_addr, client_addr)) = confirm {
+                    let entry = members.iter().find(|member| member.id.0 == node);
+                    let same = entry
+                        .and_then(|member| member.addrs.as_ref())
+                        .is_some_and(|addrs| addrs.peer_addr == peer_addr && addrs.client_addr == client_addr);
+                    if !same {
+                        let held = match entry.and_then(|member| member.addrs.as_ref()) {
+                            Some(addrs) => format!("it holds node {node} at peer {} and client {}", addrs.peer_addr, addrs.client_addr),
+                            None => format!("it does not hold node {node}"),
+                        };
+                        return Err(Failure::Denied(format!(
+                            "permission denied: node {node}'s certificate joins only as the member an admin \
+                             added: {held}; run `fencelock member add {node} {peer_addr} {client_addr}` as an \
+                             admin first"
+                        )));
+                    }
+                }
+                Ok(Out::member(proto::MemberResponse {
+                    members: members.iter().map(|member| identity.member(member)).collect(),
+                    index,
+                    ..Default::default()
+                }))
+            }
             Response::Transferred { leader } => Ok(Out::leader_transfer(proto::LeaderTransferResponse {
                 leader_id: leader.0,
                 ..Default::default()

@@ -5,9 +5,13 @@
 //! member, or was: it starts from its store, and `--join` only promotes it
 //! if it is still a learner.
 //!
-//! Under TLS the calls go as the user `$FENCELOCK_USER` (default `admin`),
-//! with `client-<user>.crt` and `.key` from `--certs-dir`: membership is
-//! for admins.
+//! Under TLS the calls go as the node itself, with its own certificate:
+//! the cluster lets a node's certificate confirm the entry an admin's
+//! `fencelock member add` made for it, and promote it, nothing more (so
+//! run `member add` first, as it prints this node's start command). With
+//! `$FENCELOCK_USER` set, or a `client-admin.crt` in `--certs-dir` (as
+//! before nodes could join as themselves), they go as that user, an admin,
+//! who may also add the node.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,7 +33,7 @@ const PROMOTE_EVERY: Duration = Duration::from_secs(1);
 fn client(config: &ServerConfig, endpoints: &[String]) -> Result<Client> {
     let tls = config.certs_dir.as_ref().map(|dir| TlsConfig {
         certs_dir: dir.clone(),
-        user: std::env::var("FENCELOCK_USER").unwrap_or_else(|_| "admin".into()),
+        user: join_user(std::env::var("FENCELOCK_USER").ok(), dir, config.id),
     });
     let client_config = ClientConfig {
         endpoints: endpoints.to_vec(),
@@ -40,6 +44,18 @@ fn client(config: &ServerConfig, endpoints: &[String]) -> Result<Client> {
         drift: fencelock_client::Drift::default(),
     };
     Client::connect(client_config).context("--join: cannot make a client for the cluster")
+}
+
+/// Whom a join calls as under TLS: `$FENCELOCK_USER` when set, else
+/// `admin` when its client certificate is in `certs_dir` (joins before
+/// nodes could join as themselves), else the node itself
+/// (`node/<id>`, its own certificate).
+fn join_user(env_user: Option<String>, certs_dir: &std::path::Path, id: u64) -> String {
+    match env_user.filter(|user| !user.is_empty()) {
+        Some(user) => user,
+        None if fencelock_tls::Layout::new(certs_dir).client_cert("admin").exists() => "admin".into(),
+        None => fencelock_tls::node_principal(id),
+    }
 }
 
 /// What the cluster answered a join.
@@ -123,4 +139,22 @@ pub fn spawn_promoter(
         }
     })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::join_user;
+
+    #[test]
+    fn a_join_calls_as_the_user_named_else_an_admin_whose_key_is_there_else_the_node_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(join_user(None, dir.path(), 4), "node/4");
+        assert_eq!(join_user(Some(String::new()), dir.path(), 4), "node/4");
+        assert_eq!(join_user(Some("ops".into()), dir.path(), 4), "ops");
+        std::fs::write(dir.path().join("client-admin.crt"), "").unwrap();
+        assert_eq!(join_user(None, dir.path(), 4), "admin");
+        assert_eq!(join_user(Some("ops".into()), dir.path(), 4), "ops");
+    }
 }

@@ -398,3 +398,154 @@ fn a_node_certificate_of_another_cluster_under_the_same_ca_is_refused_and_redire
     assert!(evil.accept().is_err(), "a client was sent to the forged address");
     drop(hidden);
 }
+
+/// Starts `fencelockd` with `args`, logging to `log`; killed when dropped.
+struct Joiner(std::process::Child);
+
+impl Joiner {
+    fn start(args: &[String], log: &Path) -> Joiner {
+        let out = std::fs::File::create(log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_fencelockd"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap();
+        Joiner(child)
+    }
+}
+
+impl Drop for Joiner {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_node_joins_over_tls_with_its_own_certificate_once_an_admin_added_it_and_does_nothing_else() {
+    let mut cluster = Cluster::configure(3);
+    let certs = cluster.dir.path().join("certs");
+    make_certs(&certs, 5, &["ops", "alice"]);
+    let config = cluster.dir.path().join("cluster.toml");
+    std::fs::write(&config, "admins = [\"ops\"]\n").unwrap();
+    for node in &mut cluster.nodes {
+        node.extra_args = vec![
+            "--certs-dir".into(),
+            certs.display().to_string(),
+            "--config".into(),
+            config.display().to_string(),
+        ];
+    }
+    for id in 1..=3 {
+        cluster.launch(id);
+    }
+    let ops = client(&cluster, Some((&certs, "ops")), DEADLINE).unwrap();
+    let first = ops.acquire(b"jobs/before", Duration::from_secs(60), Duration::ZERO).unwrap();
+
+    // Node 4's machine holds ca.crt and its own pair: no admin key.
+    let node_certs = |id: u64| {
+        let dir = cluster.dir.path().join(format!("certs-{id}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for file in ["ca.crt".to_owned(), format!("node-{id}.crt"), format!("node-{id}.key")] {
+            std::fs::copy(certs.join(&file), dir.join(&file)).unwrap();
+        }
+        dir
+    };
+    let args = |id: u64, peer: &str, client_addr: &str| -> Vec<String> {
+        let data = cluster.dir.path().join(format!("data-{id}"));
+        [
+            "--id",
+            &id.to_string(),
+            "--peers",
+            &format!("{id}={peer}"),
+            "--client-addr",
+            client_addr,
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--certs-dir",
+            node_certs(id).to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+            "--join",
+            &cluster.endpoints().join(","),
+        ]
+        .iter()
+        .map(|arg| (*arg).to_owned())
+        .collect()
+    };
+
+    // Node 5, which no admin added: refused, and told what to run.
+    let (peer5, client5) = (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()));
+    let log5 = cluster.dir.path().join("node-5.log");
+    let mut five = Joiner::start(&args(5, &peer5, &client5), &log5);
+    let deadline = Instant::now() + DEADLINE;
+    let status = loop {
+        if let Some(status) = five.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "node 5 joined without an admin's member add");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let log = std::fs::read_to_string(&log5).unwrap();
+    assert_ne!(status.code(), Some(0), "{log}");
+    assert!(log.contains("fencelock member add 5"), "the refusal does not say what to run:\n{log}");
+    assert!(!ops.member_list().unwrap().members.iter().any(|member| member.id == 5));
+
+    // Node 4: added by the admin, then started as member add printed,
+    // with its own certificate.
+    let (peer4, client4) = (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()));
+    let endpoints = cluster.endpoints().join(",");
+    let dir = certs.to_str().unwrap();
+    let added = fencelock(&[
+        "--endpoints",
+        &endpoints,
+        "--certs-dir",
+        dir,
+        "--user",
+        "ops",
+        "member",
+        "add",
+        "4",
+        &peer4,
+        &client4,
+    ]);
+    assert!(added.status.success(), "{added:?}");
+    let log4 = cluster.dir.path().join("node-4.log");
+    let _four = Joiner::start(&args(4, &peer4, &client4), &log4);
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let voters = ops.member_list().map(|membership| {
+            membership.members.iter().filter(|member| member.role.starts_with("voter")).count()
+        });
+        if voters.as_ref().is_ok_and(|voters| *voters == 4) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 4 never became a voter: {voters:?}\n{}",
+            std::fs::read_to_string(&log4).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let next = ops.acquire(b"jobs/after", Duration::from_secs(60), Duration::ZERO).unwrap();
+    assert!(next.token() > first.token());
+
+    // Node 4's certificate on the client port: it joins, and nothing else.
+    let mut config = ClientConfig::new(cluster.endpoints());
+    config.retry_for = DEADLINE;
+    config.tls = Some(TlsConfig { certs_dir: certs.clone(), user: "node/4".into() });
+    let as_node = Client::connect(config).unwrap();
+    assert!(as_node.member_list().is_ok());
+    for refused in [
+        as_node.acquire(b"jobs/stolen", Duration::from_secs(60), Duration::ZERO).map(|_| ()),
+        as_node.force_release(b"jobs/before").map(|_| ()),
+        as_node.member_remove(1).map(|_| ()),
+        as_node.member_add(9, "127.0.0.1:1", "127.0.0.1:2").map(|_| ()),
+        as_node.member_promote(5).map(|_| ()),
+    ] {
+        assert!(matches!(refused, Err(ClientError::PermissionDenied(_))), "{refused:?}");
+    }
+    assert!(ops.check(b"jobs/before", first.token()).unwrap());
+}

@@ -13,7 +13,9 @@
 //! - Toward a peer, a node presents its own certificate and accepts only
 //!   the certificate of the node it dialled: it asks for the name
 //!   `node-<id>.fencelock`, which only that node's certificate carries.
-//! - The client port takes only user certificates of the cluster's CA.
+//! - The client port takes user certificates of the cluster's CA, and
+//!   node certificates (a node that joins with `--join` calls as itself;
+//!   the node's handler lets it do only that).
 //! - A client checks the node's certificate against the address it dialled
 //!   (an IP or DNS name the node's certificate lists) and presents its
 //!   user's certificate.
@@ -51,7 +53,7 @@ pub struct NodeTls {
     pub peer_server: Arc<ServerConfig>,
     /// Dials peers, as node `id`; see [`peer_server_name`].
     pub peer_client: Arc<ClientConfig>,
-    /// Accepts clients: user certificates of the cluster's CA only.
+    /// Accepts clients: user and node certificates of the cluster's CA.
     pub client_server: Arc<ServerConfig>,
     /// When this node's certificate expires.
     pub not_after: OffsetDateTime,
@@ -123,19 +125,26 @@ pub fn node_tls(layout: &Layout, id: u64) -> Result<NodeTls, CertError> {
 }
 
 /// Loads what user `user` needs to reach the cluster from `layout`:
-/// `ca.crt`, `client-<user>.crt` and `client-<user>.key`.
+/// `ca.crt`, `client-<user>.crt` and `client-<user>.key`. The user
+/// `node/<id>` ([`crate::node_principal`]) is node `id`, with its own
+/// `node-<id>.crt` and `.key`: what a node joining with `--join` uses,
+/// which a node only lets join as itself.
 pub fn client_tls(layout: &Layout, user: &str) -> Result<Arc<ClientConfig>, CertError> {
-    crate::check_user(user)?;
+    let (cert_path, key_path, who, what) = match crate::principal_node(user) {
+        Some(id) => (layout.node_cert(id), layout.node_key(id), Identity::Node(id), "node certificate"),
+        None => {
+            crate::check_user(user)?;
+            (
+                layout.client_cert(user),
+                layout.client_key(user),
+                Identity::User(user.to_owned()),
+                "client certificate",
+            )
+        }
+    };
     let roots = load_roots(layout)?;
-    let cert_path = layout.client_cert(user);
-    let (chain, key, _) = load_identity(
-        &cert_path,
-        &layout.client_key(user),
-        &Identity::User(user.to_owned()),
-        "client certificate",
-    )?;
-    let bad_config =
-        |detail: String| CertError::Bad { path: cert_path.clone(), what: "client certificate", detail };
+    let (chain, key, _) = load_identity(&cert_path, &key_path, &who, what)?;
+    let bad_config = |detail: String| CertError::Bad { path: cert_path.clone(), what, detail };
     let cluster = named_cluster(&chain).map_err(bad_config)?;
     let provider = provider();
     let servers = WebPkiServerVerifier::builder_with_provider(roots, Arc::clone(&provider))
@@ -331,7 +340,9 @@ impl ClientCertVerifier for RequireIdentity {
     ) -> Result<ClientCertVerified, rustls::Error> {
         let verified = self.inner.verify_client_cert(end_entity, intermediates, now)?;
         let fits = match identity_of(end_entity) {
-            Ok(Identity::Node(_)) => self.kind == Kind::Node,
+            // Either port: a peer, or a node that joins as itself on the
+            // client port.
+            Ok(Identity::Node(_)) => true,
             Ok(Identity::User(_)) => self.kind == Kind::User,
             Err(_) => false,
         };

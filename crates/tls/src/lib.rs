@@ -329,6 +329,17 @@ pub fn check_cluster(cluster: &str) -> Result<(), CertError> {
     }
 }
 
+/// The principal a node's certificate stands for on the client port:
+/// `node/<id>`. No user name has a `/`, so it is never a user's.
+pub fn node_principal(id: u64) -> String {
+    format!("node/{id}")
+}
+
+/// The node a principal of [`node_principal`]'s form names.
+pub fn principal_node(principal: &str) -> Option<u64> {
+    principal.strip_prefix("node/")?.parse().ok().filter(|id| *id != 0)
+}
+
 /// Checks a user name: 1 to 64 of letters, digits, `.`, `_` and `-`,
 /// not `node` (a lock owner is `user` or `user/suffix`, so no `/`).
 pub fn check_user(user: &str) -> Result<(), CertError> {

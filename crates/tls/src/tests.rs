@@ -213,7 +213,7 @@ fn peers_know_each_other_by_node_id_and_clients_by_user() {
 }
 
 #[test]
-fn a_user_on_the_peer_port_a_node_on_the_client_port_and_strangers_are_refused() {
+fn a_user_on_the_peer_port_and_strangers_are_refused_and_a_node_on_the_client_port_is_taken() {
     let dir = tempfile::tempdir().unwrap();
     let layout = cluster(dir.path());
     let (one, two) = (node_tls(&layout, 1).unwrap(), node_tls(&layout, 2).unwrap());
@@ -221,8 +221,18 @@ fn a_user_on_the_peer_port_a_node_on_the_client_port_and_strangers_are_refused()
 
     let (result, ..) = connect(&alice, peer_server_name(2), &two.peer_server);
     assert!(result.unwrap_err().starts_with("server"), "a user certificate passed the peer port");
-    let (result, ..) = connect(&one.peer_client, ip("127.0.0.1"), &two.client_server);
-    assert!(result.unwrap_err().starts_with("server"), "a node certificate passed the client port");
+    // A node on the client port is let in (`--join` calls as the node
+    // itself); the node's handler lets it only join as itself.
+    let (result, _, server) = connect(&one.peer_client, ip("127.0.0.1"), &two.client_server);
+    assert_eq!(result, Ok(()));
+    assert_eq!(peer_identity(&server), Some(Identity::Node(1)));
+    let joiner = client_tls(&layout, &node_principal(3)).unwrap();
+    let (result, _, server) = connect(&joiner, ip("127.0.0.1"), &two.client_server);
+    assert_eq!(result, Ok(()));
+    assert_eq!(peer_identity(&server), Some(Identity::Node(3)));
+    assert_eq!(principal_node(&node_principal(3)), Some(3));
+    assert_eq!(principal_node("node/0"), None);
+    assert_eq!(principal_node("alice"), None);
 
     // Another cluster's CA, both ways.
     let other = tempfile::tempdir().unwrap();
