@@ -24,13 +24,27 @@ pub fn run(cli: &Cli, command: &CertCommand) -> Result<Exit> {
             create_client_for(&layout, name, overwrite.overwrite, lifetime.lifetime, cluster.as_deref())?
         }
     };
+    // The cluster the new certificate names (docs/security.md,
+    // "Cluster-bound identity"): a CA rotation must name it again.
+    let cluster = written
+        .first()
+        .and_then(|path| std::fs::read(path).ok())
+        .and_then(|pem| fencelock_tls::cluster_of_pem(&pem));
     if cli.json {
         let paths: Vec<String> = written.iter().map(|path| path.display().to_string()).collect();
-        print_json(&json!({ "written": paths }));
+        let mut out = json!({ "written": paths });
+        if let (Some(cluster), Some(object)) = (&cluster, out.as_object_mut()) {
+            object.insert("cluster".into(), json!(cluster));
+        }
+        print_json(&out);
     } else {
         for path in &written {
             println!("wrote {}", path.display());
         }
+        if let Some(cluster) = &cluster {
+            println!("cluster {cluster}");
+        }
     }
     Ok(Exit::Done)
 }
+

@@ -92,6 +92,14 @@ pub fn run(cli: &Cli, command: &MemberCommand) -> Result<Exit> {
         if let Some(start) = &start {
             println!("start node {} with (on its machine, with an empty data directory):", start.id);
             println!("  {}", start.command());
+            println!("plus --data-dir, and the cluster's --config file (its admins and rules)");
+            if cli.certs_dir.is_some() {
+                println!(
+                    "and --certs-dir holding ca.crt, node-{0}.crt and node-{0}.key: the node joins with its own \
+                     certificate (no admin key)",
+                    start.id
+                );
+            }
         }
     }
     Ok(Exit::Done)

@@ -290,6 +290,13 @@ pub fn cluster_of(der: &[u8]) -> Result<Option<String>, String> {
     cluster_of_parsed(&certificate)
 }
 
+/// [`cluster_of`] for the first certificate of a PEM file's bytes; `None`
+/// when it names none or does not parse.
+pub fn cluster_of_pem(pem: &[u8]) -> Option<String> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem).ok()?;
+    cluster_of(&pem.contents).ok().flatten()
+}
+
 fn cluster_of_parsed(
     certificate: &x509_parser::certificate::X509Certificate<'_>,
 ) -> Result<Option<String>, String> {
