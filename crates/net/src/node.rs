@@ -191,14 +191,6 @@ pub struct PeerTls {
 pub struct Route {
     pub from: u64,
     pub to: u64,
-    /// The message may come from a node that does not know the cluster's
-    /// id yet, to a node that does: one that commits, elects and proves
-    /// nothing (a refusal of entries, or a heartbeat's answer that confirms
-    /// no read: what a leader needs to start catching up a blank node). Every other message on a connection
-    /// whose hello named no cluster is dropped once this node knows its
-    /// cluster: a blank node neither votes nor acknowledges, and a node of
-    /// another cluster that hides its id counts for nothing.
-    pub unnamed_ok: bool,
 }
 
 /// What a node loop runs between rounds of socket events: the server's
@@ -620,9 +612,6 @@ pub(crate) struct Peers<M> {
     outgoing: BTreeMap<u64, Outgoing>,
     /// This node knew its cluster's id at the last check.
     named: bool,
-    /// Messages dropped because their connection's hello named no cluster
-    /// while this node knew its own ([`Route::unnamed_ok`]).
-    unnamed_dropped: u64,
     /// Repeated warnings, per kind and address.
     throttle: crate::throttle::Throttle,
     /// Outgoing connection tokens to their peer.
@@ -717,7 +706,7 @@ struct Incoming {
     parts: Vec<u8>,
     /// The peer, once its hello came.
     peer: Option<u64>,
-    /// Its hello named this node's cluster (see [`Route::unnamed_ok`]).
+    /// Its hello named a cluster.
     named: bool,
     /// When the peer's certificate ends (TLS): the connection is closed.
     expiry: Option<Instant>,
@@ -746,7 +735,6 @@ impl<M: Message> Peers<M> {
             client_addrs,
             outgoing: BTreeMap::new(),
             named: false,
-            unnamed_dropped: 0,
             throttle: crate::throttle::Throttle::default(),
             by_token: HashMap::default(),
             incoming: HashMap::default(),
@@ -1469,18 +1457,6 @@ impl<M: Message> Peers<M> {
                                     "a message from {} to {} on node {:?}'s connection",
                                     route.from, route.to, incoming.peer
                                 )));
-                            }
-                            if !incoming.named
-                                && !route.unnamed_ok
-                                && (self.named || self.config.greetings.is_named())
-                            {
-                                // Dropped, not closed: the blank node
-                                // reconnects naming the cluster once it
-                                // has applied its id.
-                                self.unnamed_dropped += 1;
-                                debug!(self.logger, "dropped a message from a node that named no cluster";
-                                    "peer" => incoming.peer, "dropped" => self.unnamed_dropped);
-                                continue;
                             }
                             inbound.push(message);
                         }

@@ -574,20 +574,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         listeners,
         client_config,
         peer_config,
-        |message: &Message| Route {
-            from: message.from,
-            to: message.to,
-            // What a blank node needs to be caught up, and nothing that
-            // counts: a refusal of entries (it tells the leader where to
-            // start) and a heartbeat's answer without a read's context (it
-            // resumes the leader's probe; one with a context would confirm
-            // a read).
-            unnamed_ok: match message.msg_type {
-                raft::eraftpb::MessageType::MsgAppendResponse => message.reject,
-                raft::eraftpb::MessageType::MsgHeartbeatResponse => message.context.is_empty(),
-                _ => false,
-            },
-        },
+        |message: &Message| Route { from: message.from, to: message.to },
         handler,
         make_core,
         client_addrs,
