@@ -30,8 +30,12 @@
 #   "Starting a cluster"; statefulset.yaml says when to set `existing`).
 # - A blank pod past the founding members joins: --join asks the cluster
 #   to add it as a learner and promotes it once it has caught up; it never
-#   founds a cluster. Under TLS it calls as $FENCELOCK_USER (default admin)
-#   with client-<user>.crt/.key from the certificates directory.
+#   founds a cluster. Under TLS fencelockd calls as $FENCELOCK_USER if set,
+#   else as `admin` when client-admin.crt/.key are in the certificates
+#   directory (the init container copies them from the Secret
+#   fencelock-admin): an admin, who may add the node. Without either it
+#   calls as the node itself, whose certificate may only confirm the entry
+#   an admin's `fencelock member add` made for it (crates/server/src/join.rs).
 # - fencelock-joined is written before the first --join start and kept: a
 #   joined node always starts with --join, as docs/operations.md, "Grow the
 #   cluster", starts one. A first join that failed (the cluster out of
@@ -45,11 +49,11 @@
 #   scale-up wipes it (everything in the data directory but lost+found)
 #   and joins the cluster anew.
 #
-# Environment: HOSTNAME (NAME-N), POD_NAMESPACE, POD_IP, INITIAL_MEMBERS
-# (default 3), INITIAL_CLUSTER_STATE (default new), SERVICE_NAME (the
-# headless Service; default NAME), DATA_DIR (default /var/lib/fencelock),
-# CERTS_DIR (default /run/fencelock/certs), CONFIG_FILE (default
-# /etc/fencelock/k8s/fencelock.toml).
+# Environment: HOSTNAME (NAME-N; default: uname -n), POD_NAMESPACE,
+# POD_IP, INITIAL_MEMBERS (default 3), INITIAL_CLUSTER_STATE (default new),
+# SERVICE_NAME (the headless Service; default NAME), DATA_DIR (default
+# /var/lib/fencelock), CERTS_DIR (default /run/fencelock/certs),
+# CONFIG_FILE (default /etc/fencelock/k8s/fencelock.toml).
 #
 # FENCELOCK_DRY_RUN=1: print the fencelockd command line on stdout, one
 # argument per line (the first is `fencelockd`), and exit 0, without
@@ -69,7 +73,9 @@ config_file=${CONFIG_FILE:-/etc/fencelock/k8s/fencelock.toml}
 initial=${INITIAL_MEMBERS:-3}
 cluster_state=${INITIAL_CLUSTER_STATE:-new}
 namespace=${POD_NAMESPACE:?POD_NAMESPACE is not set}
-pod=${HOSTNAME:?HOSTNAME is not set}
+# The pod's name: the container runtime sets HOSTNAME to it.
+# shellcheck disable=SC3028
+pod=${HOSTNAME:-$(uname -n)}
 
 set_name=${pod%-*}
 ordinal=${pod##*-}
@@ -104,19 +110,19 @@ wipe=no
 if [ -e "$removed_marker" ]; then
     say "$removed_marker: this node was removed from the cluster; wiping $data_dir and joining anew"
     wipe=yes
-    mode=join
+    mode='join'
 elif [ -e "$joined_marker" ]; then
     say "$joined_marker: this node joined the cluster with --join; starting it the same way"
-    mode=join
+    mode='join'
 elif [ -e "$data_dir/raft" ]; then
     say "$data_dir/raft exists: a restart, from the data"
-    mode=restart
+    mode='restart'
 elif [ "$ordinal" -lt "$initial" ]; then
     say "blank data directory, founding member $id of $initial: --initial-cluster-state $cluster_state"
-    mode=found
+    mode='found'
 else
     say "blank data directory, node $id is not a founding member: joining the cluster"
-    mode=join
+    mode='join'
 fi
 mark_joined=no
 if [ "$mode" = join ] && { [ "$wipe" = yes ] || [ ! -e "$joined_marker" ]; }; then
@@ -160,8 +166,9 @@ fi
 
 # fencelockd binds its peer port on its own --peers name, so wait until
 # that name resolves to this pod.
-until [ "$(getent hosts "$self" | cut -d ' ' -f 1)" = "$POD_IP" ]; do
-    say "waiting for $self to resolve to $POD_IP"
+pod_ip=${POD_IP:?POD_IP is not set}
+until [ "$(getent hosts "$self" | cut -d ' ' -f 1)" = "$pod_ip" ]; do
+    say "waiting for $self to resolve to $pod_ip"
     sleep 1
 done
 
@@ -176,7 +183,8 @@ if [ "$wipe" = yes ]; then
     done
 fi
 if [ "$mark_joined" = yes ]; then
-    printf 'node %s started with --join on %s\n' "$id" "$(date -u '+%Y-%m-%dT%H:%M:%SZ')" >"$joined_marker"
+    printf 'node %s started with --join on %s\n' "$id" "$(date -u '+%Y-%m-%dT%H:%M:%SZ')" \
+        >"$joined_marker"
 fi
 if [ "$wipe" = yes ]; then
     rm -f -- "$removed_marker"

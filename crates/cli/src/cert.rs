@@ -47,4 +47,3 @@ pub fn run(cli: &Cli, command: &CertCommand) -> Result<Exit> {
     }
     Ok(Exit::Done)
 }
-
