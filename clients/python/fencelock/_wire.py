@@ -97,6 +97,8 @@ class Connection:
             raise
         self._sock = sock
         self._tls = tls is not None
+        #: The node id the node's certificate names (TLS), else None.
+        self.node: Optional[int] = _node_named(sock) if tls is not None else None
         self._io = threading.Lock()
         self._state = threading.Lock()
         self._pending: Dict[int, _Slot] = {}
@@ -241,6 +243,22 @@ class Connection:
                 slot.response = response
                 slot.event.set()
         return True
+
+
+def _node_named(sock: socket.socket) -> Optional[int]:
+    """The node id in the ``fencelock://node/N`` URI of the certificate the
+    TLS server presented, or None."""
+    getpeercert = getattr(sock, "getpeercert", None)
+    if getpeercert is None:
+        return None
+    cert = getpeercert() or {}
+    for kind, value in cert.get("subjectAltName", ()):
+        if kind == "URI" and value.startswith("fencelock://node/"):
+            try:
+                return int(value[len("fencelock://node/"):])
+            except ValueError:
+                return None
+    return None
 
 
 def _is_refusal(err: ssl.SSLError) -> bool:

@@ -198,11 +198,13 @@ class _Outcome:
     DONE, REDIRECT, RETRY = range(3)
 
     def __init__(self, kind: int, reason: str = "", response: Optional[pb.Response] = None,
-                 leader: str = "", refused: bool = False):
+                 leader: str = "", refused: bool = False, leader_id: int = 0):
         self.kind = kind
         self.reason = reason
         self.response = response
         self.leader = leader
+        #: The leader's id a redirect named (0: not said).
+        self.leader_id = leader_id
         self.refused = refused
 
 
@@ -728,6 +730,8 @@ class Client:
         attempted = False
         last_reason = "no node answered in time"
         refused: Set[str] = set()
+        # The node a redirect named: under TLS only its certificate passes.
+        expect: Optional[int] = None
         while True:
             if self._closed:
                 raise FencelockError("the client is closed")
@@ -739,7 +743,7 @@ class Client:
                 raise Unavailable(f"no node could serve the request within {budget:.1f} s; last: {last_reason}")
             attempted = True
             request, attempt_timeout = make()
-            outcome = self._attempt(target, request, min(attempt_timeout, max(left, ATTEMPT_MIN)))
+            outcome = self._attempt(target, request, min(attempt_timeout, max(left, ATTEMPT_MIN)), expect)
             if outcome.kind == _Outcome.DONE:
                 self._preferred = target
                 assert outcome.response is not None
@@ -747,6 +751,7 @@ class Client:
             last_reason = outcome.reason
             if outcome.kind == _Outcome.REDIRECT and outcome.leader != target:
                 target = outcome.leader
+                expect = outcome.leader_id or None
                 # The first redirect is followed at once; a chain of them
                 # (stale views during an election) backs off.
                 pause = redirected
@@ -758,6 +763,7 @@ class Client:
                         raise InvalidArgument(f"every endpoint refused this client's connection; last: {last_reason}")
                 index = (index + 1) % len(self.endpoints)
                 target = self.endpoints[index]
+                expect = None
                 pause = True
             if pause:
                 # Jitter: clients that failed together do not retry together.
@@ -765,11 +771,20 @@ class Client:
                 time.sleep(max(0.0, min(sleep, deadline - time.monotonic())))
                 backoff = min(backoff * 2, BACKOFF_MAX)
 
-    def _attempt(self, endpoint: str, request: pb.Request, timeout: float) -> _Outcome:
-        """One request to one node, connecting first if needed."""
+    def _attempt(self, endpoint: str, request: pb.Request, timeout: float, expect: Optional[int] = None) -> _Outcome:
+        """One request to one node, connecting first if needed. With
+        ``expect`` (a redirect named that node), under TLS the request goes
+        only if the node's certificate names it: a follower's hint is only
+        as good as what its peers said."""
         started = time.monotonic()
         try:
             connection = self._connection(endpoint, timeout)
+            if expect is not None and self._tls is not None and connection.node != expect:
+                named = "no node" if connection.node is None else f"node {connection.node}"
+                return _Outcome(
+                    _Outcome.RETRY,
+                    f"{endpoint}: its certificate names {named}, not node {expect}, whom the redirect named:"
+                    " not followed")
             response = connection.call(request, max(0.0, timeout - (time.monotonic() - started)))
         except TimedOut:
             return _Outcome(_Outcome.RETRY, f"{endpoint}: no answer within {timeout:.2f} s")
@@ -804,7 +819,7 @@ def _classify(endpoint: str, response: pb.Response) -> _Outcome:
         if error.message:
             reason += f": {error.message}"
         if error.code == pb.NOT_LEADER and error.leader_addr:
-            return _Outcome(_Outcome.REDIRECT, reason, leader=error.leader_addr)
+            return _Outcome(_Outcome.REDIRECT, reason, leader=error.leader_addr, leader_id=error.leader_id)
         if error.code in (pb.NOT_LEADER, pb.TIMEOUT, pb.UNAVAILABLE):
             return _Outcome(_Outcome.RETRY, reason)
         if error.code == pb.INVALID_ARGUMENT:

@@ -283,8 +283,10 @@ class FakeNode:
     None to close the connection. Each request is handled
     on a thread of its own, so that answers can overtake each other."""
 
-    def __init__(self, handler):
+    def __init__(self, handler, tls=None):
         self.handler = handler
+        #: A server ssl.SSLContext to speak TLS with, else plain TCP.
+        self.tls = tls
         self.requests: List = []
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.addr = "127.0.0.1:%d" % self.listener.getsockname()[1]
@@ -298,6 +300,12 @@ class FakeNode:
             except OSError:
                 return
             self.connections += 1
+            if self.tls is not None:
+                try:
+                    conn = self.tls.wrap_socket(conn, server_side=True)
+                except OSError:
+                    conn.close()
+                    continue
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:

@@ -1,13 +1,15 @@
 """TLS: a one-node cluster started with --certs-dir, certificates made by
 the `fencelock` CLI (beside fencelockd)."""
 
+import ssl
 import subprocess
 import time
 
 import pytest
 
 import fencelock
-from harness import fencelockd_binary
+from fencelock import client_pb2 as pb
+from harness import FakeNode, fencelockd_binary
 
 
 @pytest.fixture
@@ -50,3 +52,36 @@ def test_a_client_speaks_tls_with_a_certificate_of_the_cluster(new_cluster, cert
     with pytest.raises(fencelock.InvalidArgument, match="TLS"):
         plain.get("tls/k")
     assert time.monotonic() - started < 2.0
+
+
+def _node_context(certs, node_id):
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_3
+    context.load_cert_chain(str(certs / f"node-{node_id}.crt"), str(certs / f"node-{node_id}.key"))
+    return context
+
+
+def test_a_redirect_is_followed_only_to_the_node_it_named(certs):
+    cli = fencelockd_binary().parent / "fencelock"
+    for node_id in (2, 3):
+        subprocess.run([str(cli), "cert", "--certs-dir", str(certs), "create-node", "--id", str(node_id),
+                        "127.0.0.1"], check=True, capture_output=True)
+    found = pb.Response(check=pb.CheckResponse(holds=True))
+
+    def redirect_to(leader_id, addr):
+        error = pb.Error(code=pb.NOT_LEADER, message="not the leader", leader_id=leader_id, leader_addr=addr)
+        return lambda request: pb.Response(error=error)
+
+    # Node 3's certificate where node 1 says node 2 leads: never asked.
+    impostor = FakeNode(lambda request: found, tls=_node_context(certs, 3))
+    follower = FakeNode(redirect_to(2, impostor.addr), tls=_node_context(certs, 1))
+    client = fencelock.Client([follower.addr], tls=_tls(certs, "alice"), retry_for=0.5)
+    with pytest.raises(fencelock.Unavailable):
+        client.check("k", 1)
+    assert impostor.requests == []
+    # Node 2's certificate there: followed.
+    leader = FakeNode(lambda request: found, tls=_node_context(certs, 2))
+    follower = FakeNode(redirect_to(2, leader.addr), tls=_node_context(certs, 1))
+    client = fencelock.Client([follower.addr], tls=_tls(certs, "alice"), retry_for=5)
+    assert client.check("k", 1)
+    assert len(leader.requests) >= 1
