@@ -16,7 +16,9 @@ use crate::{Client, ClientError, Member};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Membership {
     pub members: Vec<Member>,
-    /// The log index of the configuration.
+    /// The leader's applied log index when it answered: for a change, the
+    /// index at which it applied; for a list, where the leader's log was
+    /// (it moves with every write, not only with the configuration).
     pub index: u64,
 }
 

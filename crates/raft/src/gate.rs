@@ -109,6 +109,15 @@ impl Refusal {
     ];
 
     /// A short name, for the metric's label and the log.
+    /// Whether honest peers send such messages in routine operations: a
+    /// vote's answer that comes while this node's log is not yet durable
+    /// (after a hand-off or an election), the last answers of a node just
+    /// removed. Logged at info, not warn; docs/operations.md alerts on them
+    /// only at a rate.
+    pub fn is_routine(self) -> bool {
+        matches!(self, Refusal::NotNow | Refusal::NotAPeer)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Refusal::NotForThisNode => "not_for_this_node",

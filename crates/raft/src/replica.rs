@@ -769,10 +769,17 @@ impl Replica {
     fn refuse(&mut self, message: &Message, reason: gate::Refusal) {
         self.stats.refused.count(reason);
         if let Some(unlogged) = self.refusal_log.should_log(reason, self.now_ms) {
-            warn!(self.logger, "dropping a raft message that fails the gate";
-                "reason" => reason.name(), "type" => ?message.get_msg_type(), "from" => message.from,
-                "to" => message.to, "term" => message.term, "index" => message.index,
-                "dropped_unlogged_since_last" => unlogged);
+            if reason.is_routine() {
+                info!(self.logger, "dropping a raft message that fails the gate";
+                    "reason" => reason.name(), "type" => ?message.get_msg_type(), "from" => message.from,
+                    "to" => message.to, "term" => message.term, "index" => message.index,
+                    "dropped_unlogged_since_last" => unlogged);
+            } else {
+                warn!(self.logger, "dropping a raft message that fails the gate";
+                    "reason" => reason.name(), "type" => ?message.get_msg_type(), "from" => message.from,
+                    "to" => message.to, "term" => message.term, "index" => message.index,
+                    "dropped_unlogged_since_last" => unlogged);
+            }
         }
     }
 

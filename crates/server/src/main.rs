@@ -110,6 +110,21 @@ fn main() -> ExitCode {
                 eprintln!("fencelockd: {err:#}");
                 return ExitCode::from(EXIT_MEMBER_ELSEWHERE);
             }
+            let join_refused = err.chain().any(|cause| {
+                matches!(
+                    cause.downcast_ref::<fencelock_client::ClientError>(),
+                    Some(fencelock_client::ClientError::PermissionDenied(_))
+                )
+            });
+            if join_refused {
+                // --join, refused: no admin added this node (its own
+                // certificate may only confirm an admin's member add), or
+                // the user it called as is no admin. The same command
+                // would be refused again: exit code 4, as above.
+                crit!(logger, "fencelockd stopped: the cluster refused to add this node"; "error" => format!("{err:#}"));
+                eprintln!("fencelockd: {err:#}");
+                return ExitCode::from(EXIT_MEMBER_ELSEWHERE);
+            }
             let removed = err.chain().any(|cause| matches!(fatal(cause), Some(FatalError::Removed { .. })));
             if removed {
                 // Not a failure to restart from: exit code 3, which the
@@ -131,7 +146,8 @@ const EXIT_REMOVED: u8 = 3;
 
 /// The exit code of a node with an empty data directory that a running
 /// cluster contacted as its member, started without `--join`: it stops
-/// rather than found a second cluster.
+/// rather than found a second cluster. Also of a `--join` the cluster
+/// refused (no admin added the node): run `fencelock member add` first.
 const EXIT_MEMBER_ELSEWHERE: u8 = 4;
 
 fn build_logger(config: &ServerConfig) -> (Logger, slog_async::AsyncGuard) {

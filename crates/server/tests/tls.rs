@@ -473,7 +473,7 @@ fn a_node_joins_over_tls_with_its_own_certificate_once_an_admin_added_it_and_doe
         std::thread::sleep(Duration::from_millis(50));
     };
     let log = std::fs::read_to_string(&log5).unwrap();
-    assert_ne!(status.code(), Some(0), "{log}");
+    assert_eq!(status.code(), Some(4), "{log}");
     assert!(log.contains("fencelock member add 5"), "the refusal does not say what to run:\n{log}");
     assert!(!ops.member_list().unwrap().members.iter().any(|member| member.id == 5));
 
