@@ -836,15 +836,25 @@ impl ClientHandler {
                         .and_then(|member| member.addrs.as_ref())
                         .is_some_and(|addrs| addrs.peer_addr == peer_addr && addrs.client_addr == client_addr);
                     if !same {
-                        let held = match entry.and_then(|member| member.addrs.as_ref()) {
-                            Some(addrs) => format!("it holds node {node} at peer {} and client {}", addrs.peer_addr, addrs.client_addr),
-                            None => format!("it does not hold node {node}"),
+                        let asked = format!("node {node}'s certificate joins only as the member an admin added");
+                        let why = match (entry, entry.and_then(|member| member.addrs.as_ref())) {
+                            (_, Some(addrs)) => format!(
+                                "{asked}: it holds node {node} at peer {} and client {}, not at {peer_addr} and \
+                                 {client_addr}",
+                                addrs.peer_addr, addrs.client_addr
+                            ),
+                            // A founding member: its addresses are the
+                            // --peers of the founders, not an admin's entry.
+                            (Some(_), None) => format!(
+                                "{asked}: node {node} is a founding member, which starts without --join (with \
+                                 a lost data directory, with --initial-cluster-state existing)"
+                            ),
+                            (None, None) => format!(
+                                "{asked}: it does not hold node {node}; run `fencelock member add {node} \
+                                 {peer_addr} {client_addr}` as an admin first"
+                            ),
                         };
-                        return Err(Failure::Denied(format!(
-                            "permission denied: node {node}'s certificate joins only as the member an admin \
-                             added: {held}; run `fencelock member add {node} {peer_addr} {client_addr}` as an \
-                             admin first"
-                        )));
+                        return Err(Failure::Denied(format!("permission denied: {why}")));
                     }
                 }
                 Ok(Out::member(proto::MemberResponse {
