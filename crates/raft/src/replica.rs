@@ -464,7 +464,9 @@ impl Replica {
                 watches_per_connection_max,
             ),
         };
-        replica.check_rejoined();
+        // A floor kept from a rejoin that finished before this start ends
+        // at once, and quietly (it is kept on purpose, see the rejoin tests).
+        replica.check_rejoined(false);
         Ok(replica)
     }
 
@@ -972,8 +974,9 @@ impl Replica {
     }
 
     /// Ends a rejoin once this node caught up past its floor (see
-    /// [`crate::rejoin`]).
-    fn check_rejoined(&mut self) {
+    /// [`crate::rejoin`]); says so at info when `news` (not at a start
+    /// whose kept floor was passed long ago).
+    fn check_rejoined(&mut self, news: bool) {
         let Some(floor) = self.abstaining else { return };
         let raft = &self.raw.raft;
         let committed = raft.raft_log.committed;
@@ -991,9 +994,15 @@ impl Replica {
             self.raw.raft.vote = leader;
         }
         self.abstaining = None;
-        info!(self.logger, "rejoined: caught up, voting again";
-            "term" => position.term, "committed" => committed, "floor_term" => floor.term,
-            "floor_last_index" => floor.last_index);
+        if news {
+            info!(self.logger, "rejoined: caught up, voting again";
+                "term" => position.term, "committed" => committed, "floor_term" => floor.term,
+                "floor_last_index" => floor.last_index);
+        } else {
+            debug!(self.logger, "the rejoin's floor, kept, was passed before this start";
+                "term" => position.term, "committed" => committed, "floor_term" => floor.term,
+                "floor_last_index" => floor.last_index);
+        }
     }
 
     /// Starts an election now, for a test that cannot wait for a timeout.
@@ -1896,7 +1905,7 @@ impl Replica {
         self.release_persisted();
         self.answer_reads();
         self.maybe_snapshot()?;
-        self.check_rejoined();
+        self.check_rejoined(true);
         Ok(())
     }
 
