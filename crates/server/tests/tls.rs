@@ -39,6 +39,21 @@ fn make_certs_of(dir: &Path, nodes: u64, users: &[&str], cluster: Option<&str>) 
     }
 }
 
+/// A cluster of `size` nodes speaking TLS, started, with certificates for
+/// its nodes and `users` in its `certs` directory.
+fn tls_cluster(size: u64, users: &[&str]) -> (Cluster, std::path::PathBuf) {
+    let mut cluster = Cluster::configure(size);
+    let certs = cluster.dir.path().join("certs");
+    make_certs(&certs, size, users);
+    for node in &mut cluster.nodes {
+        node.extra_args = vec!["--certs-dir".into(), certs.display().to_string()];
+    }
+    for id in 1..=size {
+        cluster.launch(id);
+    }
+    (cluster, certs)
+}
+
 fn client(cluster: &Cluster, tls: Option<(&Path, &str)>, retry_for: Duration) -> Result<Client, ClientError> {
     let mut config = ClientConfig::new(cluster.endpoints());
     config.request_timeout = Duration::from_secs(2);
@@ -49,15 +64,7 @@ fn client(cluster: &Cluster, tls: Option<(&Path, &str)>, retry_for: Duration) ->
 
 #[test]
 fn a_tls_cluster_serves_its_users_and_refuses_everyone_else() {
-    let mut cluster = Cluster::configure(3);
-    let certs = cluster.dir.path().join("certs");
-    make_certs(&certs, 3, &["alice"]);
-    for node in &mut cluster.nodes {
-        node.extra_args = vec!["--certs-dir".into(), certs.display().to_string()];
-    }
-    for id in 1..=3 {
-        cluster.launch(id);
-    }
+    let (cluster, certs) = tls_cluster(3, &["alice"]);
 
     // The Rust client, as alice.
     let alice = client(&cluster, Some((&certs, "alice")), DEADLINE).unwrap();
@@ -306,15 +313,7 @@ fn peer_connection(
 
 #[test]
 fn a_node_certificate_of_another_cluster_under_the_same_ca_is_refused_and_redirects_no_client() {
-    let mut cluster = Cluster::configure(3);
-    let certs = cluster.dir.path().join("certs");
-    make_certs(&certs, 3, &["alice"]);
-    for node in &mut cluster.nodes {
-        node.extra_args = vec!["--certs-dir".into(), certs.display().to_string()];
-    }
-    for id in 1..=3 {
-        cluster.launch(id);
-    }
+    let (cluster, certs) = tls_cluster(3, &["alice"]);
     let alice = client(&cluster, Some((&certs, "alice")), DEADLINE).unwrap();
     let first = alice.acquire(b"jobs/fenced", Duration::from_secs(30), Duration::ZERO).unwrap();
     let leader = alice.status(cluster.client_addr(1)).unwrap().leader_id;
