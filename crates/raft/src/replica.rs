@@ -1087,7 +1087,17 @@ impl Replica {
     /// raft counts the entries persisted, and a leader may now commit and
     /// apply them. Call [`Replica::run_ready`] after.
     pub fn on_persisted(&mut self, writes: u64) {
-        self.disk.durable = self.disk.durable.max(writes.min(self.disk.submitted));
+        // A store reports only writes it was given: more is a broken
+        // store, and counting it durable would release messages that wait
+        // for writes never made.
+        assert!(
+            writes <= self.disk.submitted,
+            "the store reports {writes} writes durable of {} submitted",
+            self.disk.submitted
+        );
+        // A report may come late (an inline write counted since), never
+        // taking durability back.
+        self.disk.durable = self.disk.durable.max(writes);
         self.release_persisted();
     }
 

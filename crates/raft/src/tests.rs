@@ -2759,3 +2759,24 @@ fn a_cluster_founded_at_this_builds_level_is_never_raised_to_it_again() {
         assert_eq!(status.applied_index, bootstrap_index, "node {id}: an entry after the Bootstrap");
     }
 }
+
+#[test]
+#[should_panic(expected = "writes durable of")]
+fn a_store_that_reports_more_writes_durable_than_it_was_given_stops_the_node() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    let submitted = net.node(1).writes_in_flight() + 1_000;
+    net.node(1).on_persisted(submitted);
+}
+
+#[test]
+fn a_late_report_of_fewer_durable_writes_takes_nothing_back() {
+    let mut net = Net::new(3);
+    net.elect(1);
+    net.node(1).propose(RequestId(1), vec![grant("late", "o1")]);
+    net.settle();
+    assert_eq!(net.node(1).writes_in_flight(), 0);
+    // A group's report sent before an inline write was counted, read after.
+    net.node(1).on_persisted(1);
+    assert_eq!(net.node(1).writes_in_flight(), 0, "a late report took durability back");
+}
