@@ -7,6 +7,10 @@
 //!   crates, so that raft, crossbeam, slog or anything doing I/O cannot creep
 //!   in, and their sources may not name clocks, threads, sockets, files,
 //!   randomness or `HashMap`.
+//! - No new import cycle between a crate's top-level modules (`crate::a`
+//!   used in `b` and `crate::b` in `a`, directly or through others): the
+//!   cycles there are today are listed in [`KNOWN_CYCLES`], to be cut, and
+//!   a listed one that is gone must leave the list.
 //! - Every Rust file in `crates/` and `xtask/` opens with a `//!` doc.
 //! - No `todo!`, `unimplemented!`, `dbg!` or `#[ignore]` in the tree.
 
@@ -52,6 +56,20 @@ const ARROWS: &[(&str, &[&str])] = &[
     // crate (types, net's framing), so that `cargo xtask bench` and
     // `cargo xtask cluster` start fencelockd as the tests and suites do.
     ("xtask", &["fencelock-launch"]),
+];
+
+/// The import cycles between top-level modules that the tree has today
+/// (issue "cut the replica along the log" cuts them): each a crate's
+/// directory under `crates/` and the modules of one cycle, sorted. A cycle
+/// not listed fails tidy, and so does a listed one that is gone.
+const KNOWN_CYCLES: &[(&str, &[&str])] = &[
+    ("bench", &["events", "workloads"]),
+    ("cli", &["args", "commands", "members", "snapshot"]),
+    ("client", &["client", "guard", "local", "renewer", "session", "watch"]),
+    ("client-async", &["client", "guard", "session", "watch"]),
+    ("net", &["client", "node"]),
+    ("server", &["backup", "handler"]),
+    ("sim", &["clients", "faults", "membership", "upgrade", "world"]),
 ];
 
 /// The pure cores and the whole set of crates (direct and indirect, normal
@@ -131,6 +149,7 @@ pub fn run(root: &Path) -> Result<()> {
             }
         }
     }
+    check_cycles(root, &mut problems)?;
     for dir in ["crates", "xtask"] {
         for file in rust_files(&root.join(dir))? {
             let text = read(&file)?;
@@ -276,6 +295,166 @@ fn scan_any_source(text: &str) -> Vec<String> {
     problems
 }
 
+/// Checks every crate under `crates/` for import cycles between its
+/// top-level modules, against [`KNOWN_CYCLES`].
+fn check_cycles(root: &Path, problems: &mut Vec<String>) -> Result<()> {
+    let mut crates: Vec<PathBuf> = fs::read_dir(root.join("crates"))
+        .context("cannot list crates/")?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .filter(|path| path.join("src").is_dir())
+        .collect();
+    crates.sort();
+    let mut found = BTreeSet::new();
+    for dir in crates {
+        let name = dir.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
+        let mut files = Vec::new();
+        for file in rust_files(&dir.join("src"))? {
+            let module = top_module(&dir.join("src"), &file);
+            files.push((module, read(&file)?));
+        }
+        for cycle in module_cycles(&files) {
+            found.insert((name.clone(), cycle));
+        }
+    }
+    let known: BTreeSet<(String, Vec<String>)> = KNOWN_CYCLES
+        .iter()
+        .map(|(name, modules)| {
+            ((*name).to_owned(), modules.iter().map(|module| (*module).to_owned()).collect())
+        })
+        .collect();
+    for (name, cycle) in found.difference(&known) {
+        problems.push(format!(
+            "crates/{name}: modules {} import one another (a cycle through `crate::` paths); \
+             one must not use what uses it",
+            cycle.join(", ")
+        ));
+    }
+    for (name, cycle) in known.difference(&found) {
+        problems.push(format!(
+            "crates/{name}: the cycle {} is gone (or changed): take it out of KNOWN_CYCLES in xtask/src/tidy.rs",
+            cycle.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// The top-level module a source file belongs to (`src/a.rs` and
+/// `src/a/b.rs` are `a`); `None` for the crate root.
+fn top_module(src: &Path, file: &Path) -> Option<String> {
+    let relative = file.strip_prefix(src).ok()?;
+    let first = relative.components().next()?.as_os_str().to_string_lossy().into_owned();
+    let module = first.strip_suffix(".rs").unwrap_or(&first).to_owned();
+    (module != "lib" && module != "main").then_some(module)
+}
+
+/// The cycles (strongly connected components of two modules or more,
+/// each sorted) among the top-level modules of one crate, given each
+/// file's module and text: `a` uses `b` when its code (not its comments)
+/// names `crate::b` or `b` in a `use crate::{...}` list.
+fn module_cycles(files: &[(Option<String>, String)]) -> Vec<Vec<String>> {
+    let modules: BTreeSet<&str> = files.iter().filter_map(|(module, _)| module.as_deref()).collect();
+    let mut uses: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for (module, text) in files {
+        let Some(module) = module.as_deref() else { continue };
+        for (_, line) in code_lines(text) {
+            for target in crate_paths(line) {
+                if let Some(target) = modules.get(target.as_str()) {
+                    if *target != module {
+                        uses.entry(module).or_default().insert(target);
+                    }
+                }
+            }
+        }
+    }
+    // Kosaraju: finish order on the graph, then components on its reverse.
+    let mut order = Vec::new();
+    let mut seen = BTreeSet::new();
+    for start in &modules {
+        let mut stack = vec![(*start, false)];
+        while let Some((node, done)) = stack.pop() {
+            if done {
+                order.push(node);
+                continue;
+            }
+            if !seen.insert(node) {
+                continue;
+            }
+            stack.push((node, true));
+            for next in uses.get(node).into_iter().flatten() {
+                if !seen.contains(next) {
+                    stack.push((next, false));
+                }
+            }
+        }
+    }
+    let mut reverse: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for (from, targets) in &uses {
+        for to in targets {
+            reverse.entry(to).or_default().insert(from);
+        }
+    }
+    let mut assigned = BTreeSet::new();
+    let mut cycles = Vec::new();
+    for start in order.iter().rev() {
+        if assigned.contains(start) {
+            continue;
+        }
+        let mut component = Vec::new();
+        let mut stack = vec![*start];
+        assigned.insert(*start);
+        while let Some(node) = stack.pop() {
+            component.push(node.to_owned());
+            for next in reverse.get(node).into_iter().flatten() {
+                if assigned.insert(next) {
+                    stack.push(next);
+                }
+            }
+        }
+        if component.len() > 1 {
+            component.sort();
+            cycles.push(component);
+        }
+    }
+    cycles.sort();
+    cycles
+}
+
+/// The first segment of every `crate::` path on a line, and the names in
+/// a `use crate::{a, b::c}` list.
+fn crate_paths(line: &str) -> Vec<String> {
+    let ident = |text: &str| -> String {
+        text.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect()
+    };
+    let mut found = Vec::new();
+    for (at, _) in line.match_indices("crate::") {
+        let rest = &line[at + "crate::".len()..];
+        if let Some(list) = rest.strip_prefix('{') {
+            let mut depth = 0usize;
+            let mut start = true;
+            for (i, c) in list.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => start = true,
+                    c if start && (c.is_ascii_alphabetic() || c == '_') => {
+                        found.push(ident(&list[i..]));
+                        start = false;
+                    }
+                    c if !c.is_whitespace() => start = false,
+                    _ => {}
+                }
+            }
+        } else {
+            let name = ident(rest);
+            if !name.is_empty() {
+                found.push(name);
+            }
+        }
+    }
+    found
+}
+
 /// Lines with their 1-based numbers, without `//` comments.
 fn code_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
     text.lines().enumerate().filter_map(|(i, line)| {
@@ -320,6 +499,25 @@ mod tests {
         assert!(problems.iter().any(|p| p.contains("std::time")), "{problems:?}");
         assert!(problems.iter().any(|p| p.contains("std::net")), "{problems:?}");
         assert!(problems.iter().any(|p| p.contains("raft")), "{problems:?}");
+    }
+
+    #[test]
+    fn modules_that_import_one_another_are_a_cycle_and_comments_do_not_count() {
+        let file = |module: &str, text: &str| (Some(module.to_owned()), format!("//! doc\n{text}"));
+        let files = vec![
+            file("a", "use crate::b::Thing;\n"),
+            file("b", "use crate::{c, d::More};\n"),
+            file("c", "fn f() -> crate::a::X { todo() }\n"),
+            file("d", "// crate::a is named in a comment only\n"),
+            file("e", "use crate::a;\n"),
+            (None, "mod a; mod b; use crate::e;".to_owned()),
+        ];
+        assert_eq!(module_cycles(&files), vec![vec!["a".to_owned(), "b".to_owned(), "c".to_owned()]]);
+        let acyclic = vec![file("a", "use crate::b;\n"), file("b", "use crate::c;\n"), file("c", "\n")];
+        assert!(module_cycles(&acyclic).is_empty());
+        assert_eq!(crate_paths("use crate::{x::{y, z}, w};"), vec!["x".to_owned(), "w".to_owned()]);
+        assert_eq!(top_module(Path::new("src"), Path::new("src/a/b.rs")), Some("a".to_owned()));
+        assert_eq!(top_module(Path::new("src"), Path::new("src/lib.rs")), None);
     }
 
     #[test]

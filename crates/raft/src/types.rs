@@ -3,7 +3,7 @@
 //! role changes, and the errors that stop a node.
 
 use fencelock_fsm::{Lock, LockTable};
-use fencelock_types::{ApplyResult, ClusterId, FencingToken, Key, LeaseMs};
+use fencelock_types::{ApplyResult, ClusterId, FencingToken, Key, LeaseMs, Owner, Value};
 
 use crate::storage::StorageError;
 
@@ -282,7 +282,7 @@ pub enum Response {
         leader: NodeId,
     },
     /// The changes a watch asked for.
-    Watch(crate::watch::WatchAnswer),
+    Watch(WatchAnswer),
 }
 
 /// A held lock as a read answers it: the lock, and the time left on its
@@ -654,4 +654,69 @@ mod tests {
         let size = std::mem::size_of::<Result<Response, RequestError>>();
         assert!(size <= 128, "a reply is {size} bytes");
     }
+}
+
+/// What changed on a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WatchKind {
+    /// A new holder, under a new token.
+    Granted,
+    /// The holder released the lock (or it was released by force).
+    Released,
+    /// The holder's lease ran out.
+    Expired,
+    /// The holder's lease ran out and the key is held back by lock-delay.
+    Delayed,
+    /// The lock-delay is over (or was lifted by force): the key is free.
+    DelayLifted,
+    /// The holder proclaimed a new value.
+    Proclaimed,
+}
+
+impl WatchKind {
+    /// The stable lower-case name used on the wire's JSON and in logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            WatchKind::Granted => "granted",
+            WatchKind::Released => "released",
+            WatchKind::Expired => "expired",
+            WatchKind::Delayed => "delayed",
+            WatchKind::DelayLifted => "delay_lifted",
+            WatchKind::Proclaimed => "proclaimed",
+        }
+    }
+}
+
+/// One change, with the index of the log entry that made it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchEvent {
+    pub index: u64,
+    pub key: Key,
+    pub kind: WatchKind,
+    /// The token of the lock the change is about.
+    pub token: FencingToken,
+    /// The lock's owner (a grant: the new holder).
+    pub owner: Owner,
+    /// The lock's value after the change.
+    pub value: Value,
+}
+
+/// The answer to a watch.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WatchAnswer {
+    /// Changes after the asked index, in log order.
+    pub events: Vec<WatchEvent>,
+    /// The holders of the watched keys as of `index`: given when the watch
+    /// started (no position) or when its position was compacted away
+    /// (`compacted`); `None` otherwise.
+    /// Each holder says how it holds the key (`share`: `None` for a plain
+    /// lock); `remaining_ms` is not given.
+    pub current: Option<Vec<(Key, HeldLock)>>,
+    /// The position was older than this node's history: changes may have
+    /// been missed, and `current` says where things stand.
+    pub compacted: bool,
+    /// Every change to the watched keys up to this index has been told
+    /// (here or before): the next watch asks for the changes after it.
+    /// Never below the asked index.
+    pub index: u64,
 }

@@ -27,51 +27,9 @@ use fencelock_types::{FencingToken, Key, Owner, Value};
 
 use crate::registry::ConnId;
 use crate::types::{HeldLock, RequestId};
-
-/// What changed on a key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WatchKind {
-    /// A new holder, under a new token.
-    Granted,
-    /// The holder released the lock (or it was released by force).
-    Released,
-    /// The holder's lease ran out.
-    Expired,
-    /// The holder's lease ran out and the key is held back by lock-delay.
-    Delayed,
-    /// The lock-delay is over (or was lifted by force): the key is free.
-    DelayLifted,
-    /// The holder proclaimed a new value.
-    Proclaimed,
-}
-
-impl WatchKind {
-    /// The stable lower-case name used on the wire's JSON and in logs.
-    pub fn name(self) -> &'static str {
-        match self {
-            WatchKind::Granted => "granted",
-            WatchKind::Released => "released",
-            WatchKind::Expired => "expired",
-            WatchKind::Delayed => "delayed",
-            WatchKind::DelayLifted => "delay_lifted",
-            WatchKind::Proclaimed => "proclaimed",
-        }
-    }
-}
-
-/// One change, with the index of the log entry that made it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WatchEvent {
-    pub index: u64,
-    pub key: Key,
-    pub kind: WatchKind,
-    /// The token of the lock the change is about.
-    pub token: FencingToken,
-    /// The lock's owner (a grant: the new holder).
-    pub owner: Owner,
-    /// The lock's value after the change.
-    pub value: Value,
-}
+// The vocabulary of watches lives with the rest (`types`), which names
+// the answer in its replies.
+pub use crate::types::{WatchAnswer, WatchEvent, WatchKind};
 
 /// An event as the history keeps it: its bytes (key, owner, value, one
 /// after the other) live in the history's byte ring, from `at` (counted
@@ -115,26 +73,6 @@ pub struct WatchQuery {
     /// At most about this many events per answer (an entry's events are
     /// never split, so a few more may come).
     pub limit: usize,
-}
-
-/// The answer to a watch.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct WatchAnswer {
-    /// Changes after the asked index, in log order.
-    pub events: Vec<WatchEvent>,
-    /// The holders of the watched keys as of `index`: given when the watch
-    /// started (no position) or when its position was compacted away
-    /// (`compacted`); `None` otherwise.
-    /// Each holder says how it holds the key (`share`: `None` for a plain
-    /// lock); `remaining_ms` is not given.
-    pub current: Option<Vec<(Key, HeldLock)>>,
-    /// The position was older than this node's history: changes may have
-    /// been missed, and `current` says where things stand.
-    pub compacted: bool,
-    /// Every change to the watched keys up to this index has been told
-    /// (here or before): the next watch asks for the changes after it.
-    /// Never below the asked index.
-    pub index: u64,
 }
 
 /// A parked watch.
