@@ -102,8 +102,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod change;
 mod snapshot;
 
+pub use change::Change;
 pub use snapshot::{SnapshotError, MEMBER_ADDR_MAX, SNAPSHOT_VERSION};
 
 use imbl::{OrdMap, OrdSet};
@@ -287,22 +289,35 @@ impl LockTable {
 
     /// Applies one committed command.
     pub fn apply(&mut self, command: Command) -> ApplyResult {
+        self.apply_changes(command, &mut Vec::new())
+    }
+
+    /// Applies one committed command, as [`LockTable::apply`], and appends
+    /// to `changes` what it changed, in order ([`Change`]): what a replica
+    /// fans out to its leases, watchers and waiters.
+    pub fn apply_changes(&mut self, command: Command, changes: &mut Vec<Change>) -> ApplyResult {
         if command.level() > self.level {
             return ApplyResult::Invalid { reason: InvalidReason::LevelNotReached };
         }
         match command {
             Command::Grant { key, lease_ms, owner, value, session } => {
                 match self.session_for(session, &owner) {
-                    Ok(lease_ms_of_session) => {
-                        self.grant(key, lease_ms_of_session.unwrap_or(lease_ms), owner, value, session)
-                    }
+                    Ok(lease_ms_of_session) => self.grant(
+                        key,
+                        lease_ms_of_session.unwrap_or(lease_ms),
+                        owner,
+                        value,
+                        session,
+                        changes,
+                    ),
                     Err(refused) => refused,
                 }
             }
             Command::GrantShared { key, lease_ms, owner, share, session } => {
                 match self.session_for(session, &owner) {
                     Ok(lease_ms_of_session) => {
-                        self.grant_shared(key, lease_ms_of_session.unwrap_or(lease_ms), owner, share, session)
+                        let lease_ms = lease_ms_of_session.unwrap_or(lease_ms);
+                        self.grant_shared(key, lease_ms, owner, share, session, changes)
                     }
                     Err(refused) => refused,
                 }
@@ -313,30 +328,39 @@ impl LockTable {
                 };
                 self.count(&owner, true);
                 self.sessions.insert(session, Session { owner, ttl_ms, holds: OrdSet::new() });
+                changes.push(Change::SessionOpened { session, ttl_ms });
                 ApplyResult::Granted { token: session, lease_ms: ttl_ms, existing: false }
             }
             Command::RenewSession { session, user } => match self.owned_session(session, user.as_ref()) {
-                Ok(open) => ApplyResult::Renewed { token: session, lease_ms: open.ttl_ms },
+                Ok(open) => {
+                    let ttl_ms = open.ttl_ms;
+                    changes.push(Change::SessionRenewed { session, ttl_ms });
+                    ApplyResult::Renewed { token: session, lease_ms: ttl_ms }
+                }
                 Err(refused) => refused,
             },
             Command::CloseSession { session, user } => {
                 if let Err(refused) = self.owned_session(session, user.as_ref()) {
                     return refused;
                 }
-                self.end_session(session, &[]);
+                self.end_session(session, &[], Gone::Released { forced: false }, changes);
                 ApplyResult::Released { token: session }
             }
             Command::ExpireSession { session, delays } => {
                 if !self.sessions.contains_key(&session) {
                     return ApplyResult::Expired { existed: false };
                 }
-                self.end_session(session, &delays);
+                self.end_session(session, &delays, Gone::Expired, changes);
                 ApplyResult::Expired { existed: true }
             }
-            Command::Proclaim { key, token, value, user } => self.proclaim(&key, token, value, user.as_ref()),
-            Command::Release { key, token, user } => self.release(&key, token, user.as_ref()),
-            Command::Expire { key, token, delay } => self.expire(&key, token, delay),
-            Command::Renew { key, token, lease_ms, user } => self.renew(&key, token, lease_ms, user.as_ref()),
+            Command::Proclaim { key, token, value, user } => {
+                self.proclaim(key, token, value, user.as_ref(), changes)
+            }
+            Command::Release { key, token, user } => self.release(&key, token, user.as_ref(), changes),
+            Command::Expire { key, token, delay } => self.expire(&key, token, delay, Gone::Expired, changes),
+            Command::Renew { key, token, lease_ms, user } => {
+                self.renew(key, token, lease_ms, user.as_ref(), changes)
+            }
             Command::Noop => ApplyResult::Noop,
             Command::Bootstrap { cluster_id, token_floor, level } => {
                 // The first one stays: a later leader's proposal, made
@@ -585,7 +609,15 @@ impl LockTable {
     /// Ends `session`: each of its holders goes, or is held back if a rule
     /// of `delays` covers its key (an expiry's lock-delay); the session
     /// leaves the table and its owner's quota.
-    fn end_session(&mut self, session: FencingToken, delays: &[(Vec<u8>, LeaseMs)]) {
+    /// `gone` says how a holder that goes went (released at a close,
+    /// expired at an expiry), for `changes`.
+    fn end_session(
+        &mut self,
+        session: FencingToken,
+        delays: &[(Vec<u8>, LeaseMs)],
+        gone: Gone,
+        changes: &mut Vec<Change>,
+    ) {
         let Some(ended) = self.sessions.remove(&session) else { return };
         self.count(&ended.owner, false);
         for (key, token) in ended.holds {
@@ -598,8 +630,9 @@ impl LockTable {
             {
                 holder.session = None;
             }
-            self.expire(&key, token, delay);
+            self.expire(&key, token, delay, gone, changes);
         }
+        changes.push(Change::SessionEnded { session, expired: gone == Gone::Expired });
     }
 
     /// Takes `key`'s holder `token` out of the holdings of `session`.
@@ -616,6 +649,7 @@ impl LockTable {
         owner: Owner,
         value: Value,
         session: Option<FencingToken>,
+        changes: &mut Vec<Change>,
     ) -> ApplyResult {
         // A read-write lock or a semaphore is held, for a plain lock.
         if let Some(first) = self.shared.get(&key).and_then(Shared::first_token) {
@@ -636,7 +670,9 @@ impl LockTable {
             if lock.session.is_none() {
                 lock.lease_ms = lock.lease_ms.max(lease_ms);
             }
-            return ApplyResult::Granted { token: lock.token, lease_ms: lock.lease_ms, existing: true };
+            let (token, lease_ms) = (lock.token, lock.lease_ms);
+            changes.push(Change::Granted { key, token, lease_ms, existing: true, shared: false, session });
+            return ApplyResult::Granted { token, lease_ms, existing: true };
         }
         let Some(token) = self.next_token() else {
             return ApplyResult::Invalid { reason: InvalidReason::TokensExhausted };
@@ -645,7 +681,8 @@ impl LockTable {
         if let Some(open) = session.and_then(|session| self.sessions.get_mut(&session)) {
             open.holds.insert((key.clone(), token));
         }
-        self.locks.insert(key, Lock { token, owner, lease_ms, delayed: false, value, session });
+        self.locks.insert(key.clone(), Lock { token, owner, lease_ms, delayed: false, value, session });
+        changes.push(Change::Granted { key, token, lease_ms, existing: false, shared: false, session });
         ApplyResult::Granted { token, lease_ms, existing: false }
     }
 
@@ -667,6 +704,7 @@ impl LockTable {
         owner: Owner,
         share: Share,
         session: Option<FencingToken>,
+        changes: &mut Vec<Change>,
     ) -> ApplyResult {
         match self.shared_decision(key.as_bytes(), &owner, share) {
             SharedDecision::Rejected(holder_token) => ApplyResult::GrantRejected { holder_token },
@@ -686,7 +724,9 @@ impl LockTable {
                 if holder.session.is_none() {
                     holder.lease_ms = holder.lease_ms.max(lease_ms);
                 }
-                ApplyResult::Granted { token, lease_ms: holder.lease_ms, existing: true }
+                let lease_ms = holder.lease_ms;
+                changes.push(Change::Granted { key, token, lease_ms, existing: true, shared: true, session });
+                ApplyResult::Granted { token, lease_ms, existing: true }
             }
             SharedDecision::Grant => {
                 let Some(token) = self.next_token() else {
@@ -699,19 +739,34 @@ impl LockTable {
                 }
                 let shared = self
                     .shared
-                    .entry(key)
+                    .entry(key.clone())
                     .or_insert_with(|| Shared { permits: share.permits(), holders: OrdMap::new() });
                 shared.holders.insert(token, Holder { owner, lease_ms, share, delayed: false, session });
+                changes.push(Change::Granted {
+                    key,
+                    token,
+                    lease_ms,
+                    existing: false,
+                    shared: true,
+                    session,
+                });
                 ApplyResult::Granted { token, lease_ms, existing: false }
             }
         }
     }
 
     /// Removes holder `token` of the shared key `key`, and the key with its
-    /// last holder.
-    fn remove_holder(&mut self, key: &Key, token: FencingToken) -> Option<Holder> {
-        let shared = self.shared.get_mut(key)?;
-        let holder = shared.holders.remove(&token)?;
+    /// last holder, saying for `changes` that it went as `gone` says (a
+    /// holder held back: that its delay was lifted). Whether there was one.
+    fn remove_holder(
+        &mut self,
+        key: &Key,
+        token: FencingToken,
+        gone: Gone,
+        changes: &mut Vec<Change>,
+    ) -> bool {
+        let Some(shared) = self.shared.get_mut(key) else { return false };
+        let Some(holder) = shared.holders.remove(&token) else { return false };
         if shared.holders.is_empty() {
             self.shared.remove(key);
         }
@@ -721,11 +776,17 @@ impl LockTable {
             self.count(&holder.owner, false);
         }
         self.leave_session(holder.session, key, token);
-        Some(holder)
+        changes.push(gone.change(key.clone(), token, true, holder.delayed, holder.owner, Value::none()));
+        true
     }
 
     /// Release, Renew, Expire or Proclaim of a shared key's holder.
-    fn shared_command(&mut self, key: &Key, command: SharedCommand<'_>) -> ApplyResult {
+    fn shared_command(
+        &mut self,
+        key: &Key,
+        command: SharedCommand<'_>,
+        changes: &mut Vec<Change>,
+    ) -> ApplyResult {
         let Some(shared) = self.shared.get_mut(key) else {
             return match command {
                 SharedCommand::Expire(..) => ApplyResult::Expired { existed: false },
@@ -739,7 +800,7 @@ impl LockTable {
                 let tokens: Vec<FencingToken> = shared.holders.keys().copied().collect();
                 let last = tokens.last().copied();
                 for token in tokens {
-                    self.remove_holder(key, token);
+                    self.remove_holder(key, token, Gone::Released { forced: true }, changes);
                 }
                 match last {
                     Some(token) => ApplyResult::Released { token },
@@ -754,10 +815,10 @@ impl LockTable {
                 if user.is_some_and(|user| !holder.owner.is_of_user(user.as_bytes())) {
                     return ApplyResult::Denied { token };
                 }
-                self.remove_holder(key, token);
+                self.remove_holder(key, token, Gone::Released { forced: false }, changes);
                 ApplyResult::Released { token }
             }
-            SharedCommand::Expire(token, delay) => {
+            SharedCommand::Expire(token, delay, gone) => {
                 let Some(holder) = shared.holders.get_mut(&token) else {
                     return ApplyResult::Expired { existed: false };
                 };
@@ -770,11 +831,14 @@ impl LockTable {
                         let session = holder.session.take();
                         self.count(&owner, false);
                         self.leave_session(session, key, token);
+                        changes.push(Change::Delayed { key: key.clone(), token, shared: true, delay_ms });
                         ApplyResult::Delayed { token, delay_ms }
                     }
                     // A repeat of the Expire that held it back.
                     (true, Some(_)) => ApplyResult::Expired { existed: false },
-                    (_, None) => ApplyResult::Expired { existed: self.remove_holder(key, token).is_some() },
+                    (_, None) => {
+                        ApplyResult::Expired { existed: self.remove_holder(key, token, gone, changes) }
+                    }
                 }
             }
             SharedCommand::Renew(token, lease_ms, user) => {
@@ -786,11 +850,16 @@ impl LockTable {
                     if user.is_some_and(|user| !holder.owner.is_of_user(user.as_bytes())) {
                         return ApplyResult::Denied { token };
                     }
-                    let lease_ms = holder.lease_ms;
-                    return match self.sessions.get(&session) {
-                        Some(open) => ApplyResult::Renewed { token, lease_ms: open.ttl_ms },
-                        None => ApplyResult::Renewed { token, lease_ms },
-                    };
+                    let lease_ms = self.sessions.get(&session).map_or(holder.lease_ms, |open| open.ttl_ms);
+                    let session = Some(session);
+                    changes.push(Change::Renewed {
+                        key: key.clone(),
+                        token,
+                        lease_ms,
+                        shared: true,
+                        session,
+                    });
+                    return ApplyResult::Renewed { token, lease_ms };
                 }
                 match user {
                     None => holder.lease_ms = lease_ms,
@@ -799,7 +868,15 @@ impl LockTable {
                     }
                     Some(_) => return ApplyResult::Denied { token },
                 }
-                ApplyResult::Renewed { token, lease_ms: holder.lease_ms }
+                let lease_ms = holder.lease_ms;
+                changes.push(Change::Renewed {
+                    key: key.clone(),
+                    token,
+                    lease_ms,
+                    shared: true,
+                    session: None,
+                });
+                ApplyResult::Renewed { token, lease_ms }
             }
             // Shared holders carry no value. A live holder is told so
             // (NotFound would tell it that it lost the key, and name another
@@ -832,20 +909,27 @@ impl LockTable {
         }
     }
 
-    fn release(&mut self, key: &Key, token: Option<FencingToken>, user: Option<&Owner>) -> ApplyResult {
+    fn release(
+        &mut self,
+        key: &Key,
+        token: Option<FencingToken>,
+        user: Option<&Owner>,
+        changes: &mut Vec<Change>,
+    ) -> ApplyResult {
         if self.shared.contains_key(key) {
-            return self.shared_command(key, SharedCommand::Release(token, user));
+            return self.shared_command(key, SharedCommand::Release(token, user), changes);
         }
         match self.locks.get(key) {
             // A lock held back by lock-delay is no one's to release: only
             // the administrative force-release (no token) lifts it.
             Some(lock) if lock.delayed && token.is_some() => ApplyResult::NotFound { holder_token: None },
             Some(lock) if token.is_none_or(|token| token == lock.token) => {
+                let forced = token.is_none();
                 let token = lock.token;
                 if user.is_some_and(|user| !lock.owner.is_of_user(user.as_bytes())) {
                     return ApplyResult::Denied { token };
                 }
-                self.remove(key);
+                self.remove(key, Gone::Released { forced: forced }, changes);
                 ApplyResult::Released { token }
             }
             other => ApplyResult::NotFound { holder_token: other.map(|lock| lock.token) },
@@ -853,19 +937,30 @@ impl LockTable {
     }
 
     /// Removes the lock on `key`, counting it out of its owner's total
-    /// unless lock-delay already did.
-    fn remove(&mut self, key: &Key) {
+    /// unless lock-delay already did, and saying for `changes` that it went
+    /// as `gone` says (held back: that its delay was lifted).
+    fn remove(&mut self, key: &Key, gone: Gone, changes: &mut Vec<Change>) {
         if let Some(lock) = self.locks.remove(key) {
             if !lock.delayed {
                 self.count(&lock.owner, false);
             }
             self.leave_session(lock.session, key, lock.token);
+            changes.push(gone.change(key.clone(), lock.token, false, lock.delayed, lock.owner, lock.value));
         }
     }
 
-    fn expire(&mut self, key: &Key, token: FencingToken, delay: Option<LeaseMs>) -> ApplyResult {
+    /// An Expire of `token` on `key`, or a session's end (`gone` says
+    /// which way a holder that goes went: released at a close).
+    fn expire(
+        &mut self,
+        key: &Key,
+        token: FencingToken,
+        delay: Option<LeaseMs>,
+        gone: Gone,
+        changes: &mut Vec<Change>,
+    ) -> ApplyResult {
         if self.shared.contains_key(key) {
-            return self.shared_command(key, SharedCommand::Expire(token, delay));
+            return self.shared_command(key, SharedCommand::Expire(token, delay, gone), changes);
         }
         let Some(lock) = self.locks.get_mut(key).filter(|lock| lock.token == token) else {
             return ApplyResult::Expired { existed: false };
@@ -878,6 +973,7 @@ impl LockTable {
                 let session = lock.session.take();
                 self.count(&owner, false);
                 self.leave_session(session, key, token);
+                changes.push(Change::Delayed { key: key.clone(), token, shared: false, delay_ms });
                 ApplyResult::Delayed { token, delay_ms }
             }
             // A repeat of the Expire that held it back (say, proposed again
@@ -885,7 +981,7 @@ impl LockTable {
             // stands. Only an Expire without a delay lifts it.
             (true, Some(_)) => ApplyResult::Expired { existed: false },
             (_, None) => {
-                self.remove(key);
+                self.remove(key, gone, changes);
                 ApplyResult::Expired { existed: true }
             }
         }
@@ -893,15 +989,16 @@ impl LockTable {
 
     fn proclaim(
         &mut self,
-        key: &Key,
+        key: Key,
         token: FencingToken,
         value: Value,
         user: Option<&Owner>,
+        changes: &mut Vec<Change>,
     ) -> ApplyResult {
-        if self.shared.contains_key(key) {
-            return self.shared_command(key, SharedCommand::Proclaim(token));
+        if self.shared.contains_key(&key) {
+            return self.shared_command(&key, SharedCommand::Proclaim(token), changes);
         }
-        match self.locks.get_mut(key) {
+        match self.locks.get_mut(&key) {
             // Held back by lock-delay: the key is free of holders.
             Some(lock) if lock.delayed => ApplyResult::NotFound { holder_token: None },
             Some(lock) if lock.token == token => {
@@ -909,6 +1006,7 @@ impl LockTable {
                     return ApplyResult::Denied { token };
                 }
                 lock.value = value;
+                changes.push(Change::Proclaimed { key, token });
                 ApplyResult::Proclaimed { token }
             }
             other => ApplyResult::NotFound { holder_token: other.map(|lock| lock.token) },
@@ -917,15 +1015,16 @@ impl LockTable {
 
     fn renew(
         &mut self,
-        key: &Key,
+        key: Key,
         token: FencingToken,
         lease_ms: LeaseMs,
         user: Option<&Owner>,
+        changes: &mut Vec<Change>,
     ) -> ApplyResult {
-        if self.shared.contains_key(key) {
-            return self.shared_command(key, SharedCommand::Renew(token, lease_ms, user));
+        if self.shared.contains_key(&key) {
+            return self.shared_command(&key, SharedCommand::Renew(token, lease_ms, user), changes);
         }
-        match self.locks.get_mut(key) {
+        match self.locks.get_mut(&key) {
             // Held back by lock-delay: the key is free of holders.
             Some(lock) if lock.delayed => ApplyResult::NotFound { holder_token: None },
             Some(lock) if lock.token == token && lock.session.is_some() => {
@@ -933,21 +1032,56 @@ impl LockTable {
                 if user.is_some_and(|user| !lock.owner.is_of_user(user.as_bytes())) {
                     return ApplyResult::Denied { token };
                 }
-                ApplyResult::Renewed { token, lease_ms: lock.lease_ms }
+                let (lease_ms, session) = (lock.lease_ms, lock.session);
+                changes.push(Change::Renewed { key, token, lease_ms, shared: false, session });
+                ApplyResult::Renewed { token, lease_ms }
             }
-            Some(lock) if lock.token == token => match user {
-                None => {
-                    lock.lease_ms = lease_ms;
-                    ApplyResult::Renewed { token, lease_ms }
-                }
-                Some(user) if lock.owner.is_of_user(user.as_bytes()) => {
+            Some(lock) if lock.token == token => {
+                match user {
+                    None => lock.lease_ms = lease_ms,
                     // Never shorter: a renew extends a lease, it cannot cut it.
-                    lock.lease_ms = lock.lease_ms.max(lease_ms);
-                    ApplyResult::Renewed { token, lease_ms: lock.lease_ms }
+                    Some(user) if lock.owner.is_of_user(user.as_bytes()) => {
+                        lock.lease_ms = lock.lease_ms.max(lease_ms);
+                    }
+                    Some(_) => return ApplyResult::Denied { token },
                 }
-                Some(_) => ApplyResult::Denied { token },
-            },
+                let lease_ms = lock.lease_ms;
+                changes.push(Change::Renewed { key, token, lease_ms, shared: false, session: None });
+                ApplyResult::Renewed { token, lease_ms }
+            }
             other => ApplyResult::NotFound { holder_token: other.map(|lock| lock.token) },
+        }
+    }
+}
+
+/// How a holder that leaves the table went, for its [`Change`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Gone {
+    /// By a Release (`forced`: one naming no token) or a session's close.
+    Released { forced: bool },
+    /// By an Expire or a session's expiry.
+    Expired,
+}
+
+impl Gone {
+    /// The change of holder `token` of `key` leaving this way; a holder
+    /// held back (`delayed`) had its delay lifted.
+    fn change(
+        self,
+        key: Key,
+        token: FencingToken,
+        shared: bool,
+        delayed: bool,
+        owner: Owner,
+        value: Value,
+    ) -> Change {
+        match self {
+            _ if delayed => {
+                let forced = matches!(self, Gone::Released { .. });
+                Change::DelayLifted { key, token, shared, forced, owner, value }
+            }
+            Gone::Released { forced } => Change::Released { key, token, shared, forced, owner, value },
+            Gone::Expired => Change::Expired { key, token, shared, owner, value },
         }
     }
 }
@@ -955,7 +1089,7 @@ impl LockTable {
 /// What a command does to a shared key's holder.
 enum SharedCommand<'a> {
     Release(Option<FencingToken>, Option<&'a Owner>),
-    Expire(FencingToken, Option<LeaseMs>),
+    Expire(FencingToken, Option<LeaseMs>, Gone),
     Renew(FencingToken, LeaseMs, Option<&'a Owner>),
     Proclaim(FencingToken),
 }

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use fencelock_fsm::{LockTable, SharedDecision};
+use fencelock_fsm::{Change, LockTable, SharedDecision};
 use fencelock_lease::LeaseTracker;
 use fencelock_types::{
     decode_batch, encode_batch, pb, ApplyResult, ClusterId, Command, FencingToken, Key, LeaseMs, Owner,
@@ -325,6 +325,9 @@ pub struct Replica {
     removed: Option<(u64, u64)>,
     /// Recent changes, and the watches parked until the next one.
     watches: Watches,
+    /// What the command being applied changed: a buffer kept between
+    /// commands.
+    changes: Vec<Change>,
 }
 
 impl std::fmt::Debug for Replica {
@@ -463,6 +466,7 @@ impl Replica {
                 watches_max,
                 watches_per_connection_max,
             ),
+            changes: Vec::new(),
         };
         // A floor kept from a rejoin that finished before this start ends
         // at once, and quietly (it is kept on purpose, see the rejoin tests).
@@ -2087,96 +2091,35 @@ impl Replica {
         }
     }
 
-    /// Applies one command of the entry at `index`.
+    /// Applies one command of the entry at `index`, and fans out what it
+    /// changed, as the table says ([`Change`]), to the leases, the
+    /// watchers, the waiters and the applied events.
     fn apply_command(&mut self, command: Command, proposer: Option<NodeId>, index: u64) -> ApplyResult {
-        if matches!(
-            command,
-            Command::OpenSession { .. }
-                | Command::RenewSession { .. }
-                | Command::CloseSession { .. }
-                | Command::ExpireSession { .. }
-        ) {
-            return self.apply_session_command(command, proposer, index);
-        }
-        // A Grant under a session: the lock's lease is the session's.
-        let in_session = matches!(
-            command,
-            Command::Grant { session: Some(_), .. } | Command::GrantShared { session: Some(_), .. }
-        );
-        let key = command.key().cloned();
-        let expire_token = match &command {
-            Command::Expire { token, .. } => Some(*token),
-            _ => None,
-        };
-        // A read-write lock's or a semaphore's holders are tracked by key
-        // and token.
-        let shared = matches!(command, Command::GrantShared { .. })
-            || key.as_ref().is_some_and(|key| self.table.shared(key.as_bytes()).is_some());
-        // The holder a Release or Expire may remove, read once before it
-        // applies: whether lock-delay holds it back (its removal, a lifting
-        // Expire or a force-release, lifts the delay) and, for the
-        // watchers, who held it with what value. No other command's
-        // result is a removal, so no other command needs them.
-        let (was_delayed, before) = match &command {
-            Command::Release { key, token: Some(token), .. } | Command::Expire { key, token, .. }
-                if shared =>
-            {
-                match self.table.shared(key.as_bytes()).and_then(|held| held.holders.get(token)) {
-                    Some(holder) => (holder.delayed, Some((holder.owner.clone(), Value::none()))),
-                    None => (false, None),
-                }
-            }
-            Command::Release { key, .. } | Command::Expire { key, .. } => {
-                match self.table.holder(key.as_bytes()) {
-                    Some(lock) => (lock.delayed, Some((lock.owner.clone(), lock.value.clone()))),
-                    None => (false, None),
-                }
-            }
-            _ => (false, None),
-        };
-        // A force-release of a shared key frees every holder.
-        let forced: Vec<(FencingToken, Owner, bool)> = match &command {
-            Command::Release { key, token: None, .. } if shared => self
-                .table
-                .shared(key.as_bytes())
-                .map(|held| {
-                    held.holders
-                        .iter()
-                        .map(|(token, holder)| (*token, holder.owner.clone(), holder.delayed))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            _ => Vec::new(),
-        };
+        // A session's end frees its holders with nothing in flight on
+        // their keys: their waiters are handed on here, on the leader.
+        let ends_session = matches!(command, Command::CloseSession { .. } | Command::ExpireSession { .. });
+        let mut changes = std::mem::take(&mut self.changes);
         let last_token = self.table.last_token();
-        let result = self.table.apply(command);
+        let result = self.table.apply_changes(command, &mut changes);
         assert!(self.table.last_token() >= last_token, "fencing tokens never go backwards");
-        let Some(key) = key else { return result };
-        if !forced.is_empty() {
-            if let ApplyResult::Released { .. } = result {
-                for (token, owner, held_back) in forced {
-                    self.stats.releases_applied += 1;
-                    let key = self.forget_holder(key.clone(), token, true);
-                    let kind = if held_back { WatchKind::DelayLifted } else { WatchKind::Released };
-                    self.watches.record_parts(index, kind, token, key.as_bytes(), owner.as_bytes(), &[]);
-                    let event = if held_back {
-                        AppliedEvent::DelayLifted { key, token, proposer, forced: true }
-                    } else {
-                        AppliedEvent::Released { key, token }
-                    };
-                    self.effects.applied.push((index, event));
-                }
-            }
-            return result;
+        for change in changes.drain(..) {
+            self.fan_out(change, proposer, index, ends_session);
         }
-        self.record_watch_event(&key, &result, expire_token, was_delayed, before, index);
+        self.changes = changes;
+        result
+    }
+
+    /// Fans one change of the entry at `index` out. Lease deadlines are on
+    /// this node's clock, from now; what a session holds has no lease of
+    /// its own here (its session's is in `session_leases`).
+    fn fan_out(&mut self, change: Change, proposer: Option<NodeId>, index: u64, ends_session: bool) {
         let now_ms = self.now_ms;
-        let event = match (result, expire_token) {
-            (ApplyResult::Granted { token, lease_ms, existing }, _) => {
+        let event = match change {
+            Change::Granted { key, token, lease_ms, existing, shared, session } => {
                 self.stats.grants_applied += 1;
-                let session =
-                    if in_session || existing { self.table.session_of(key.as_bytes(), token) } else { None };
-                // Under a session, its lease is the session's.
+                if !existing {
+                    self.record_holder(index, WatchKind::Granted, &key, token);
+                }
                 if session.is_none() {
                     if shared {
                         self.shared_leases.granted((key.clone(), token), token, lease_ms, now_ms);
@@ -2187,41 +2130,51 @@ impl Replica {
                 self.grant_index.insert((key.clone(), token), index);
                 AppliedEvent::Granted { key, token, lease_ms, existing, session }
             }
-            (ApplyResult::Renewed { token, lease_ms }, _) => {
+            Change::Renewed { key, token, lease_ms, shared, session } => {
                 self.stats.renewals_applied += 1;
-                if let Some(session) = self.table.session_of(key.as_bytes(), token) {
+                match session {
                     // A renew of what a session holds renews the session.
-                    self.session_leases.renewed(session, session, lease_ms, now_ms);
-                } else if shared {
-                    self.shared_leases.renewed((key.clone(), token), token, lease_ms, now_ms);
-                } else {
-                    self.leases.renewed(key.clone(), token, lease_ms, now_ms);
+                    Some(session) => self.session_leases.renewed(session, session, lease_ms, now_ms),
+                    None if shared => {
+                        self.shared_leases.renewed((key.clone(), token), token, lease_ms, now_ms)
+                    }
+                    None => self.leases.renewed(key.clone(), token, lease_ms, now_ms),
                 }
                 self.grant_index.insert((key.clone(), token), index);
                 AppliedEvent::Renewed { key, token, lease_ms }
             }
-            (ApplyResult::Released { token }, _) if was_delayed => {
-                let key = self.forget_holder(key, token, shared);
-                AppliedEvent::DelayLifted { key, token, proposer, forced: true }
-            }
-            (ApplyResult::Released { token }, _) => {
+            Change::Released { key, token, shared, forced: _, owner, value } => {
                 self.stats.releases_applied += 1;
+                self.watches.record_parts(
+                    index,
+                    WatchKind::Released,
+                    token,
+                    key.as_bytes(),
+                    owner.as_bytes(),
+                    value.as_bytes(),
+                );
                 let key = self.forget_holder(key, token, shared);
                 AppliedEvent::Released { key, token }
             }
-            (ApplyResult::Expired { existed: true }, Some(token)) if was_delayed => {
-                let key = self.forget_holder(key, token, shared);
-                AppliedEvent::DelayLifted { key, token, proposer, forced: false }
-            }
-            (ApplyResult::Expired { existed: true }, Some(token)) => {
+            Change::Expired { key, token, shared, owner, value } => {
                 self.stats.expiries_applied += 1;
+                self.watches.record_parts(
+                    index,
+                    WatchKind::Expired,
+                    token,
+                    key.as_bytes(),
+                    owner.as_bytes(),
+                    value.as_bytes(),
+                );
                 let key = self.forget_holder(key, token, shared);
                 AppliedEvent::Expired { key, token, proposer }
             }
-            (ApplyResult::Delayed { token, delay_ms }, _) => {
-                // The holder's lock ended; the key stays held back, and this
-                // node tracks the delay as it tracked the lease.
+            Change::Delayed { key, token, shared, delay_ms } => {
+                // The holder's lock ended; the key stays held back, and
+                // this node tracks the delay as it tracked the lease (the
+                // leader lifts it once the delay is over, as any).
                 self.stats.expiries_applied += 1;
+                self.record_holder(index, WatchKind::Delayed, &key, token);
                 if shared {
                     self.shared_leases.renewed((key.clone(), token), token, delay_ms, now_ms);
                 } else {
@@ -2231,120 +2184,46 @@ impl Replica {
                 self.grant_index.remove(&held);
                 AppliedEvent::Delayed { key: held.0, token, delay_ms, proposer }
             }
-            (ApplyResult::Proclaimed { token }, _) => AppliedEvent::Proclaimed { key, token },
-            _ => return result,
-        };
-        self.effects.applied.push((index, event));
-        result
-    }
-
-    /// Applies a session's OpenSession, RenewSession, CloseSession or
-    /// ExpireSession at `index`: the session's lease on this node's clock,
-    /// and, when it ends, each holder it had, as its own release or
-    /// expiry (or delay), for the leases, the watchers and the waiters.
-    fn apply_session_command(
-        &mut self,
-        command: Command,
-        proposer: Option<NodeId>,
-        index: u64,
-    ) -> ApplyResult {
-        let ending = match &command {
-            Command::CloseSession { session, .. } | Command::ExpireSession { session, .. } => Some(*session),
-            _ => None,
-        };
-        // What the session holds, before it ends: key, token, owner, value.
-        let held: Vec<(Key, FencingToken, Owner, Value)> = ending
-            .and_then(|session| self.table.session(session))
-            .map(|open| {
-                open.holds
-                    .iter()
-                    .filter_map(|(key, token)| {
-                        let (owner, value) = match self.table.holder(key.as_bytes()) {
-                            Some(lock) if lock.token == *token => (lock.owner.clone(), lock.value.clone()),
-                            Some(_) => return None,
-                            None => {
-                                let holder = self.table.shared(key.as_bytes())?.holders.get(token)?;
-                                (holder.owner.clone(), Value::none())
-                            }
-                        };
-                        Some((key.clone(), *token, owner, value))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let last_token = self.table.last_token();
-        let result = self.table.apply(command);
-        assert!(self.table.last_token() >= last_token, "fencing tokens never go backwards");
-        let now_ms = self.now_ms;
-        let (session, expired) = match result {
-            ApplyResult::Granted { token: session, lease_ms: ttl_ms, .. } => {
+            Change::DelayLifted { key, token, shared, forced, owner, value } => {
+                self.watches.record_parts(
+                    index,
+                    WatchKind::DelayLifted,
+                    token,
+                    key.as_bytes(),
+                    owner.as_bytes(),
+                    value.as_bytes(),
+                );
+                let key = self.forget_holder(key, token, shared);
+                AppliedEvent::DelayLifted { key, token, proposer, forced }
+            }
+            Change::Proclaimed { key, token } => {
+                self.record_holder(index, WatchKind::Proclaimed, &key, token);
+                AppliedEvent::Proclaimed { key, token }
+            }
+            Change::SessionOpened { session, ttl_ms } => {
                 self.session_leases.granted(session, session, ttl_ms, now_ms);
-                self.effects.applied.push((index, AppliedEvent::SessionOpened { session, ttl_ms }));
-                return result;
+                AppliedEvent::SessionOpened { session, ttl_ms }
             }
-            ApplyResult::Renewed { token: session, lease_ms: ttl_ms } => {
+            Change::SessionRenewed { session, ttl_ms } => {
                 self.session_leases.renewed(session, session, ttl_ms, now_ms);
-                self.effects.applied.push((index, AppliedEvent::SessionRenewed { session, ttl_ms }));
-                return result;
+                AppliedEvent::SessionRenewed { session, ttl_ms }
             }
-            ApplyResult::Released { token: session } => (session, false),
-            ApplyResult::Expired { existed: true } => match ending {
-                Some(session) => (session, true),
-                None => return result,
-            },
-            _ => return result,
+            Change::SessionEnded { session, expired } => {
+                self.session_leases.removed(&session, session);
+                // Acquires still waiting under the session will never be granted.
+                for id in self.requests.waiting_in_session(session) {
+                    self.finish(id, Ok(Response::Applied(vec![ApplyResult::NoSession { session }])));
+                }
+                AppliedEvent::SessionEnded { session, expired, proposer }
+            }
         };
-        self.session_leases.removed(&session, session);
-        for (key, token, owner, value) in held {
-            let shared = self.table.shared(key.as_bytes()).is_some();
-            // Held back by lock-delay: still in the table under its token.
-            let delay_ms = match self.table.holder(key.as_bytes()) {
-                Some(lock) if lock.token == token && lock.delayed => Some(lock.lease_ms),
-                Some(_) => None,
-                None => self
-                    .table
-                    .shared(key.as_bytes())
-                    .and_then(|held| held.holders.get(&token))
-                    .filter(|holder| holder.delayed)
-                    .map(|holder| holder.lease_ms),
-            };
-            self.grant_index.remove(&(key.clone(), token));
-            let (kind, event) = match delay_ms {
-                Some(delay_ms) => {
-                    self.stats.expiries_applied += 1;
-                    // Lifted by the leader once the delay is over, as any.
-                    if shared {
-                        self.shared_leases.renewed((key.clone(), token), token, delay_ms, now_ms);
-                    } else {
-                        self.leases.renewed(key.clone(), token, delay_ms, now_ms);
-                    }
-                    (
-                        WatchKind::Delayed,
-                        AppliedEvent::Delayed { key: key.clone(), token, delay_ms, proposer },
-                    )
-                }
-                None if expired => {
-                    self.stats.expiries_applied += 1;
-                    (WatchKind::Expired, AppliedEvent::Expired { key: key.clone(), token, proposer })
-                }
-                None => {
-                    self.stats.releases_applied += 1;
-                    (WatchKind::Released, AppliedEvent::Released { key: key.clone(), token })
-                }
-            };
-            self.watches.record_parts(index, kind, token, key.as_bytes(), owner.as_bytes(), value.as_bytes());
-            self.effects.applied.push((index, event));
-            // Its waiters, on the leader: nothing in flight on the key
-            // frees it, so it is handed on here.
-            let table = &self.table;
-            self.requests.wake(&key, &|key, waiter| admits(table, key, waiter));
+        if ends_session {
+            if let Some(key) = event.key() {
+                let table = &self.table;
+                self.requests.wake(key, &|key, waiter| admits(table, key, waiter));
+            }
         }
-        // Acquires still waiting under the session will never be granted.
-        for id in self.requests.waiting_in_session(session) {
-            self.finish(id, Ok(Response::Applied(vec![ApplyResult::NoSession { session }])));
-        }
-        self.effects.applied.push((index, AppliedEvent::SessionEnded { session, expired, proposer }));
-        result
+        self.effects.applied.push((index, event));
     }
 
     /// Forgets the lease and the grant index of holder `token` of `key`
@@ -2362,38 +2241,11 @@ impl Replica {
         held.0
     }
 
-    /// Records what a command applied at `index` changed on `key` for the
-    /// watchers: a new holder, a holder gone, a delay, a new value. The
-    /// history copies the bytes it keeps, from `before` (the holder a
-    /// removal took) or from the table as it is now.
-    fn record_watch_event(
-        &mut self,
-        key: &Key,
-        result: &ApplyResult,
-        expire_token: Option<FencingToken>,
-        was_delayed: bool,
-        before: Option<(Owner, Value)>,
-        index: u64,
-    ) {
-        let (kind, token) = match (*result, expire_token) {
-            (ApplyResult::Granted { token, existing: false, .. }, _) => (WatchKind::Granted, token),
-            (ApplyResult::Proclaimed { token }, _) => (WatchKind::Proclaimed, token),
-            (ApplyResult::Released { token }, _) if was_delayed => (WatchKind::DelayLifted, token),
-            (ApplyResult::Released { token }, _) => (WatchKind::Released, token),
-            (ApplyResult::Expired { existed: true }, Some(token)) if was_delayed => {
-                (WatchKind::DelayLifted, token)
-            }
-            (ApplyResult::Expired { existed: true }, Some(token)) => (WatchKind::Expired, token),
-            (ApplyResult::Delayed { token, .. }, _) => (WatchKind::Delayed, token),
-            _ => return,
-        };
+    /// Records for the watchers that `token`, still in the table, holds
+    /// `key` anew (`kind`): with its owner and value (a shared holder's is
+    /// none), copied into the history.
+    fn record_holder(&mut self, index: u64, kind: WatchKind, key: &Key, token: FencingToken) {
         let key_bytes = key.as_bytes();
-        if let Some((owner, value)) = before {
-            self.watches.record_parts(index, kind, token, key_bytes, owner.as_bytes(), value.as_bytes());
-            return;
-        }
-        // Who holds `key` under `token` and with what value (a shared
-        // holder's is none), if that token is in the table.
         match self.table.holder(key_bytes) {
             Some(lock) if lock.token == token => self.watches.record_parts(
                 index,

@@ -561,6 +561,25 @@ pub enum AppliedEvent {
     },
 }
 
+impl AppliedEvent {
+    /// The key a holder's event is of; none for a session's or a restore.
+    pub fn key(&self) -> Option<&Key> {
+        match self {
+            AppliedEvent::Granted { key, .. }
+            | AppliedEvent::Renewed { key, .. }
+            | AppliedEvent::Released { key, .. }
+            | AppliedEvent::Expired { key, .. }
+            | AppliedEvent::Delayed { key, .. }
+            | AppliedEvent::Proclaimed { key, .. }
+            | AppliedEvent::DelayLifted { key, .. } => Some(key),
+            AppliedEvent::Restored
+            | AppliedEvent::SessionOpened { .. }
+            | AppliedEvent::SessionRenewed { .. }
+            | AppliedEvent::SessionEnded { .. } => None,
+        }
+    }
+}
+
 /// Leadership as this node sees it, reported when it changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RoleChange {
