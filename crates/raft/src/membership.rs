@@ -71,8 +71,8 @@ impl Replica {
         let plan = self.plan(&change);
         let without_log = matches!(plan, Ok(Plan::Done) | Err(RequestError::BadMemberChange(_)));
         if without_log && !confirmed {
-            self.member_checks.insert(id, change);
-            self.raw.read_index(id.0.to_le_bytes().to_vec());
+            self.service.reads.member_checks.insert(id, change);
+            self.consensus.raw.read_index(id.0.to_le_bytes().to_vec());
             return;
         }
         let plan = match plan {
@@ -89,7 +89,7 @@ impl Replica {
             }
             Plan::HandOver(to) => {
                 info!(self.logger, "removing the leader: handing leadership over first"; "to" => to.0);
-                self.raw.transfer_leader(to.0);
+                self.consensus.raw.transfer_leader(to.0);
                 self.reply(id, Err(RequestError::NotLeader { leader_hint: Some(to) }));
             }
             Plan::Propose(single, members) => {
@@ -111,10 +111,10 @@ impl Replica {
                     ..Default::default()
                 };
                 let context = context.write_to_bytes().unwrap_or_default();
-                match self.raw.propose_conf_change(context, change) {
+                match self.consensus.raw.propose_conf_change(context, change) {
                     Ok(()) => {
                         info!(self.logger, "membership change proposed"; "change" => ?kind, "node" => node);
-                        self.member_request = Some(id);
+                        self.consensus.member_request = Some(id);
                     }
                     Err(err) => {
                         warn!(self.logger, "raft refused a membership change"; "error" => %err);
@@ -126,15 +126,15 @@ impl Replica {
     }
 
     fn plan(&self, change: &MemberChange) -> Result<Plan, RequestError> {
-        if self.raw.raft.state != StateRole::Leader || !self.leader_ready {
+        if self.consensus.raw.raft.state != StateRole::Leader || !self.service.leader_ready {
             return Err(RequestError::NotLeader { leader_hint: self.leader_hint() });
         }
         let busy = |why: String| Err(RequestError::MemberChangeBusy(why));
         let bad = |why: String| Err(RequestError::BadMemberChange(why));
-        if self.member_request.is_some() || self.raw.raft.has_pending_conf() {
+        if self.consensus.member_request.is_some() || self.consensus.raw.raft.has_pending_conf() {
             return busy("a membership change is under way; try again once it has applied".into());
         }
-        let conf = self.raw.raft.prs().conf().to_conf_state();
+        let conf = self.consensus.raw.raft.prs().conf().to_conf_state();
         if !conf.voters_outgoing.is_empty() {
             return busy("the cluster is leaving a joint configuration; try again in a moment".into());
         }
@@ -148,19 +148,19 @@ impl Replica {
                 let addrs = MemberAddrs { peer_addr: peer_addr.clone(), client_addr: client_addr.clone() };
                 if is_voter(*id) || is_learner(*id) {
                     // A retry of the add that applied is answered as done.
-                    return match self.table.member(id.0) {
+                    return match self.service.table.member(id.0) {
                         Some(known) if *known == addrs => Ok(Plan::Done),
                         _ => bad(format!(
                             "node {} is a member already{}; remove it first, or add the new node under a new id",
                             id.0,
-                            self.table
+                            self.service.table
                                 .member(id.0)
                                 .map(|known| format!(" (peer {}, client {})", known.peer_addr, known.client_addr))
                                 .unwrap_or_default()
                         )),
                     };
                 }
-                let taken = self.table.members().find(|(other, known)| {
+                let taken = self.service.table.members().find(|(other, known)| {
                     (is_voter(NodeId(*other)) || is_learner(NodeId(*other)))
                         && known.peer_addr == addrs.peer_addr
                 });
@@ -176,7 +176,7 @@ impl Replica {
                 let mut records = vec![record];
                 for (other, addrs) in known {
                     let member = is_voter(*other) || is_learner(*other);
-                    let named = self.table.member(other.0).is_some();
+                    let named = self.service.table.member(other.0).is_some();
                     let complete = !addrs.peer_addr.is_empty() && !addrs.client_addr.is_empty();
                     if member
                         && !named
@@ -201,8 +201,8 @@ impl Replica {
                 if !is_learner(*id) {
                     return bad(format!("node {} is not a member; add it first", id.0));
                 }
-                let last_index = self.raw.raft.raft_log.last_index();
-                let progress = self.raw.raft.prs().get(id.0);
+                let last_index = self.consensus.raw.raft.raft_log.last_index();
+                let progress = self.consensus.raw.raft.prs().get(id.0);
                 let matched = progress.map_or(0, |progress| progress.matched);
                 let replicating = progress.is_some_and(|progress| progress.state == ProgressState::Replicate);
                 if !replicating || matched.saturating_add(PROMOTE_LAG_MAX) < last_index {
@@ -246,7 +246,7 @@ impl Replica {
     /// recently (itself included) would not be a majority: the cluster
     /// would stop committing, the change included.
     fn check_quorum_after(&self, voters: &[u64]) -> Result<(), RequestError> {
-        let prs = self.raw.raft.prs();
+        let prs = self.consensus.raw.raft.prs();
         let active = voters
             .iter()
             .filter(|voter| {
@@ -268,14 +268,23 @@ impl Replica {
     /// that the cluster does not wait an election timeout for a leader.
     /// `None` when it does not lead or no other voter is reachable.
     pub fn hand_off(&mut self) -> Option<NodeId> {
-        if self.raw.raft.state != StateRole::Leader {
+        if self.consensus.raw.raft.state != StateRole::Leader {
             return None;
         }
-        let others: Vec<u64> =
-            self.raw.raft.prs().conf().voters().ids().iter().filter(|voter| *voter != self.id.0).collect();
+        let others: Vec<u64> = self
+            .consensus
+            .raw
+            .raft
+            .prs()
+            .conf()
+            .voters()
+            .ids()
+            .iter()
+            .filter(|voter| *voter != self.id.0)
+            .collect();
         let to = self.most_caught_up(&others, true)?;
         info!(self.logger, "stopping: handing leadership over"; "to" => to.0);
-        self.raw.transfer_leader(to.0);
+        self.consensus.raw.transfer_leader(to.0);
         Some(to)
     }
 
@@ -283,7 +292,7 @@ impl Replica {
     /// (of equals, the last); with `reachable_only`, among those it heard
     /// from recently.
     fn most_caught_up(&self, voters: &[u64], reachable_only: bool) -> Option<NodeId> {
-        let prs = self.raw.raft.prs();
+        let prs = self.consensus.raw.raft.prs();
         voters
             .iter()
             .filter(|voter| {
@@ -296,7 +305,7 @@ impl Replica {
     /// Hands leadership to voter `to`; answered when this node sees `to`
     /// lead, or failed after [`TRANSFER_WAIT_MS`].
     pub fn transfer(&mut self, id: RequestId, to: NodeId) {
-        if self.raw.raft.state != StateRole::Leader {
+        if self.consensus.raw.raft.state != StateRole::Leader {
             self.reply(id, Err(RequestError::NotLeader { leader_hint: self.leader_hint() }));
             return;
         }
@@ -304,26 +313,27 @@ impl Replica {
             self.reply(id, Ok(Response::Transferred { leader: to }));
             return;
         }
-        if !self.raw.raft.prs().conf().voters().contains(to.0) {
+        if !self.consensus.raw.raft.prs().conf().voters().contains(to.0) {
             self.reply(id, Err(RequestError::BadMemberChange(format!("node {} is not a voter", to.0))));
             return;
         }
-        if let Some(earlier) = self.transfer.take() {
+        if let Some(earlier) = self.consensus.transfer.take() {
             self.reply(
                 earlier.id,
                 Err(RequestError::TransferFailed("another transfer was asked for".into())),
             );
         }
         info!(self.logger, "transferring leadership"; "to" => to.0);
-        self.raw.transfer_leader(to.0);
-        self.transfer = Some(Transfer { id, to, until_ms: self.now_ms.saturating_add(TRANSFER_WAIT_MS) });
+        self.consensus.raw.transfer_leader(to.0);
+        self.consensus.transfer =
+            Some(Transfer { id, to, until_ms: self.service.now_ms.saturating_add(TRANSFER_WAIT_MS) });
     }
 
     /// Answers the transfer once this node knows who leads now (done if
     /// it is the target), or once its time is up.
     pub(super) fn check_transfer(&mut self) {
-        let Some(transfer) = &self.transfer else { return };
-        let leader = match self.raw.raft.state {
+        let Some(transfer) = &self.consensus.transfer else { return };
+        let leader = match self.consensus.raw.raft.state {
             StateRole::Leader => None,
             _ => self.leader_hint(),
         };
@@ -333,13 +343,13 @@ impl Replica {
                 "node {} took over instead of node {}",
                 leader.0, transfer.to.0
             ))),
-            None if self.now_ms >= transfer.until_ms => Err(RequestError::TransferFailed(format!(
+            None if self.service.now_ms >= transfer.until_ms => Err(RequestError::TransferFailed(format!(
                 "node {} did not take over within {} ms (is it caught up and reachable?)",
                 transfer.to.0, TRANSFER_WAIT_MS
             ))),
             None => return,
         };
-        if let Some(transfer) = self.transfer.take() {
+        if let Some(transfer) = self.consensus.transfer.take() {
             self.reply(transfer.id, reply);
         }
     }
@@ -348,10 +358,10 @@ impl Replica {
     /// outcome unknown). A transfer waits to learn the new leader.
     pub(super) fn fail_member_requests(&mut self) {
         let leader_hint = self.leader_hint();
-        if let Some(id) = self.member_request.take() {
+        if let Some(id) = self.consensus.member_request.take() {
             self.reply(id, Err(RequestError::LeadershipLost { leader_hint }));
         }
-        for id in std::mem::take(&mut self.member_checks).into_keys() {
+        for id in std::mem::take(&mut self.service.reads.member_checks).into_keys() {
             self.reply(id, Err(RequestError::NotLeader { leader_hint }));
         }
     }
@@ -372,17 +382,17 @@ impl Replica {
         };
         let ours = context.get_tags().proposer == self.id.0;
         let request = context.get_tags().get_requests().first().map(|tag| RequestId(tag.request_id));
-        let applied = self.raw.apply_conf_change(&change);
+        let applied = self.consensus.raw.apply_conf_change(&change);
         match applied {
             Ok(conf_state) => {
                 for single in change.get_changes() {
                     match single.get_change_type() {
-                        ConfChangeType::RemoveNode => self.table.remove_member(single.node_id),
+                        ConfChangeType::RemoveNode => self.service.table.remove_member(single.node_id),
                         // A new member starts from a snapshot that holds it
                         // (raft-rs ignores one that does not): one taken
                         // now, with the log before it compacted.
                         ConfChangeType::AddNode | ConfChangeType::AddLearnerNode => {
-                            self.snapshot_wanted = true
+                            self.consensus.snapshots.wanted = true
                         }
                     }
                 }
@@ -396,7 +406,7 @@ impl Replica {
                         && addr_ok(&record.peer_addr)
                         && addr_ok(&record.client_addr)
                     {
-                        self.table.set_member(
+                        self.service.table.set_member(
                             record.id,
                             MemberAddrs {
                                 peer_addr: record.peer_addr.clone(),
@@ -409,10 +419,10 @@ impl Replica {
                     "voters" => ?conf_state.voters, "learners" => ?conf_state.learners,
                     "voters_outgoing" => ?conf_state.voters_outgoing);
                 self.write(super::WriteBatch { conf_state: Some(conf_state.clone()), ..Default::default() });
-                self.raw.mut_store().set_conf_state(conf_state.clone());
+                self.consensus.raw.mut_store().set_conf_state(conf_state.clone());
                 self.conf_changed(&conf_state);
-                if ours && request.is_some() && request == self.member_request {
-                    self.member_request = None;
+                if ours && request.is_some() && request == self.consensus.member_request {
+                    self.consensus.member_request = None;
                     let mut response = self.members_response();
                     if let Response::Members { index, .. } = &mut response {
                         *index = entry.index;
@@ -425,13 +435,13 @@ impl Replica {
                     // Stops once the write of its removal is durable, so
                     // that a restart finds it removed too.
                     warn!(self.logger, "this node was removed from the cluster"; "index" => entry.index);
-                    self.removed = Some((entry.index, self.disk.submitted));
+                    self.consensus.removed = Some((entry.index, self.consensus.persist.disk.submitted));
                 }
             }
             Err(err) => {
                 warn!(self.logger, "conf change refused"; "index" => entry.index, "error" => %err);
-                if ours && request.is_some() && request == self.member_request {
-                    self.member_request = None;
+                if ours && request.is_some() && request == self.consensus.member_request {
+                    self.consensus.member_request = None;
                     if let Some(id) = request {
                         self.reply(
                             id,
@@ -458,7 +468,7 @@ impl Replica {
         use raft::prelude::MessageType;
         if !self.config.joining
             || message.get_msg_type() != MessageType::MsgAppend
-            || !self.raw.store().conf_state().voters.is_empty()
+            || !self.consensus.raw.store().conf_state().voters.is_empty()
         {
             return false;
         }
@@ -473,18 +483,18 @@ impl Replica {
     /// After the configuration changed (a change applied, a snapshot
     /// installed): the peers the gate takes messages from.
     pub(super) fn conf_changed(&mut self, conf_state: &ConfState) {
-        self.peers = peers_of(conf_state, &self.config.voters);
-        self.conf_version += 1;
+        self.consensus.peers = peers_of(conf_state, &self.config.voters);
+        self.consensus.conf_version += 1;
     }
 
     /// The members of the configuration this node applied, with the
     /// directory's addresses.
     pub fn members(&self) -> Vec<Member> {
-        let conf = self.raw.raft.prs().conf().to_conf_state();
+        let conf = self.consensus.raw.raft.prs().conf().to_conf_state();
         let mut members: Vec<Member> = Vec::new();
         let mut add = |id: u64, role: MemberRole| {
             if !members.iter().any(|member| member.id.0 == id) {
-                members.push(Member { id: NodeId(id), role, addrs: self.table.member(id).cloned() });
+                members.push(Member { id: NodeId(id), role, addrs: self.service.table.member(id).cloned() });
             }
         };
         let joint = !conf.voters_outgoing.is_empty();
@@ -508,11 +518,11 @@ impl Replica {
     /// Bumped at every configuration change: the shell refreshes its peer
     /// book when it moves.
     pub fn conf_version(&self) -> u64 {
-        self.conf_version
+        self.consensus.conf_version
     }
 
     pub(super) fn members_response(&self) -> Response {
-        Response::Members { members: self.members(), index: self.table_index }
+        Response::Members { members: self.members(), index: self.service.table_index }
     }
 }
 

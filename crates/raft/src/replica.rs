@@ -1,10 +1,9 @@
 //! The sans-IO driver core: one raft-rs `RawNode`, the lock table it applies
 //! to, and the bookkeeping that routes results back to requests.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 
 use fencelock_fsm::{Change, LockTable, SharedDecision};
-use fencelock_lease::LeaseTracker;
 use fencelock_types::{
     decode_batch, encode_batch, pb, ApplyResult, ClusterId, Command, FencingToken, Key, LeaseMs, Owner,
     Value, LEVEL,
@@ -14,15 +13,21 @@ use raft::prelude::{ConfState, Entry, EntryType, Message, MessageType, Snapshot}
 use raft::{RawNode, SnapshotStatus, StateRole};
 use slog::{debug, info, warn, Logger};
 
+#[path = "consensus.rs"]
+mod consensus;
 #[path = "membership.rs"]
 mod membership;
+#[path = "service.rs"]
+mod service;
 
+use consensus::{Consensus, Disk, Persistence, Snapshots, Unpersisted};
 pub use membership::{PROMOTE_LAG_MAX, TRANSFER_WAIT_MS};
+use service::LockService;
 
 use crate::gate::{self, RefusalLog, Refusals};
-use crate::queue::{Pending, Requests};
+use crate::queue::Pending;
 use crate::registry::ConnId;
-use crate::rejoin::{self, Floor, Membership, PinVote, RaftPosition};
+use crate::rejoin::{self, Floor, PinVote, RaftPosition};
 use crate::storage::{LogCache, Recovered, Write, WriteBatch};
 use crate::types::{
     AppliedEvent, Config, FatalError, HeldLock, NodeId, Query, Quota, Reply, RequestError, RequestId,
@@ -217,117 +222,13 @@ const INTERNAL_REQUEST_BIT: u64 = 1 << 63;
 pub struct Replica {
     id: NodeId,
     config: Config,
-    raw: RawNode<LogCache>,
-    disk: Disk,
-    /// The index the table reflects: raft's applied index, or ahead of it
-    /// while a snapshot installed from an asynchronous store is persisting.
-    table_index: u64,
-    /// Readies handed to raft with `advance_append_async` whose write is
-    /// not yet durable, oldest first.
-    unpersisted: VecDeque<Unpersisted>,
-    table: LockTable,
     logger: Logger,
-
-    /// The role and term last reported, to notice changes.
-    reported: (StateRole, u64, u64),
-    /// The leader has applied an entry of its own term.
-    leader_ready: bool,
-    /// The command level each peer said in its last hello (a build before
-    /// levels says 0).
-    peer_levels: BTreeMap<u64, u32>,
-    /// The term this node last proposed a RaiseLevel in.
-    level_raised_in: Option<u64>,
-
-    /// Requests accepted while leader, waiting or in flight, in order.
-    requests: Requests,
-    next_internal_id: u64,
-
-    /// Lease deadlines on this node's clock, fed by applied changes: of
-    /// plain locks by key, of the holders of read-write locks and
-    /// semaphores by key and token.
-    leases: LeaseTracker,
-    shared_leases: LeaseTracker<(Key, FencingToken)>,
-    /// Session deadlines on this node's clock, by session id: what is held
-    /// under a session has no lease of its own here.
-    session_leases: LeaseTracker<FencingToken>,
-    /// On the leader: the sessions with an ExpireSession of its own
-    /// pending, and its request.
-    sessions_expiring: BTreeMap<FencingToken, RequestId>,
-    /// On the leader: the renewals of sessions in flight (a RenewSession,
-    /// or a Renew of something a session holds), by request. An
-    /// ExpireSession is not proposed while one of its session's is: the
-    /// renewal would apply first and be answered alive, and the expiry
-    /// then end the session. Answered requests are pruned lazily.
-    session_renewals: Vec<(RequestId, FencingToken)>,
-    /// This node's monotonic time, as last given to `set_now`.
-    now_ms: u64,
-    /// The leases must be rebuilt from the table at the next `set_now` (the
-    /// table came from a snapshot at open, before any time was known).
-    leases_need_restore: bool,
-    last_expiry_scan_ms: Option<u64>,
-
-    /// Reads waiting for their ReadIndex.
-    reads: BTreeMap<RequestId, Query>,
-    /// Reads taken by a leader that has not committed an entry of its term
-    /// yet: raft-rs drops a ReadIndex then, so they are asked once it has.
-    reads_before_ready: Vec<RequestId>,
-    /// Membership requests answered without the log (a retry of a change
-    /// that applied, or one the configuration refuses), waiting for a
-    /// ReadIndex to confirm this node still leads: a leader deposed
-    /// without knowing it would answer from an old configuration.
-    member_checks: BTreeMap<RequestId, crate::types::MemberChange>,
-    /// Reads whose ReadIndex is known, waiting for apply to reach it.
-    reads_at_index: Vec<(u64, RequestId)>,
-
-    /// Per held lock (key and token: a shared key has many), the index of
-    /// the entry that last granted, re-granted or renewed it (absent for
-    /// locks restored from a snapshot).
-    grant_index: BTreeMap<(Key, FencingToken), u64>,
-    /// Votes and acknowledgements waiting until the count of durable writes
-    /// reaches the first number.
-    held: VecDeque<(u64, Vec<Message>)>,
-
-    /// Peers that were sent a snapshot in this turn.
-    snapshots_sent: Vec<u64>,
-    /// The snapshot being encoded ([`Effects::encode`]): its index and term.
-    encoding: Option<(u64, u64)>,
-    /// The table of a snapshot message that passed the gate, decoded once,
-    /// for its install: the snapshot's index and term, and the table.
-    decoded: Option<(u64, u64, LockTable)>,
-    /// The peers it has had messages from, and its rejoin floor, if any.
-    membership: Membership,
-    /// A peer was heard from for the first time: the membership record
-    /// goes into the next write, and nothing leaves before that write.
-    membership_dirty: bool,
-    /// The number of the write of the last membership record: until it is
-    /// durable, nothing leaves early.
-    membership_written_at: u64,
-    /// Set while a node that lost its data rejoins: it neither votes nor
-    /// campaigns until it has caught up past the floor.
-    abstaining: Option<Floor>,
+    /// Below the log: raft-rs.
+    consensus: Consensus,
+    /// Above the log: the lock service.
+    service: LockService,
     effects: Effects,
     stats: Stats,
-    refusal_log: RefusalLog,
-    /// The membership change this leader proposed and has not applied.
-    member_request: Option<RequestId>,
-    /// The leadership transfer waiting for its answer.
-    transfer: Option<membership::Transfer>,
-    /// The nodes the gate takes raft messages from
-    /// ([`membership::peers_of`]).
-    peers: Vec<NodeId>,
-    /// Bumped at every configuration change.
-    conf_version: u64,
-    /// A snapshot is wanted before the interval is up (a new member must
-    /// start from one: the initial configuration is in no log entry).
-    snapshot_wanted: bool,
-    /// This node applied its own removal, at this index, written by this
-    /// write: it stops once that write is durable.
-    removed: Option<(u64, u64)>,
-    /// Recent changes, and the watches parked until the next one.
-    watches: Watches,
-    /// What the command being applied changed: a buffer kept between
-    /// commands.
-    changes: Vec<Change>,
 }
 
 impl std::fmt::Debug for Replica {
@@ -415,58 +316,30 @@ impl Replica {
         let reported = (raw.raft.state, raw.raft.term, raw.raft.leader_id);
         let (watch_history_bytes_max, watches_max, watches_per_connection_max) =
             (config.watch_history_bytes_max, config.watches_max, config.watches_per_connection_max);
+        let watches =
+            Watches::new(snapshot_index, watch_history_bytes_max, watches_max, watches_per_connection_max);
         let mut replica = Replica {
             id: config.id,
             config,
-            raw,
-            disk,
-            table_index: snapshot_index,
-            unpersisted: VecDeque::new(),
-            table,
             logger,
-            reported,
-            leader_ready: false,
-            peer_levels: BTreeMap::new(),
-            level_raised_in: None,
-            requests: Requests::default(),
-            next_internal_id: 0,
-            leases: LeaseTracker::new(),
-            shared_leases: LeaseTracker::new(),
-            session_leases: LeaseTracker::new(),
-            sessions_expiring: BTreeMap::new(),
-            session_renewals: Vec::new(),
-            now_ms: 0,
-            leases_need_restore: true,
-            last_expiry_scan_ms: None,
-            reads: BTreeMap::new(),
-            reads_before_ready: Vec::new(),
-            member_checks: BTreeMap::new(),
-            reads_at_index: Vec::new(),
-            snapshots_sent: Vec::new(),
-            encoding: None,
-            decoded: None,
-            abstaining: membership.rejoin,
-            membership,
-            membership_dirty: false,
-            membership_written_at,
-            grant_index: BTreeMap::new(),
-            held: VecDeque::new(),
+            consensus: Consensus {
+                raw,
+                persist: Persistence { disk, membership_written_at, ..Persistence::default() },
+                snapshots: Snapshots::default(),
+                reported,
+                abstaining: membership.rejoin,
+                membership,
+                membership_dirty: false,
+                refusal_log: RefusalLog::default(),
+                member_request: None,
+                transfer: None,
+                peers,
+                conf_version: 0,
+                removed: None,
+            },
+            service: LockService::new(table, snapshot_index, watches),
             effects: Effects { writes: first_writes, ..Effects::default() },
             stats: Stats::default(),
-            refusal_log: RefusalLog::default(),
-            member_request: None,
-            transfer: None,
-            peers,
-            conf_version: 0,
-            snapshot_wanted: false,
-            removed: None,
-            watches: Watches::new(
-                snapshot_index,
-                watch_history_bytes_max,
-                watches_max,
-                watches_per_connection_max,
-            ),
-            changes: Vec::new(),
         };
         // A floor kept from a rejoin that finished before this start ends
         // at once, and quietly (it is kept on purpose, see the rejoin tests).
@@ -499,7 +372,7 @@ impl Replica {
     /// session or not), like [`Replica::acquire`]: waiting FIFO per key up
     /// to `wait_ms`.
     pub fn acquire_with(&mut self, id: RequestId, grant: Command, wait_ms: u64) {
-        let wait_until_ms = (wait_ms > 0).then(|| self.now_ms.saturating_add(wait_ms));
+        let wait_until_ms = (wait_ms > 0).then(|| self.service.now_ms.saturating_add(wait_ms));
         self.submit(id, vec![grant], wait_until_ms, false);
     }
 
@@ -534,19 +407,21 @@ impl Replica {
     /// true when it is gone without a trace, false when it is in flight (or
     /// unknown), and will be answered.
     pub fn cancel(&mut self, id: RequestId) -> bool {
-        if self.watches.cancel(id) {
+        if self.service.watches.cancel(id) {
             return true;
         }
-        if self.reads.remove(&id).is_some() || self.member_checks.remove(&id).is_some() {
-            self.reads_at_index.retain(|(_, read)| *read != id);
-            self.reads_before_ready.retain(|read| *read != id);
+        if self.service.reads.waiting.remove(&id).is_some()
+            || self.service.reads.member_checks.remove(&id).is_some()
+        {
+            self.service.reads.at_index.retain(|(_, read)| *read != id);
+            self.service.reads.before_ready.retain(|read| *read != id);
             return true;
         }
-        if self.requests.get(id).is_none_or(|pending| pending.proposed_term.is_some()) {
+        if self.service.requests.get(id).is_none_or(|pending| pending.proposed_term.is_some()) {
             return false;
         }
-        let table = &self.table;
-        self.requests.remove(id, &|key, waiter| admits(table, key, waiter));
+        let table = &self.service.table;
+        self.service.requests.remove(id, &|key, waiter| admits(table, key, waiter));
         true
     }
 
@@ -554,7 +429,14 @@ impl Replica {
     /// tell (or it does not wait), else when one applies or its wait runs
     /// out ([`crate::watch`]).
     pub fn watch(&mut self, id: RequestId, conn: ConnId, query: WatchQuery) {
-        match self.watches.ask(id, conn, query, &self.table, self.table_index, self.now_ms) {
+        match self.service.watches.ask(
+            id,
+            conn,
+            query,
+            &self.service.table,
+            self.service.table_index,
+            self.service.now_ms,
+        ) {
             Ok(Some(answer)) => self.reply(id, Ok(Response::Watch(answer))),
             Ok(None) => {}
             Err(TooManyWatches { max, per_connection }) => {
@@ -566,32 +448,34 @@ impl Replica {
     /// Answers the parked watches that have a change to tell, or whose
     /// wait ran out.
     fn answer_watches(&mut self) {
-        if self.watches.parked() == 0 {
+        if self.service.watches.parked() == 0 {
             return;
         }
-        for (id, answer) in self.watches.ready(&self.table, self.table_index, self.now_ms) {
+        for (id, answer) in
+            self.service.watches.ready(&self.service.table, self.service.table_index, self.service.now_ms)
+        {
             self.reply(id, Ok(Response::Watch(answer)));
         }
     }
 
     /// Watches parked, and the history's length in events and bytes.
     pub fn watch_stats(&self) -> (usize, usize, usize) {
-        let (events, bytes) = self.watches.history_len();
-        (self.watches.parked(), events, bytes)
+        let (events, bytes) = self.service.watches.history_len();
+        (self.service.watches.parked(), events, bytes)
     }
 
     /// Sets this node's monotonic time, in milliseconds. Time never goes
     /// backwards here: an earlier reading is ignored.
     pub fn set_now(&mut self, now_ms: u64) {
-        self.now_ms = self.now_ms.max(now_ms);
-        if self.leases_need_restore {
+        self.service.now_ms = self.service.now_ms.max(now_ms);
+        if self.service.leases.need_restore {
             self.restore_leases();
         }
     }
 
     fn internal_id(&mut self) -> RequestId {
-        self.next_internal_id += 1;
-        RequestId(INTERNAL_REQUEST_BIT | self.next_internal_id)
+        self.service.next_internal_id += 1;
+        RequestId(INTERNAL_REQUEST_BIT | self.service.next_internal_id)
     }
 
     fn submit(&mut self, id: RequestId, commands: Vec<Command>, wait_until_ms: Option<u64>, internal: bool) {
@@ -624,7 +508,7 @@ impl Replica {
             self.reply(id, Ok(Response::Applied(Vec::new())));
             return;
         }
-        self.requests.insert(id, Pending::new(commands, internal, ghost_of, wait_until_ms));
+        self.service.requests.insert(id, Pending::new(commands, internal, ghost_of, wait_until_ms));
     }
 
     /// Refuses leases outside the configured bounds.
@@ -672,12 +556,13 @@ impl Replica {
     fn members_behind(&self, level: u32) -> Vec<NodeId> {
         let me = self.config.id.0;
         let mut behind: Vec<NodeId> = self
+            .consensus
             .raw
             .raft
             .prs()
             .iter()
             .map(|(id, _)| *id)
-            .filter(|id| *id != me && self.peer_levels.get(id).is_none_or(|peer| *peer < level))
+            .filter(|id| *id != me && self.service.levels.peers.get(id).is_none_or(|peer| *peer < level))
             .map(NodeId)
             .collect();
         behind.sort();
@@ -686,7 +571,7 @@ impl Replica {
 
     /// What peer `id` said in its last hello: the command level it applies.
     pub fn peer_level(&mut self, id: NodeId, level: u32) {
-        self.peer_levels.insert(id.0, level);
+        self.service.levels.peers.insert(id.0, level);
     }
 
     /// The cluster's command level as the next proposal will meet it. A
@@ -694,9 +579,9 @@ impl Replica {
     /// goes before every request (or by an earlier leader's, still in the
     /// log: then the table decides alike on every replica).
     fn cluster_level(&self) -> u32 {
-        match self.table.cluster_id() {
-            Some(_) => self.table.level(),
-            None => self.table.level().max(self.config.founding_level),
+        match self.service.table.cluster_id() {
+            Some(_) => self.service.table.level(),
+            None => self.service.table.level().max(self.config.founding_level),
         }
     }
 
@@ -704,17 +589,17 @@ impl Replica {
     /// level and the cluster is below it, raise it (one RaiseLevel a term;
     /// none after the Bootstrap of a cluster founded at it).
     fn raise_level(&mut self) {
-        if !self.leader_ready
+        if !self.service.leader_ready
             || self.cluster_level() >= LEVEL
-            || self.level_raised_in == Some(self.raw.raft.term)
+            || self.service.levels.raised_in == Some(self.consensus.raw.raft.term)
         {
             return;
         }
         if !self.members_behind(LEVEL).is_empty() {
             return;
         }
-        self.level_raised_in = Some(self.raw.raft.term);
-        info!(self.logger, "raising the command level"; "from" => self.table.level(), "to" => LEVEL);
+        self.service.levels.raised_in = Some(self.consensus.raw.raft.term);
+        info!(self.logger, "raising the command level"; "from" => self.service.table.level(), "to" => LEVEL);
         let id = self.internal_id();
         self.submit(id, vec![Command::RaiseLevel { level: LEVEL }], None, true);
     }
@@ -725,25 +610,25 @@ impl Replica {
             self.reply(id, Err(err));
             return;
         }
-        self.reads.insert(id, query);
-        if self.leader_ready {
-            self.raw.read_index(id.0.to_le_bytes().to_vec());
+        self.service.reads.waiting.insert(id, query);
+        if self.service.leader_ready {
+            self.consensus.raw.read_index(id.0.to_le_bytes().to_vec());
         } else {
             // A leader right after its election: raft-rs would drop the
             // ReadIndex silently until the leader's first commit.
-            self.reads_before_ready.push(id);
+            self.service.reads.before_ready.push(id);
         }
     }
 
     /// Asks raft for the ReadIndex of the reads that came before this
     /// leader was ready.
     fn ask_parked_reads(&mut self) {
-        if !self.leader_ready || self.reads_before_ready.is_empty() {
+        if !self.service.leader_ready || self.service.reads.before_ready.is_empty() {
             return;
         }
-        for id in std::mem::take(&mut self.reads_before_ready) {
-            if self.reads.contains_key(&id) {
-                self.raw.read_index(id.0.to_le_bytes().to_vec());
+        for id in std::mem::take(&mut self.service.reads.before_ready) {
+            if self.service.reads.waiting.contains_key(&id) {
+                self.consensus.raw.read_index(id.0.to_le_bytes().to_vec());
             }
         }
     }
@@ -768,13 +653,13 @@ impl Replica {
         let metadata = message.get_snapshot().get_metadata();
         let (index, term) = (metadata.index, metadata.term);
         if self.step_gated(message, Some(&table)) {
-            self.decoded = Some((index, term, table));
+            self.consensus.snapshots.decoded = Some((index, term, table));
         }
     }
 
     fn refuse(&mut self, message: &Message, reason: gate::Refusal) {
         self.stats.refused.count(reason);
-        if let Some(unlogged) = self.refusal_log.should_log(reason, self.now_ms) {
+        if let Some(unlogged) = self.consensus.refusal_log.should_log(reason, self.service.now_ms) {
             if reason.is_routine() {
                 info!(self.logger, "dropping a raft message that fails the gate";
                     "reason" => reason.name(), "type" => ?message.get_msg_type(), "from" => message.from,
@@ -792,17 +677,17 @@ impl Replica {
     /// Steps `message` if it passes the gate (with its snapshot's `table`,
     /// decoded, for a snapshot); true if it did.
     fn step_gated(&mut self, message: Message, table: Option<&LockTable>) -> bool {
-        let raft = &self.raw.raft;
+        let raft = &self.consensus.raw.raft;
         let local = gate::Local {
             id: self.id,
-            voters: &self.peers,
+            voters: &self.consensus.peers,
             term: raft.term,
             leader: raft.leader_id,
             last_index: raft.raft_log.last_index(),
             persisted: raft.raft_log.persisted,
             commit: raft.raft_log.committed,
-            last_token: self.table.last_token(),
-            cluster_id: self.table.cluster_id(),
+            last_token: self.service.table.last_token(),
+            cluster_id: self.service.table.cluster_id(),
         };
         if let Err(reason) = gate::check_with(&message, &local, table) {
             self.refuse(&message, reason);
@@ -829,10 +714,10 @@ impl Replica {
         if self.restart_replication(&message) {
             return true;
         }
-        if self.membership.known.insert(message.from) {
-            self.membership_dirty = true;
+        if self.consensus.membership.known.insert(message.from) {
+            self.consensus.membership_dirty = true;
         }
-        let last_index = self.raw.raft.raft_log.last_index();
+        let last_index = self.consensus.raw.raft.raft_log.last_index();
         if message.get_msg_type() == MessageType::MsgHeartbeat && message.commit > last_index {
             // The leader remembers entries this node does not have: it lost
             // its data (or the leader is confused). raft-rs would panic on
@@ -840,10 +725,10 @@ impl Replica {
             // commit, and the leader's next append finds where the logs part.
             warn!(self.logger, "heartbeat commits past this node's log";
                 "from" => message.from, "commit" => message.commit, "last_index" => last_index,
-                "rejoining" => self.abstaining.is_some());
+                "rejoining" => self.consensus.abstaining.is_some());
             let mut message = message;
             message.commit = last_index;
-            if message.term >= self.raw.raft.term {
+            if message.term >= self.consensus.raw.raft.term {
                 // The leader counts this node as holding entries it does not
                 // have, and would never send them again. A rejection past
                 // anything it counts makes it probe this node's log anew.
@@ -881,7 +766,7 @@ impl Replica {
     /// again from there. Lowering it only slows commits, never speeds them.
     /// True when the message was this answer.
     fn restart_replication(&mut self, message: &Message) -> bool {
-        let raft = &mut self.raw.raft;
+        let raft = &mut self.consensus.raw.raft;
         if raft.state != StateRole::Leader
             || message.get_msg_type() != MessageType::MsgAppendResponse
             || !message.reject
@@ -909,7 +794,7 @@ impl Replica {
     }
 
     fn step_checked(&mut self, message: Message) {
-        if self.abstaining.is_some()
+        if self.consensus.abstaining.is_some()
             && matches!(
                 message.get_msg_type(),
                 MessageType::MsgRequestVote | MessageType::MsgRequestPreVote | MessageType::MsgTimeoutNow
@@ -925,7 +810,7 @@ impl Replica {
                 "from" => message.from);
             return;
         }
-        if let Err(err) = self.raw.step(message) {
+        if let Err(err) = self.consensus.raw.step(message) {
             debug!(self.logger, "raft refused a message"; "error" => %err);
         }
     }
@@ -933,8 +818,8 @@ impl Replica {
     /// Advances raft's logical clock by one tick. A rejoining node's
     /// clock stands still: a follower's ticks only lead to campaigns.
     pub fn tick(&mut self) {
-        if self.abstaining.is_none() && !self.snapshot_unapplied() {
-            self.raw.tick();
+        if self.consensus.abstaining.is_none() && !self.snapshot_unapplied() {
+            self.consensus.raw.tick();
         }
         self.raise_level();
     }
@@ -950,12 +835,12 @@ impl Replica {
     /// heard from a leader anyway. Found by the simulator, seed 3002890773
     /// (5 nodes).
     fn snapshot_unapplied(&self) -> bool {
-        self.raw.raft.raft_log.applied < self.raw.store().snapshot_index()
+        self.consensus.raw.raft.raft_log.applied < self.consensus.raw.store().snapshot_index()
     }
 
     /// The peers this node has had raft messages from, for its hellos.
     pub(crate) fn known_peers(&self) -> &BTreeSet<u64> {
-        &self.membership.known
+        &self.consensus.membership.known
     }
 
     /// Sets the election timeout raft-rs drew at its last reset (a role or
@@ -968,21 +853,21 @@ impl Replica {
         let min = self.config.election_ticks;
         let max = self.config.election_ticks_max.unwrap_or(2 * min);
         if max > min {
-            self.raw.raft.set_randomized_election_timeout(ticks.clamp(min, max - 1));
+            self.consensus.raw.raft.set_randomized_election_timeout(ticks.clamp(min, max - 1));
         }
     }
 
     /// This node's raft term and last log index, for its hellos.
     pub(crate) fn log_position(&self) -> (u64, u64) {
-        (self.raw.raft.term, self.raw.raft.raft_log.last_index())
+        (self.consensus.raw.raft.term, self.consensus.raw.raft.raft_log.last_index())
     }
 
     /// Ends a rejoin once this node caught up past its floor (see
     /// [`crate::rejoin`]); says so at info when `news` (not at a start
     /// whose kept floor was passed long ago).
     fn check_rejoined(&mut self, news: bool) {
-        let Some(floor) = self.abstaining else { return };
-        let raft = &self.raw.raft;
+        let Some(floor) = self.consensus.abstaining else { return };
+        let raft = &self.consensus.raw.raft;
         let committed = raft.raft_log.committed;
         let position = RaftPosition {
             term: raft.term,
@@ -995,9 +880,9 @@ impl Replica {
         if let PinVote::To(leader) = pin {
             // The lost store may have voted in this term: count the vote as
             // given to the term's leader, so that it is never given again.
-            self.raw.raft.vote = leader;
+            self.consensus.raw.raft.vote = leader;
         }
-        self.abstaining = None;
+        self.consensus.abstaining = None;
         if news {
             info!(self.logger, "rejoined: caught up, voting again";
                 "term" => position.term, "committed" => committed, "floor_term" => floor.term,
@@ -1012,15 +897,15 @@ impl Replica {
     /// Starts an election now, for a test that cannot wait for a timeout.
     #[cfg(test)]
     pub(crate) fn campaign(&mut self) -> Result<(), FatalError> {
-        Ok(self.raw.campaign()?)
+        Ok(self.consensus.raw.campaign()?)
     }
 
     /// Asks this node, if it leads, to hand leadership to `transferee`. A
     /// follower does nothing (raft-rs would forward it to the leader, whose
     /// gate drops transfers from the network).
     pub fn transfer_leader(&mut self, transferee: NodeId) {
-        if self.raw.raft.state == StateRole::Leader {
-            self.raw.transfer_leader(transferee.0);
+        if self.consensus.raw.raft.state == StateRole::Leader {
+            self.consensus.raw.transfer_leader(transferee.0);
         }
     }
 
@@ -1030,8 +915,8 @@ impl Replica {
     /// are made (what may not is held until [`Replica::on_persisted`]).
     /// An error is fatal: drop the replica.
     pub fn run_ready(&mut self) -> Result<(), FatalError> {
-        if let Some((index, write)) = self.removed {
-            if self.disk.durable >= write {
+        if let Some((index, write)) = self.consensus.removed {
+            if self.consensus.persist.disk.durable >= write {
                 return Err(FatalError::Removed { index });
             }
         }
@@ -1048,13 +933,13 @@ impl Replica {
         // A decoded snapshot is installed by the ready right after its
         // message: one still here was not (raft ignored the message, say,
         // for an old term), and may be a large table to let go of.
-        self.decoded = None;
+        self.consensus.snapshots.decoded = None;
         self.notice_role_change();
-        for to in std::mem::take(&mut self.snapshots_sent) {
+        for to in std::mem::take(&mut self.consensus.snapshots.sent) {
             // The transport does not report delivery. Saying "finished"
             // returns the peer to probing: if the snapshot was lost, the probe
             // fails and a new snapshot is sent.
-            self.raw.report_snapshot(to, SnapshotStatus::Finish);
+            self.consensus.raw.report_snapshot(to, SnapshotStatus::Finish);
         }
         Ok(())
     }
@@ -1067,23 +952,28 @@ impl Replica {
     /// or reads wait for a ready leader that is, or effects (messages let go
     /// by `on_persisted`) wait to be handed out.
     pub fn has_ready(&self) -> bool {
-        self.raw.has_ready()
+        self.consensus.raw.has_ready()
             || !self.effects.is_empty()
-            || self.removed.is_some_and(|(_, write)| self.disk.durable >= write)
-            || self.leader_ready && (self.requests.has_ready() || !self.reads_before_ready.is_empty())
+            || self.consensus.removed.is_some_and(|(_, write)| self.consensus.persist.disk.durable >= write)
+            || self.service.leader_ready
+                && (self.service.requests.has_ready() || !self.service.reads.before_ready.is_empty())
     }
 
     pub fn is_leader_ready(&self) -> bool {
-        self.leader_ready
+        self.service.leader_ready
     }
 
     /// The applied lock table (not linearizable: see [`Replica::read`]).
     pub fn table(&self) -> &LockTable {
-        &self.table
+        &self.service.table
     }
 
     pub fn stats(&self) -> Stats {
-        Stats { writes: self.disk.submitted, syncs: self.disk.syncs, ..self.stats }
+        Stats {
+            writes: self.consensus.persist.disk.submitted,
+            syncs: self.consensus.persist.disk.syncs,
+            ..self.stats
+        }
     }
 
     /// The first `writes` writes since open are durable: the votes and
@@ -1095,46 +985,58 @@ impl Replica {
         // store, and counting it durable would release messages that wait
         // for writes never made.
         assert!(
-            writes <= self.disk.submitted,
+            writes <= self.consensus.persist.disk.submitted,
             "the store reports {writes} writes durable of {} submitted",
-            self.disk.submitted
+            self.consensus.persist.disk.submitted
         );
         // A report may come late (an inline write counted since), never
         // taking durability back.
-        self.disk.durable = self.disk.durable.max(writes);
+        self.consensus.persist.disk.durable = self.consensus.persist.disk.durable.max(writes);
         self.release_persisted();
     }
 
     /// Writes asked for and not yet reported durable.
     pub fn writes_in_flight(&self) -> u64 {
-        self.disk.submitted - self.disk.durable
+        self.consensus.persist.disk.submitted - self.consensus.persist.disk.durable
     }
 
     /// Tells raft which readies are now durable, and lets the messages
     /// that waited for them go.
     fn release_persisted(&mut self) {
-        while self.held.front().is_some_and(|(write, _)| *write <= self.disk.durable) {
-            let Some((_, messages)) = self.held.pop_front() else { break };
+        while self
+            .consensus
+            .persist
+            .held
+            .front()
+            .is_some_and(|(write, _)| *write <= self.consensus.persist.disk.durable)
+        {
+            let Some((_, messages)) = self.consensus.persist.held.pop_front() else { break };
             self.effects.messages.extend(messages);
         }
         let mut persisted = None;
         let mut snapshot_index = None;
-        while self.unpersisted.front().is_some_and(|ready| ready.write <= self.disk.durable) {
-            let Some(ready) = self.unpersisted.pop_front() else { break };
+        while self
+            .consensus
+            .persist
+            .unpersisted
+            .front()
+            .is_some_and(|ready| ready.write <= self.consensus.persist.disk.durable)
+        {
+            let Some(ready) = self.consensus.persist.unpersisted.pop_front() else { break };
             persisted = Some(ready.number);
             snapshot_index = ready.snapshot_index.or(snapshot_index);
         }
         if let Some(number) = persisted {
-            self.raw.on_persist_ready(number);
+            self.consensus.raw.on_persist_ready(number);
         }
         if let Some(index) = snapshot_index {
             // The table holds the snapshot since it was installed.
-            self.raw.advance_apply_to(index);
+            self.consensus.raw.advance_apply_to(index);
         }
     }
 
     pub fn status(&self) -> NodeStatus {
-        let raft = &self.raw.raft;
+        let raft = &self.consensus.raw.raft;
         let conf = raft.prs().conf().to_conf_state();
         NodeStatus {
             id: self.id,
@@ -1146,17 +1048,17 @@ impl Replica {
             },
             term: raft.term,
             leader: self.leader_hint(),
-            leader_ready: self.leader_ready,
+            leader_ready: self.service.leader_ready,
             commit_index: raft.raft_log.committed,
-            applied_index: self.table_index,
+            applied_index: self.service.table_index,
             last_index: raft.raft_log.last_index(),
-            snapshot_index: self.raw.store().snapshot_index(),
-            snapshot_bytes: self.raw.store().last_snapshot().get_data().len() as u64,
-            locks: self.table.len(),
-            last_token: self.table.last_token(),
-            pending_requests: self.requests.clients() + self.reads.len(),
-            rejoining: self.abstaining.is_some(),
-            cluster_id: self.table.cluster_id(),
+            snapshot_index: self.consensus.raw.store().snapshot_index(),
+            snapshot_bytes: self.consensus.raw.store().last_snapshot().get_data().len() as u64,
+            locks: self.service.table.len(),
+            last_token: self.service.table.last_token(),
+            pending_requests: self.service.requests.clients() + self.service.reads.waiting.len(),
+            rejoining: self.consensus.abstaining.is_some(),
+            cluster_id: self.service.table.cluster_id(),
             voters: sorted(conf.voters.iter()),
             voters_outgoing: sorted(conf.voters_outgoing.iter()),
             learners: sorted(conf.learners.iter().chain(&conf.learners_next)),
@@ -1169,16 +1071,16 @@ impl Replica {
     /// Whether a decoded snapshot table waits for its install (tests).
     #[cfg(test)]
     pub(crate) fn holds_decoded_snapshot(&self) -> bool {
-        self.decoded.is_some()
+        self.consensus.snapshots.decoded.is_some()
     }
 
     /// The cluster's id, once applied.
     pub fn cluster_id(&self) -> Option<ClusterId> {
-        self.table.cluster_id()
+        self.service.table.cluster_id()
     }
 
     fn leader_hint(&self) -> Option<NodeId> {
-        match self.raw.raft.leader_id {
+        match self.consensus.raw.raft.leader_id {
             0 => None,
             id => Some(NodeId(id)),
         }
@@ -1189,14 +1091,15 @@ impl Replica {
     /// only part of the clients' budget, so that renewals, releases and
     /// expiries flow whatever the acquires do.
     fn admit(&self, internal: bool, acquire: bool) -> Result<(), RequestError> {
-        if self.raw.raft.state != StateRole::Leader {
+        if self.consensus.raw.raft.state != StateRole::Leader {
             return Err(RequestError::NotLeader { leader_hint: self.leader_hint() });
         }
         let full = if internal {
-            self.requests.internal() >= self.config.internal_pending_max
+            self.service.requests.internal() >= self.config.internal_pending_max
         } else {
-            self.requests.clients() + self.reads.len() >= self.config.pending_requests_max
-                || acquire && self.requests.acquires() >= self.config.pending_acquires_max
+            self.service.requests.clients() + self.service.reads.waiting.len()
+                >= self.config.pending_requests_max
+                || acquire && self.service.requests.acquires() >= self.config.pending_acquires_max
         };
         if full {
             return Err(RequestError::Overloaded);
@@ -1212,7 +1115,7 @@ impl Replica {
     /// Locks in flight count as held, so two proposals cannot both take
     /// the last place.
     fn quota_check(&self, id: RequestId, handed_over: bool) -> Result<Vec<(Vec<u8>, bool)>, RequestError> {
-        self.quota_check_in(&self.table, id, handed_over, &[])
+        self.quota_check_in(&self.service.table, id, handed_over, &[])
     }
 
     /// [`Replica::quota_check`] against `table`, a clone of the applied
@@ -1225,10 +1128,13 @@ impl Replica {
         handed_over: bool,
         in_table: &[(Vec<u8>, bool)],
     ) -> Result<Vec<(Vec<u8>, bool)>, RequestError> {
-        let Some(pending) = self.requests.get(id) else { return Ok(Vec::new()) };
+        let Some(pending) = self.service.requests.get(id) else { return Ok(Vec::new()) };
         let mut new_locks: Vec<(Vec<u8>, bool)> = Vec::new();
-        let in_flight =
-            self.requests.new_locks().saturating_sub(in_table.iter().filter(|(_, adds)| *adds).count());
+        let in_flight = self
+            .service
+            .requests
+            .new_locks()
+            .saturating_sub(in_table.iter().filter(|(_, adds)| *adds).count());
         for command in &pending.commands {
             let (key, owner, adds) = match command {
                 Command::Grant { key, owner, .. } => {
@@ -1256,7 +1162,7 @@ impl Replica {
             }
             let in_table_of = in_table.iter().filter(|(other, _)| other == identity).count();
             let held = table.locks_of(identity)
-                + self.requests.new_locks_of(identity).saturating_sub(in_table_of)
+                + self.service.requests.new_locks_of(identity).saturating_sub(in_table_of)
                 + of_identity;
             if held >= self.config.locks_per_identity_max {
                 return Err(RequestError::QuotaExceeded(Quota::Identity {
@@ -1278,14 +1184,14 @@ impl Replica {
     /// Forgets an answered request and lets the next request on its keys go.
     fn finish(&mut self, id: RequestId, reply: Reply) {
         self.reply(id, reply);
-        let table = &self.table;
-        self.requests.remove(id, &|key, waiter| admits(table, key, waiter));
+        let table = &self.service.table;
+        self.service.requests.remove(id, &|key, waiter| admits(table, key, waiter));
     }
 
     /// Answers waiters whose time is up; the queue behind them moves up.
     fn time_out_waiters(&mut self) {
-        for (key, id) in self.requests.timed_out(self.now_ms) {
-            let holder_token = first_holder(&self.table, &key);
+        for (key, id) in self.service.requests.timed_out(self.service.now_ms) {
+            let holder_token = first_holder(&self.service.table, &key);
             self.finish(id, Err(RequestError::WaitTimedOut { key, holder_token }));
         }
     }
@@ -1293,44 +1199,55 @@ impl Replica {
     /// On the ready leader, every scan interval: proposes an Expire for each
     /// lease this node's clock says is due.
     fn propose_expiries(&mut self) {
-        if self.raw.raft.state != StateRole::Leader || !self.leader_ready {
+        if self.consensus.raw.raft.state != StateRole::Leader || !self.service.leader_ready {
             return;
         }
         let interval_ms = self.config.expiry_scan_interval_ms;
-        if self.last_expiry_scan_ms.is_some_and(|last_ms| self.now_ms < last_ms.saturating_add(interval_ms)) {
+        if self
+            .service
+            .leases
+            .last_scan_ms
+            .is_some_and(|last_ms| self.service.now_ms < last_ms.saturating_add(interval_ms))
+        {
             return;
         }
-        self.last_expiry_scan_ms = Some(self.now_ms);
+        self.service.leases.last_scan_ms = Some(self.service.now_ms);
         let due: Vec<(Key, FencingToken)> = self
+            .service
             .leases
-            .due(self.now_ms)
-            .filter(|(key, _)| !self.requests.is_expiring(key))
+            .plain
+            .due(self.service.now_ms)
+            .filter(|(key, _)| !self.service.requests.is_expiring(key))
             .map(|(key, token)| (key.clone(), token))
             .collect();
         let shared_due: Vec<(Key, FencingToken)> = self
-            .shared_leases
-            .due(self.now_ms)
-            .filter(|((key, _), _)| !self.requests.is_expiring(key))
+            .service
+            .leases
+            .shared
+            .due(self.service.now_ms)
+            .filter(|((key, _), _)| !self.service.requests.is_expiring(key))
             .map(|((key, _), token)| (key.clone(), token))
             .collect();
         // Sessions whose time is up: all they hold goes in one entry.
-        let requests = &self.requests;
-        self.sessions_expiring.retain(|_, id| requests.contains(*id));
-        self.session_renewals.retain(|(id, _)| requests.contains(*id));
+        let requests = &self.service.requests;
+        self.service.leases.sessions_expiring.retain(|_, id| requests.contains(*id));
+        self.service.leases.session_renewals.retain(|(id, _)| requests.contains(*id));
         let sessions_due: Vec<FencingToken> = self
-            .session_leases
-            .due(self.now_ms)
+            .service
+            .leases
+            .sessions
+            .due(self.service.now_ms)
             .map(|(session, _)| *session)
-            .filter(|session| !self.sessions_expiring.contains_key(session))
+            .filter(|session| !self.service.leases.sessions_expiring.contains_key(session))
             .collect();
         for session in sessions_due {
-            if self.requests.internal() >= self.config.internal_pending_max {
+            if self.service.requests.internal() >= self.config.internal_pending_max {
                 break;
             }
             let id = self.internal_id();
-            debug!(self.logger, "session due"; "session" => session.get(), "now_ms" => self.now_ms);
+            debug!(self.logger, "session due"; "session" => session.get(), "now_ms" => self.service.now_ms);
             let delays = self.config.lock_delays.clone();
-            self.sessions_expiring.insert(session, id);
+            self.service.leases.sessions_expiring.insert(session, id);
             self.submit(id, vec![Command::ExpireSession { session, delays }], None, true);
         }
         // One request per shared key, with an Expire for each of its
@@ -1354,12 +1271,12 @@ impl Replica {
             }
         }
         for (key, tokens) in by_key {
-            if self.requests.internal() >= self.config.internal_pending_max {
+            if self.service.requests.internal() >= self.config.internal_pending_max {
                 break;
             }
             let id = self.internal_id();
             let delay_rule = self.config.lock_delay(key.as_bytes());
-            let shared = self.table.shared(key.as_bytes());
+            let shared = self.service.table.shared(key.as_bytes());
             let commands = tokens
                 .into_iter()
                 .map(|token| {
@@ -1370,46 +1287,47 @@ impl Replica {
                         .is_some_and(|holder| holder.delayed);
                     let delay = if held_back { None } else { delay_rule };
                     debug!(self.logger, "shared lease due"; "key" => %key, "token" => token.get(),
-                        "now_ms" => self.now_ms, "held_back" => held_back, "delay_ms" => delay.map(LeaseMs::get));
+                        "now_ms" => self.service.now_ms, "held_back" => held_back, "delay_ms" => delay.map(LeaseMs::get));
                     Command::Expire { key: key.clone(), token, delay }
                 })
                 .collect();
             self.submit(id, commands, None, true);
         }
         for (key, token) in due {
-            if self.requests.internal() >= self.config.internal_pending_max {
+            if self.service.requests.internal() >= self.config.internal_pending_max {
                 break;
             }
             let id = self.internal_id();
             // A lock held back by lock-delay is lifted (an Expire without a
             // delay); a live one is held back if a rule covers its key.
-            let held_back = self.table.holder(key.as_bytes()).is_some_and(|lock| lock.delayed);
+            let held_back = self.service.table.holder(key.as_bytes()).is_some_and(|lock| lock.delayed);
             let delay = if held_back { None } else { self.config.lock_delay(key.as_bytes()) };
-            debug!(self.logger, "lease due"; "key" => %key, "token" => token.get(), "now_ms" => self.now_ms,
+            debug!(self.logger, "lease due"; "key" => %key, "token" => token.get(), "now_ms" => self.service.now_ms,
                 "held_back" => held_back, "delay_ms" => delay.map(LeaseMs::get));
             self.submit(id, vec![Command::Expire { key, token, delay }], None, true);
         }
     }
 
     fn restore_leases(&mut self) {
-        self.leases_need_restore = false;
+        self.service.leases.need_restore = false;
         // What a session holds has its session's lease.
         let locks = self
+            .service
             .table
             .list(b"", usize::MAX)
             .filter(|(_, lock)| lock.session.is_none())
             .map(|(key, lock)| (key.clone(), lock.token, lock.lease_ms));
-        self.leases.restore(locks, self.now_ms);
-        let holders = self.table.list_shared(b"", usize::MAX).flat_map(|(key, shared)| {
+        self.service.leases.plain.restore(locks, self.service.now_ms);
+        let holders = self.service.table.list_shared(b"", usize::MAX).flat_map(|(key, shared)| {
             shared
                 .holders
                 .iter()
                 .filter(|(_, holder)| holder.session.is_none())
                 .map(move |(token, holder)| ((key.clone(), *token), *token, holder.lease_ms))
         });
-        self.shared_leases.restore(holders, self.now_ms);
-        let sessions = self.table.sessions().map(|(id, session)| (id, id, session.ttl_ms));
-        self.session_leases.restore(sessions, self.now_ms);
+        self.service.leases.shared.restore(holders, self.service.now_ms);
+        let sessions = self.service.table.sessions().map(|(id, session)| (id, id, session.ttl_ms));
+        self.service.leases.sessions.restore(sessions, self.service.now_ms);
     }
 
     /// The holder that a Grant in `commands` would be turned away by. A
@@ -1420,25 +1338,25 @@ impl Replica {
     fn grant_conflict(&self, commands: &[Command], admitted: bool) -> Option<(Key, FencingToken)> {
         commands.iter().find_map(|command| match command {
             Command::GrantShared { key, owner, share, session, .. } => {
-                match self.table.shared_decision(key.as_bytes(), owner, *share) {
+                match self.service.table.shared_decision(key.as_bytes(), owner, *share) {
                     SharedDecision::Rejected(token) => Some((key.clone(), token)),
                     // Held by this owner under another session (or none):
                     // turned away by its own token, as the table will.
                     SharedDecision::Existing(token)
-                        if self.table.session_of(key.as_bytes(), token) != *session =>
+                        if self.service.table.session_of(key.as_bytes(), token) != *session =>
                     {
                         Some((key.clone(), token))
                     }
                     // A waiter handed the key goes first: sent back behind
                     // the others, it would hand the key to the next, and
                     // so on, forever.
-                    SharedDecision::Grant if !admitted && self.requests.waiters_of(key) > 0 => {
-                        first_holder(&self.table, key).map(|token| (key.clone(), token))
+                    SharedDecision::Grant if !admitted && self.service.requests.waiters_of(key) > 0 => {
+                        first_holder(&self.service.table, key).map(|token| (key.clone(), token))
                     }
                     SharedDecision::Grant | SharedDecision::Existing(_) | SharedDecision::Mismatch(_) => None,
                 }
             }
-            Command::Grant { key, owner, session, .. } => match self.table.holder(key.as_bytes()) {
+            Command::Grant { key, owner, session, .. } => match self.service.table.holder(key.as_bytes()) {
                 // Held back by lock-delay: for its former owner too; held
                 // by this owner under another session (or none): by its own
                 // token, as the table will answer.
@@ -1446,7 +1364,7 @@ impl Replica {
                     .then(|| (key.clone(), lock.token)),
                 // A read-write lock or a semaphore: a plain acquire waits
                 // for its last holder to go, like any other.
-                None => first_holder(&self.table, key).map(|token| (key.clone(), token)),
+                None => first_holder(&self.service.table, key).map(|token| (key.clone(), token)),
             },
             _ => None,
         })
@@ -1459,6 +1377,7 @@ impl Replica {
     fn turned_away_by_itself(&self, commands: &[Command]) -> bool {
         commands.iter().any(|command| match command {
             Command::GrantShared { key, owner, share, session, .. } => self
+                .service
                 .table
                 .shared(key.as_bytes())
                 .and_then(|shared| shared.holders.values().find(|holder| holder.owner == *owner))
@@ -1467,6 +1386,7 @@ impl Replica {
                 }),
             // Its owner holds it under another session (or none).
             Command::Grant { key, owner, session, .. } => self
+                .service
                 .table
                 .holder(key.as_bytes())
                 .is_some_and(|lock| lock.owner == *owner && !lock.delayed && lock.session != *session),
@@ -1476,11 +1396,11 @@ impl Replica {
 
     /// Proposes every ready request, many per entry.
     fn propose_ready_requests(&mut self) {
-        if self.raw.raft.state != StateRole::Leader || !self.leader_ready {
+        if self.consensus.raw.raft.state != StateRole::Leader || !self.service.leader_ready {
             return;
         }
         let mut batch = Batch::default();
-        while let Some(id) = self.requests.pop_ready() {
+        while let Some(id) = self.service.requests.pop_ready() {
             // Nothing else is in flight on these keys, so the applied table
             // (and this node's leases) is what this request will meet.
             if let Some(stale) = self.stale_expire(id) {
@@ -1498,11 +1418,11 @@ impl Replica {
                 self.finish(id, Ok(Response::Applied(Vec::new())));
                 continue;
             }
-            let pending = self.requests.get(id).expect("a request ready to propose is pending");
+            let pending = self.service.requests.get(id).expect("a request ready to propose is pending");
             if let Some((key, holder_token)) = self.grant_conflict(&pending.commands, pending.admitted) {
                 let max = self.config.waiters_per_key_max;
                 if pending.wait_until_ms.is_none() || self.turned_away_by_itself(&pending.commands) {
-                    let error = match self.table.holder(key.as_bytes()).filter(|lock| lock.delayed) {
+                    let error = match self.service.table.holder(key.as_bytes()).filter(|lock| lock.delayed) {
                         Some(lock) => {
                             let left_ms = self.held(&key, lock).remaining_ms;
                             RequestError::Delayed { key, holder_token, left_ms }
@@ -1510,11 +1430,11 @@ impl Replica {
                         None => RequestError::Held { key, holder_token },
                     };
                     self.finish(id, Err(error));
-                } else if self.requests.waiters_of(&key) >= max {
+                } else if self.service.requests.waiters_of(&key) >= max {
                     self.finish(id, Err(RequestError::TooManyWaiters { key, max }));
                 } else {
-                    let table = &self.table;
-                    self.requests.wait_for(id, key, &|key, waiter| admits(table, key, waiter));
+                    let table = &self.service.table;
+                    self.service.requests.wait_for(id, key, &|key, waiter| admits(table, key, waiter));
                 }
                 continue;
             }
@@ -1525,7 +1445,7 @@ impl Replica {
                     continue;
                 }
             };
-            self.requests.count_new_locks(id, new_locks);
+            self.service.requests.count_new_locks(id, new_locks);
             let start = batch.commands.len();
             let removed = self.add_to_batch(&mut batch, id);
             // Hand each lock this request frees to its first waiter in the
@@ -1533,11 +1453,11 @@ impl Replica {
             // would break a quota is answered, and the next one asked.
             let mut handed = Vec::new();
             for key in removed {
-                while let Some(waiter) = self.requests.first_waiter(&key) {
+                while let Some(waiter) = self.service.requests.first_waiter(&key) {
                     match self.quota_check(waiter, true) {
                         Ok(new_locks) => {
-                            self.requests.hand_over(&key, id);
-                            self.requests.count_new_locks(waiter, new_locks);
+                            self.service.requests.hand_over(&key, id);
+                            self.service.requests.count_new_locks(waiter, new_locks);
                             self.add_to_batch(&mut batch, waiter);
                             handed.push((key, waiter));
                             break;
@@ -1579,9 +1499,13 @@ impl Replica {
             .iter()
             .filter_map(Command::key)
             .filter(|key| {
-                let first = self.requests.first_waiter(key).and_then(|waiter| self.requests.get(waiter));
+                let first = self
+                    .service
+                    .requests
+                    .first_waiter(key)
+                    .and_then(|waiter| self.service.requests.get(waiter));
                 let wants_more = first.is_some_and(|waiter| {
-                    self.table.shared(key.as_bytes()).is_some()
+                    self.service.table.shared(key.as_bytes()).is_some()
                         || waiter
                             .commands
                             .iter()
@@ -1593,7 +1517,7 @@ impl Replica {
                 // key queue): no guess then. Seed 132174523: an ExpireSession
                 // held a permit back, so the release of it later in the same
                 // entry freed nothing, and the waiter handed it was rejected.
-                wants_more && !self.table.has_session_holder(key.as_bytes())
+                wants_more && !self.service.table.has_session_holder(key.as_bytes())
             })
             .cloned()
             .collect();
@@ -1602,25 +1526,25 @@ impl Replica {
         }
         keys.sort();
         keys.dedup();
-        let mut scratch = self.table.clone();
+        let mut scratch = self.service.table.clone();
         for command in &batch.commands[start..] {
             scratch.apply(command.clone());
         }
         // What the chain adds: counted in flight, and held in `scratch`.
         let mut in_table: Vec<(Vec<u8>, bool)> = std::iter::once(id)
             .chain(handed.iter().map(|(_, waiter)| *waiter))
-            .filter_map(|chained| self.requests.get(chained))
+            .filter_map(|chained| self.service.requests.get(chained))
             .flat_map(|pending| pending.new_locks.iter().cloned())
             .collect();
         for key in keys {
             // Queued right behind the chain's last request on the key.
             let mut last = handed.iter().rev().find(|(of, _)| *of == key).map_or(id, |(_, waiter)| *waiter);
-            while let Some(waiter) = self.requests.first_waiter(&key) {
+            while let Some(waiter) = self.service.requests.first_waiter(&key) {
                 // Only a new place: an owner's retry (its grant Existing)
                 // waits for an entry after the grant it repeats, so that a
                 // ghost release of that grant, known by its index, never
                 // takes the place the retry was told it holds.
-                let takes_new_place = self.requests.get(waiter).is_some_and(|pending| {
+                let takes_new_place = self.service.requests.get(waiter).is_some_and(|pending| {
                     admits(&scratch, &key, pending) && !repeats_a_grant(&scratch, &key, pending)
                 });
                 if !takes_new_place {
@@ -1628,9 +1552,9 @@ impl Replica {
                 }
                 match self.quota_check_in(&scratch, waiter, false, &in_table) {
                     Ok(new_locks) => {
-                        self.requests.hand_over(&key, last);
+                        self.service.requests.hand_over(&key, last);
                         in_table.extend(new_locks.iter().cloned());
-                        self.requests.count_new_locks(waiter, new_locks);
+                        self.service.requests.count_new_locks(waiter, new_locks);
                         let from = batch.commands.len();
                         self.add_to_batch(batch, waiter);
                         for command in &batch.commands[from..] {
@@ -1647,15 +1571,15 @@ impl Replica {
     /// Moves request `id`'s commands into `batch`; returns the keys whose
     /// lock those commands will remove.
     fn add_to_batch(&mut self, batch: &mut Batch, id: RequestId) -> Vec<Key> {
-        let commands = self.requests.propose(id, self.raw.raft.term);
+        let commands = self.service.requests.propose(id, self.consensus.raw.raft.term);
         for command in &commands {
             let renewed = match command {
                 Command::RenewSession { session, .. } => Some(*session),
-                Command::Renew { key, token, .. } => self.table.session_of(key.as_bytes(), *token),
+                Command::Renew { key, token, .. } => self.service.table.session_of(key.as_bytes(), *token),
                 _ => None,
             };
             if let Some(session) = renewed {
-                self.session_renewals.push((id, session));
+                self.service.leases.session_renewals.push((id, session));
             }
         }
         let removed = commands
@@ -1677,7 +1601,7 @@ impl Replica {
                 // key frees. Seed 5871 of 5 nodes: an ExpireSession held k1
                 // back, the release of it later in the same entry freed
                 // nothing, and the waiter handed it was rejected.
-                self.table.holder(key.as_bytes()).is_some_and(|lock| {
+                self.service.table.holder(key.as_bytes()).is_some_and(|lock| {
                     token.is_none_or(|token| token == lock.token)
                         && user.is_none_or(|user| lock.owner.is_of_user(user.as_bytes()))
                         && (!lock.delayed || *expire || token.is_none())
@@ -1699,9 +1623,10 @@ impl Replica {
     /// longer due (the holder was renewed, released or re-granted since it
     /// was decided); the key, when none is left.
     fn stale_expire(&mut self, id: RequestId) -> Option<Key> {
-        let (leases, shared_leases, now_ms) = (&self.leases, &self.shared_leases, self.now_ms);
-        let shared = |key: &Key| self.table.shared(key.as_bytes()).is_some();
-        let pending = self.requests.get_mut(id).filter(|pending| pending.internal)?;
+        let (leases, shared_leases, now_ms) =
+            (&self.service.leases.plain, &self.service.leases.shared, self.service.now_ms);
+        let shared = |key: &Key| self.service.table.shared(key.as_bytes()).is_some();
+        let pending = self.service.requests.get_mut(id).filter(|pending| pending.internal)?;
         let Some(Command::Expire { key, .. }) = pending.commands.first() else { return None };
         let key = key.clone();
         let is_shared = shared(&key);
@@ -1718,14 +1643,18 @@ impl Replica {
     /// Whether request `id` is an ExpireSession of the leader's own that is
     /// no longer due (the session was renewed or ended since).
     fn stale_session_expiry(&self, id: RequestId) -> bool {
-        let Some(pending) = self.requests.get(id).filter(|pending| pending.internal) else { return false };
+        let Some(pending) = self.service.requests.get(id).filter(|pending| pending.internal) else {
+            return false;
+        };
         match pending.commands.as_slice() {
             [Command::ExpireSession { session, .. }] => {
-                !self.session_leases.is_due(session, *session, self.now_ms)
+                !self.service.leases.sessions.is_due(session, *session, self.service.now_ms)
                     || self
+                        .service
+                        .leases
                         .session_renewals
                         .iter()
-                        .any(|(renewal, of)| of == session && self.requests.contains(*renewal))
+                        .any(|(renewal, of)| of == session && self.service.requests.contains(*renewal))
             }
             _ => false,
         }
@@ -1735,12 +1664,12 @@ impl Replica {
     /// received: released, expired, re-granted to its owner (whose retry was
     /// told it holds the lock) or renewed since.
     fn stale_ghost(&self, id: RequestId) -> Option<Key> {
-        let pending = self.requests.get(id).filter(|pending| pending.internal)?;
+        let pending = self.service.requests.get(id).filter(|pending| pending.internal)?;
         let index = pending.ghost_of?;
         match pending.commands.as_slice() {
             [Command::Release { key, token: Some(token), user: None }] => {
-                let same_grant = self.grant_index.get(&(key.clone(), *token)) == Some(&index)
-                    && self.table.holds(key.as_bytes(), *token);
+                let same_grant = self.service.grant_index.get(&(key.clone(), *token)) == Some(&index)
+                    && self.service.table.holds(key.as_bytes(), *token);
                 (!same_grant).then(|| key.clone())
             }
             other => panic!("a ghost release carries one Release with a token, not {other:?}"),
@@ -1754,7 +1683,7 @@ impl Replica {
                 .write_to_bytes()
                 .expect("encoding EntryTags into a Vec cannot fail");
         let n_commands = batch.commands.len() as u64;
-        match self.raw.propose(context, encode_batch(&batch.commands)) {
+        match self.consensus.raw.propose(context, encode_batch(&batch.commands)) {
             Ok(()) => {
                 self.stats.entries_proposed += 1;
                 self.stats.commands_proposed += n_commands;
@@ -1772,16 +1701,16 @@ impl Replica {
     /// Reports role changes, and fails every pending request when this node
     /// stops being the leader of the term it was leading.
     fn notice_role_change(&mut self) {
-        let raft = &self.raw.raft;
+        let raft = &self.consensus.raw.raft;
         let now = (raft.state, raft.term, raft.leader_id);
-        if now == self.reported {
+        if now == self.consensus.reported {
             return;
         }
-        let (was_state, was_term, _) = self.reported;
-        self.reported = now;
+        let (was_state, was_term, _) = self.consensus.reported;
+        self.consensus.reported = now;
         let (state, term, _) = now;
         if was_state == StateRole::Leader && (state != StateRole::Leader || term != was_term) {
-            self.leader_ready = false;
+            self.service.leader_ready = false;
             self.fail_all_requests();
         }
         let change = match state {
@@ -1790,28 +1719,28 @@ impl Replica {
             StateRole::Follower => RoleChange::Follower { term, leader: self.leader_hint() },
         };
         if state == StateRole::Leader {
-            self.leader_ready = false;
+            self.service.leader_ready = false;
         }
-        info!(self.logger, "role changed"; "role" => ?state, "term" => term, "leader" => self.raw.raft.leader_id);
+        info!(self.logger, "role changed"; "role" => ?state, "term" => term, "leader" => self.consensus.raw.raft.leader_id);
         self.effects.roles.push(change);
     }
 
     fn fail_all_requests(&mut self) {
         let leader_hint = self.leader_hint();
-        for (id, pending) in self.requests.clear() {
+        for (id, pending) in self.service.requests.clear() {
             let err = match pending.proposed_term {
                 Some(_) => RequestError::LeadershipLost { leader_hint },
                 None => RequestError::NotLeader { leader_hint },
             };
             self.reply(id, Err(err));
         }
-        for id in std::mem::take(&mut self.reads).into_keys() {
+        for id in std::mem::take(&mut self.service.reads.waiting).into_keys() {
             self.reply(id, Err(RequestError::NotLeader { leader_hint }));
         }
         self.fail_member_requests();
-        self.reads_at_index.clear();
-        self.reads_before_ready.clear();
-        self.last_expiry_scan_ms = None;
+        self.service.reads.at_index.clear();
+        self.service.reads.before_ready.clear();
+        self.service.leases.last_scan_ms = None;
     }
 
     /// Asks for a write; a follower's is urgent (it is on the path of
@@ -1819,29 +1748,33 @@ impl Replica {
     fn write(&mut self, batch: WriteBatch) {
         // A follower's writes may be made at once on its own thread, when
         // the disk is idle; never one with a snapshot, which may be large.
-        let urgent = self.raw.raft.state != StateRole::Leader && batch.snapshot.is_none();
-        let write = self.disk.write(batch, urgent);
+        let urgent = self.consensus.raw.raft.state != StateRole::Leader && batch.snapshot.is_none();
+        let write = self.consensus.persist.disk.write(batch, urgent);
         self.effects.writes.push(write);
     }
 
     fn handle_ready(&mut self) -> Result<(), FatalError> {
-        if !self.raw.has_ready() {
-            if std::mem::take(&mut self.membership_dirty) {
+        if !self.consensus.raw.has_ready() {
+            if std::mem::take(&mut self.consensus.membership_dirty) {
                 // A first message that changed nothing raft keeps.
-                self.write(WriteBatch { membership: Some(self.membership.clone()), ..Default::default() });
-                self.membership_written_at = self.disk.submitted;
+                self.write(WriteBatch {
+                    membership: Some(self.consensus.membership.clone()),
+                    ..Default::default()
+                });
+                self.consensus.persist.membership_written_at = self.consensus.persist.disk.submitted;
             }
             return Ok(());
         }
         self.stats.readies += 1;
-        let mut ready = self.raw.ready();
+        let mut ready = self.consensus.raw.ready();
 
         // A leader may send before its own write: followers persist in
         // parallel. Not while the record that a peer was heard from for the
         // first time is not durable: what that peer took part in must not
         // outlive the record that it did (`crate::rejoin`).
-        let membership_write = std::mem::take(&mut self.membership_dirty);
-        let send_early = !membership_write && self.disk.durable >= self.membership_written_at;
+        let membership_write = std::mem::take(&mut self.consensus.membership_dirty);
+        let send_early = !membership_write
+            && self.consensus.persist.disk.durable >= self.consensus.persist.membership_written_at;
         if send_early {
             self.send(ready.take_messages());
         }
@@ -1854,8 +1787,10 @@ impl Replica {
 
         for read in ready.take_read_states() {
             let id = read_request_id(&read.request_ctx);
-            if self.reads.contains_key(&id) || self.member_checks.contains_key(&id) {
-                self.reads_at_index.push((read.index, id));
+            if self.service.reads.waiting.contains_key(&id)
+                || self.service.reads.member_checks.contains_key(&id)
+            {
+                self.service.reads.at_index.push((read.index, id));
             }
         }
 
@@ -1866,27 +1801,27 @@ impl Replica {
         self.apply_entries(committed)?;
 
         let entries = ready.take_entries();
-        let cache = self.raw.mut_store();
+        let cache = self.consensus.raw.mut_store();
         cache.append(&entries);
         if let Some(hard_state) = ready.hs() {
             cache.set_hard_state(hard_state.clone());
         }
         let write_hard_state = installed || ready.hs().is_some();
-        let cache = self.raw.store();
+        let cache = self.consensus.raw.store();
         let batch = WriteBatch {
             snapshot: installed.then(|| cache.last_snapshot().clone()),
             install: installed,
             entries,
             hard_state: write_hard_state.then(|| cache.hard_state().clone()),
             conf_state: installed.then(|| cache.conf_state().clone()),
-            membership: membership_write.then(|| self.membership.clone()),
+            membership: membership_write.then(|| self.consensus.membership.clone()),
             may_defer_sync: !ready.must_sync() && !membership_write,
         };
         if !batch.is_empty() {
             self.write(batch);
         }
         if membership_write {
-            self.membership_written_at = self.disk.submitted;
+            self.consensus.persist.membership_written_at = self.consensus.persist.disk.submitted;
         }
 
         // Votes and append acknowledgements wait for every write so far to
@@ -1899,22 +1834,26 @@ impl Replica {
             self.note_snapshots_sent(&leader_messages);
             messages.extend(leader_messages);
         }
-        if self.disk.durable == self.disk.submitted {
+        if self.consensus.persist.disk.durable == self.consensus.persist.disk.submitted {
             // Nothing is waiting to be durable (this ready wrote nothing).
             self.send(messages);
         } else if !messages.is_empty() {
             // They leave once every write so far is durable
             // (`release_persisted`).
-            self.held.push_back((self.disk.submitted, messages));
+            self.consensus.persist.held.push_back((self.consensus.persist.disk.submitted, messages));
         }
         // Raft counts a snapshot applied only once it is persisted; the
         // entries applied above were persisted before this ready.
         let snapshot_index = installed.then(|| ready.snapshot().get_metadata().index);
         let number = ready.number();
-        self.unpersisted.push_back(Unpersisted { write: self.disk.submitted, number, snapshot_index });
-        self.raw.advance_append_async(ready);
+        self.consensus.persist.unpersisted.push_back(Unpersisted {
+            write: self.consensus.persist.disk.submitted,
+            number,
+            snapshot_index,
+        });
+        self.consensus.raw.advance_append_async(ready);
         if let Some(index) = last_committed {
-            self.raw.advance_apply_to(index);
+            self.consensus.raw.advance_apply_to(index);
         }
         self.release_persisted();
         self.answer_reads();
@@ -1931,14 +1870,14 @@ impl Replica {
     fn note_snapshots_sent(&mut self, messages: &[Message]) {
         for message in messages {
             if message.get_msg_type() == MessageType::MsgSnapshot {
-                self.snapshots_sent.push(message.to);
+                self.consensus.snapshots.sent.push(message.to);
             }
         }
     }
 
     fn install_snapshot(&mut self, snapshot: Snapshot) -> Result<(), FatalError> {
         let metadata = snapshot.get_metadata();
-        let table = match self.decoded.take() {
+        let table = match self.consensus.snapshots.decoded.take() {
             // Decoded when its message arrived (maybe on another thread).
             Some((index, term, table)) if index == metadata.index && term == metadata.term => table,
             // Checked when the message arrived; a failure here is a bug or
@@ -1946,25 +1885,25 @@ impl Replica {
             _ => LockTable::restore(snapshot.get_data())?,
         };
         assert!(
-            table.last_token() >= self.table.last_token(),
+            table.last_token() >= self.service.table.last_token(),
             "a snapshot would move fencing tokens backwards: {:?} after {:?}",
             table.last_token(),
-            self.table.last_token()
+            self.service.table.last_token()
         );
         if table.level() > LEVEL {
             return Err(FatalError::TooOld { level: table.level() });
         }
         let index = snapshot.get_metadata().index;
         info!(self.logger, "installing snapshot"; "index" => index, "locks" => table.len());
-        self.table = table;
-        self.table_index = index;
+        self.service.table = table;
+        self.service.table_index = index;
         // The changes before the snapshot are not known here.
-        self.watches.reset(index);
+        self.service.watches.reset(index);
         // Which grant each lock is, is not in a snapshot: a ghost release
         // from before finds no match and is dropped (the lease runs out).
-        self.grant_index.clear();
+        self.service.grant_index.clear();
         let conf_state = snapshot.get_metadata().get_conf_state().clone();
-        self.raw.mut_store().install_snapshot(snapshot);
+        self.consensus.raw.mut_store().install_snapshot(snapshot);
         self.conf_changed(&conf_state);
         self.stats.snapshots_installed += 1;
         self.restore_leases();
@@ -1984,18 +1923,18 @@ impl Replica {
                 EntryType::EntryConfChangeV2 => self.apply_conf_change_v2(&entry)?,
             }
             self.stats.entries_applied += 1;
-            self.table_index = entry.index;
-            if self.table.level() > LEVEL {
-                return Err(FatalError::TooOld { level: self.table.level() });
+            self.service.table_index = entry.index;
+            if self.service.table.level() > LEVEL {
+                return Err(FatalError::TooOld { level: self.service.table.level() });
             }
-            if !self.leader_ready
-                && self.raw.raft.state == StateRole::Leader
-                && entry.term == self.raw.raft.term
+            if !self.service.leader_ready
+                && self.consensus.raw.raft.state == StateRole::Leader
+                && entry.term == self.consensus.raw.raft.term
             {
-                self.leader_ready = true;
+                self.service.leader_ready = true;
                 info!(self.logger, "leader ready"; "term" => entry.term, "index" => entry.index);
                 self.effects.roles.push(RoleChange::LeaderReady { term: entry.term });
-                if self.table.cluster_id().is_none() {
+                if self.service.table.cluster_id().is_none() {
                     // A new cluster (or one from before cluster ids): name
                     // it. Should an earlier leader's name be in the log
                     // still unapplied, that one stays and this one is moot.
@@ -2009,7 +1948,7 @@ impl Replica {
                     // Before the requests that waited for this leader to
                     // be ready: none of their grants may go below the floor.
                     // Taken even at the cap of pending requests: it is one.
-                    self.requests.insert_first(id, Pending::new(vec![bootstrap], true, None, None));
+                    self.service.requests.insert_first(id, Pending::new(vec![bootstrap], true, None, None));
                 }
             }
         }
@@ -2062,7 +2001,11 @@ impl Replica {
         for tag in tags.requests.iter() {
             let end = offset.saturating_add(tag.commands as usize);
             let id = RequestId(tag.request_id);
-            let ours = self.requests.get(id).is_some_and(|pending| pending.proposed_term == Some(entry.term));
+            let ours = self
+                .service
+                .requests
+                .get(id)
+                .is_some_and(|pending| pending.proposed_term == Some(entry.term));
             if ours {
                 let reply = match results.get(offset..end) {
                     Some(slice) => {
@@ -2098,14 +2041,14 @@ impl Replica {
         // A session's end frees its holders with nothing in flight on
         // their keys: their waiters are handed on here, on the leader.
         let ends_session = matches!(command, Command::CloseSession { .. } | Command::ExpireSession { .. });
-        let mut changes = std::mem::take(&mut self.changes);
-        let last_token = self.table.last_token();
-        let result = self.table.apply_changes(command, &mut changes);
-        assert!(self.table.last_token() >= last_token, "fencing tokens never go backwards");
+        let mut changes = std::mem::take(&mut self.service.changes);
+        let last_token = self.service.table.last_token();
+        let result = self.service.table.apply_changes(command, &mut changes);
+        assert!(self.service.table.last_token() >= last_token, "fencing tokens never go backwards");
         for change in changes.drain(..) {
             self.fan_out(change, proposer, index, ends_session);
         }
-        self.changes = changes;
+        self.service.changes = changes;
         result
     }
 
@@ -2113,7 +2056,7 @@ impl Replica {
     /// this node's clock, from now; what a session holds has no lease of
     /// its own here (its session's is in `session_leases`).
     fn fan_out(&mut self, change: Change, proposer: Option<NodeId>, index: u64, ends_session: bool) {
-        let now_ms = self.now_ms;
+        let now_ms = self.service.now_ms;
         let event = match change {
             Change::Granted { key, token, lease_ms, existing, shared, session } => {
                 self.stats.grants_applied += 1;
@@ -2122,30 +2065,30 @@ impl Replica {
                 }
                 if session.is_none() {
                     if shared {
-                        self.shared_leases.granted((key.clone(), token), token, lease_ms, now_ms);
+                        self.service.leases.shared.granted((key.clone(), token), token, lease_ms, now_ms);
                     } else {
-                        self.leases.granted(key.clone(), token, lease_ms, now_ms);
+                        self.service.leases.plain.granted(key.clone(), token, lease_ms, now_ms);
                     }
                 }
-                self.grant_index.insert((key.clone(), token), index);
+                self.service.grant_index.insert((key.clone(), token), index);
                 AppliedEvent::Granted { key, token, lease_ms, existing, session }
             }
             Change::Renewed { key, token, lease_ms, shared, session } => {
                 self.stats.renewals_applied += 1;
                 match session {
                     // A renew of what a session holds renews the session.
-                    Some(session) => self.session_leases.renewed(session, session, lease_ms, now_ms),
+                    Some(session) => self.service.leases.sessions.renewed(session, session, lease_ms, now_ms),
                     None if shared => {
-                        self.shared_leases.renewed((key.clone(), token), token, lease_ms, now_ms)
+                        self.service.leases.shared.renewed((key.clone(), token), token, lease_ms, now_ms)
                     }
-                    None => self.leases.renewed(key.clone(), token, lease_ms, now_ms),
+                    None => self.service.leases.plain.renewed(key.clone(), token, lease_ms, now_ms),
                 }
-                self.grant_index.insert((key.clone(), token), index);
+                self.service.grant_index.insert((key.clone(), token), index);
                 AppliedEvent::Renewed { key, token, lease_ms }
             }
             Change::Released { key, token, shared, forced: _, owner, value } => {
                 self.stats.releases_applied += 1;
-                self.watches.record_parts(
+                self.service.watches.record_parts(
                     index,
                     WatchKind::Released,
                     token,
@@ -2158,7 +2101,7 @@ impl Replica {
             }
             Change::Expired { key, token, shared, owner, value } => {
                 self.stats.expiries_applied += 1;
-                self.watches.record_parts(
+                self.service.watches.record_parts(
                     index,
                     WatchKind::Expired,
                     token,
@@ -2176,16 +2119,16 @@ impl Replica {
                 self.stats.expiries_applied += 1;
                 self.record_holder(index, WatchKind::Delayed, &key, token);
                 if shared {
-                    self.shared_leases.renewed((key.clone(), token), token, delay_ms, now_ms);
+                    self.service.leases.shared.renewed((key.clone(), token), token, delay_ms, now_ms);
                 } else {
-                    self.leases.renewed(key.clone(), token, delay_ms, now_ms);
+                    self.service.leases.plain.renewed(key.clone(), token, delay_ms, now_ms);
                 }
                 let held = (key, token);
-                self.grant_index.remove(&held);
+                self.service.grant_index.remove(&held);
                 AppliedEvent::Delayed { key: held.0, token, delay_ms, proposer }
             }
             Change::DelayLifted { key, token, shared, forced, owner, value } => {
-                self.watches.record_parts(
+                self.service.watches.record_parts(
                     index,
                     WatchKind::DelayLifted,
                     token,
@@ -2201,17 +2144,17 @@ impl Replica {
                 AppliedEvent::Proclaimed { key, token }
             }
             Change::SessionOpened { session, ttl_ms } => {
-                self.session_leases.granted(session, session, ttl_ms, now_ms);
+                self.service.leases.sessions.granted(session, session, ttl_ms, now_ms);
                 AppliedEvent::SessionOpened { session, ttl_ms }
             }
             Change::SessionRenewed { session, ttl_ms } => {
-                self.session_leases.renewed(session, session, ttl_ms, now_ms);
+                self.service.leases.sessions.renewed(session, session, ttl_ms, now_ms);
                 AppliedEvent::SessionRenewed { session, ttl_ms }
             }
             Change::SessionEnded { session, expired } => {
-                self.session_leases.removed(&session, session);
+                self.service.leases.sessions.removed(&session, session);
                 // Acquires still waiting under the session will never be granted.
-                for id in self.requests.waiting_in_session(session) {
+                for id in self.service.requests.waiting_in_session(session) {
                     self.finish(id, Ok(Response::Applied(vec![ApplyResult::NoSession { session }])));
                 }
                 AppliedEvent::SessionEnded { session, expired, proposer }
@@ -2219,8 +2162,8 @@ impl Replica {
         };
         if ends_session {
             if let Some(key) = event.key() {
-                let table = &self.table;
-                self.requests.wake(key, &|key, waiter| admits(table, key, waiter));
+                let table = &self.service.table;
+                self.service.requests.wake(key, &|key, waiter| admits(table, key, waiter));
             }
         }
         self.effects.applied.push((index, event));
@@ -2233,11 +2176,11 @@ impl Replica {
     fn forget_holder(&mut self, key: Key, token: FencingToken, shared: bool) -> Key {
         let held = (key, token);
         if shared {
-            self.shared_leases.removed(&held, token);
+            self.service.leases.shared.removed(&held, token);
         } else {
-            self.leases.removed(&held.0, token);
+            self.service.leases.plain.removed(&held.0, token);
         }
-        self.grant_index.remove(&held);
+        self.service.grant_index.remove(&held);
         held.0
     }
 
@@ -2246,8 +2189,8 @@ impl Replica {
     /// none), copied into the history.
     fn record_holder(&mut self, index: u64, kind: WatchKind, key: &Key, token: FencingToken) {
         let key_bytes = key.as_bytes();
-        match self.table.holder(key_bytes) {
-            Some(lock) if lock.token == token => self.watches.record_parts(
+        match self.service.table.holder(key_bytes) {
+            Some(lock) if lock.token == token => self.service.watches.record_parts(
                 index,
                 kind,
                 token,
@@ -2257,9 +2200,16 @@ impl Replica {
             ),
             Some(_) => {}
             None => {
-                let holder = self.table.shared(key_bytes).and_then(|held| held.holders.get(&token));
+                let holder = self.service.table.shared(key_bytes).and_then(|held| held.holders.get(&token));
                 if let Some(holder) = holder {
-                    self.watches.record_parts(index, kind, token, key_bytes, holder.owner.as_bytes(), &[]);
+                    self.service.watches.record_parts(
+                        index,
+                        kind,
+                        token,
+                        key_bytes,
+                        holder.owner.as_bytes(),
+                        &[],
+                    );
                 }
             }
         }
@@ -2273,15 +2223,17 @@ impl Replica {
 
     fn answer(&self, query: Query) -> Response {
         match query {
-            Query::Holder(key) => match self.table.shared(key.as_bytes()) {
+            Query::Holder(key) => match self.service.table.shared(key.as_bytes()) {
                 Some(shared) => Response::Holders(self.shared_holders(&key, shared).collect()),
-                None => Response::Holder(self.table.holder(key.as_bytes()).map(|lock| self.held(&key, lock))),
+                None => Response::Holder(
+                    self.service.table.holder(key.as_bytes()).map(|lock| self.held(&key, lock)),
+                ),
             },
-            Query::Check { key, token } => Response::Check(self.table.holds(key.as_bytes(), token)),
+            Query::Check { key, token } => Response::Check(self.service.table.holds(key.as_bytes(), token)),
             Query::List { prefix, limit } => {
                 // Plain locks and shared holders, merged in key order.
-                let mut plain = self.table.list(&prefix, limit).peekable();
-                let mut shared = self.table.list_shared(&prefix, limit).peekable();
+                let mut plain = self.service.table.list(&prefix, limit).peekable();
+                let mut shared = self.service.table.list_shared(&prefix, limit).peekable();
                 let mut listed = Vec::new();
                 while listed.len() < limit {
                     let take_plain = match (plain.peek(), shared.peek()) {
@@ -2303,7 +2255,10 @@ impl Replica {
                 }
                 Response::List(listed)
             }
-            Query::Table => Response::Table { table: Box::new(self.table.clone()), index: self.table_index },
+            Query::Table => Response::Table {
+                table: Box::new(self.service.table.clone()),
+                index: self.service.table_index,
+            },
             Query::Members => self.members_response(),
         }
     }
@@ -2311,10 +2266,10 @@ impl Replica {
     /// `lock` with the time left on its lease by this node's clock.
     fn held(&self, key: &Key, lock: &fencelock_fsm::Lock) -> HeldLock {
         let lease = match lock.session {
-            Some(session) => self.session_leases.lease(&session),
-            None => self.leases.lease(key).filter(|lease| lease.token == lock.token),
+            Some(session) => self.service.leases.sessions.lease(&session),
+            None => self.service.leases.plain.lease(key).filter(|lease| lease.token == lock.token),
         };
-        let remaining_ms = lease.map(|lease| lease.deadline_ms.saturating_sub(self.now_ms));
+        let remaining_ms = lease.map(|lease| lease.deadline_ms.saturating_sub(self.service.now_ms));
         HeldLock { lock: lock.clone(), remaining_ms, share: None }
     }
 
@@ -2327,10 +2282,10 @@ impl Replica {
     ) -> impl Iterator<Item = HeldLock> + 'a {
         shared.holders.iter().map(move |(token, holder)| {
             let lease = match holder.session {
-                Some(session) => self.session_leases.lease(&session),
-                None => self.shared_leases.lease(&(key.clone(), *token)),
+                Some(session) => self.service.leases.sessions.lease(&session),
+                None => self.service.leases.shared.lease(&(key.clone(), *token)),
             };
-            let remaining_ms = lease.map(|lease| lease.deadline_ms.saturating_sub(self.now_ms));
+            let remaining_ms = lease.map(|lease| lease.deadline_ms.saturating_sub(self.service.now_ms));
             let lock = fencelock_fsm::Lock {
                 token: *token,
                 owner: holder.owner.clone(),
@@ -2344,18 +2299,19 @@ impl Replica {
     }
 
     fn answer_reads(&mut self) {
-        let applied = self.raw.raft.raft_log.applied;
-        let (due, waiting): (Vec<_>, Vec<_>) =
-            std::mem::take(&mut self.reads_at_index).into_iter().partition(|(index, _)| *index <= applied);
-        self.reads_at_index = waiting;
+        let applied = self.consensus.raw.raft.raft_log.applied;
+        let (due, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.service.reads.at_index)
+            .into_iter()
+            .partition(|(index, _)| *index <= applied);
+        self.service.reads.at_index = waiting;
         for (_, id) in due {
-            if let Some(change) = self.member_checks.remove(&id) {
+            if let Some(change) = self.service.reads.member_checks.remove(&id) {
                 // Still the leader at the read's index, with every change
                 // before it applied: the answer holds.
                 self.change_members_checked(id, change, true);
                 continue;
             }
-            let Some(query) = self.reads.remove(&id) else {
+            let Some(query) = self.service.reads.waiting.remove(&id) else {
                 continue;
             };
             let response = self.answer(query);
@@ -2369,19 +2325,19 @@ impl Replica {
     /// snapshot of the table ([`Effects::encode`]): a clone, which the shell
     /// encodes wherever it likes; one at a time.
     fn maybe_snapshot(&mut self) -> Result<(), FatalError> {
-        let applied = self.raw.raft.raft_log.applied;
-        let cache = self.raw.store();
+        let applied = self.consensus.raw.raft.raft_log.applied;
+        let cache = self.consensus.raw.store();
         let due = applied >= cache.snapshot_index() + self.config.snapshot_interval_entries
-            || self.snapshot_wanted && applied > cache.snapshot_index();
-        if self.encoding.is_some() || !due {
+            || self.consensus.snapshots.wanted && applied > cache.snapshot_index();
+        if self.consensus.snapshots.encoding.is_some() || !due {
             return Ok(());
         }
-        self.snapshot_wanted = false;
+        self.consensus.snapshots.wanted = false;
         // The table reflects `applied` exactly: entries apply only here.
-        debug_assert_eq!(self.table_index, applied);
+        debug_assert_eq!(self.service.table_index, applied);
         let term = raft::Storage::term(cache, applied)?;
-        self.encoding = Some((applied, term));
-        self.effects.encode = Some(SnapshotJob { index: applied, table: self.table.clone() });
+        self.consensus.snapshots.encoding = Some((applied, term));
+        self.effects.encode = Some(SnapshotJob { index: applied, table: self.service.table.clone() });
         Ok(())
     }
 
@@ -2390,11 +2346,12 @@ impl Replica {
     /// snapshot (installed from the leader meanwhile) has overtaken is
     /// dropped.
     pub fn on_snapshot_encoded(&mut self, index: u64, data: Vec<u8>) {
-        let Some((asked, term)) = self.encoding.take_if(|(asked, _)| *asked == index) else {
+        let Some((asked, term)) = self.consensus.snapshots.encoding.take_if(|(asked, _)| *asked == index)
+        else {
             debug!(self.logger, "dropping a snapshot that was not asked for"; "index" => index);
             return;
         };
-        let cache = self.raw.store();
+        let cache = self.consensus.raw.store();
         if asked <= cache.snapshot_index() {
             debug!(self.logger, "dropping a snapshot overtaken by a newer one"; "index" => asked);
             return;
@@ -2417,42 +2374,11 @@ impl Replica {
         });
         self.stats.snapshots_taken += 1;
         debug!(self.logger, "snapshot taken"; "index" => asked, "term" => term, "bytes" => snapshot.get_data().len());
-        self.raw.mut_store().compact(snapshot);
+        self.consensus.raw.mut_store().compact(snapshot);
     }
 }
 
 /// The count of writes asked for and reported durable.
-#[derive(Debug, Default)]
-struct Disk {
-    /// Writes asked for since open; the last one's number.
-    submitted: u64,
-    /// Of those, how many are durable (reported with `on_persisted`).
-    durable: u64,
-    /// Of those, how many asked for a sync.
-    syncs: u64,
-}
-
-impl Disk {
-    fn write(&mut self, batch: WriteBatch, urgent: bool) -> Write {
-        self.submitted += 1;
-        if !batch.may_defer_sync {
-            self.syncs += 1;
-        }
-        Write { n: self.submitted, batch, urgent }
-    }
-}
-
-/// A ready whose write is not yet durable.
-#[derive(Debug)]
-struct Unpersisted {
-    /// The number of the write it waits for.
-    write: u64,
-    /// raft-rs's number of the ready.
-    number: u64,
-    /// The index of the snapshot it installed: applied once persisted.
-    snapshot_index: Option<u64>,
-}
-
 /// Commands and their request tags, on their way into one log entry.
 #[derive(Debug, Default)]
 struct Batch {
