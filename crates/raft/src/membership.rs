@@ -78,19 +78,19 @@ impl Replica {
         let plan = match plan {
             Ok(plan) => plan,
             Err(err) => {
-                self.reply(id, Err(err));
+                self.service.reply(id, Err(err));
                 return;
             }
         };
         match plan {
             Plan::Done => {
                 let response = self.members_response();
-                self.reply(id, Ok(response));
+                self.service.reply(id, Ok(response));
             }
             Plan::HandOver(to) => {
                 info!(self.logger, "removing the leader: handing leadership over first"; "to" => to.0);
                 self.consensus.raw.transfer_leader(to.0);
-                self.reply(id, Err(RequestError::NotLeader { leader_hint: Some(to) }));
+                self.service.reply(id, Err(RequestError::NotLeader { leader_hint: Some(to) }));
             }
             Plan::Propose(single, members) => {
                 let (kind, node) = (single.get_change_type(), single.node_id);
@@ -118,7 +118,7 @@ impl Replica {
                     }
                     Err(err) => {
                         warn!(self.logger, "raft refused a membership change"; "error" => %err);
-                        self.reply(id, Err(RequestError::Dropped));
+                        self.service.reply(id, Err(RequestError::Dropped));
                     }
                 }
             }
@@ -306,19 +306,20 @@ impl Replica {
     /// lead, or failed after [`TRANSFER_WAIT_MS`].
     pub fn transfer(&mut self, id: RequestId, to: NodeId) {
         if self.consensus.raw.raft.state != StateRole::Leader {
-            self.reply(id, Err(RequestError::NotLeader { leader_hint: self.leader_hint() }));
+            self.service.reply(id, Err(RequestError::NotLeader { leader_hint: self.leader_hint() }));
             return;
         }
         if to == self.id {
-            self.reply(id, Ok(Response::Transferred { leader: to }));
+            self.service.reply(id, Ok(Response::Transferred { leader: to }));
             return;
         }
         if !self.consensus.raw.raft.prs().conf().voters().contains(to.0) {
-            self.reply(id, Err(RequestError::BadMemberChange(format!("node {} is not a voter", to.0))));
+            self.service
+                .reply(id, Err(RequestError::BadMemberChange(format!("node {} is not a voter", to.0))));
             return;
         }
         if let Some(earlier) = self.consensus.transfer.take() {
-            self.reply(
+            self.service.reply(
                 earlier.id,
                 Err(RequestError::TransferFailed("another transfer was asked for".into())),
             );
@@ -350,7 +351,7 @@ impl Replica {
             None => return,
         };
         if let Some(transfer) = self.consensus.transfer.take() {
-            self.reply(transfer.id, reply);
+            self.service.reply(transfer.id, reply);
         }
     }
 
@@ -359,10 +360,10 @@ impl Replica {
     pub(super) fn fail_member_requests(&mut self) {
         let leader_hint = self.leader_hint();
         if let Some(id) = self.consensus.member_request.take() {
-            self.reply(id, Err(RequestError::LeadershipLost { leader_hint }));
+            self.service.reply(id, Err(RequestError::LeadershipLost { leader_hint }));
         }
         for id in std::mem::take(&mut self.service.reads.member_checks).into_keys() {
-            self.reply(id, Err(RequestError::NotLeader { leader_hint }));
+            self.service.reply(id, Err(RequestError::NotLeader { leader_hint }));
         }
     }
 
@@ -428,7 +429,7 @@ impl Replica {
                         *index = entry.index;
                     }
                     if let Some(id) = request {
-                        self.reply(id, Ok(response));
+                        self.service.reply(id, Ok(response));
                     }
                 }
                 if !holds(&conf_state, self.id.0) {
@@ -443,7 +444,7 @@ impl Replica {
                 if ours && request.is_some() && request == self.consensus.member_request {
                     self.consensus.member_request = None;
                     if let Some(id) = request {
-                        self.reply(
+                        self.service.reply(
                             id,
                             Err(RequestError::BadMemberChange(format!("raft refused the change: {err}"))),
                         );

@@ -2,8 +2,9 @@
 //! to, and the bookkeeping that routes results back to requests.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
-use fencelock_fsm::{Change, LockTable, SharedDecision};
+use fencelock_fsm::LockTable;
 use fencelock_types::{
     decode_batch, encode_batch, pb, ApplyResult, ClusterId, Command, FencingToken, Key, LeaseMs, Owner,
     Value, LEVEL,
@@ -22,7 +23,7 @@ mod service;
 
 use consensus::{Consensus, Disk, Persistence, Snapshots, Unpersisted};
 pub use membership::{PROMOTE_LAG_MAX, TRANSFER_WAIT_MS};
-use service::LockService;
+use service::{admits, repeats_a_grant, LockService};
 
 use crate::gate::{self, RefusalLog, Refusals};
 use crate::queue::Pending;
@@ -30,10 +31,9 @@ use crate::registry::ConnId;
 use crate::rejoin::{self, Floor, PinVote, RaftPosition};
 use crate::storage::{LogCache, Recovered, Write, WriteBatch};
 use crate::types::{
-    AppliedEvent, Config, FatalError, HeldLock, NodeId, Query, Quota, Reply, RequestError, RequestId,
-    Response, RoleChange,
+    AppliedEvent, Config, FatalError, NodeId, Query, Reply, RequestError, RequestId, Response, RoleChange,
 };
-use crate::watch::{TooManyWatches, WatchKind, WatchQuery, Watches};
+use crate::watch::{TooManyWatches, WatchQuery, Watches};
 
 /// What the driver asks its shell to do, drained with [`Replica::take_effects`].
 #[derive(Debug, Default)]
@@ -57,6 +57,21 @@ pub struct Effects {
     /// A snapshot to encode, off the thread that runs the replica if the
     /// shell likes: hand the bytes to [`Replica::on_snapshot_encoded`].
     pub encode: Option<SnapshotJob>,
+}
+
+/// What consensus hands out, as [`Effects`] says.
+#[derive(Debug, Default)]
+struct Outgoing {
+    messages: Vec<Message>,
+    roles: Vec<RoleChange>,
+    writes: Vec<Write>,
+    encode: Option<SnapshotJob>,
+}
+
+impl Outgoing {
+    fn is_empty(&self) -> bool {
+        self.messages.is_empty() && self.roles.is_empty() && self.writes.is_empty() && self.encode.is_none()
+    }
 }
 
 /// The lock table as of log index `index`, to encode into a snapshot
@@ -214,20 +229,18 @@ impl NodeStatus {
     }
 }
 
-/// Request ids with this bit set are the leader's own (Expire, ghost
-/// Release); the shell numbers client requests below it.
-const INTERNAL_REQUEST_BIT: u64 = 1 << 63;
-
 /// The driver core. See the crate docs for the invariants it keeps.
 pub struct Replica {
     id: NodeId,
-    config: Config,
+    config: Arc<Config>,
     logger: Logger,
     /// Below the log: raft-rs.
     consensus: Consensus,
     /// Above the log: the lock service.
     service: LockService,
-    effects: Effects,
+    /// What consensus hands out (the service's answers and changes are in
+    /// its [`service::Outbox`]): together, the next [`Effects`].
+    effects: Outgoing,
     stats: Stats,
 }
 
@@ -318,6 +331,8 @@ impl Replica {
             (config.watch_history_bytes_max, config.watches_max, config.watches_per_connection_max);
         let watches =
             Watches::new(snapshot_index, watch_history_bytes_max, watches_max, watches_per_connection_max);
+        let config = Arc::new(config);
+        let service = LockService::new(Arc::clone(&config), table, snapshot_index, watches);
         let mut replica = Replica {
             id: config.id,
             config,
@@ -337,8 +352,8 @@ impl Replica {
                 conf_version: 0,
                 removed: None,
             },
-            service: LockService::new(table, snapshot_index, watches),
-            effects: Effects { writes: first_writes, ..Effects::default() },
+            service,
+            effects: Outgoing { writes: first_writes, ..Outgoing::default() },
             stats: Stats::default(),
         };
         // A floor kept from a rejoin that finished before this start ends
@@ -398,7 +413,7 @@ impl Replica {
     pub fn release_ghost(&mut self, grant: GrantRef) {
         info!(self.logger, "releasing ghost lock";
             "key" => %grant.key, "token" => grant.token.get(), "index" => grant.index);
-        let id = self.internal_id();
+        let id = self.service.internal_id();
         let release = Command::Release { key: grant.key, token: Some(grant.token), user: None };
         self.submit_with(id, vec![release], None, true, Some(grant.index));
     }
@@ -437,24 +452,11 @@ impl Replica {
             self.service.table_index,
             self.service.now_ms,
         ) {
-            Ok(Some(answer)) => self.reply(id, Ok(Response::Watch(answer))),
+            Ok(Some(answer)) => self.service.reply(id, Ok(Response::Watch(answer))),
             Ok(None) => {}
             Err(TooManyWatches { max, per_connection }) => {
-                self.reply(id, Err(RequestError::TooManyWatches { max, per_connection }))
+                self.service.reply(id, Err(RequestError::TooManyWatches { max, per_connection }))
             }
-        }
-    }
-
-    /// Answers the parked watches that have a change to tell, or whose
-    /// wait ran out.
-    fn answer_watches(&mut self) {
-        if self.service.watches.parked() == 0 {
-            return;
-        }
-        for (id, answer) in
-            self.service.watches.ready(&self.service.table, self.service.table_index, self.service.now_ms)
-        {
-            self.reply(id, Ok(Response::Watch(answer)));
         }
     }
 
@@ -469,13 +471,8 @@ impl Replica {
     pub fn set_now(&mut self, now_ms: u64) {
         self.service.now_ms = self.service.now_ms.max(now_ms);
         if self.service.leases.need_restore {
-            self.restore_leases();
+            self.service.restore_leases();
         }
-    }
-
-    fn internal_id(&mut self) -> RequestId {
-        self.service.next_internal_id += 1;
-        RequestId(INTERNAL_REQUEST_BIT | self.service.next_internal_id)
     }
 
     fn submit(&mut self, id: RequestId, commands: Vec<Command>, wait_until_ms: Option<u64>, internal: bool) {
@@ -495,38 +492,21 @@ impl Replica {
                 .iter()
                 .any(|command| matches!(command, Command::Grant { .. } | Command::GrantShared { .. }));
         if let Err(err) = self.admit(internal, acquire) {
-            self.reply(id, Err(err));
+            self.service.reply(id, Err(err));
             return;
         }
         if !internal {
-            if let Err(err) = self.check_leases(&commands).and_then(|()| self.check_level(&commands)) {
-                self.reply(id, Err(err));
+            if let Err(err) = self.service.check_leases(&commands).and_then(|()| self.check_level(&commands))
+            {
+                self.service.reply(id, Err(err));
                 return;
             }
         }
         if commands.is_empty() {
-            self.reply(id, Ok(Response::Applied(Vec::new())));
+            self.service.reply(id, Ok(Response::Applied(Vec::new())));
             return;
         }
         self.service.requests.insert(id, Pending::new(commands, internal, ghost_of, wait_until_ms));
-    }
-
-    /// Refuses leases outside the configured bounds.
-    fn check_leases(&self, commands: &[Command]) -> Result<(), RequestError> {
-        let (min_ms, max_ms) = (self.config.lease_ms_min, self.config.lease_ms_max);
-        for command in commands {
-            // Under a session, a Grant's lease is the session's.
-            if let Command::Grant { lease_ms, session: None, .. }
-            | Command::GrantShared { lease_ms, session: None, .. }
-            | Command::Renew { lease_ms, .. }
-            | Command::OpenSession { ttl_ms: lease_ms, .. } = command
-            {
-                if !(min_ms..=max_ms).contains(&lease_ms.get()) {
-                    return Err(RequestError::LeaseOutOfBounds { lease_ms: lease_ms.get(), min_ms, max_ms });
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Refuses a command the cluster's command level does not have yet:
@@ -535,7 +515,7 @@ impl Replica {
     /// result). A Grant with a value needs level 2 too: an older build
     /// drops the value.
     fn check_level(&self, commands: &[Command]) -> Result<(), RequestError> {
-        let level = self.cluster_level();
+        let level = self.service.cluster_level();
         let needed = commands
             .iter()
             .map(|command| match command {
@@ -574,23 +554,12 @@ impl Replica {
         self.service.levels.peers.insert(id.0, level);
     }
 
-    /// The cluster's command level as the next proposal will meet it. A
-    /// cluster not founded yet will be by this leader's Bootstrap, which
-    /// goes before every request (or by an earlier leader's, still in the
-    /// log: then the table decides alike on every replica).
-    fn cluster_level(&self) -> u32 {
-        match self.service.table.cluster_id() {
-            Some(_) => self.service.table.level(),
-            None => self.service.table.level().max(self.config.founding_level),
-        }
-    }
-
     /// On a ready leader: once every member applies this build's command
     /// level and the cluster is below it, raise it (one RaiseLevel a term;
     /// none after the Bootstrap of a cluster founded at it).
     fn raise_level(&mut self) {
         if !self.service.leader_ready
-            || self.cluster_level() >= LEVEL
+            || self.service.cluster_level() >= LEVEL
             || self.service.levels.raised_in == Some(self.consensus.raw.raft.term)
         {
             return;
@@ -600,14 +569,14 @@ impl Replica {
         }
         self.service.levels.raised_in = Some(self.consensus.raw.raft.term);
         info!(self.logger, "raising the command level"; "from" => self.service.table.level(), "to" => LEVEL);
-        let id = self.internal_id();
+        let id = self.service.internal_id();
         self.submit(id, vec![Command::RaiseLevel { level: LEVEL }], None, true);
     }
 
     /// Accepts a linearizable read.
     pub fn read(&mut self, id: RequestId, query: Query) {
         if let Err(err) = self.admit(false, false) {
-            self.reply(id, Err(err));
+            self.service.reply(id, Err(err));
             return;
         }
         self.service.reads.waiting.insert(id, query);
@@ -921,13 +890,13 @@ impl Replica {
             }
         }
         self.notice_role_change();
-        self.time_out_waiters();
+        self.service.time_out_waiters();
         self.check_transfer();
         self.ask_parked_reads();
         self.propose_expiries();
         self.propose_ready_requests();
         self.handle_ready()?;
-        self.answer_watches();
+        self.service.answer_watches();
         self.notice_role_change();
         self.check_transfer();
         // A decoded snapshot is installed by the ready right after its
@@ -945,7 +914,17 @@ impl Replica {
     }
 
     pub fn take_effects(&mut self) -> Effects {
-        std::mem::take(&mut self.effects)
+        let out = &mut self.service.out;
+        let Outgoing { messages, roles, writes, encode } = std::mem::take(&mut self.effects);
+        Effects {
+            messages,
+            replies: std::mem::take(&mut out.replies),
+            applied: std::mem::take(&mut out.applied),
+            roles,
+            grants: std::mem::take(&mut out.grants),
+            writes,
+            encode,
+        }
     }
 
     /// Whether a turn now would do something: raft has a `Ready`, requests
@@ -954,6 +933,7 @@ impl Replica {
     pub fn has_ready(&self) -> bool {
         self.consensus.raw.has_ready()
             || !self.effects.is_empty()
+            || !self.service.out.is_empty()
             || self.consensus.removed.is_some_and(|(_, write)| self.consensus.persist.disk.durable >= write)
             || self.service.leader_ready
                 && (self.service.requests.has_ready() || !self.service.reads.before_ready.is_empty())
@@ -969,9 +949,14 @@ impl Replica {
     }
 
     pub fn stats(&self) -> Stats {
+        let served = &self.service.out.stats;
         Stats {
             writes: self.consensus.persist.disk.submitted,
             syncs: self.consensus.persist.disk.syncs,
+            grants_applied: served.grants_applied,
+            renewals_applied: served.renewals_applied,
+            releases_applied: served.releases_applied,
+            expiries_applied: served.expiries_applied,
             ..self.stats
         }
     }
@@ -1107,95 +1092,6 @@ impl Replica {
         Ok(())
     }
 
-    /// The locks request `id`'s Grants would add to the table, each with its
-    /// owner's identity, or the quota one of them would break. A Grant on a
-    /// key the table holds adds none (a retry of the holder), except in a
-    /// hand-over (`handed_over`), where the same entry frees the key first:
-    /// the table keeps its size but the new owner's identity gains a lock.
-    /// Locks in flight count as held, so two proposals cannot both take
-    /// the last place.
-    fn quota_check(&self, id: RequestId, handed_over: bool) -> Result<Vec<(Vec<u8>, bool)>, RequestError> {
-        self.quota_check_in(&self.service.table, id, handed_over, &[])
-    }
-
-    /// [`Replica::quota_check`] against `table`, a clone of the applied
-    /// table with proposals in flight applied to it: `in_table`, the locks
-    /// those proposals add, are counted in flight too, and once only.
-    fn quota_check_in(
-        &self,
-        table: &LockTable,
-        id: RequestId,
-        handed_over: bool,
-        in_table: &[(Vec<u8>, bool)],
-    ) -> Result<Vec<(Vec<u8>, bool)>, RequestError> {
-        let Some(pending) = self.service.requests.get(id) else { return Ok(Vec::new()) };
-        let mut new_locks: Vec<(Vec<u8>, bool)> = Vec::new();
-        let in_flight = self
-            .service
-            .requests
-            .new_locks()
-            .saturating_sub(in_table.iter().filter(|(_, adds)| *adds).count());
-        for command in &pending.commands {
-            let (key, owner, adds) = match command {
-                Command::Grant { key, owner, .. } => {
-                    (Some(key), owner, table.holder(key.as_bytes()).is_none())
-                }
-                Command::GrantShared { key, owner, share, .. } => {
-                    let adds = table.shared_decision(key.as_bytes(), owner, *share) == SharedDecision::Grant;
-                    (Some(key), owner, adds)
-                }
-                // A session counts as one lock.
-                Command::OpenSession { owner, .. } => (None, owner, true),
-                _ => continue,
-            };
-            let _ = key;
-            if !adds && !handed_over {
-                continue;
-            }
-            let identity = owner.identity();
-            // This request's earlier Grants count too.
-            let total = new_locks.iter().filter(|(_, adds)| *adds).count();
-            let of_identity = new_locks.iter().filter(|(other, _)| other == identity).count();
-            let table_len = table.len() + table.session_count();
-            if adds && table_len + in_flight + total >= self.config.locks_max {
-                return Err(RequestError::QuotaExceeded(Quota::Table { max: self.config.locks_max }));
-            }
-            let in_table_of = in_table.iter().filter(|(other, _)| other == identity).count();
-            let held = table.locks_of(identity)
-                + self.service.requests.new_locks_of(identity).saturating_sub(in_table_of)
-                + of_identity;
-            if held >= self.config.locks_per_identity_max {
-                return Err(RequestError::QuotaExceeded(Quota::Identity {
-                    identity: String::from_utf8_lossy(identity).into_owned(),
-                    max: self.config.locks_per_identity_max,
-                }));
-            }
-            new_locks.push((identity.to_vec(), adds));
-        }
-        Ok(new_locks)
-    }
-
-    fn reply(&mut self, id: RequestId, reply: Reply) {
-        if id.0 & INTERNAL_REQUEST_BIT == 0 {
-            self.effects.replies.push((id, reply));
-        }
-    }
-
-    /// Forgets an answered request and lets the next request on its keys go.
-    fn finish(&mut self, id: RequestId, reply: Reply) {
-        self.reply(id, reply);
-        let table = &self.service.table;
-        self.service.requests.remove(id, &|key, waiter| admits(table, key, waiter));
-    }
-
-    /// Answers waiters whose time is up; the queue behind them moves up.
-    fn time_out_waiters(&mut self) {
-        for (key, id) in self.service.requests.timed_out(self.service.now_ms) {
-            let holder_token = first_holder(&self.service.table, &key);
-            self.finish(id, Err(RequestError::WaitTimedOut { key, holder_token }));
-        }
-    }
-
     /// On the ready leader, every scan interval: proposes an Expire for each
     /// lease this node's clock says is due.
     fn propose_expiries(&mut self) {
@@ -1244,7 +1140,7 @@ impl Replica {
             if self.service.requests.internal() >= self.config.internal_pending_max {
                 break;
             }
-            let id = self.internal_id();
+            let id = self.service.internal_id();
             debug!(self.logger, "session due"; "session" => session.get(), "now_ms" => self.service.now_ms);
             let delays = self.config.lock_delays.clone();
             self.service.leases.sessions_expiring.insert(session, id);
@@ -1274,7 +1170,7 @@ impl Replica {
             if self.service.requests.internal() >= self.config.internal_pending_max {
                 break;
             }
-            let id = self.internal_id();
+            let id = self.service.internal_id();
             let delay_rule = self.config.lock_delay(key.as_bytes());
             let shared = self.service.table.shared(key.as_bytes());
             let commands = tokens
@@ -1297,7 +1193,7 @@ impl Replica {
             if self.service.requests.internal() >= self.config.internal_pending_max {
                 break;
             }
-            let id = self.internal_id();
+            let id = self.service.internal_id();
             // A lock held back by lock-delay is lifted (an Expire without a
             // delay); a live one is held back if a rule covers its key.
             let held_back = self.service.table.holder(key.as_bytes()).is_some_and(|lock| lock.delayed);
@@ -1306,92 +1202,6 @@ impl Replica {
                 "held_back" => held_back, "delay_ms" => delay.map(LeaseMs::get));
             self.submit(id, vec![Command::Expire { key, token, delay }], None, true);
         }
-    }
-
-    fn restore_leases(&mut self) {
-        self.service.leases.need_restore = false;
-        // What a session holds has its session's lease.
-        let locks = self
-            .service
-            .table
-            .list(b"", usize::MAX)
-            .filter(|(_, lock)| lock.session.is_none())
-            .map(|(key, lock)| (key.clone(), lock.token, lock.lease_ms));
-        self.service.leases.plain.restore(locks, self.service.now_ms);
-        let holders = self.service.table.list_shared(b"", usize::MAX).flat_map(|(key, shared)| {
-            shared
-                .holders
-                .iter()
-                .filter(|(_, holder)| holder.session.is_none())
-                .map(move |(token, holder)| ((key.clone(), *token), *token, holder.lease_ms))
-        });
-        self.service.leases.shared.restore(holders, self.service.now_ms);
-        let sessions = self.service.table.sessions().map(|(id, session)| (id, id, session.ttl_ms));
-        self.service.leases.sessions.restore(sessions, self.service.now_ms);
-    }
-
-    /// The holder that a Grant in `commands` would be turned away by. A
-    /// shared acquire also waits behind the acquires already waiting for
-    /// its key (FIFO: a reader does not pass a waiting writer), unless its
-    /// owner holds the key already (a retry) or it is such a waiter, handed
-    /// the key (`admitted`).
-    fn grant_conflict(&self, commands: &[Command], admitted: bool) -> Option<(Key, FencingToken)> {
-        commands.iter().find_map(|command| match command {
-            Command::GrantShared { key, owner, share, session, .. } => {
-                match self.service.table.shared_decision(key.as_bytes(), owner, *share) {
-                    SharedDecision::Rejected(token) => Some((key.clone(), token)),
-                    // Held by this owner under another session (or none):
-                    // turned away by its own token, as the table will.
-                    SharedDecision::Existing(token)
-                        if self.service.table.session_of(key.as_bytes(), token) != *session =>
-                    {
-                        Some((key.clone(), token))
-                    }
-                    // A waiter handed the key goes first: sent back behind
-                    // the others, it would hand the key to the next, and
-                    // so on, forever.
-                    SharedDecision::Grant if !admitted && self.service.requests.waiters_of(key) > 0 => {
-                        first_holder(&self.service.table, key).map(|token| (key.clone(), token))
-                    }
-                    SharedDecision::Grant | SharedDecision::Existing(_) | SharedDecision::Mismatch(_) => None,
-                }
-            }
-            Command::Grant { key, owner, session, .. } => match self.service.table.holder(key.as_bytes()) {
-                // Held back by lock-delay: for its former owner too; held
-                // by this owner under another session (or none): by its own
-                // token, as the table will answer.
-                Some(lock) => (lock.owner != *owner || lock.delayed || lock.session != *session)
-                    .then(|| (key.clone(), lock.token)),
-                // A read-write lock or a semaphore: a plain acquire waits
-                // for its last holder to go, like any other.
-                None => first_holder(&self.service.table, key).map(|token| (key.clone(), token)),
-            },
-            _ => None,
-        })
-    }
-
-    /// Whether an acquire in `commands` is turned away by its own owner's
-    /// hold of the key in another share (a reader asking to write) or
-    /// under another session (or none): waiting would wait for itself, so
-    /// it is answered at once.
-    fn turned_away_by_itself(&self, commands: &[Command]) -> bool {
-        commands.iter().any(|command| match command {
-            Command::GrantShared { key, owner, share, session, .. } => self
-                .service
-                .table
-                .shared(key.as_bytes())
-                .and_then(|shared| shared.holders.values().find(|holder| holder.owner == *owner))
-                .is_some_and(|holder| {
-                    (holder.share != *share || holder.session != *session) && !holder.delayed
-                }),
-            // Its owner holds it under another session (or none).
-            Command::Grant { key, owner, session, .. } => self
-                .service
-                .table
-                .holder(key.as_bytes())
-                .is_some_and(|lock| lock.owner == *owner && !lock.delayed && lock.session != *session),
-            _ => false,
-        })
     }
 
     /// Proposes every ready request, many per entry.
@@ -1403,45 +1213,47 @@ impl Replica {
         while let Some(id) = self.service.requests.pop_ready() {
             // Nothing else is in flight on these keys, so the applied table
             // (and this node's leases) is what this request will meet.
-            if let Some(stale) = self.stale_expire(id) {
+            if let Some(stale) = self.service.stale_expire(id) {
                 debug!(self.logger, "expire no longer due"; "key" => %stale);
-                self.finish(id, Ok(Response::Applied(Vec::new())));
+                self.service.finish(id, Ok(Response::Applied(Vec::new())));
                 continue;
             }
-            if self.stale_session_expiry(id) {
+            if self.service.stale_session_expiry(id) {
                 debug!(self.logger, "session expiry no longer due");
-                self.finish(id, Ok(Response::Applied(Vec::new())));
+                self.service.finish(id, Ok(Response::Applied(Vec::new())));
                 continue;
             }
-            if let Some(stale) = self.stale_ghost(id) {
+            if let Some(stale) = self.service.stale_ghost(id) {
                 info!(self.logger, "ghost lock was granted or renewed again since: kept"; "key" => %stale);
-                self.finish(id, Ok(Response::Applied(Vec::new())));
+                self.service.finish(id, Ok(Response::Applied(Vec::new())));
                 continue;
             }
             let pending = self.service.requests.get(id).expect("a request ready to propose is pending");
-            if let Some((key, holder_token)) = self.grant_conflict(&pending.commands, pending.admitted) {
+            if let Some((key, holder_token)) =
+                self.service.grant_conflict(&pending.commands, pending.admitted)
+            {
                 let max = self.config.waiters_per_key_max;
-                if pending.wait_until_ms.is_none() || self.turned_away_by_itself(&pending.commands) {
+                if pending.wait_until_ms.is_none() || self.service.turned_away_by_itself(&pending.commands) {
                     let error = match self.service.table.holder(key.as_bytes()).filter(|lock| lock.delayed) {
                         Some(lock) => {
-                            let left_ms = self.held(&key, lock).remaining_ms;
+                            let left_ms = self.service.held(&key, lock).remaining_ms;
                             RequestError::Delayed { key, holder_token, left_ms }
                         }
                         None => RequestError::Held { key, holder_token },
                     };
-                    self.finish(id, Err(error));
+                    self.service.finish(id, Err(error));
                 } else if self.service.requests.waiters_of(&key) >= max {
-                    self.finish(id, Err(RequestError::TooManyWaiters { key, max }));
+                    self.service.finish(id, Err(RequestError::TooManyWaiters { key, max }));
                 } else {
                     let table = &self.service.table;
                     self.service.requests.wait_for(id, key, &|key, waiter| admits(table, key, waiter));
                 }
                 continue;
             }
-            let new_locks = match self.quota_check(id, false) {
+            let new_locks = match self.service.quota_check(id, false) {
                 Ok(new_locks) => new_locks,
                 Err(err) => {
-                    self.finish(id, Err(err));
+                    self.service.finish(id, Err(err));
                     continue;
                 }
             };
@@ -1454,7 +1266,7 @@ impl Replica {
             let mut handed = Vec::new();
             for key in removed {
                 while let Some(waiter) = self.service.requests.first_waiter(&key) {
-                    match self.quota_check(waiter, true) {
+                    match self.service.quota_check(waiter, true) {
                         Ok(new_locks) => {
                             self.service.requests.hand_over(&key, id);
                             self.service.requests.count_new_locks(waiter, new_locks);
@@ -1462,7 +1274,7 @@ impl Replica {
                             handed.push((key, waiter));
                             break;
                         }
-                        Err(err) => self.finish(waiter, Err(err)),
+                        Err(err) => self.service.finish(waiter, Err(err)),
                     }
                 }
             }
@@ -1550,7 +1362,7 @@ impl Replica {
                 if !takes_new_place {
                     break;
                 }
-                match self.quota_check_in(&scratch, waiter, false, &in_table) {
+                match self.service.quota_check_in(&scratch, waiter, false, &in_table) {
                     Ok(new_locks) => {
                         self.service.requests.hand_over(&key, last);
                         in_table.extend(new_locks.iter().cloned());
@@ -1562,7 +1374,7 @@ impl Replica {
                         }
                         last = waiter;
                     }
-                    Err(err) => self.finish(waiter, Err(err)),
+                    Err(err) => self.service.finish(waiter, Err(err)),
                 }
             }
         }
@@ -1619,63 +1431,6 @@ impl Replica {
         removed
     }
 
-    /// Drops from an Expire request of the leader's own each Expire no
-    /// longer due (the holder was renewed, released or re-granted since it
-    /// was decided); the key, when none is left.
-    fn stale_expire(&mut self, id: RequestId) -> Option<Key> {
-        let (leases, shared_leases, now_ms) =
-            (&self.service.leases.plain, &self.service.leases.shared, self.service.now_ms);
-        let shared = |key: &Key| self.service.table.shared(key.as_bytes()).is_some();
-        let pending = self.service.requests.get_mut(id).filter(|pending| pending.internal)?;
-        let Some(Command::Expire { key, .. }) = pending.commands.first() else { return None };
-        let key = key.clone();
-        let is_shared = shared(&key);
-        pending.commands.retain(|command| match command {
-            Command::Expire { key, token, .. } if is_shared => {
-                shared_leases.is_due(&(key.clone(), *token), *token, now_ms)
-            }
-            Command::Expire { key, token, .. } => leases.is_due(key, *token, now_ms),
-            _ => true,
-        });
-        pending.commands.is_empty().then_some(key)
-    }
-
-    /// Whether request `id` is an ExpireSession of the leader's own that is
-    /// no longer due (the session was renewed or ended since).
-    fn stale_session_expiry(&self, id: RequestId) -> bool {
-        let Some(pending) = self.service.requests.get(id).filter(|pending| pending.internal) else {
-            return false;
-        };
-        match pending.commands.as_slice() {
-            [Command::ExpireSession { session, .. }] => {
-                !self.service.leases.sessions.is_due(session, *session, self.service.now_ms)
-                    || self
-                        .service
-                        .leases
-                        .session_renewals
-                        .iter()
-                        .any(|(renewal, of)| of == session && self.service.requests.contains(*renewal))
-            }
-            _ => false,
-        }
-    }
-
-    /// The key of a ghost Release whose lock is no longer the grant nobody
-    /// received: released, expired, re-granted to its owner (whose retry was
-    /// told it holds the lock) or renewed since.
-    fn stale_ghost(&self, id: RequestId) -> Option<Key> {
-        let pending = self.service.requests.get(id).filter(|pending| pending.internal)?;
-        let index = pending.ghost_of?;
-        match pending.commands.as_slice() {
-            [Command::Release { key, token: Some(token), user: None }] => {
-                let same_grant = self.service.grant_index.get(&(key.clone(), *token)) == Some(&index)
-                    && self.service.table.holds(key.as_bytes(), *token);
-                (!same_grant).then(|| key.clone())
-            }
-            other => panic!("a ghost release carries one Release with a token, not {other:?}"),
-        }
-    }
-
     fn propose_entry(&mut self, batch: Batch) {
         let ids: Vec<RequestId> = batch.tags.iter().map(|tag| RequestId(tag.request_id)).collect();
         let context =
@@ -1692,7 +1447,7 @@ impl Replica {
             Err(err) => {
                 debug!(self.logger, "proposal dropped"; "error" => %err, "requests" => ids.len());
                 for id in ids {
-                    self.finish(id, Err(RequestError::Dropped));
+                    self.service.finish(id, Err(RequestError::Dropped));
                 }
             }
         }
@@ -1732,10 +1487,10 @@ impl Replica {
                 Some(_) => RequestError::LeadershipLost { leader_hint },
                 None => RequestError::NotLeader { leader_hint },
             };
-            self.reply(id, Err(err));
+            self.service.reply(id, Err(err));
         }
         for id in std::mem::take(&mut self.service.reads.waiting).into_keys() {
-            self.reply(id, Err(RequestError::NotLeader { leader_hint }));
+            self.service.reply(id, Err(RequestError::NotLeader { leader_hint }));
         }
         self.fail_member_requests();
         self.service.reads.at_index.clear();
@@ -1906,8 +1661,8 @@ impl Replica {
         self.consensus.raw.mut_store().install_snapshot(snapshot);
         self.conf_changed(&conf_state);
         self.stats.snapshots_installed += 1;
-        self.restore_leases();
-        self.effects.applied.push((index, AppliedEvent::Restored));
+        self.service.restore_leases();
+        self.service.out.applied.push((index, AppliedEvent::Restored));
         Ok(())
     }
 
@@ -1938,7 +1693,7 @@ impl Replica {
                     // A new cluster (or one from before cluster ids): name
                     // it. Should an earlier leader's name be in the log
                     // still unapplied, that one stays and this one is moot.
-                    let id = self.internal_id();
+                    let id = self.service.internal_id();
                     let cluster_id = self.config.cluster_id;
                     info!(self.logger, "founding the cluster";
                         "cluster_id" => %cluster_id, "token_floor" => self.config.token_floor);
@@ -1979,7 +1734,7 @@ impl Replica {
                                 _ => None,
                             });
                         }
-                        self.apply_command(command, proposer, entry.index)
+                        self.service.apply_command(command, proposer, entry.index)
                     }
                     Err(reason) => {
                         if answers {
@@ -2020,7 +1775,7 @@ impl Replica {
                                 (key, result)
                             {
                                 let grant = GrantRef { key: key.clone(), token: *token, index: entry.index };
-                                self.effects.grants.push((id, grant));
+                                self.service.out.grants.push((id, grant));
                             }
                         }
                         Ok(Response::Applied(slice.to_vec()))
@@ -2028,190 +1783,9 @@ impl Replica {
                     // Tags that do not match the batch: the entry is corrupt.
                     None => Err(RequestError::Dropped),
                 };
-                self.finish(id, reply);
+                self.service.finish(id, reply);
             }
             offset = end;
-        }
-    }
-
-    /// Applies one command of the entry at `index`, and fans out what it
-    /// changed, as the table says ([`Change`]), to the leases, the
-    /// watchers, the waiters and the applied events.
-    fn apply_command(&mut self, command: Command, proposer: Option<NodeId>, index: u64) -> ApplyResult {
-        // A session's end frees its holders with nothing in flight on
-        // their keys: their waiters are handed on here, on the leader.
-        let ends_session = matches!(command, Command::CloseSession { .. } | Command::ExpireSession { .. });
-        let mut changes = std::mem::take(&mut self.service.changes);
-        let last_token = self.service.table.last_token();
-        let result = self.service.table.apply_changes(command, &mut changes);
-        assert!(self.service.table.last_token() >= last_token, "fencing tokens never go backwards");
-        for change in changes.drain(..) {
-            self.fan_out(change, proposer, index, ends_session);
-        }
-        self.service.changes = changes;
-        result
-    }
-
-    /// Fans one change of the entry at `index` out. Lease deadlines are on
-    /// this node's clock, from now; what a session holds has no lease of
-    /// its own here (its session's is in `session_leases`).
-    fn fan_out(&mut self, change: Change, proposer: Option<NodeId>, index: u64, ends_session: bool) {
-        let now_ms = self.service.now_ms;
-        let event = match change {
-            Change::Granted { key, token, lease_ms, existing, shared, session } => {
-                self.stats.grants_applied += 1;
-                if !existing {
-                    self.record_holder(index, WatchKind::Granted, &key, token);
-                }
-                if session.is_none() {
-                    if shared {
-                        self.service.leases.shared.granted((key.clone(), token), token, lease_ms, now_ms);
-                    } else {
-                        self.service.leases.plain.granted(key.clone(), token, lease_ms, now_ms);
-                    }
-                }
-                self.service.grant_index.insert((key.clone(), token), index);
-                AppliedEvent::Granted { key, token, lease_ms, existing, session }
-            }
-            Change::Renewed { key, token, lease_ms, shared, session } => {
-                self.stats.renewals_applied += 1;
-                match session {
-                    // A renew of what a session holds renews the session.
-                    Some(session) => self.service.leases.sessions.renewed(session, session, lease_ms, now_ms),
-                    None if shared => {
-                        self.service.leases.shared.renewed((key.clone(), token), token, lease_ms, now_ms)
-                    }
-                    None => self.service.leases.plain.renewed(key.clone(), token, lease_ms, now_ms),
-                }
-                self.service.grant_index.insert((key.clone(), token), index);
-                AppliedEvent::Renewed { key, token, lease_ms }
-            }
-            Change::Released { key, token, shared, forced: _, owner, value } => {
-                self.stats.releases_applied += 1;
-                self.service.watches.record_parts(
-                    index,
-                    WatchKind::Released,
-                    token,
-                    key.as_bytes(),
-                    owner.as_bytes(),
-                    value.as_bytes(),
-                );
-                let key = self.forget_holder(key, token, shared);
-                AppliedEvent::Released { key, token }
-            }
-            Change::Expired { key, token, shared, owner, value } => {
-                self.stats.expiries_applied += 1;
-                self.service.watches.record_parts(
-                    index,
-                    WatchKind::Expired,
-                    token,
-                    key.as_bytes(),
-                    owner.as_bytes(),
-                    value.as_bytes(),
-                );
-                let key = self.forget_holder(key, token, shared);
-                AppliedEvent::Expired { key, token, proposer }
-            }
-            Change::Delayed { key, token, shared, delay_ms } => {
-                // The holder's lock ended; the key stays held back, and
-                // this node tracks the delay as it tracked the lease (the
-                // leader lifts it once the delay is over, as any).
-                self.stats.expiries_applied += 1;
-                self.record_holder(index, WatchKind::Delayed, &key, token);
-                if shared {
-                    self.service.leases.shared.renewed((key.clone(), token), token, delay_ms, now_ms);
-                } else {
-                    self.service.leases.plain.renewed(key.clone(), token, delay_ms, now_ms);
-                }
-                let held = (key, token);
-                self.service.grant_index.remove(&held);
-                AppliedEvent::Delayed { key: held.0, token, delay_ms, proposer }
-            }
-            Change::DelayLifted { key, token, shared, forced, owner, value } => {
-                self.service.watches.record_parts(
-                    index,
-                    WatchKind::DelayLifted,
-                    token,
-                    key.as_bytes(),
-                    owner.as_bytes(),
-                    value.as_bytes(),
-                );
-                let key = self.forget_holder(key, token, shared);
-                AppliedEvent::DelayLifted { key, token, proposer, forced }
-            }
-            Change::Proclaimed { key, token } => {
-                self.record_holder(index, WatchKind::Proclaimed, &key, token);
-                AppliedEvent::Proclaimed { key, token }
-            }
-            Change::SessionOpened { session, ttl_ms } => {
-                self.service.leases.sessions.granted(session, session, ttl_ms, now_ms);
-                AppliedEvent::SessionOpened { session, ttl_ms }
-            }
-            Change::SessionRenewed { session, ttl_ms } => {
-                self.service.leases.sessions.renewed(session, session, ttl_ms, now_ms);
-                AppliedEvent::SessionRenewed { session, ttl_ms }
-            }
-            Change::SessionEnded { session, expired } => {
-                self.service.leases.sessions.removed(&session, session);
-                // Acquires still waiting under the session will never be granted.
-                for id in self.service.requests.waiting_in_session(session) {
-                    self.finish(id, Ok(Response::Applied(vec![ApplyResult::NoSession { session }])));
-                }
-                AppliedEvent::SessionEnded { session, expired, proposer }
-            }
-        };
-        if ends_session {
-            if let Some(key) = event.key() {
-                let table = &self.service.table;
-                self.service.requests.wake(key, &|key, waiter| admits(table, key, waiter));
-            }
-        }
-        self.effects.applied.push((index, event));
-    }
-
-    /// Forgets the lease and the grant index of holder `token` of `key`
-    /// (a plain lock, or a `shared` key's holder), which the table no
-    /// longer has, and gives the key back: both are looked up by the key
-    /// itself, not a copy.
-    fn forget_holder(&mut self, key: Key, token: FencingToken, shared: bool) -> Key {
-        let held = (key, token);
-        if shared {
-            self.service.leases.shared.removed(&held, token);
-        } else {
-            self.service.leases.plain.removed(&held.0, token);
-        }
-        self.service.grant_index.remove(&held);
-        held.0
-    }
-
-    /// Records for the watchers that `token`, still in the table, holds
-    /// `key` anew (`kind`): with its owner and value (a shared holder's is
-    /// none), copied into the history.
-    fn record_holder(&mut self, index: u64, kind: WatchKind, key: &Key, token: FencingToken) {
-        let key_bytes = key.as_bytes();
-        match self.service.table.holder(key_bytes) {
-            Some(lock) if lock.token == token => self.service.watches.record_parts(
-                index,
-                kind,
-                token,
-                key_bytes,
-                lock.owner.as_bytes(),
-                lock.value.as_bytes(),
-            ),
-            Some(_) => {}
-            None => {
-                let holder = self.service.table.shared(key_bytes).and_then(|held| held.holders.get(&token));
-                if let Some(holder) = holder {
-                    self.service.watches.record_parts(
-                        index,
-                        kind,
-                        token,
-                        key_bytes,
-                        holder.owner.as_bytes(),
-                        &[],
-                    );
-                }
-            }
         }
     }
 
@@ -2224,9 +1798,9 @@ impl Replica {
     fn answer(&self, query: Query) -> Response {
         match query {
             Query::Holder(key) => match self.service.table.shared(key.as_bytes()) {
-                Some(shared) => Response::Holders(self.shared_holders(&key, shared).collect()),
+                Some(shared) => Response::Holders(self.service.shared_holders(&key, shared).collect()),
                 None => Response::Holder(
-                    self.service.table.holder(key.as_bytes()).map(|lock| self.held(&key, lock)),
+                    self.service.table.holder(key.as_bytes()).map(|lock| self.service.held(&key, lock)),
                 ),
             },
             Query::Check { key, token } => Response::Check(self.service.table.holds(key.as_bytes(), token)),
@@ -2244,12 +1818,15 @@ impl Replica {
                     };
                     if take_plain {
                         if let Some((key, lock)) = plain.next() {
-                            listed.push((key.clone(), self.held(key, lock)));
+                            listed.push((key.clone(), self.service.held(key, lock)));
                         }
                     } else if let Some((key, held)) = shared.next() {
                         let room = limit - listed.len();
                         listed.extend(
-                            self.shared_holders(key, held).take(room).map(|holder| (key.clone(), holder)),
+                            self.service
+                                .shared_holders(key, held)
+                                .take(room)
+                                .map(|holder| (key.clone(), holder)),
                         );
                     }
                 }
@@ -2261,41 +1838,6 @@ impl Replica {
             },
             Query::Members => self.members_response(),
         }
-    }
-
-    /// `lock` with the time left on its lease by this node's clock.
-    fn held(&self, key: &Key, lock: &fencelock_fsm::Lock) -> HeldLock {
-        let lease = match lock.session {
-            Some(session) => self.service.leases.sessions.lease(&session),
-            None => self.service.leases.plain.lease(key).filter(|lease| lease.token == lock.token),
-        };
-        let remaining_ms = lease.map(|lease| lease.deadline_ms.saturating_sub(self.service.now_ms));
-        HeldLock { lock: lock.clone(), remaining_ms, share: None }
-    }
-
-    /// The holders of a read-write lock or a semaphore, by token, each with
-    /// the time left on its lease by this node's clock.
-    fn shared_holders<'a>(
-        &'a self,
-        key: &'a Key,
-        shared: &'a fencelock_fsm::Shared,
-    ) -> impl Iterator<Item = HeldLock> + 'a {
-        shared.holders.iter().map(move |(token, holder)| {
-            let lease = match holder.session {
-                Some(session) => self.service.leases.sessions.lease(&session),
-                None => self.service.leases.shared.lease(&(key.clone(), *token)),
-            };
-            let remaining_ms = lease.map(|lease| lease.deadline_ms.saturating_sub(self.service.now_ms));
-            let lock = fencelock_fsm::Lock {
-                token: *token,
-                owner: holder.owner.clone(),
-                lease_ms: holder.lease_ms,
-                delayed: holder.delayed,
-                value: Value::none(),
-                session: holder.session,
-            };
-            HeldLock { lock, remaining_ms, share: Some(holder.share) }
-        })
     }
 
     fn answer_reads(&mut self) {
@@ -2315,7 +1857,7 @@ impl Replica {
                 continue;
             };
             let response = self.answer(query);
-            self.reply(id, Ok(response));
+            self.service.reply(id, Ok(response));
         }
     }
 
@@ -2384,42 +1926,6 @@ impl Replica {
 struct Batch {
     commands: Vec<Command>,
     tags: Vec<pb::RequestTag>,
-}
-
-/// Whether `key`, with nothing in flight on it, admits the waiting acquire
-/// `waiter` now: a plain lock's key is free; a read-write lock or a
-/// semaphore has room for it (a shared acquire of another kind goes, to be
-/// answered).
-fn admits(table: &LockTable, key: &Key, waiter: &Pending) -> bool {
-    waiter.commands.iter().all(|command| match command {
-        Command::GrantShared { key: wanted, owner, share, .. } if wanted == key => {
-            !matches!(table.shared_decision(key.as_bytes(), owner, *share), SharedDecision::Rejected(_))
-        }
-        _ => table.holder(key.as_bytes()).is_none() && table.shared(key.as_bytes()).is_none(),
-    })
-}
-
-/// Whether `waiter` asks `key` as a retry of its owner, who holds a place
-/// there already: its grant would be Existing.
-fn repeats_a_grant(table: &LockTable, key: &Key, waiter: &Pending) -> bool {
-    waiter.commands.iter().any(|command| match command {
-        Command::GrantShared { key: wanted, owner, share, .. } if wanted == key => {
-            matches!(table.shared_decision(key.as_bytes(), owner, *share), SharedDecision::Existing(_))
-        }
-        Command::Grant { key: wanted, owner, .. } if wanted == key => {
-            table.holder(key.as_bytes()).is_some_and(|lock| lock.owner == *owner)
-        }
-        _ => false,
-    })
-}
-
-/// The token a turned-away acquire of `key` is told: the plain lock's, or
-/// the first holder's of a read-write lock or a semaphore.
-fn first_holder(table: &LockTable, key: &Key) -> Option<FencingToken> {
-    match table.holder(key.as_bytes()) {
-        Some(lock) => Some(lock.token),
-        None => table.shared(key.as_bytes()).and_then(fencelock_fsm::Shared::first_token),
-    }
 }
 
 fn read_request_id(context: &[u8]) -> RequestId {
