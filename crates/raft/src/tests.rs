@@ -82,6 +82,8 @@ struct Net<D: TestStore> {
     /// take no more turns.
     stopped: Vec<(u64, FatalError)>,
     replies: Vec<(u64, RequestId, crate::Reply)>,
+    /// Each node's applied changes, with their index, in order.
+    applied: Vec<(u64, u64, crate::AppliedEvent)>,
 }
 
 impl Net<MemStore> {
@@ -127,6 +129,7 @@ impl<D: TestStore + Clone> Net<D> {
             down: BTreeSet::new(),
             stopped: Vec::new(),
             replies: Vec::new(),
+            applied: Vec::new(),
         }
     }
 }
@@ -166,6 +169,7 @@ impl<D: TestStore> Net<D> {
                 busy |= !effects.messages.is_empty() || !effects.replies.is_empty();
                 messages.extend(effects.messages);
                 self.replies.extend(effects.replies.into_iter().map(|(request, reply)| (id, request, reply)));
+                self.applied.extend(effects.applied.into_iter().map(|(index, event)| (id, index, event)));
                 let Some(last) = effects.writes.last().map(|write| write.n) else { break };
                 for write in &effects.writes {
                     store.write(&write.batch)?;
@@ -1777,6 +1781,14 @@ fn watches_on_followers_follow_the_log_across_a_leader_change_and_a_snapshot_ins
     net.down.remove(&3);
     net.settle();
     assert!(net.node(3).status().snapshot_index > seen, "{:?}", net.node(3).status());
+    // It told its shell to rebuild from the table (what the lease timer
+    // and the server's metrics follow), at the snapshot's index.
+    let restored = net.node(3).status().snapshot_index;
+    assert!(
+        net.applied.iter().any(|(node, index, event)| (*node, *index, event)
+            == (3, restored, &crate::AppliedEvent::Restored)),
+        "node 3 installed a snapshot without saying so"
+    );
     net.node(3).watch(RequestId(14), ConnId(3), watch(Some(seen), 0));
     net.settle();
     let answer = watch_answer(net.take_reply(RequestId(14)));
