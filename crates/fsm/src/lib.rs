@@ -929,7 +929,7 @@ impl LockTable {
                 if user.is_some_and(|user| !lock.owner.is_of_user(user.as_bytes())) {
                     return ApplyResult::Denied { token };
                 }
-                self.remove(key, Gone::Released { forced: forced }, changes);
+                self.remove(key, Gone::Released { forced }, changes);
                 ApplyResult::Released { token }
             }
             other => ApplyResult::NotFound { holder_token: other.map(|lock| lock.token) },
