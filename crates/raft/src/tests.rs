@@ -1785,8 +1785,10 @@ fn watches_on_followers_follow_the_log_across_a_leader_change_and_a_snapshot_ins
     // and the server's metrics follow), at the snapshot's index.
     let restored = net.node(3).status().snapshot_index;
     assert!(
-        net.applied.iter().any(|(node, index, event)| (*node, *index, event)
-            == (3, restored, &crate::AppliedEvent::Restored)),
+        net.applied
+            .iter()
+            .any(|(node, index, event)| (*node, *index, event)
+                == (3, restored, &crate::AppliedEvent::Restored)),
         "node 3 installed a snapshot without saying so"
     );
     net.node(3).watch(RequestId(14), ConnId(3), watch(Some(seen), 0));
