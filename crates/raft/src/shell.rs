@@ -14,13 +14,14 @@ use fencelock_types::{Command, Key, LeaseMs, Owner};
 use raft::prelude::Message;
 use slog::{crit, info, Logger};
 
-use crate::node::{Action, ClientRequest, Event, Node};
-use crate::registry::ConnId;
 use crate::rejoin::PeerReport;
-use crate::replica::{GrantRef, NodeStatus, Stats};
-use crate::storage::{AsyncEngineStore, Durable, Persisted, StorageError, Write};
-use crate::types::{FatalError, NodeId, Query, Reply, RequestError};
+use crate::storage::{AsyncEngineStore, Persisted};
 use crate::worker::{SnapshotWorker, Work};
+use fencelock_node::ConnId;
+use fencelock_node::{Action, ClientRequest, Event, Node};
+use fencelock_node::{Durable, StorageError, Write};
+use fencelock_node::{FatalError, NodeId, Query, Reply, RequestError};
+use fencelock_node::{GrantRef, NodeStatus, Stats};
 
 /// Delivers one reply to whoever asked: a channel, a client connection.
 /// Returns false when the asker is gone, which for a Grant makes a ghost

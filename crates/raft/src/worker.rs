@@ -19,8 +19,8 @@ use crossbeam_channel::{unbounded, Receiver, Sender};
 use fencelock_fsm::LockTable;
 use raft::prelude::Message;
 
-use crate::node::Event;
-use crate::replica::SnapshotJob;
+use fencelock_node::Event;
+use fencelock_node::SnapshotJob;
 
 /// A job for the worker.
 #[derive(Debug)]

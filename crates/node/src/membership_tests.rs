@@ -3,7 +3,7 @@
 //! carry on unique and increasing throughout.
 
 use super::*;
-use crate::storage::MemStore;
+use crate::log::MemStore;
 use crate::{Member, MemberChange, MemberRole, RequestError};
 
 impl Net<MemStore> {

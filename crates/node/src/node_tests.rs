@@ -5,9 +5,9 @@
 
 use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner, Value};
 
+use crate::log::{Durable, MemStore};
 use crate::node::{Action, ClientRequest, Event, Node, NodeConfig};
 use crate::registry::ConnId;
-use crate::storage::{Durable, MemStore};
 use crate::tests::QueuedStore;
 use crate::{Config, NodeId, Query, Reply, Response};
 

@@ -13,8 +13,8 @@ use raft::{RawNode, StateRole};
 
 use super::membership::Transfer;
 use crate::gate::RefusalLog;
+use crate::log::{LogCache, Write, WriteBatch};
 use crate::rejoin::{Floor, Membership};
-use crate::storage::{LogCache, Write, WriteBatch};
 use crate::types::{NodeId, RequestId};
 
 /// Consensus: raft-rs's node and its bookkeeping.

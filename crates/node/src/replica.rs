@@ -26,10 +26,10 @@ pub use membership::{PROMOTE_LAG_MAX, TRANSFER_WAIT_MS};
 use service::{admits, repeats_a_grant, LockService};
 
 use crate::gate::{self, RefusalLog, Refusals};
+use crate::log::{LogCache, Recovered, Write, WriteBatch};
 use crate::queue::Pending;
 use crate::registry::ConnId;
 use crate::rejoin::{self, Floor, PinVote, RaftPosition};
-use crate::storage::{LogCache, Recovered, Write, WriteBatch};
 use crate::types::{
     AppliedEvent, Config, FatalError, NodeId, Query, Reply, RequestError, RequestId, Response, RoleChange,
 };

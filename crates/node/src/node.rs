@@ -23,7 +23,7 @@
 //! leave as [`Action::Write`].
 //!
 //! ```
-//! use fencelock_raft::{Action, ClientRequest, Config, ConnId, Event, Node, NodeConfig, NodeId, Recovered};
+//! use fencelock_node::{Action, ClientRequest, Config, ConnId, Event, Node, NodeConfig, NodeId, Recovered};
 //! use fencelock_types::{Key, LeaseMs, Owner, Value};
 //!
 //! let logger = slog::Logger::root(slog::Discard, slog::o!());
@@ -73,10 +73,10 @@ use fencelock_types::{ClusterId, Command, Key, LeaseMs, Owner, Share, Value};
 use raft::prelude::{Message, MessageType};
 use slog::{info, warn, Logger};
 
+use crate::log::{Recovered, Write};
 use crate::registry::{Answered, ConnId, Registry};
 use crate::rejoin::{self, PeerReport, Start};
 use crate::replica::{Effects, GrantRef, NodeStatus, Replica, SnapshotJob, Stats};
-use crate::storage::{Recovered, Write};
 use crate::types::{
     AppliedEvent, Config, FatalError, Member, MemberChange, NodeId, Query, Reply, RequestError, RoleChange,
 };

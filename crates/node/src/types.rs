@@ -5,7 +5,7 @@
 use fencelock_fsm::{Lock, LockTable};
 use fencelock_types::{ApplyResult, ClusterId, FencingToken, Key, LeaseMs, Owner, Value};
 
-use crate::storage::StorageError;
+use crate::log::StorageError;
 
 /// A node of the cluster, as raft-rs numbers it (never 0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
