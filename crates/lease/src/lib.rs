@@ -82,8 +82,9 @@ impl<K: Ord + Clone> LeaseTracker<K> {
     /// token that no longer holds the key changes nothing.
     pub fn removed(&mut self, key: &K, token: FencingToken) {
         if self.by_key.get(key).is_some_and(|lease| lease.token == token) {
-            if let Some(lease) = self.by_key.remove(key) {
-                self.by_deadline.remove(&(lease.deadline_ms, key.clone()));
+            // The key the map held finds its deadline's entry: no copy.
+            if let Some((key, lease)) = self.by_key.remove_entry(key) {
+                self.by_deadline.remove(&(lease.deadline_ms, key));
             }
         }
     }
@@ -132,10 +133,22 @@ impl<K: Ord + Clone> LeaseTracker<K> {
     fn track(&mut self, key: K, token: FencingToken, lease_ms: LeaseMs, now_ms: u64) {
         self.latest_ms = self.latest_ms.max(now_ms);
         let deadline_ms = self.latest_ms.saturating_add(lease_ms.get());
-        if let Some(old) = self.by_key.insert(key.clone(), Lease { token, deadline_ms }) {
-            self.by_deadline.remove(&(old.deadline_ms, key.clone()));
+        let lease = Lease { token, deadline_ms };
+        match self.by_key.get_mut(&key) {
+            // A lease tracked already (a renewal): its deadline's entry
+            // moves, the key in hand finding the old one.
+            Some(old) => {
+                let mut entry = (old.deadline_ms, key);
+                *old = lease;
+                self.by_deadline.remove(&entry);
+                entry.0 = deadline_ms;
+                self.by_deadline.insert(entry);
+            }
+            None => {
+                self.by_key.insert(key.clone(), lease);
+                self.by_deadline.insert((deadline_ms, key));
+            }
         }
-        self.by_deadline.insert((deadline_ms, key));
         debug_assert_eq!(self.by_key.len(), self.by_deadline.len());
     }
 }

@@ -43,10 +43,11 @@ pub(crate) struct LockService {
     pub(crate) leases: Leases,
     pub(crate) reads: Reads,
     pub(crate) levels: Levels,
-    /// Per held lock (key and token: a shared key has many), the index of
-    /// the entry that last granted, re-granted or renewed it (absent for
-    /// locks restored from a snapshot).
-    pub(crate) grant_index: BTreeMap<(Key, FencingToken), u64>,
+    /// Per held lock, by its token (one counter issues every holder's, so
+    /// a token names one holder of one key), the index of the entry that
+    /// last granted, re-granted or renewed it (absent for locks restored
+    /// from a snapshot).
+    pub(crate) grant_index: BTreeMap<FencingToken, u64>,
     /// Recent changes, and the watches parked until the next one.
     pub(crate) watches: Watches,
     /// What the command being applied changed: a buffer kept between
@@ -410,7 +411,7 @@ impl LockService {
         let index = pending.ghost_of?;
         match pending.commands.as_slice() {
             [Command::Release { key, token: Some(token), user: None }] => {
-                let same_grant = self.grant_index.get(&(key.clone(), *token)) == Some(&index)
+                let same_grant = self.grant_index.get(token) == Some(&index)
                     && self.table.holds(key.as_bytes(), *token);
                 (!same_grant).then(|| key.clone())
             }
@@ -465,7 +466,7 @@ impl LockService {
                         self.leases.plain.granted(key.clone(), token, lease_ms, now_ms);
                     }
                 }
-                self.grant_index.insert((key.clone(), token), index);
+                self.grant_index.insert(token, index);
                 AppliedEvent::Granted { key, token, lease_ms, existing, session }
             }
             Change::Renewed { key, token, lease_ms, shared, session } => {
@@ -478,7 +479,7 @@ impl LockService {
                     }
                     None => self.leases.plain.renewed(key.clone(), token, lease_ms, now_ms),
                 }
-                self.grant_index.insert((key.clone(), token), index);
+                self.grant_index.insert(token, index);
                 AppliedEvent::Renewed { key, token, lease_ms }
             }
             Change::Released { key, token, shared, forced: _, owner, value } => {
@@ -518,9 +519,8 @@ impl LockService {
                 } else {
                     self.leases.plain.renewed(key.clone(), token, delay_ms, now_ms);
                 }
-                let held = (key, token);
-                self.grant_index.remove(&held);
-                AppliedEvent::Delayed { key: held.0, token, delay_ms, proposer }
+                self.grant_index.remove(&token);
+                AppliedEvent::Delayed { key, token, delay_ms, proposer }
             }
             Change::DelayLifted { key, token, shared, forced, owner, value } => {
                 self.watches.record_parts(
@@ -575,7 +575,7 @@ impl LockService {
         } else {
             self.leases.plain.removed(&held.0, token);
         }
-        self.grant_index.remove(&held);
+        self.grant_index.remove(&token);
         held.0
     }
 
