@@ -35,7 +35,7 @@ mod command;
 mod result;
 
 pub use command::{decode_batch, encode_batch, Command};
-pub use result::{decode_results, encode_results, ApplyResult};
+pub use result::ApplyResult;
 
 use std::fmt;
 use std::num::NonZeroU64;
@@ -448,69 +448,6 @@ impl LeaseMs {
 impl fmt::Debug for LeaseMs {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}ms", self.0)
-    }
-}
-
-impl InvalidReason {
-    /// Every reason, in wire order.
-    pub const ALL: [InvalidReason; 15] = [
-        InvalidReason::Undecodable,
-        InvalidReason::UnknownCommand,
-        InvalidReason::EmptyKey,
-        InvalidReason::KeyTooLong,
-        InvalidReason::ZeroLease,
-        InvalidReason::LeaseTooLong,
-        InvalidReason::EmptyOwner,
-        InvalidReason::OwnerTooLong,
-        InvalidReason::ZeroToken,
-        InvalidReason::TokensExhausted,
-        InvalidReason::BadClusterId,
-        InvalidReason::ValueTooLong,
-        InvalidReason::BadShare,
-        InvalidReason::LevelNotReached,
-        InvalidReason::SharedHolderHasNoValue,
-    ];
-
-    pub fn to_pb(self) -> pb::InvalidReason {
-        match self {
-            InvalidReason::Undecodable => pb::InvalidReason::UNDECODABLE,
-            InvalidReason::UnknownCommand => pb::InvalidReason::UNKNOWN_COMMAND,
-            InvalidReason::EmptyKey => pb::InvalidReason::EMPTY_KEY,
-            InvalidReason::KeyTooLong => pb::InvalidReason::KEY_TOO_LONG,
-            InvalidReason::ZeroLease => pb::InvalidReason::ZERO_LEASE,
-            InvalidReason::LeaseTooLong => pb::InvalidReason::LEASE_TOO_LONG,
-            InvalidReason::EmptyOwner => pb::InvalidReason::EMPTY_OWNER,
-            InvalidReason::OwnerTooLong => pb::InvalidReason::OWNER_TOO_LONG,
-            InvalidReason::ZeroToken => pb::InvalidReason::ZERO_TOKEN,
-            InvalidReason::TokensExhausted => pb::InvalidReason::TOKENS_EXHAUSTED,
-            InvalidReason::BadClusterId => pb::InvalidReason::BAD_CLUSTER_ID,
-            InvalidReason::ValueTooLong => pb::InvalidReason::VALUE_TOO_LONG,
-            InvalidReason::BadShare => pb::InvalidReason::BAD_SHARE,
-            InvalidReason::LevelNotReached => pb::InvalidReason::LEVEL_NOT_REACHED,
-            InvalidReason::SharedHolderHasNoValue => pb::InvalidReason::SHARED_HOLDER_HAS_NO_VALUE,
-        }
-    }
-
-    /// `None` for `INVALID_REASON_UNSPECIFIED`, which no replica writes.
-    pub fn from_pb(reason: pb::InvalidReason) -> Option<InvalidReason> {
-        Some(match reason {
-            pb::InvalidReason::INVALID_REASON_UNSPECIFIED => return None,
-            pb::InvalidReason::UNDECODABLE => InvalidReason::Undecodable,
-            pb::InvalidReason::UNKNOWN_COMMAND => InvalidReason::UnknownCommand,
-            pb::InvalidReason::EMPTY_KEY => InvalidReason::EmptyKey,
-            pb::InvalidReason::KEY_TOO_LONG => InvalidReason::KeyTooLong,
-            pb::InvalidReason::ZERO_LEASE => InvalidReason::ZeroLease,
-            pb::InvalidReason::LEASE_TOO_LONG => InvalidReason::LeaseTooLong,
-            pb::InvalidReason::EMPTY_OWNER => InvalidReason::EmptyOwner,
-            pb::InvalidReason::OWNER_TOO_LONG => InvalidReason::OwnerTooLong,
-            pb::InvalidReason::ZERO_TOKEN => InvalidReason::ZeroToken,
-            pb::InvalidReason::TOKENS_EXHAUSTED => InvalidReason::TokensExhausted,
-            pb::InvalidReason::BAD_CLUSTER_ID => InvalidReason::BadClusterId,
-            pb::InvalidReason::VALUE_TOO_LONG => InvalidReason::ValueTooLong,
-            pb::InvalidReason::BAD_SHARE => InvalidReason::BadShare,
-            pb::InvalidReason::LEVEL_NOT_REACHED => InvalidReason::LevelNotReached,
-            pb::InvalidReason::SHARED_HOLDER_HAS_NO_VALUE => InvalidReason::SharedHolderHasNoValue,
-        })
     }
 }
 

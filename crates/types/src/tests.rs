@@ -83,28 +83,6 @@ fn command() -> impl Strategy<Value = Command> {
     ]
 }
 
-fn invalid_reason() -> impl Strategy<Value = InvalidReason> {
-    proptest::sample::select(InvalidReason::ALL.to_vec())
-}
-
-fn apply_result() -> impl Strategy<Value = ApplyResult> {
-    prop_oneof![
-        (token(), lease(), any::<bool>())
-            .prop_map(|(token, lease_ms, existing)| { ApplyResult::Granted { token, lease_ms, existing } }),
-        token().prop_map(|holder_token| ApplyResult::GrantRejected { holder_token }),
-        token().prop_map(|token| ApplyResult::Released { token }),
-        proptest::option::of(token()).prop_map(|holder_token| ApplyResult::NotFound { holder_token }),
-        any::<bool>().prop_map(|existed| ApplyResult::Expired { existed }),
-        (token(), lease()).prop_map(|(token, delay_ms)| ApplyResult::Delayed { token, delay_ms }),
-        Just(ApplyResult::Noop),
-        (token(), lease()).prop_map(|(token, lease_ms)| ApplyResult::Renewed { token, lease_ms }),
-        invalid_reason().prop_map(|reason| ApplyResult::Invalid { reason }),
-        token().prop_map(|token| ApplyResult::Denied { token }),
-        any::<u32>().prop_map(|permits| ApplyResult::Mismatch { permits }),
-        token().prop_map(|session| ApplyResult::NoSession { session }),
-    ]
-}
-
 proptest! {
     #[test]
     fn command_batches_round_trip(commands in proptest::collection::vec(command(), 0..8)) {
@@ -115,15 +93,8 @@ proptest! {
     }
 
     #[test]
-    fn result_batches_round_trip(results in proptest::collection::vec(apply_result(), 0..8)) {
-        let bytes = encode_results(&results);
-        prop_assert_eq!(decode_results(&bytes).unwrap(), results);
-    }
-
-    #[test]
     fn random_bytes_never_panic_decoders(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
         let _ = decode_batch(&bytes);
-        let _ = decode_results(&bytes);
     }
 
     #[test]
@@ -262,41 +233,6 @@ fn one_invalid_command_does_not_void_the_batch() {
 fn garbage_is_undecodable() {
     // A length-delimited field whose length runs past the end.
     assert_eq!(decode_batch(&[0x0a, 0x7f, 0x01]), Err(InvalidReason::Undecodable));
-}
-
-#[test]
-fn results_with_zero_tokens_are_malformed() {
-    let result = pb::Result {
-        kind: Some(pb::Result_oneof_kind::granted(pb::Granted {
-            token: 0,
-            lease_ms: 5,
-            ..Default::default()
-        })),
-        ..Default::default()
-    };
-    assert!(matches!(
-        ApplyResult::from_pb(&result),
-        Err(DecodeError::Invalid { reason: InvalidReason::ZeroToken, .. })
-    ));
-    assert!(matches!(ApplyResult::from_pb(&pb::Result::default()), Err(DecodeError::Missing { .. })));
-}
-
-#[test]
-fn every_invalid_reason_round_trips_through_pb() {
-    for reason in InvalidReason::ALL {
-        assert_eq!(InvalidReason::from_pb(reason.to_pb()), Some(reason));
-    }
-    assert_eq!(InvalidReason::from_pb(pb::InvalidReason::INVALID_REASON_UNSPECIFIED), None);
-}
-
-/// The numbers are in the raft log's results and never change: `ALL` is in
-/// wire order, 1 up, so a renumbered or reordered reason fails here.
-#[test]
-fn invalid_reasons_keep_their_wire_numbers() {
-    for (number, reason) in (1..).zip(InvalidReason::ALL) {
-        assert_eq!(protobuf::ProtobufEnum::value(&reason.to_pb()), number, "{reason:?}");
-    }
-    assert_eq!(protobuf::ProtobufEnum::value(&InvalidReason::SharedHolderHasNoValue.to_pb()), 15);
 }
 
 #[test]
