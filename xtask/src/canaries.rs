@@ -42,19 +42,19 @@ const CANARIES: &[Canary] = &[
     Canary {
         name: "read-without-read-index",
         models: "a linearizable read answered from the applied table at once, without ReadIndex",
-        file: "crates/raft/src/replica.rs",
+        file: "crates/node/src/replica.rs",
         edits: &[(
-            "        self.reads.insert(id, query);\n        if self.leader_ready {",
-            "        if id.0 > 0 {\n            let answer = self.answer(query);\n            self.reply(id, Ok(answer));\n            return;\n        }\n        self.reads.insert(id, query);\n        if self.leader_ready {",
+            "        self.service.reads.waiting.insert(id, query);\n        if self.service.leader_ready {",
+            "        if id.0 > 0 {\n            let answer = self.answer(query);\n            self.service.reply(id, Ok(answer));\n            return;\n        }\n        self.service.reads.waiting.insert(id, query);\n        if self.service.leader_ready {",
         )],
-        test: &["test", "-p", "fencelock-raft", "--lib", "a_deposed_leader_cut_off_from_the_others_never_answers_a_read_from_its_stale_table"],
+        test: &["test", "-p", "fencelock-node", "--lib", "a_deposed_leader_cut_off_from_the_others_never_answers_a_read_from_its_stale_table"],
     },
     Canary {
         name: "leases-not-rearmed-after-restart",
         models: "leases restored from a snapshot at restart are not armed again",
-        file: "crates/raft/src/replica.rs",
-        edits: &[("leases_need_restore: true,", "leases_need_restore: false,")],
-        test: &["test", "-p", "fencelock-raft", "--lib", "leases_restored_from_a_snapshot_at_restart_run_out_and_their_locks_expire"],
+        file: "crates/node/src/service.rs",
+        edits: &[("            need_restore: true,", "            need_restore: false,")],
+        test: &["test", "-p", "fencelock-node", "--lib", "leases_restored_from_a_snapshot_at_restart_run_out_and_their_locks_expire"],
     },
     Canary {
         name: "client-lease-from-the-answer",
@@ -79,19 +79,19 @@ const CANARIES: &[Canary] = &[
     Canary {
         name: "ghost-release-of-a-re-grant",
         models: "a ghost release goes whatever happened to the lock since (the retry race of issue 13)",
-        file: "crates/raft/src/replica.rs",
+        file: "crates/node/src/service.rs",
         edits: &[("        let index = pending.ghost_of?;\n", "        let index = pending.ghost_of?;\n        if index > 0 {\n            return None;\n        }\n")],
-        test: &["test", "-p", "fencelock-raft", "--lib", "node::tests::a_retry_on_a_second_connection_keeps_the_lock_when_the_first_closes_before_its_answer"],
+        test: &["test", "-p", "fencelock-node", "--lib", "node::tests::a_retry_on_a_second_connection_keeps_the_lock_when_the_first_closes_before_its_answer"],
     },
     Canary {
         name: "raft-gate-open",
         models: "raft messages from the network reach raft-rs unchecked (the gate of issue 14 lets all through)",
-        file: "crates/raft/src/gate.rs",
+        file: "crates/node/src/gate.rs",
         edits: &[(
             "pub fn check(message: &Message, local: &Local<'_>) -> Result<(), Refusal> {\n",
             "pub fn check(message: &Message, local: &Local<'_>) -> Result<(), Refusal> {\n    if message.to != u64::MAX {\n        return Ok(());\n    }\n",
         )],
-        test: &["test", "-p", "fencelock-raft", "--lib", "tests::forged_raft_messages_are_dropped_and_the_cluster_serves_on"],
+        test: &["test", "-p", "fencelock-node", "--lib", "tests::forged_raft_messages_are_dropped_and_the_cluster_serves_on"],
     },
     Canary {
         name: "owners-not-checked",
