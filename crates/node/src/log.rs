@@ -73,6 +73,9 @@ pub struct Recovered {
     /// The entries after the snapshot, in index order.
     pub entries: Vec<Entry>,
     pub membership: Membership,
+    /// The file the snapshot's data was read from, if a file of its own:
+    /// what an error about corrupt data names.
+    pub snapshot_file: Option<String>,
 }
 
 impl Recovered {

@@ -298,7 +298,12 @@ impl Replica {
             // log's Bootstrap or a RaiseLevel raises it.
             LockTable::at_level(1)
         } else {
-            LockTable::restore(recovered.snapshot.get_data())?
+            LockTable::restore(recovered.snapshot.get_data()).map_err(|error| {
+                match &recovered.snapshot_file {
+                    Some(file) => FatalError::StoredSnapshot { file: file.clone(), error },
+                    None => FatalError::Snapshot(error),
+                }
+            })?
         };
         let snapshot_index = recovered.snapshot.get_metadata().index;
         let cache = LogCache::from_recovered(recovered);

@@ -411,8 +411,8 @@ impl LockService {
         let index = pending.ghost_of?;
         match pending.commands.as_slice() {
             [Command::Release { key, token: Some(token), user: None }] => {
-                let same_grant = self.grant_index.get(token) == Some(&index)
-                    && self.table.holds(key.as_bytes(), *token);
+                let same_grant =
+                    self.grant_index.get(token) == Some(&index) && self.table.holds(key.as_bytes(), *token);
                 (!same_grant).then(|| key.clone())
             }
             other => panic!("a ghost release carries one Release with a token, not {other:?}"),

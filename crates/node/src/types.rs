@@ -609,6 +609,10 @@ pub enum FatalError {
     Raft(#[from] raft::Error),
     #[error("stored snapshot does not restore: {0}")]
     Snapshot(#[from] fencelock_fsm::SnapshotError),
+    /// The snapshot in a file of the store does not restore: the file is
+    /// corrupt (or was written by another program).
+    #[error("the snapshot in {file} does not restore: {error}")]
+    StoredSnapshot { file: String, error: fencelock_fsm::SnapshotError },
     #[error(transparent)]
     Config(#[from] ConfigError),
     /// This node is not a member of the configuration it applied (or that

@@ -172,11 +172,13 @@ impl<F: raft_engine::env::FileSystem> Durable for EngineStore<F> {
         let mut snapshot: Snapshot =
             self.engine.get_message(GROUP, SNAPSHOT_KEY).map_err(engine)?.unwrap_or_default();
         let metadata = snapshot.get_metadata();
+        let mut snapshot_file = None;
         // Stores written before snapshot files keep the data in the log.
         if metadata.index > 0 && snapshot.get_data().is_empty() {
             let path = self.snapshots.join(snapshot_file_name(metadata.index, metadata.term));
             let data = std::fs::read(&path).map_err(file_error(&path))?;
             snapshot.set_data(data.into());
+            snapshot_file = Some(path.display().to_string());
         }
         let mut entries = Vec::new();
         if let (Some(first), Some(last)) = (self.engine.first_index(GROUP), self.engine.last_index(GROUP)) {
@@ -199,7 +201,7 @@ impl<F: raft_engine::env::FileSystem> Durable for EngineStore<F> {
                 .map_err(|err| StorageError::Corrupt { what: "membership record", detail: err.0 })?,
             None => Membership::default(),
         };
-        Ok(Recovered { hard_state, conf_state, snapshot, entries, membership })
+        Ok(Recovered { hard_state, conf_state, snapshot, entries, membership, snapshot_file })
     }
 
     fn write(&mut self, batch: &WriteBatch) -> Result<(), StorageError> {

@@ -434,3 +434,45 @@ fn a_failed_fsync_stops_the_asynchronous_store_at_once_and_nothing_after_it_is_d
     let urgent = crate::Write { urgent: true, ..write(4) };
     assert!(store.submit(urgent).is_err());
 }
+
+#[test]
+fn a_corrupt_snapshot_file_stops_the_node_with_an_error_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut table = fencelock_fsm::LockTable::at_level(1);
+    table.apply(fencelock_types::Command::Grant {
+        key: fencelock_types::Key::new(b"k".to_vec()).unwrap(),
+        lease_ms: fencelock_types::LeaseMs::new(1_000).unwrap(),
+        owner: fencelock_types::Owner::new(b"o".to_vec()).unwrap(),
+        value: fencelock_types::Value::none(),
+        session: None,
+    });
+    let mut snapshot = Snapshot::default();
+    snapshot.mut_metadata().index = 5;
+    snapshot.mut_metadata().term = 1;
+    snapshot.mut_metadata().mut_conf_state().voters = vec![1];
+    snapshot.set_data(table.snapshot().into());
+    let mut store = EngineStore::open(dir.path()).unwrap();
+    let batch = WriteBatch {
+        snapshot: Some(snapshot),
+        install: true,
+        hard_state: Some(hard_state(1, 5)),
+        ..Default::default()
+    };
+    store.write(&batch).unwrap();
+    drop(store);
+    let open = || {
+        let recovered = EngineStore::open(dir.path()).unwrap().recover().unwrap();
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        crate::Replica::open(crate::Config::new(crate::NodeId(1), vec![crate::NodeId(1)]), recovered, &logger)
+    };
+    assert!(open().is_ok(), "the intact snapshot restores");
+    // One byte of the body flipped on disk: the checksum fails at open.
+    let path = dir.path().join("snapshots").join(crate::storage::snapshot_file_name(5, 1));
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&path, bytes).unwrap();
+    let err = open().unwrap_err();
+    assert!(matches!(err, crate::FatalError::StoredSnapshot { .. }), "{err}");
+    assert!(err.to_string().contains(&path.display().to_string()), "{err}");
+}
