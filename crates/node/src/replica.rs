@@ -339,7 +339,7 @@ impl Replica {
         let watches =
             Watches::new(snapshot_index, watch_history_bytes_max, watches_max, watches_per_connection_max);
         let config = Arc::new(config);
-        let service = LockService::new(Arc::clone(&config), table, snapshot_index, watches);
+        let service = LockService::new(Arc::clone(&config), logger.clone(), table, snapshot_index, watches);
         let mut replica = Replica {
             id: config.id,
             config,
@@ -624,8 +624,15 @@ impl Replica {
         self.service.time_out_waiters();
         self.check_transfer();
         self.ask_parked_reads();
-        self.propose_expiries();
-        self.propose_ready_requests();
+        if self.consensus.raw.raft.state == StateRole::Leader && self.service.leader_ready {
+            // The service's next batch, proposed as this term's leader.
+            self.service.propose_expiries();
+            let raw = &mut self.consensus.raw;
+            let term = raw.raft.term;
+            let mut propose = |context, data| raw.propose(context, data).map_err(|err| err.to_string());
+            let mut leader = batch::Proposer { id: self.id, term, propose: &mut propose };
+            self.service.propose_ready_requests(&mut leader);
+        }
         self.handle_ready()?;
         self.service.answer_watches();
         self.notice_role_change();

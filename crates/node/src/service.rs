@@ -8,6 +8,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use slog::Logger;
+
 use fencelock_fsm::{Change, LockTable, SharedDecision};
 use fencelock_lease::LeaseTracker;
 use fencelock_types::{ApplyResult, Command, FencingToken, Key, Value};
@@ -27,6 +29,7 @@ pub(crate) const INTERNAL_REQUEST_BIT: u64 = 1 << 63;
 /// The lock service: the applied table and the state derived from it.
 pub(crate) struct LockService {
     pub(crate) config: Arc<Config>,
+    pub(crate) logger: Logger,
     /// The applied lock table.
     pub(crate) table: LockTable,
     /// The index the table reflects: raft's applied index, or ahead of it
@@ -79,9 +82,16 @@ impl Outbox {
 impl LockService {
     /// A service over `table`, the state as of log index `index`; its
     /// leases are rebuilt at the first time it is given.
-    pub(crate) fn new(config: Arc<Config>, table: LockTable, index: u64, watches: Watches) -> LockService {
+    pub(crate) fn new(
+        config: Arc<Config>,
+        logger: Logger,
+        table: LockTable,
+        index: u64,
+        watches: Watches,
+    ) -> LockService {
         LockService {
             config,
+            logger,
             table,
             table_index: index,
             now_ms: 0,
@@ -184,6 +194,16 @@ impl LockService {
     pub(crate) fn internal_id(&mut self) -> RequestId {
         self.next_internal_id += 1;
         RequestId(INTERNAL_REQUEST_BIT | self.next_internal_id)
+    }
+
+    /// Takes a request of the leader's own (an expiry, a ghost release),
+    /// if its budget has room: it is proposed as a client's is, and
+    /// answered to no one.
+    pub(crate) fn submit_internal(&mut self, id: RequestId, commands: Vec<Command>) {
+        if self.requests.internal() >= self.config.internal_pending_max || commands.is_empty() {
+            return;
+        }
+        self.requests.insert(id, Pending::new(commands, true, None, None));
     }
 
     /// Refuses leases outside the configured bounds.
