@@ -686,16 +686,27 @@ impl Replica {
         &self.service.table
     }
 
+    /// The counters: consensus's (readies, entries applied, snapshots,
+    /// refusals, and the disk's writes and syncs) and the service's
+    /// (proposals, and changes applied by kind). Every field is named
+    /// here, so that a new counter is given its owner.
     pub fn stats(&self) -> Stats {
-        let served = &self.service.out.stats;
+        let (ours, served) = (&self.stats, &self.service.out.stats);
         Stats {
+            requests_proposed: served.requests_proposed,
+            commands_proposed: served.commands_proposed,
+            entries_proposed: served.entries_proposed,
             writes: self.consensus.persist.disk.submitted,
             syncs: self.consensus.persist.disk.syncs,
+            readies: ours.readies,
+            entries_applied: ours.entries_applied,
+            snapshots_taken: ours.snapshots_taken,
+            snapshots_installed: ours.snapshots_installed,
             grants_applied: served.grants_applied,
             renewals_applied: served.renewals_applied,
             releases_applied: served.releases_applied,
             expiries_applied: served.expiries_applied,
-            ..self.stats
+            refused: ours.refused,
         }
     }
 
