@@ -49,6 +49,10 @@ pub(crate) struct Consensus {
     /// This node applied its own removal, at this index, written by this
     /// write: it stops once that write is durable.
     pub(crate) removed: Option<(u64, u64)>,
+    /// The term and index of each entry this node proposed while it leads,
+    /// oldest first, until it applies: where a leader's proposals are
+    /// numbered, to assert where they apply that they do in that order.
+    pub(crate) proposed: VecDeque<(u64, u64)>,
 }
 
 /// The order of writes: what was asked, what is durable, and what waits
@@ -691,6 +695,7 @@ impl Replica {
         self.consensus.reported = now;
         let (state, term, _) = now;
         if was_state == StateRole::Leader && (state != StateRole::Leader || term != was_term) {
+            self.consensus.proposed.clear();
             self.service.leader_ready = false;
             self.fail_all_requests();
         }

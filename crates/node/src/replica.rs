@@ -1,7 +1,7 @@
 //! The sans-IO driver core: one raft-rs `RawNode`, the lock table it applies
 //! to, and the bookkeeping that routes results back to requests.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use fencelock_fsm::LockTable;
@@ -358,6 +358,7 @@ impl Replica {
                 peers,
                 conf_version: 0,
                 removed: None,
+                proposed: VecDeque::new(),
             },
             service,
             effects: Outgoing { writes: first_writes, ..Outgoing::default() },
@@ -627,9 +628,21 @@ impl Replica {
         if self.consensus.raw.raft.state == StateRole::Leader && self.service.leader_ready {
             // The service's next batch, proposed as this term's leader.
             self.service.propose_expiries();
-            let raw = &mut self.consensus.raw;
-            let term = raw.raft.term;
-            let mut propose = |context, data| raw.propose(context, data).map_err(|err| err.to_string());
+            let consensus = &mut self.consensus;
+            let term = consensus.raw.raft.term;
+            let mut propose = |context, data| {
+                consensus.raw.propose(context, data).map_err(|err| err.to_string())?;
+                // Appended at once: its index is the log's last.
+                let index = consensus.raw.raft.raft_log.last_index();
+                if let Some(&(last_term, last_index)) = consensus.proposed.back() {
+                    assert!(
+                        (last_term, last_index) < (term, index),
+                        "a leader's proposals are numbered in order: ({term}, {index}) after ({last_term}, {last_index})"
+                    );
+                }
+                consensus.proposed.push_back((term, index));
+                Ok(())
+            };
             let mut leader = batch::Proposer { id: self.id, term, propose: &mut propose };
             self.service.propose_ready_requests(&mut leader);
         }
@@ -844,10 +857,33 @@ impl Replica {
         Ok(())
     }
 
+    /// Asserts that `entry`, proposed by this node, applies in the order
+    /// this node proposed its entries in (where they were numbered, in
+    /// `run_ready`): within a term, the next one it proposed, none skipped
+    /// or repeated. Entries of terms it no longer leads in are forgotten.
+    fn applied_in_proposal_order(&mut self, entry: &Entry) {
+        let proposed = &mut self.consensus.proposed;
+        while proposed.front().is_some_and(|(term, _)| *term < entry.term) {
+            proposed.pop_front();
+        }
+        if let Some(&(term, index)) = proposed.front() {
+            if term == entry.term {
+                assert_eq!(
+                    index, entry.index,
+                    "a leader's own entries of term {term} apply in the order it proposed them"
+                );
+                proposed.pop_front();
+            }
+        }
+    }
+
     /// Applies one entry's command batch and routes its results.
     fn apply_commands(&mut self, entry: &Entry) {
         let tags = pb::EntryTags::parse_from_bytes(&entry.context);
         let proposer = tags.as_ref().ok().map(|tags| NodeId(tags.proposer)).filter(|id| id.0 != 0);
+        if proposer == Some(self.id) {
+            self.applied_in_proposal_order(entry);
+        }
         // Only the proposer answers the entry's requests (below), and only
         // it needs their Grants' keys.
         let answers = tags.as_ref().is_ok_and(|tags| tags.proposer == self.id.0);
@@ -1008,4 +1044,41 @@ fn read_request_id(context: &[u8]) -> RequestId {
 /// The ids, each once, in order.
 fn sorted<'a>(ids: impl Iterator<Item = &'a u64>) -> Vec<u64> {
     ids.copied().collect::<BTreeSet<u64>>().into_iter().collect()
+}
+
+#[cfg(test)]
+mod proposal_order_tests {
+    use super::*;
+
+    fn replica() -> Replica {
+        let logger = Logger::root(slog::Discard, slog::o!());
+        let config = Config::new(NodeId(1), vec![NodeId(1)]);
+        Replica::open(config, Recovered::default(), &logger).expect("a blank replica opens")
+    }
+
+    fn entry(term: u64, index: u64) -> Entry {
+        Entry { term, index, ..Entry::default() }
+    }
+
+    #[test]
+    fn own_entries_applied_in_proposal_order_pass_and_older_terms_are_forgotten() {
+        let mut replica = replica();
+        replica.consensus.proposed = [(1, 5), (2, 7), (2, 8)].into();
+        replica.applied_in_proposal_order(&entry(2, 7));
+        assert_eq!(replica.consensus.proposed, [(2, 8)]);
+        // An entry of an earlier term (proposed then, committed now) checks
+        // nothing and takes nothing.
+        replica.applied_in_proposal_order(&entry(1, 6));
+        assert_eq!(replica.consensus.proposed, [(2, 8)]);
+        replica.applied_in_proposal_order(&entry(2, 8));
+        assert!(replica.consensus.proposed.is_empty());
+    }
+
+    #[test]
+    #[should_panic(expected = "apply in the order it proposed them")]
+    fn an_own_entry_that_skips_one_proposed_before_it_stops_the_node() {
+        let mut replica = replica();
+        replica.consensus.proposed = [(2, 7), (2, 8)].into();
+        replica.applied_in_proposal_order(&entry(2, 8));
+    }
 }
