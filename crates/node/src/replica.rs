@@ -244,6 +244,8 @@ pub struct Replica {
     /// its [`service::Outbox`]): together, the next [`Effects`].
     effects: Outgoing,
     stats: Stats,
+    /// The tags of the entry being applied: a buffer kept between entries.
+    entry_tags: pb::EntryTags,
 }
 
 impl std::fmt::Debug for Replica {
@@ -363,6 +365,7 @@ impl Replica {
             service,
             effects: Outgoing { writes: first_writes, ..Outgoing::default() },
             stats: Stats::default(),
+            entry_tags: pb::EntryTags::default(),
         };
         // A floor kept from a rejoin that finished before this start ends
         // at once, and quietly (it is kept on purpose, see the rejoin tests).
@@ -879,7 +882,20 @@ impl Replica {
 
     /// Applies one entry's command batch and routes its results.
     fn apply_commands(&mut self, entry: &Entry) {
-        let tags = pb::EntryTags::parse_from_bytes(&entry.context);
+        // Parsed into the buffer kept between entries: the tags of many
+        // requests reuse its room (protobuf's repeated fields keep their
+        // elements when cleared).
+        let mut tags = std::mem::take(&mut self.entry_tags);
+        protobuf::Clear::clear(&mut tags);
+        let tags_decode = tags.merge_from_bytes(&entry.context);
+        self.apply_tagged(entry, &tags, tags_decode);
+        self.entry_tags = tags;
+    }
+
+    /// [`Replica::apply_commands`] with the entry's tags decoded (or not:
+    /// `decoded`).
+    fn apply_tagged(&mut self, entry: &Entry, tags: &pb::EntryTags, decoded: protobuf::ProtobufResult<()>) {
+        let tags = decoded.map(|()| tags);
         let proposer = tags.as_ref().ok().map(|tags| NodeId(tags.proposer)).filter(|id| id.0 != 0);
         if proposer == Some(self.id) {
             self.applied_in_proposal_order(entry);
@@ -936,15 +952,15 @@ impl Replica {
                     Some(slice) => {
                         // An entry whose data did not decode has one result
                         // and no grant keys: nothing to zip, no panic.
-                        let keys = grant_keys.get(offset..end).unwrap_or_default();
-                        for (key, result) in keys.iter().zip(slice) {
+                        let keys = grant_keys.get_mut(offset..end).unwrap_or_default();
+                        for (key, result) in keys.iter_mut().zip(slice) {
                             // A re-grant (`existing`) names a lock whose
                             // token someone was told before, or was asked
                             // for again: never a ghost's.
                             if let (Some(key), ApplyResult::Granted { token, existing: false, .. }) =
-                                (key, result)
+                                (key.take(), result)
                             {
-                                let grant = GrantRef { key: key.clone(), token: *token, index: entry.index };
+                                let grant = GrantRef { key, token: *token, index: entry.index };
                                 self.service.out.grants.push((id, grant));
                             }
                         }
