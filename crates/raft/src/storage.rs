@@ -314,6 +314,9 @@ struct Counts {
     /// Jobs queued and not yet done by the I/O thread (its last act on a
     /// group is to count it out).
     outstanding: std::sync::atomic::AtomicU64,
+    /// The I/O thread failed: set before it reports the failure, so that
+    /// whoever heard of it finds every later write refused.
+    failed: std::sync::atomic::AtomicBool,
 }
 
 impl<F: raft_engine::env::FileSystem> Drop for AsyncEngineStore<F> {
@@ -348,7 +351,7 @@ impl<F: raft_engine::env::FileSystem + 'static> AsyncEngineStore<F> {
             .spawn(move || {
                 let progress = progress.as_ref();
                 let failed = report.clone();
-                stop_loudly(&failed, progress, || {
+                stop_loudly(&failed, progress, &thread_counts, || {
                     write_queued(&thread_store, &queued, &report, progress, &thread_counts)
                 })
             })
@@ -360,6 +363,9 @@ impl<F: raft_engine::env::FileSystem + 'static> AsyncEngineStore<F> {
     /// Takes write `write.n`: `Ok(true)` when it is durable already (made
     /// inline), `Ok(false)` when queued, to be reported on the channel.
     pub fn submit(&mut self, write: Write) -> Result<bool, StorageError> {
+        if self.counts.failed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(StorageError::Thread("stopped after a failed write".into()));
+        }
         let expected = self.submitted + 1;
         if write.n != expected {
             return Err(StorageError::OutOfOrder { expected, got: write.n });
@@ -431,6 +437,7 @@ fn write_queued<F: raft_engine::env::FileSystem>(
         group.extend(queued.try_iter());
         let jobs = group.len() as u64;
         let Ok(mut store) = store.lock() else {
+            counts.failed.store(true, SeqCst);
             let _ = report.send(Err(StorageError::Thread("the engine's lock is poisoned".into())));
             progress();
             return;
@@ -442,6 +449,7 @@ fn write_queued<F: raft_engine::env::FileSystem>(
             // write before it durable too.
             if let Err(err) = store.write_synced(batch, Some(at) == sync_at) {
                 // The owner stops at once: nothing after this is durable.
+                counts.failed.store(true, SeqCst);
                 let _ = report.send(Err(err));
                 progress();
                 return;
@@ -466,8 +474,14 @@ fn write_queued<F: raft_engine::env::FileSystem>(
 /// fsync fails, rather than go on with a log it cannot trust), reports the
 /// failure and wakes the owner, so that the node stops at once instead of
 /// at its next write, having acknowledged nothing the disk did not keep.
-fn stop_loudly(report: &crossbeam_channel::Sender<Persisted>, progress: &dyn Fn(), body: impl FnOnce()) {
+fn stop_loudly(
+    report: &crossbeam_channel::Sender<Persisted>,
+    progress: &dyn Fn(),
+    counts: &Counts,
+    body: impl FnOnce(),
+) {
     if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        counts.failed.store(true, std::sync::atomic::Ordering::SeqCst);
         let what = panic
             .downcast_ref::<&str>()
             .map(|text| (*text).to_owned())
