@@ -26,7 +26,7 @@ impl LockService {
     /// On the ready leader, every scan interval: proposes an Expire for each
     /// lease this node's clock says is due.
     pub(crate) fn propose_expiries(&mut self) {
-        let interval_ms = self.config.expiry_scan_interval_ms;
+        let interval_ms = self.config.leases.expiry_scan_interval_ms;
         if self.leases.last_scan_ms.is_some_and(|last_ms| self.now_ms < last_ms.saturating_add(interval_ms)) {
             return;
         }
@@ -57,12 +57,12 @@ impl LockService {
             .filter(|session| !self.leases.sessions_expiring.contains_key(session))
             .collect();
         for session in sessions_due {
-            if self.requests.internal() >= self.config.internal_pending_max {
+            if self.requests.internal() >= self.config.limits.internal_pending_max {
                 break;
             }
             let id = self.internal_id();
             debug!(self.logger, "session due"; "session" => session.get(), "now_ms" => self.now_ms);
-            let delays = self.config.lock_delays.clone();
+            let delays = self.config.leases.lock_delays.clone();
             self.leases.sessions_expiring.insert(session, id);
             self.submit_internal(id, vec![Command::ExpireSession { session, delays }]);
         }
@@ -76,7 +76,7 @@ impl LockService {
             match at.get(&key) {
                 Some(&index) => {
                     let tokens = &mut by_key[index].1;
-                    if tokens.len() < self.config.entry_commands_max {
+                    if tokens.len() < self.config.limits.entry_commands_max {
                         tokens.push(token);
                     }
                 }
@@ -87,7 +87,7 @@ impl LockService {
             }
         }
         for (key, tokens) in by_key {
-            if self.requests.internal() >= self.config.internal_pending_max {
+            if self.requests.internal() >= self.config.limits.internal_pending_max {
                 break;
             }
             let id = self.internal_id();
@@ -110,7 +110,7 @@ impl LockService {
             self.submit_internal(id, commands);
         }
         for (key, token) in due {
-            if self.requests.internal() >= self.config.internal_pending_max {
+            if self.requests.internal() >= self.config.limits.internal_pending_max {
                 break;
             }
             let id = self.internal_id();
@@ -147,7 +147,7 @@ impl LockService {
             }
             let pending = self.requests.get(id).expect("a request ready to propose is pending");
             if let Some((key, holder_token)) = self.grant_conflict(&pending.commands, pending.admitted) {
-                let max = self.config.waiters_per_key_max;
+                let max = self.config.limits.waiters_per_key_max;
                 if pending.wait_until_ms.is_none() || self.turned_away_by_itself(&pending.commands) {
                     let error = match self.table.holder(key.as_bytes()).filter(|lock| lock.delayed) {
                         Some(lock) => {
@@ -194,7 +194,7 @@ impl LockService {
                 }
             }
             self.hand_on_shared(&mut batch, start, id, &handed, leader.term);
-            if batch.commands.len() >= self.config.entry_commands_max {
+            if batch.commands.len() >= self.config.limits.entry_commands_max {
                 self.propose_entry(std::mem::take(&mut batch), leader);
             }
         }

@@ -339,8 +339,8 @@ impl Replica {
     pub(crate) fn pin_election_timeout(&mut self, ticks: usize) {
         // raft-rs's window: [election_ticks, max), max twice the minimum
         // unless configured.
-        let min = self.config.election_ticks;
-        let max = self.config.election_ticks_max.unwrap_or(2 * min);
+        let min = self.config.raft.election_ticks;
+        let max = self.config.raft.election_ticks_max.unwrap_or(2 * min);
         if max > min {
             self.consensus.raw.raft.set_randomized_election_timeout(ticks.clamp(min, max - 1));
         }
@@ -633,7 +633,7 @@ impl Replica {
     pub(super) fn maybe_snapshot(&mut self) -> Result<(), FatalError> {
         let applied = self.consensus.raw.raft.raft_log.applied;
         let cache = self.consensus.raw.store();
-        let due = applied >= cache.snapshot_index() + self.config.snapshot_interval_entries
+        let due = applied >= cache.snapshot_index() + self.config.raft.snapshot_interval_entries
             || self.consensus.snapshots.wanted && applied > cache.snapshot_index();
         if self.consensus.snapshots.encoding.is_some() || !due {
             return Ok(());

@@ -467,7 +467,7 @@ impl Replica {
     /// message is not to be stepped.
     pub(super) fn refuse_append_while_joining(&mut self, message: &raft::prelude::Message) -> bool {
         use raft::prelude::MessageType;
-        if !self.config.joining
+        if !self.config.founding.joining
             || message.get_msg_type() != MessageType::MsgAppend
             || !self.consensus.raw.store().conf_state().voters.is_empty()
         {

@@ -13,7 +13,7 @@ impl Net<MemStore> {
         assert_eq!(id as usize, self.replicas.len() + 1);
         let mut config = test_config(id, 0);
         config.voters = members.iter().copied().map(NodeId).collect();
-        config.joining = true;
+        config.founding.joining = true;
         let store = MemStore::new();
         let replica = Replica::open(config, store.clone().recover().unwrap(), &logger()).unwrap();
         self.replicas.push(replica);
@@ -253,8 +253,8 @@ fn a_deposed_leader_answers_no_membership_request_from_its_old_configuration() {
     // Election timeouts of 10 to 40 ticks, so that nodes 2 and 3 elect.
     let stores = vec![MemStore::new(), MemStore::new(), MemStore::new()];
     let mut net = Net::build(stores, |config| {
-        config.election_ticks = 10;
-        config.election_ticks_max = Some(40);
+        config.raft.election_ticks = 10;
+        config.raft.election_ticks_max = Some(40);
     });
     net.elect(1);
     // Node 1 is cut off (and node 4 never runs: its messages go nowhere).

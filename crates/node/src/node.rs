@@ -276,22 +276,22 @@ impl<T> Node<T> {
             last_heard: BTreeMap::new(),
             logger,
         };
-        if blank && node.config.driver.joining {
+        if blank && node.config.driver.founding.joining {
             info!(node.logger, "empty store: joining the cluster as a learner";
                 "members" => ?node.config.driver.voters.iter().map(|voter| voter.0).collect::<Vec<_>>());
             node.start(recovered, None)?;
         } else if blank && node.config.driver.voters.len() > 1 {
             info!(node.logger, "empty store: asking the peers whether this node was a member before");
         } else if blank
-            && (node.config.driver.founding_grace_ms > 0
-                || node.config.driver.initial_cluster_state == rejoin::ClusterState::Existing)
+            && (node.config.driver.founding.founding_grace_ms > 0
+                || node.config.driver.founding.initial_cluster_state == rejoin::ClusterState::Existing)
         {
             // Alone in its configuration: founding needs nobody's answer,
             // but a running cluster that added this node would say so first.
             info!(node.logger, "empty store, and no other member named: listening for a running cluster before \
                                 founding one";
-                "grace_ms" => node.config.driver.founding_grace_ms,
-                "initial_cluster_state" => ?node.config.driver.initial_cluster_state);
+                "grace_ms" => node.config.driver.founding.founding_grace_ms,
+                "initial_cluster_state" => ?node.config.driver.founding.initial_cluster_state);
         } else {
             node.start(recovered, None)?;
         }
@@ -514,11 +514,13 @@ impl<T> Node<T> {
     fn decide_start(&mut self, now_ms: u64) -> Start {
         let id = self.config.driver.id;
         let peers: BTreeSet<u64> = self.start_voters().into_iter().filter(|voter| *voter != id.0).collect();
-        let mut start = rejoin::decide(&peers, &self.heard, self.config.driver.initial_cluster_state);
+        let mut start =
+            rejoin::decide(&peers, &self.heard, self.config.driver.founding.initial_cluster_state);
         if start == Start::Fresh && peers.is_empty() {
             // Alone: founding, once nobody has contacted it for the grace.
-            let found_at_ms =
-                *self.found_at_ms.get_or_insert(now_ms.saturating_add(self.config.driver.founding_grace_ms));
+            let found_at_ms = *self
+                .found_at_ms
+                .get_or_insert(now_ms.saturating_add(self.config.driver.founding.founding_grace_ms));
             if now_ms < found_at_ms {
                 start = Start::Wait;
             }
@@ -530,7 +532,7 @@ impl<T> Node<T> {
                         *next_report_ms = now_ms.saturating_add(STARTING_REPORT_EVERY_MS);
                         let waiting: Vec<u64> =
                             peers.iter().filter(|peer| !self.heard.contains_key(peer)).copied().collect();
-                        if self.config.driver.initial_cluster_state == rejoin::ClusterState::Existing
+                        if self.config.driver.founding.initial_cluster_state == rejoin::ClusterState::Existing
                             && waiting.is_empty()
                         {
                             warn!(self.logger, "empty store, --initial-cluster-state existing, and no peer names a \
@@ -670,7 +672,7 @@ impl<T> Node<T> {
         };
         let mut status = replica.status();
         let tick_ms = self.config.tick_ms.unwrap_or(DEFAULT_TICK_MS);
-        let window_ms = tick_ms.saturating_mul(self.config.driver.election_ticks as u64);
+        let window_ms = tick_ms.saturating_mul(self.config.driver.raft.election_ticks as u64);
         status.reachable = std::iter::once(id.0)
             .chain(
                 self.last_heard
@@ -716,8 +718,8 @@ impl<T> Node<T> {
 
     fn draw_election_timeout(&mut self) {
         let (Some(rng), Phase::Running(replica)) = (self.rng.as_mut(), &mut self.phase) else { return };
-        let min = self.config.driver.election_ticks as u64;
-        let max = self.config.driver.election_ticks_max.map_or(2 * min, |max| max as u64);
+        let min = self.config.driver.raft.election_ticks as u64;
+        let max = self.config.driver.raft.election_ticks_max.map_or(2 * min, |max| max as u64);
         let ticks = min + rng.next() % (max - min).max(1);
         replica.pin_election_timeout(ticks as usize);
     }

@@ -69,7 +69,7 @@ impl One {
     fn new() -> One {
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let config = NodeConfig {
-            driver: Config::new(NodeId(1), vec![NodeId(1)]),
+            driver: crate::tests::short_leases(Config::new(NodeId(1), vec![NodeId(1)])),
             tick_ms: Some(10),
             election_seed: Some(7),
         };
@@ -216,7 +216,7 @@ fn a_grant_in_flight_when_its_connection_closes_is_released_when_it_applies() {
     // durable, so not applied, when the connection closes.
     let logger = slog::Logger::root(slog::Discard, slog::o!());
     let config = NodeConfig {
-        driver: Config::new(NodeId(1), vec![NodeId(1)]),
+        driver: crate::tests::short_leases(Config::new(NodeId(1), vec![NodeId(1)])),
         tick_ms: Some(10),
         election_seed: Some(3),
     };
@@ -299,8 +299,9 @@ fn a_waiting_acquire_whose_connection_closes_is_forgotten_and_never_granted() {
 #[test]
 fn a_starting_node_refuses_clients_and_waits_for_its_peers() {
     let logger = slog::Logger::root(slog::Discard, slog::o!());
-    let mut driver = Config::new(NodeId(1), vec![NodeId(1), NodeId(2), NodeId(3)]);
-    driver.initial_cluster_state = crate::rejoin::ClusterState::Existing;
+    let mut driver =
+        crate::tests::short_leases(Config::new(NodeId(1), vec![NodeId(1), NodeId(2), NodeId(3)]));
+    driver.founding.initial_cluster_state = crate::rejoin::ClusterState::Existing;
     let config = NodeConfig { driver, tick_ms: Some(10), election_seed: None };
     let mut node: Node<u32> = Node::open(config, Default::default(), &logger).unwrap();
     assert!(node.is_starting());
@@ -355,7 +356,7 @@ fn a_starting_node_refuses_clients_and_waits_for_its_peers() {
 fn a_node_of_a_new_cluster_starts_once_a_majority_is_up_and_reports_whom_it_reaches() {
     let logger = slog::Logger::root(slog::Discard, slog::o!());
     let config = NodeConfig {
-        driver: Config::new(NodeId(1), vec![NodeId(1), NodeId(2), NodeId(3)]),
+        driver: crate::tests::short_leases(Config::new(NodeId(1), vec![NodeId(1), NodeId(2), NodeId(3)])),
         tick_ms: Some(10),
         election_seed: None,
     };
@@ -379,7 +380,7 @@ fn a_node_of_a_new_cluster_starts_once_a_majority_is_up_and_reports_whom_it_reac
     let report = node.report(2);
     assert_eq!(report.reachable, vec![1, 3]);
     assert!(report.has_quorum());
-    let election_ms = 10 * Config::new(NodeId(1), vec![]).election_ticks as u64;
+    let election_ms = 10 * Config::new(NodeId(1), vec![]).raft.election_ticks as u64;
     assert_eq!(node.report(2 + election_ms + 1).reachable, vec![1], "heard too long ago");
 }
 
@@ -387,7 +388,7 @@ fn a_node_of_a_new_cluster_starts_once_a_majority_is_up_and_reports_whom_it_reac
 fn a_blank_node_known_to_a_majority_rejoins_without_a_vote() {
     let logger = slog::Logger::root(slog::Discard, slog::o!());
     let config = NodeConfig {
-        driver: Config::new(NodeId(1), vec![NodeId(1), NodeId(2), NodeId(3)]),
+        driver: crate::tests::short_leases(Config::new(NodeId(1), vec![NodeId(1), NodeId(2), NodeId(3)])),
         tick_ms: Some(10),
         election_seed: None,
     };
@@ -421,7 +422,7 @@ fn a_read_right_after_an_election_is_answered_once_the_leader_commits() {
     // must ask again once the leader has committed, not leave it hanging.
     let logger = slog::Logger::root(slog::Discard, slog::o!());
     let config = NodeConfig {
-        driver: Config::new(NodeId(1), vec![NodeId(1)]),
+        driver: crate::tests::short_leases(Config::new(NodeId(1), vec![NodeId(1)])),
         tick_ms: Some(10),
         election_seed: Some(5),
     };
@@ -460,8 +461,8 @@ fn leases_restored_from_a_snapshot_at_restart_run_out_and_their_locks_expire() {
     // restart: only the restored table says it is held. Its lease must be
     // armed anew, or it would be held for ever.
     let logger = slog::Logger::root(slog::Discard, slog::o!());
-    let mut driver = Config::new(NodeId(1), vec![NodeId(1)]);
-    driver.snapshot_interval_entries = 3;
+    let mut driver = crate::tests::short_leases(Config::new(NodeId(1), vec![NodeId(1)]));
+    driver.raft.snapshot_interval_entries = 3;
     let config = NodeConfig { driver, tick_ms: Some(10), election_seed: Some(11) };
     let mut store = MemStore::new();
     let run = |node: &mut Node<u32>, now_ms: u64, store: &mut MemStore| {
@@ -499,8 +500,8 @@ fn leases_restored_from_a_snapshot_at_restart_run_out_and_their_locks_expire() {
 #[test]
 fn a_snapshot_is_encoded_by_the_shell_while_the_node_serves_on_and_one_at_a_time() {
     let logger = slog::Logger::root(slog::Discard, slog::o!());
-    let mut driver = Config::new(NodeId(1), vec![NodeId(1)]);
-    driver.snapshot_interval_entries = 5;
+    let mut driver = crate::tests::short_leases(Config::new(NodeId(1), vec![NodeId(1)]));
+    driver.raft.snapshot_interval_entries = 5;
     let config = NodeConfig { driver, tick_ms: Some(10), election_seed: Some(3) };
     let mut store = MemStore::new();
     let mut node: Node<u32> = Node::open(config, store.recover().unwrap(), &logger).unwrap();
@@ -595,8 +596,11 @@ fn a_snapshot_from_the_leader_is_decoded_by_the_shell_and_installed_from_that_ta
 
     let logger = slog::Logger::root(slog::Discard, slog::o!());
     let voters = vec![NodeId(1), NodeId(2), NodeId(3)];
-    let config =
-        NodeConfig { driver: Config::new(NodeId(1), voters), tick_ms: Some(10), election_seed: Some(5) };
+    let config = NodeConfig {
+        driver: crate::tests::short_leases(Config::new(NodeId(1), voters)),
+        tick_ms: Some(10),
+        election_seed: Some(5),
+    };
     let mut store = MemStore::new();
     let mut node: Node<u32> = Node::open(config, store.recover().unwrap(), &logger).unwrap();
     // A new cluster: both peers answer, neither knows this node.
@@ -692,9 +696,9 @@ fn a_snapshot_from_the_leader_is_decoded_by_the_shell_and_installed_from_that_ta
 /// `existing` it listens first.
 fn alone(state: crate::rejoin::ClusterState, grace_ms: u64) -> (Node<u32>, MemStore) {
     let logger = slog::Logger::root(slog::Discard, slog::o!());
-    let mut driver = Config::new(NodeId(4), vec![NodeId(4)]);
-    driver.initial_cluster_state = state;
-    driver.founding_grace_ms = grace_ms;
+    let mut driver = crate::tests::short_leases(Config::new(NodeId(4), vec![NodeId(4)]));
+    driver.founding.initial_cluster_state = state;
+    driver.founding.founding_grace_ms = grace_ms;
     let config = NodeConfig { driver, tick_ms: Some(10), election_seed: Some(4) };
     let mut store = MemStore::new();
     let node = Node::open(config, store.recover().unwrap(), &logger).unwrap();

@@ -284,7 +284,7 @@ impl Replica {
             first_writes.push(disk.write(batch, false));
             membership_written_at = disk.submitted;
         }
-        if recovered.conf_state.is_none() && !config.joining {
+        if recovered.conf_state.is_none() && !config.founding.joining {
             let conf_state = ConfState::from((config.voters.iter().map(|v| v.0).collect::<Vec<_>>(), vec![]));
             let batch = WriteBatch { conf_state: Some(conf_state.clone()), ..Default::default() };
             first_writes.push(disk.write(batch, false));
@@ -317,27 +317,30 @@ impl Replica {
 
         let mut raft_config = raft::Config {
             id: config.id.0,
-            election_tick: config.election_ticks,
-            heartbeat_tick: config.heartbeat_ticks,
+            election_tick: config.raft.election_ticks,
+            heartbeat_tick: config.raft.heartbeat_ticks,
             // Entries after the snapshot are applied again: the table was
             // rebuilt from the snapshot alone.
             applied: snapshot_index,
-            max_size_per_msg: config.max_size_per_msg_bytes,
-            max_inflight_msgs: config.max_inflight_msgs,
+            max_size_per_msg: config.raft.max_size_per_msg_bytes,
+            max_inflight_msgs: config.raft.max_inflight_msgs,
             check_quorum: true,
             pre_vote: true,
             read_only_option: raft::ReadOnlyOption::Safe,
             ..Default::default()
         };
-        if let Some(max) = config.election_ticks_max {
-            raft_config.min_election_tick = config.election_ticks;
+        if let Some(max) = config.raft.election_ticks_max {
+            raft_config.min_election_tick = config.raft.election_ticks;
             raft_config.max_election_tick = max;
         }
         raft_config.validate()?;
         let raw = RawNode::new(&raft_config, cache, &logger)?;
         let reported = (raw.raft.state, raw.raft.term, raw.raft.leader_id);
-        let (watch_history_bytes_max, watches_max, watches_per_connection_max) =
-            (config.watch_history_bytes_max, config.watches_max, config.watches_per_connection_max);
+        let (watch_history_bytes_max, watches_max, watches_per_connection_max) = (
+            config.limits.watch_history_bytes_max,
+            config.limits.watches_max,
+            config.limits.watches_per_connection_max,
+        );
         let watches =
             Watches::new(snapshot_index, watch_history_bytes_max, watches_max, watches_per_connection_max);
         let config = Arc::new(config);
@@ -786,11 +789,11 @@ impl Replica {
             return Err(RequestError::NotLeader { leader_hint: self.leader_hint() });
         }
         let full = if internal {
-            self.service.requests.internal() >= self.config.internal_pending_max
+            self.service.requests.internal() >= self.config.limits.internal_pending_max
         } else {
             self.service.requests.clients() + self.service.reads.waiting.len()
-                >= self.config.pending_requests_max
-                || acquire && self.service.requests.acquires() >= self.config.pending_acquires_max
+                >= self.config.limits.pending_requests_max
+                || acquire && self.service.requests.acquires() >= self.config.limits.pending_acquires_max
         };
         if full {
             return Err(RequestError::Overloaded);
@@ -844,11 +847,11 @@ impl Replica {
                     // it. Should an earlier leader's name be in the log
                     // still unapplied, that one stays and this one is moot.
                     let id = self.service.internal_id();
-                    let cluster_id = self.config.cluster_id;
+                    let cluster_id = self.config.founding.cluster_id;
                     info!(self.logger, "founding the cluster";
-                        "cluster_id" => %cluster_id, "token_floor" => self.config.token_floor);
-                    let token_floor = self.config.token_floor;
-                    let level = self.config.founding_level;
+                        "cluster_id" => %cluster_id, "token_floor" => self.config.founding.token_floor);
+                    let token_floor = self.config.founding.token_floor;
+                    let level = self.config.founding.founding_level;
                     let bootstrap = Command::Bootstrap { cluster_id, token_floor, level };
                     // Before the requests that waited for this leader to
                     // be ready: none of their grants may go below the floor.

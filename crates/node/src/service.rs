@@ -200,7 +200,7 @@ impl LockService {
     /// if its budget has room: it is proposed as a client's is, and
     /// answered to no one.
     pub(crate) fn submit_internal(&mut self, id: RequestId, commands: Vec<Command>) {
-        if self.requests.internal() >= self.config.internal_pending_max || commands.is_empty() {
+        if self.requests.internal() >= self.config.limits.internal_pending_max || commands.is_empty() {
             return;
         }
         self.requests.insert(id, Pending::new(commands, true, None, None));
@@ -208,7 +208,7 @@ impl LockService {
 
     /// Refuses leases outside the configured bounds.
     pub(crate) fn check_leases(&self, commands: &[Command]) -> Result<(), RequestError> {
-        let (min_ms, max_ms) = (self.config.lease_ms_min, self.config.lease_ms_max);
+        let (min_ms, max_ms) = (self.config.leases.lease_min_ms, self.config.leases.lease_max_ms);
         for command in commands {
             // Under a session, a Grant's lease is the session's.
             if let Command::Grant { lease_ms, session: None, .. }
@@ -337,17 +337,17 @@ impl LockService {
             let total = new_locks.iter().filter(|(_, adds)| *adds).count();
             let of_identity = new_locks.iter().filter(|(other, _)| other == identity).count();
             let table_len = table.len() + table.session_count();
-            if adds && table_len + in_flight + total >= self.config.locks_max {
-                return Err(RequestError::QuotaExceeded(Quota::Table { max: self.config.locks_max }));
+            if adds && table_len + in_flight + total >= self.config.limits.locks_max {
+                return Err(RequestError::QuotaExceeded(Quota::Table { max: self.config.limits.locks_max }));
             }
             let in_table_of = in_table.iter().filter(|(other, _)| other == identity).count();
             let held = table.locks_of(identity)
                 + self.requests.new_locks_of(identity).saturating_sub(in_table_of)
                 + of_identity;
-            if held >= self.config.locks_per_identity_max {
+            if held >= self.config.limits.locks_per_identity_max {
                 return Err(RequestError::QuotaExceeded(Quota::Identity {
                     identity: String::from_utf8_lossy(identity).into_owned(),
-                    max: self.config.locks_per_identity_max,
+                    max: self.config.limits.locks_per_identity_max,
                 }));
             }
             new_locks.push((identity.to_vec(), adds));
@@ -676,7 +676,7 @@ impl LockService {
     pub(crate) fn cluster_level(&self) -> u32 {
         match self.table.cluster_id() {
             Some(_) => self.table.level(),
-            None => self.table.level().max(self.config.founding_level),
+            None => self.table.level().max(self.config.founding.founding_level),
         }
     }
 }

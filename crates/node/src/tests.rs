@@ -97,9 +97,16 @@ impl Net<MemStore> {
 /// elections happen only when a test calls `campaign`.
 fn test_config(id: u64, size: u64) -> Config {
     let voters: Vec<NodeId> = (1..=size).map(NodeId).collect();
-    let mut config = Config::new(NodeId(id), voters);
-    config.election_ticks = 1_000;
-    config.election_ticks_max = Some(1_001);
+    let mut config = short_leases(Config::new(NodeId(id), voters));
+    config.raft.election_ticks = 1_000;
+    config.raft.election_ticks_max = Some(1_001);
+    config
+}
+
+/// `config` taking the 1 s leases these tests ask for (the default
+/// shortest lease is 2 s, fencelockd's): no real election timeout runs here.
+pub(crate) fn short_leases(mut config: Config) -> Config {
+    config.leases.lease_min_ms = 1_000;
     config
 }
 
@@ -324,7 +331,7 @@ fn followers_refuse_proposals_with_a_leader_hint() {
 
 #[test]
 fn too_many_pending_requests_are_refused() {
-    let mut net = Net::with_config(3, |config| config.pending_requests_max = 8);
+    let mut net = Net::with_config(3, |config| config.limits.pending_requests_max = 8);
     net.elect(1);
     net.blocked.insert((1, MessageType::MsgAppendResponse as i32));
     let max = 8;
@@ -410,7 +417,7 @@ fn the_first_leader_names_the_cluster_and_the_name_outlives_leaders_and_restarts
     net.settle();
     let named = net.node(2).cluster_id().expect("the first leader names the cluster");
     // The name it drew (each node draws its own: here, made from its id).
-    assert_eq!(named, test_config(2, 3).cluster_id);
+    assert_eq!(named, test_config(2, 3).founding.cluster_id);
     for id in [3, 1] {
         net.elect(id);
         net.settle();
@@ -430,7 +437,7 @@ fn the_first_leader_names_the_cluster_and_the_name_outlives_leaders_and_restarts
 #[test]
 fn the_founding_leader_raises_tokens_to_its_floor_before_any_grant() {
     let stores: Vec<MemStore> = (0..3).map(|_| MemStore::new()).collect();
-    let mut net = Net::build(stores, |config| config.token_floor = 5_000 + config.id.0);
+    let mut net = Net::build(stores, |config| config.founding.token_floor = 5_000 + config.id.0);
     net.elect(2);
     net.node(2).propose(RequestId(1), vec![grant("a", "o1")]);
     net.settle();
@@ -448,7 +455,7 @@ fn a_grant_asked_before_the_founding_leader_is_ready_still_gets_a_token_above_th
     // founding entry must go first, or that grant takes token 1 in a
     // cluster re-created from nothing.
     let stores: Vec<MemStore> = (0..3).map(|_| MemStore::new()).collect();
-    let mut net = Net::build(stores, |config| config.token_floor = 5_000);
+    let mut net = Net::build(stores, |config| config.founding.token_floor = 5_000);
     net.node(1).campaign().unwrap();
     let mut turns = 0;
     while net.node(1).status().role != crate::Role::Leader {
@@ -569,7 +576,7 @@ fn an_expiry_hands_the_key_to_the_first_waiter_and_waiters_fail_over_with_a_retr
 #[test]
 fn a_lock_delay_holds_an_expired_key_back_across_a_leader_change_then_hands_it_to_the_first_waiter() {
     let mut net = Net::with_config(3, |config| {
-        config.lock_delays = vec![(b"jobs/".to_vec(), LeaseMs::new(3_000).unwrap())];
+        config.leases.lock_delays = vec![(b"jobs/".to_vec(), LeaseMs::new(3_000).unwrap())];
     });
     net.elect(1);
     for replica in &mut net.replicas {
@@ -641,12 +648,12 @@ fn a_lock_delay_holds_an_expired_key_back_across_a_leader_change_then_hands_it_t
 #[test]
 fn the_shortest_lease_must_outlast_two_election_timeouts() {
     let mut config = Config::new(NodeId(1), vec![NodeId(1)]);
-    config.election_ticks = 10;
-    config.lease_ms_min = 2_000;
+    config.raft.election_ticks = 10;
+    config.leases.lease_min_ms = 2_000;
     // 10 ticks, randomized up to 20, of 100 ms: elections take up to 2 s.
     assert!(config.validate_timing(100).is_err());
     assert!(config.validate_timing(50).is_ok());
-    config.lease_ms_max = 1_000;
+    config.leases.lease_max_ms = 1_000;
     assert!(config.validate().is_err(), "min above max");
 }
 
@@ -904,8 +911,12 @@ fn a_node_that_lost_its_data_rejoins_without_a_vote_until_caught_up() {
     // The floor is kept: reopened, node 3 sees at once that it caught up.
     drop(net.replicas.remove(2));
     let voters: Vec<NodeId> = (1..=3).map(NodeId).collect();
-    let reopened =
-        Replica::open(Config::new(NodeId(3), voters), store.clone().recover().unwrap(), &logger()).unwrap();
+    let reopened = Replica::open(
+        short_leases(Config::new(NodeId(3), voters)),
+        store.clone().recover().unwrap(),
+        &logger(),
+    )
+    .unwrap();
     assert!(!reopened.status().rejoining);
 }
 
@@ -998,8 +1009,8 @@ fn a_deposed_leader_cut_off_from_the_others_never_answers_a_read_from_its_stale_
     // still says "a" is held): through ReadIndex it waits for a quorum that
     // never answers.
     let mut net = Net::with_config(3, |config| {
-        config.election_ticks = 10;
-        config.election_ticks_max = Some(1_000);
+        config.raft.election_ticks = 10;
+        config.raft.election_ticks_max = Some(1_000);
     });
     net.elect(1);
     net.node(1).propose(RequestId(1), vec![grant("a", "o1")]);
@@ -1107,8 +1118,8 @@ fn forged_raft_messages_are_dropped_and_the_cluster_serves_on() {
 #[test]
 fn acquires_that_fill_their_budget_leave_room_for_renewals_releases_and_expiries() {
     let mut net = Net::with_config(3, |config| {
-        config.pending_requests_max = 8;
-        config.pending_acquires_max = 4;
+        config.limits.pending_requests_max = 8;
+        config.limits.pending_acquires_max = 4;
     });
     net.elect(1);
     for replica in &mut net.replicas {
@@ -1163,7 +1174,7 @@ fn acquires_that_fill_their_budget_leave_room_for_renewals_releases_and_expiries
 
 #[test]
 fn the_waiters_of_one_key_are_bounded() {
-    let mut net = Net::with_config(3, |config| config.waiters_per_key_max = 2);
+    let mut net = Net::with_config(3, |config| config.limits.waiters_per_key_max = 2);
     net.elect(1);
     let lease_ms = LeaseMs::new(60_000).unwrap();
     net.node(1).acquire(RequestId(1), key("hot"), lease_ms, owner("holder"), Value::none(), 0);
@@ -1197,8 +1208,8 @@ fn the_waiters_of_one_key_are_bounded() {
 #[test]
 fn quotas_bound_the_table_and_each_identity_counting_locks_in_flight() {
     let mut net = Net::with_config(3, |config| {
-        config.locks_max = 5;
-        config.locks_per_identity_max = 3;
+        config.limits.locks_max = 5;
+        config.limits.locks_per_identity_max = 3;
     });
     net.elect(1);
     let lease_ms = LeaseMs::new(60_000).unwrap();
@@ -1261,7 +1272,7 @@ fn quotas_bound_the_table_and_each_identity_counting_locks_in_flight() {
 
 #[test]
 fn a_waiter_over_its_quota_is_answered_and_the_key_goes_to_the_next() {
-    let mut net = Net::with_config(3, |config| config.locks_per_identity_max = 1);
+    let mut net = Net::with_config(3, |config| config.limits.locks_per_identity_max = 1);
     net.elect(1);
     let lease_ms = LeaseMs::new(60_000).unwrap();
     net.node(1).acquire(RequestId(1), key("hot"), lease_ms, owner("holder"), Value::none(), 0);
@@ -1300,7 +1311,7 @@ fn watches_on_followers_follow_the_log_across_a_leader_change_and_a_snapshot_ins
     use crate::watch::{WatchKind, WatchQuery};
     let watch =
         |after: Option<u64>, wait_ms: u64| WatchQuery { prefix: b"e/".to_vec(), after, wait_ms, limit: 100 };
-    let mut net = Net::with_config(3, |config| config.snapshot_interval_entries = 5);
+    let mut net = Net::with_config(3, |config| config.raft.snapshot_interval_entries = 5);
     net.elect(1);
     // A start, on a follower: no holders yet, and the index to go on from.
     net.node(2).watch(RequestId(10), ConnId(1), watch(None, 0));
@@ -1435,8 +1446,8 @@ fn a_waiting_writer_is_not_passed_by_later_readers_and_gets_the_key_when_the_rea
 fn a_semaphore_hands_an_expired_permit_to_its_first_waiter_even_after_a_leader_change() {
     use fencelock_types::Share;
     let mut net = Net::with_config(3, |config| {
-        config.election_ticks = 10;
-        config.election_ticks_max = Some(11);
+        config.raft.election_ticks = 10;
+        config.raft.election_ticks_max = Some(11);
     });
     net.elect(1);
     for replica in &mut net.replicas {
@@ -1595,7 +1606,7 @@ fn the_readers_queued_behind_a_writer_are_granted_together_in_the_entry_that_fre
 #[test]
 fn permits_freed_together_go_to_as_many_waiters_in_the_same_entry_within_the_quotas() {
     use fencelock_types::Share;
-    let mut net = Net::with_config(3, |config| config.locks_max = 5);
+    let mut net = Net::with_config(3, |config| config.limits.locks_max = 5);
     net.elect(1);
     let lease_ms = LeaseMs::new(30_000).unwrap();
     let permit = |net: &mut Net<MemStore>, id: u64, who: &str, wait_ms: u64| {
@@ -1708,7 +1719,7 @@ fn an_owners_retry_is_not_handed_a_place_in_the_entry_of_the_grant_it_repeats() 
 #[test]
 fn readers_handed_a_freed_key_together_stop_at_the_table_quota() {
     use fencelock_types::Share;
-    let mut net = Net::with_config(3, |config| config.locks_max = 3);
+    let mut net = Net::with_config(3, |config| config.limits.locks_max = 3);
     net.elect(1);
     let lease_ms = LeaseMs::new(30_000).unwrap();
     net.node(1).acquire_shared(RequestId(1), key("rw"), lease_ms, owner("w"), Share::Write, 0);
@@ -1779,7 +1790,7 @@ fn a_semaphore_with_many_waiters_hands_each_freed_permit_to_the_next_in_line() {
 fn a_cluster_from_before_command_levels_takes_shared_locks_once_every_member_says_it_knows_them() {
     use fencelock_types::Share;
     // Founded as a build before levels founds: level 1.
-    let mut net = Net::with_config(3, |config| config.founding_level = 1);
+    let mut net = Net::with_config(3, |config| config.founding.founding_level = 1);
     net.elect(1);
     assert_eq!(net.node(1).table().level(), 1);
     let lease_ms = LeaseMs::new(30_000).unwrap();
@@ -1847,7 +1858,7 @@ fn a_replica_stops_when_the_cluster_level_passes_its_build() {
 fn a_lock_delay_keeps_an_expired_permits_place_taken_then_hands_it_to_the_first_waiter() {
     use fencelock_types::Share;
     let mut net = Net::with_config(3, |config| {
-        config.lock_delays = vec![(b"pool/".to_vec(), LeaseMs::new(3_000).unwrap())];
+        config.leases.lock_delays = vec![(b"pool/".to_vec(), LeaseMs::new(3_000).unwrap())];
     });
     net.elect(1);
     for replica in &mut net.replicas {
@@ -2207,8 +2218,8 @@ fn a_session_outlives_a_leader_change_and_the_new_leader_counts_its_ttl_from_its
 #[test]
 fn sessions_wait_for_level_3_and_count_in_the_quota() {
     let mut net = Net::with_config(3, |config| {
-        config.founding_level = 2;
-        config.locks_per_identity_max = 2;
+        config.founding.founding_level = 2;
+        config.limits.locks_per_identity_max = 2;
     });
     net.elect(1);
     let open = || Command::OpenSession { owner: owner("o1"), ttl_ms: LeaseMs::new(1_000).unwrap() };

@@ -23,6 +23,15 @@ pub struct Config {
     pub id: NodeId,
     /// Every voter of the cluster, this node included.
     pub voters: Vec<NodeId>,
+    pub raft: RaftSettings,
+    pub leases: LeaseSettings,
+    pub limits: Limits,
+    pub founding: Founding,
+}
+
+/// raft-rs's timing and log settings. Part of [`Config`].
+#[derive(Clone, Debug)]
+pub struct RaftSettings {
     /// Ticks without a leader before a follower campaigns (the lower bound).
     pub election_ticks: usize,
     /// The upper bound (exclusive) of the randomized election timeout;
@@ -33,6 +42,35 @@ pub struct Config {
     /// A snapshot of the lock table is taken, and the log compacted, every
     /// this many applied entries.
     pub snapshot_interval_entries: u64,
+    /// raft-rs's limits on replication messages.
+    pub max_inflight_msgs: usize,
+    pub max_size_per_msg_bytes: u64,
+}
+
+/// The leases clients may ask for, and their expiry. Part of [`Config`].
+#[derive(Clone, Debug)]
+pub struct LeaseSettings {
+    /// The shortest and longest lease a client may ask for, by the names
+    /// and with the defaults of fencelockd's `lease_min_ms` and
+    /// `lease_max_ms` (2 s and 24 h). The shortest must be well above the
+    /// election timeout (see [`Config::validate_timing`]), or locks would
+    /// expire during a normal fail-over.
+    pub lease_min_ms: u64,
+    pub lease_max_ms: u64,
+    /// How often the leader looks for due leases, on its own clock.
+    pub expiry_scan_interval_ms: u64,
+    /// Lock-delay, by key prefix (the longest matching prefix wins): a lock
+    /// whose lease runs out (not one released) on a key under a prefix is
+    /// held back that long, granted to no one, before the key is free
+    /// (Chubby's lock-delay: it protects resources that cannot check
+    /// tokens). The leader that proposes the Expire applies its own rules.
+    /// Empty by default.
+    pub lock_delays: Vec<(Vec<u8>, LeaseMs)>,
+}
+
+/// What one node holds at most: pending requests, locks, waiters, watches. Part of [`Config`].
+#[derive(Clone, Debug)]
+pub struct Limits {
     /// Client requests (proposals and reads) waiting or in flight at once;
     /// more are refused with [`RequestError::Overloaded`]. The leader's own
     /// Expires and ghost Releases do not count: they have
@@ -59,17 +97,19 @@ pub struct Config {
     /// commands (one request's commands are never split, so an entry may
     /// carry more).
     pub entry_commands_max: usize,
-    /// raft-rs's limits on replication messages.
-    pub max_inflight_msgs: usize,
-    pub max_size_per_msg_bytes: u64,
-    /// The shortest and longest lease a client may ask for. The shortest
-    /// must be well above the election timeout (see
-    /// [`Config::validate_timing`]), or locks would expire during a normal
-    /// fail-over.
-    pub lease_ms_min: u64,
-    pub lease_ms_max: u64,
-    /// How often the leader looks for due leases, on its own clock.
-    pub expiry_scan_interval_ms: u64,
+    /// The bytes of recent changes kept for watches ([`crate::watch`]): a
+    /// watch further behind is answered `compacted`, with the current
+    /// holders.
+    pub watch_history_bytes_max: usize,
+    /// Watches parked at once, waiting for a change.
+    pub watches_max: usize,
+    /// Watches parked at once on one client connection.
+    pub watches_per_connection_max: usize,
+}
+
+/// How a node with a blank store starts, and the cluster it founds. Part of [`Config`].
+#[derive(Clone, Debug)]
+pub struct Founding {
     /// The id this node names the cluster with if it leads a cluster that
     /// has none yet (see [`Command::Bootstrap`](fencelock_types::Command)).
     /// fencelockd draws one at random at every start; the default, for
@@ -98,66 +138,60 @@ pub struct Config {
     /// [`fencelock_types::LEVEL`]): this build's. Tests set 1 to start a
     /// cluster as a build before levels did.
     pub founding_level: u32,
-    /// Lock-delay, by key prefix (the longest matching prefix wins): a lock
-    /// whose lease runs out (not one released) on a key under a prefix is
-    /// held back that long, granted to no one, before the key is free
-    /// (Chubby's lock-delay: it protects resources that cannot check
-    /// tokens). The leader that proposes the Expire applies its own rules.
-    /// Empty by default.
-    pub lock_delays: Vec<(Vec<u8>, LeaseMs)>,
-    /// The bytes of recent changes kept for watches ([`crate::watch`]): a
-    /// watch further behind is answered `compacted`, with the current
-    /// holders.
-    pub watch_history_bytes_max: usize,
-    /// Watches parked at once, waiting for a change.
-    pub watches_max: usize,
-    /// Watches parked at once on one client connection.
-    pub watches_per_connection_max: usize,
 }
 
 impl Config {
     /// Settings for a cluster of `voters`, with defaults for the rest.
     pub fn new(id: NodeId, voters: Vec<NodeId>) -> Config {
+        let cluster_id = {
+            let mut bytes = [0; 16];
+            bytes[..8].copy_from_slice(b"fencelck");
+            bytes[8..].copy_from_slice(&id.0.to_le_bytes());
+            ClusterId::new(bytes)
+        };
         Config {
             id,
             voters,
-            election_ticks: 10,
-            election_ticks_max: None,
-            heartbeat_ticks: 2,
-            snapshot_interval_entries: 10_000,
-            pending_requests_max: 65_536,
-            pending_acquires_max: 32_768,
-            waiters_per_key_max: 4_096,
-            internal_pending_max: 65_536,
-            locks_max: 1_000_000,
-            locks_per_identity_max: 100_000,
-            entry_commands_max: 4_096,
-            max_inflight_msgs: 256,
-            max_size_per_msg_bytes: 1 << 20,
-            lease_ms_min: 1_000,
-            lease_ms_max: 24 * 60 * 60 * 1_000,
-            expiry_scan_interval_ms: 10,
-            cluster_id: {
-                let mut bytes = [0; 16];
-                bytes[..8].copy_from_slice(b"fencelck");
-                bytes[8..].copy_from_slice(&id.0.to_le_bytes());
-                ClusterId::new(bytes)
+            raft: RaftSettings {
+                election_ticks: 10,
+                election_ticks_max: None,
+                heartbeat_ticks: 2,
+                snapshot_interval_entries: 10_000,
+                max_inflight_msgs: 256,
+                max_size_per_msg_bytes: 1 << 20,
             },
-            token_floor: 0,
-            founding_level: fencelock_types::LEVEL,
-            initial_cluster_state: crate::rejoin::ClusterState::New,
-            founding_grace_ms: 0,
-            joining: false,
-            lock_delays: Vec::new(),
-            watch_history_bytes_max: 16 << 20,
-            watches_max: 4_096,
-            watches_per_connection_max: 64,
+            leases: LeaseSettings {
+                lease_min_ms: 2_000,
+                lease_max_ms: 24 * 60 * 60 * 1_000,
+                expiry_scan_interval_ms: 10,
+                lock_delays: Vec::new(),
+            },
+            limits: Limits {
+                pending_requests_max: 65_536,
+                pending_acquires_max: 32_768,
+                waiters_per_key_max: 4_096,
+                internal_pending_max: 65_536,
+                locks_max: 1_000_000,
+                locks_per_identity_max: 100_000,
+                entry_commands_max: 4_096,
+                watch_history_bytes_max: 16 << 20,
+                watches_max: 4_096,
+                watches_per_connection_max: 64,
+            },
+            founding: Founding {
+                cluster_id,
+                initial_cluster_state: crate::rejoin::ClusterState::New,
+                founding_grace_ms: 0,
+                joining: false,
+                token_floor: 0,
+                founding_level: fencelock_types::LEVEL,
+            },
         }
     }
 
     /// The lock-delay for `key`: the rule of its longest matching prefix.
     pub fn lock_delay(&self, key: &[u8]) -> Option<LeaseMs> {
-        fencelock_types::lock_delay_for(&self.lock_delays, key)
+        fencelock_types::lock_delay_for(&self.leases.lock_delays, key)
     }
 
     /// Checks the lease bounds against the election timeout, given the
@@ -165,12 +199,12 @@ impl Config {
     /// twice the longest election timeout.
     pub fn validate_timing(&self, tick_ms: u64) -> Result<(), ConfigError> {
         self.validate()?;
-        let election_ticks_max = self.election_ticks_max.unwrap_or(2 * self.election_ticks) as u64;
+        let election_ticks_max = self.raft.election_ticks_max.unwrap_or(2 * self.raft.election_ticks) as u64;
         let election_timeout_ms = election_ticks_max.saturating_mul(tick_ms);
-        if self.lease_ms_min < 2 * election_timeout_ms {
+        if self.leases.lease_min_ms < 2 * election_timeout_ms {
             return Err(ConfigError(format!(
-                "lease_ms_min ({} ms) must be at least twice the longest election timeout ({election_timeout_ms} ms)",
-                self.lease_ms_min
+                "lease_min_ms ({} ms) must be at least twice the longest election timeout ({election_timeout_ms} ms)",
+                self.leases.lease_min_ms
             )));
         }
         Ok(())
@@ -182,7 +216,7 @@ impl Config {
         if self.id.0 == 0 {
             return invalid("node id 0 is reserved".into());
         }
-        if !self.joining && !self.voters.contains(&self.id) {
+        if !self.founding.joining && !self.voters.contains(&self.id) {
             return invalid(format!("node {} is not among the voters {:?}", self.id.0, self.voters));
         }
         let mut voters = self.voters.clone();
@@ -191,40 +225,40 @@ impl Config {
         if voters.len() != self.voters.len() || voters.contains(&NodeId(0)) {
             return invalid("voters must be distinct and non-zero".into());
         }
-        if self.heartbeat_ticks == 0 || self.election_ticks <= self.heartbeat_ticks {
+        if self.raft.heartbeat_ticks == 0 || self.raft.election_ticks <= self.raft.heartbeat_ticks {
             return invalid("election_ticks must be greater than heartbeat_ticks > 0".into());
         }
-        if self.election_ticks_max.is_some_and(|max| max <= self.election_ticks) {
+        if self.raft.election_ticks_max.is_some_and(|max| max <= self.raft.election_ticks) {
             return invalid("election_ticks_max must be greater than election_ticks".into());
         }
-        if self.snapshot_interval_entries == 0 {
+        if self.raft.snapshot_interval_entries == 0 {
             return invalid("snapshot_interval_entries must be positive".into());
         }
         let counts = [
-            ("max_pending_requests", self.pending_requests_max),
-            ("max_pending_acquires", self.pending_acquires_max),
-            ("max_waiters_per_key", self.waiters_per_key_max),
-            ("internal_pending_max", self.internal_pending_max),
-            ("entry_commands_max", self.entry_commands_max),
-            ("max_locks", self.locks_max),
-            ("max_locks_per_owner", self.locks_per_identity_max),
-            ("max_watches", self.watches_max),
-            ("watch_history_bytes", self.watch_history_bytes_max),
-            ("max_watches_per_connection", self.watches_per_connection_max),
+            ("max_pending_requests", self.limits.pending_requests_max),
+            ("max_pending_acquires", self.limits.pending_acquires_max),
+            ("max_waiters_per_key", self.limits.waiters_per_key_max),
+            ("internal_pending_max", self.limits.internal_pending_max),
+            ("entry_commands_max", self.limits.entry_commands_max),
+            ("max_locks", self.limits.locks_max),
+            ("max_locks_per_owner", self.limits.locks_per_identity_max),
+            ("max_watches", self.limits.watches_max),
+            ("watch_history_bytes", self.limits.watch_history_bytes_max),
+            ("max_watches_per_connection", self.limits.watches_per_connection_max),
         ];
         if let Some((name, _)) = counts.iter().find(|(_, value)| *value == 0) {
             return invalid(format!("{name} must be positive"));
         }
-        if self.lease_ms_min == 0 || self.lease_ms_min > self.lease_ms_max {
+        if self.leases.lease_min_ms == 0 || self.leases.lease_min_ms > self.leases.lease_max_ms {
             return invalid(format!(
-                "lease bounds must satisfy 0 < lease_ms_min <= lease_ms_max (got {} and {})",
-                self.lease_ms_min, self.lease_ms_max
+                "lease bounds must satisfy 0 < lease_min_ms <= lease_max_ms (got {} and {})",
+                self.leases.lease_min_ms, self.leases.lease_max_ms
             ));
         }
-        if self.lease_ms_max > fencelock_types::LEASE_MS_MAX {
-            return invalid(format!("lease_ms_max is over {} ms", fencelock_types::LEASE_MS_MAX));
+        if self.leases.lease_max_ms > fencelock_types::LEASE_MS_MAX {
+            return invalid(format!("lease_max_ms is over {} ms", fencelock_types::LEASE_MS_MAX));
         }
-        if self.expiry_scan_interval_ms == 0 {
+        if self.leases.expiry_scan_interval_ms == 0 {
             return invalid("expiry_scan_interval_ms must be positive".into());
         }
         Ok(())

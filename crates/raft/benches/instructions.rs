@@ -57,8 +57,8 @@ fn main() {
             let mut config = Config::new(NodeId(id), voters.clone());
             // Node 1 times out first and leads; the others never campaign.
             if id != 1 {
-                config.election_ticks = 1_000;
-                config.election_ticks_max = Some(1_001);
+                config.raft.election_ticks = 1_000;
+                config.raft.election_ticks_max = Some(1_001);
             }
             Replica::open(config, store.recover().expect("an empty store recovers"), &logger)
                 .expect("a replica opens")

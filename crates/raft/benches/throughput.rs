@@ -26,7 +26,7 @@ fn main() {
     // nothing useful either way, so a bare run measures.
     let seconds = env_or("FENCELOCK_BENCH_SECS", 5);
     let proposers = env_or("FENCELOCK_BENCH_PROPOSERS", 256);
-    let cluster = Cluster::start_with(3, |config| config.snapshot_interval_entries = 50_000);
+    let cluster = Cluster::start_with(3, |config| config.raft.snapshot_interval_entries = 50_000);
     let leader = cluster.leader();
     let commands = AtomicU64::new(0);
     let stop = AtomicBool::new(false);

@@ -479,18 +479,18 @@ impl ServerConfig {
 
         let voters = peers.keys().map(|id| NodeId(*id)).collect();
         let mut driver = DriverConfig::new(NodeId(id), voters);
-        driver.initial_cluster_state = match initial_cluster_state {
+        driver.founding.initial_cluster_state = match initial_cluster_state {
             InitialClusterState::New => ClusterState::New,
             InitialClusterState::Existing => ClusterState::Existing,
         };
         // A node alone in its --peers listens this long before it founds:
         // a running cluster that added it (member add) reconnects within a
         // second (the peers' reconnection backoff) and says so.
-        driver.founding_grace_ms = FOUNDING_GRACE_MS;
-        driver.election_ticks = (election_ms / tick_ms) as usize;
-        driver.heartbeat_ticks = (heartbeat_ms / tick_ms) as usize;
-        driver.lease_ms_min = lease_min_ms;
-        driver.lease_ms_max = lease_max_ms;
+        driver.founding.founding_grace_ms = FOUNDING_GRACE_MS;
+        driver.raft.election_ticks = (election_ms / tick_ms) as usize;
+        driver.raft.heartbeat_ticks = (heartbeat_ms / tick_ms) as usize;
+        driver.leases.lease_min_ms = lease_min_ms;
+        driver.leases.lease_max_ms = lease_max_ms;
         let delay_rules = if flags.lock_delay.is_empty() {
             let mut rules = Vec::new();
             for (prefix, setting) in file.lock_delay.unwrap_or_default() {
@@ -501,22 +501,34 @@ impl ServerConfig {
         } else {
             flags.lock_delay.clone()
         };
-        driver.lock_delays = lock_delays(delay_rules, lease_max_ms)?;
+        driver.leases.lock_delays = lock_delays(delay_rules, lease_max_ms)?;
         if let Some(entries) = flags.snapshot_interval_entries.or(file.snapshot_interval_entries) {
-            driver.snapshot_interval_entries = entries;
+            driver.raft.snapshot_interval_entries = entries;
         }
         let counts = [
-            (flags.max_pending_requests.or(file.max_pending_requests), &mut driver.pending_requests_max),
-            (flags.max_pending_acquires.or(file.max_pending_acquires), &mut driver.pending_acquires_max),
-            (flags.max_waiters_per_key.or(file.max_waiters_per_key), &mut driver.waiters_per_key_max),
-            (flags.max_watches.or(file.max_watches), &mut driver.watches_max),
+            (
+                flags.max_pending_requests.or(file.max_pending_requests),
+                &mut driver.limits.pending_requests_max,
+            ),
+            (
+                flags.max_pending_acquires.or(file.max_pending_acquires),
+                &mut driver.limits.pending_acquires_max,
+            ),
+            (flags.max_waiters_per_key.or(file.max_waiters_per_key), &mut driver.limits.waiters_per_key_max),
+            (flags.max_watches.or(file.max_watches), &mut driver.limits.watches_max),
             (
                 flags.max_watches_per_connection.or(file.max_watches_per_connection),
-                &mut driver.watches_per_connection_max,
+                &mut driver.limits.watches_per_connection_max,
             ),
-            (flags.watch_history_bytes.or(file.watch_history_bytes), &mut driver.watch_history_bytes_max),
-            (flags.max_locks.or(file.max_locks), &mut driver.locks_max),
-            (flags.max_locks_per_owner.or(file.max_locks_per_owner), &mut driver.locks_per_identity_max),
+            (
+                flags.watch_history_bytes.or(file.watch_history_bytes),
+                &mut driver.limits.watch_history_bytes_max,
+            ),
+            (flags.max_locks.or(file.max_locks), &mut driver.limits.locks_max),
+            (
+                flags.max_locks_per_owner.or(file.max_locks_per_owner),
+                &mut driver.limits.locks_per_identity_max,
+            ),
         ];
         for (value, field) in counts {
             if let Some(value) = value {
@@ -666,7 +678,7 @@ impl ServerConfig {
         put("client_addr", text(self.client_addr.to_string()));
         put("advertise_client_addr", text(self.advertise_client_addr.clone()));
         put("advertise_peer_addr", text(self.advertise_peer_addr.clone()));
-        let state = match driver.initial_cluster_state {
+        let state = match driver.founding.initial_cluster_state {
             ClusterState::New => "new",
             ClusterState::Existing => "existing",
         };
@@ -685,12 +697,13 @@ impl ServerConfig {
         };
         put("log_level", text(level.to_owned()));
         put("tick_ms", text(human_ms(tick_ms)));
-        put("election_ms", text(ticks(driver.election_ticks)));
-        put("heartbeat_ms", text(ticks(driver.heartbeat_ticks)));
-        put("lease_min_ms", text(human_ms(driver.lease_ms_min)));
-        put("lease_max_ms", text(human_ms(driver.lease_ms_max)));
+        put("election_ms", text(ticks(driver.raft.election_ticks)));
+        put("heartbeat_ms", text(ticks(driver.raft.heartbeat_ticks)));
+        put("lease_min_ms", text(human_ms(driver.leases.lease_min_ms)));
+        put("lease_max_ms", text(human_ms(driver.leases.lease_max_ms)));
         put("wait_max_ms", text(human_ms(self.wait_max_ms)));
         let delays: Table = driver
+            .leases
             .lock_delays
             .iter()
             .map(|(prefix, delay)| {
@@ -698,15 +711,15 @@ impl ServerConfig {
             })
             .collect();
         put("lock_delay", Value::Table(delays));
-        put("snapshot_interval_entries", number(driver.snapshot_interval_entries));
-        put("max_pending_requests", count(driver.pending_requests_max));
-        put("max_pending_acquires", count(driver.pending_acquires_max));
-        put("max_waiters_per_key", count(driver.waiters_per_key_max));
-        put("max_watches", count(driver.watches_max));
-        put("max_watches_per_connection", count(driver.watches_per_connection_max));
-        put("watch_history_bytes", count(driver.watch_history_bytes_max));
-        put("max_locks", count(driver.locks_max));
-        put("max_locks_per_owner", count(driver.locks_per_identity_max));
+        put("snapshot_interval_entries", number(driver.raft.snapshot_interval_entries));
+        put("max_pending_requests", count(driver.limits.pending_requests_max));
+        put("max_pending_acquires", count(driver.limits.pending_acquires_max));
+        put("max_waiters_per_key", count(driver.limits.waiters_per_key_max));
+        put("max_watches", count(driver.limits.watches_max));
+        put("max_watches_per_connection", count(driver.limits.watches_per_connection_max));
+        put("watch_history_bytes", count(driver.limits.watch_history_bytes_max));
+        put("max_locks", count(driver.limits.locks_max));
+        put("max_locks_per_owner", count(driver.limits.locks_per_identity_max));
         put("max_connections", count(self.max_connections));
         put("max_connections_per_address", count(self.max_connections_per_address));
         let idle = self.idle_timeout.map_or(0, |idle| u64::try_from(idle.as_millis()).unwrap_or(u64::MAX));
@@ -868,8 +881,8 @@ mod tests {
         let error = parse_ms("fast").unwrap_err();
         assert!(error.contains("`fast` is not a duration"), "{error}");
         let config = ServerConfig::load(&flags(&["--election-ms", "1s", "--lease-min-ms", "4s"])).unwrap();
-        assert_eq!(config.driver.election_ticks, 20);
-        assert_eq!(config.driver.lease_ms_min, 4_000);
+        assert_eq!(config.driver.raft.election_ticks, 20);
+        assert_eq!(config.driver.leases.lease_min_ms, 4_000);
         assert!(Flags::try_parse_from(["fencelockd", "--tick-ms", "soon"]).is_err());
 
         let dir = tempfile::tempdir().unwrap();
@@ -877,7 +890,7 @@ mod tests {
         std::fs::write(&path, "tick_ms = 20\nelection_ms = \"200ms\"\nwait_max_ms = \"1m\"\n").unwrap();
         let config = ServerConfig::load(&flags(&["--config", path.to_str().unwrap()])).unwrap();
         assert_eq!(
-            (config.tick, config.driver.election_ticks, config.wait_max_ms),
+            (config.tick, config.driver.raft.election_ticks, config.wait_max_ms),
             (Duration::from_millis(20), 10, 60_000)
         );
         std::fs::write(&path, "election_ms = \"soon\"\n").unwrap();
@@ -1010,15 +1023,18 @@ mod tests {
         let config = ServerConfig::load(&flags(&["--config", path.to_str().unwrap(), "--id", "1"])).unwrap();
         assert_eq!(config.id, 1);
         assert_eq!(config.peers.len(), 2);
-        assert_eq!(config.driver.election_ticks, 10);
+        assert_eq!(config.driver.raft.election_ticks, 10);
         assert_eq!(config.tick, Duration::from_millis(20));
         assert_eq!(config.metrics_addr, None);
-        assert_eq!((config.driver.locks_max, config.driver.locks_per_identity_max), (1_000_000, 100_000));
+        assert_eq!(
+            (config.driver.limits.locks_max, config.driver.limits.locks_per_identity_max),
+            (1_000_000, 100_000)
+        );
         std::fs::write(&path, "max_locks = 10\nmax_locks_per_owner = 3\nmax_pending_acquires = 7\n").unwrap();
         let config =
             ServerConfig::load(&flags(&["--config", path.to_str().unwrap(), "--max-locks", "20"])).unwrap();
-        assert_eq!((config.driver.locks_max, config.driver.locks_per_identity_max), (20, 3));
-        assert_eq!(config.driver.pending_acquires_max, 7);
+        assert_eq!((config.driver.limits.locks_max, config.driver.limits.locks_per_identity_max), (20, 3));
+        assert_eq!(config.driver.limits.pending_acquires_max, 7);
         std::fs::write(&path, "metrics_addr = \"127.0.0.1:9100\"\n").unwrap();
         let config = ServerConfig::load(&flags(&["--config", path.to_str().unwrap()])).unwrap();
         assert_eq!(config.metrics_addr, Some("127.0.0.1:9100".parse().unwrap()));
@@ -1102,12 +1118,12 @@ mod tests {
         assert!(config.peer_listen_addr.ip().is_loopback() && config.peer_listen_addr.port() == 7002);
         assert_eq!(config.advertise_peer_addr, "localhost:7002");
         assert_eq!(config.advertise_client_addr, "127.0.0.1:7101");
-        assert_eq!(config.driver.initial_cluster_state, ClusterState::New);
+        assert_eq!(config.driver.founding.initial_cluster_state, ClusterState::New);
         let args = ["--client-addr", "localhost:7201", "--initial-cluster-state", "existing"];
         let config = ServerConfig::load(&flags(&args)).unwrap();
         assert_eq!(config.advertise_client_addr, "localhost:7201");
         assert!(config.client_addr.ip().is_loopback());
-        assert_eq!(config.driver.initial_cluster_state, ClusterState::Existing);
+        assert_eq!(config.driver.founding.initial_cluster_state, ClusterState::Existing);
         let args = ["--advertise-peer-addr", "[::1]:7001", "--advertise-client-addr", "lb.example:443"];
         let config = ServerConfig::load(&flags(&args)).unwrap();
         assert_eq!(
@@ -1122,7 +1138,7 @@ mod tests {
         let config = ServerConfig::load(&flags(&["--config", path.to_str().unwrap()])).unwrap();
         assert_eq!(config.peers.len(), 2);
         assert_eq!(config.peers[&1], "localhost:7001");
-        assert_eq!(config.driver.initial_cluster_state, ClusterState::Existing);
+        assert_eq!(config.driver.founding.initial_cluster_state, ClusterState::Existing);
         std::fs::write(&path, "[peers]\nfirst = \"localhost:7001\"\n").unwrap();
         let err = ServerConfig::load(&flags(&["--config", path.to_str().unwrap()])).unwrap_err();
         assert!(format!("{err:#}").contains("not a number"), "{err:#}");

@@ -467,20 +467,20 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
     // of a cluster without one.
     let mut driver_config = config.driver.clone();
     if joining || rejoining {
-        driver_config.joining = joining;
+        driver_config.founding.joining = joining;
         driver_config.voters = peers.keys().map(|id| NodeId(*id)).collect();
     }
     if rejoining {
-        driver_config.initial_cluster_state = fencelock_raft::rejoin::ClusterState::Existing;
+        driver_config.founding.initial_cluster_state = fencelock_raft::rejoin::ClusterState::Existing;
     }
     let mut cluster_id = [0; fencelock_types::CLUSTER_ID_LEN];
     getrandom::getrandom(&mut cluster_id)
         .context("cannot draw a cluster id from the system's random source")?;
-    driver_config.cluster_id = fencelock_types::ClusterId::new(cluster_id);
+    driver_config.founding.cluster_id = fencelock_types::ClusterId::new(cluster_id);
     // And the token floor it would found it with: its wall clock, so that
     // a cluster re-created from nothing issues tokens above its old ones
     // (docs/leases.md).
-    driver_config.token_floor = std::time::SystemTime::now()
+    driver_config.founding.token_floor = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |since| u64::try_from(since.as_micros()).unwrap_or(u64::MAX));
     let node_config = NodeConfig {

@@ -280,8 +280,8 @@ impl World {
             LEVEL,
             &mut operator.rng,
         );
-        added.config.joining = true;
-        added.config.initial_cluster_state = ClusterState::Existing;
+        added.config.founding.joining = true;
+        added.config.founding.initial_cluster_state = ClusterState::Existing;
         added.awaiting_add = true;
         added.join_when_blank = true;
         self.nodes.push(added);
@@ -572,7 +572,7 @@ impl World {
         }
         if !self.nodes[node].join_when_blank {
             if self.formed {
-                self.nodes[node].config.initial_cluster_state = ClusterState::Existing;
+                self.nodes[node].config.founding.initial_cluster_state = ClusterState::Existing;
             }
             return Rejoin::Start;
         }
@@ -586,8 +586,8 @@ impl World {
         };
         let config = &mut self.nodes[node].config;
         config.voters = members.iter().map(|(member, _)| NodeId(*member as u64 + 1)).collect();
-        config.joining = !voter;
-        config.initial_cluster_state = ClusterState::Existing;
+        config.founding.joining = !voter;
+        config.founding.initial_cluster_state = ClusterState::Existing;
         Rejoin::Start
     }
 

@@ -174,22 +174,22 @@ impl SimNode {
         rng: &mut Rng,
     ) -> SimNode {
         let mut driver = Config::new(id, voters);
-        driver.election_ticks = ELECTION_TICKS_MIN;
-        driver.election_ticks_max = Some(ELECTION_TICKS_MAX);
-        driver.heartbeat_ticks = 2;
-        driver.founding_level = config.founding_level;
-        driver.snapshot_interval_entries = rng.pick(&[20, 100, 1_000]);
-        driver.lease_ms_min = 500;
-        driver.lease_ms_max = 60_000;
-        driver.expiry_scan_interval_ms = 10;
+        driver.raft.election_ticks = ELECTION_TICKS_MIN;
+        driver.raft.election_ticks_max = Some(ELECTION_TICKS_MAX);
+        driver.raft.heartbeat_ticks = 2;
+        driver.founding.founding_level = config.founding_level;
+        driver.raft.snapshot_interval_entries = rng.pick(&[20, 100, 1_000]);
+        driver.leases.lease_min_ms = 500;
+        driver.leases.lease_max_ms = 60_000;
+        driver.leases.expiry_scan_interval_ms = 10;
         // Lock-delay on one of the workload's plain keys and on the
         // shared ones (taken from no random draw, so that seeds keep
         // their runs otherwise).
         let delay_ms = LeaseMs::new(400).expect("a valid delay");
-        driver.lock_delays = vec![(b"k1".to_vec(), delay_ms), (shared::PREFIX.to_vec(), delay_ms)];
+        driver.leases.lock_delays = vec![(b"k1".to_vec(), delay_ms), (shared::PREFIX.to_vec(), delay_ms)];
         // Half the nodes would found the cluster with a token floor
         // (fencelockd's is its wall clock in microseconds).
-        driver.token_floor = if rng.chance(500_000) { rng.range(1, 1 << 50) } else { 0 };
+        driver.founding.token_floor = if rng.chance(500_000) { rng.range(1, 1 << 50) } else { 0 };
         let drift_bound = swarm.drift_ppm_max as i64;
         let drift_ppm = rng.range(0, 2 * drift_bound as u64 + 1) as i64 - drift_bound;
         let asynchronous = rng.chance(500_000);
@@ -552,7 +552,7 @@ impl World {
         // that lost it before any election can still found the cluster:
         // `existing` never founds).
         if self.formed {
-            self.nodes[node].config.initial_cluster_state = ClusterState::Existing;
+            self.nodes[node].config.founding.initial_cluster_state = ClusterState::Existing;
         }
         let config = NodeConfig {
             driver: self.nodes[node].config.clone(),

@@ -106,11 +106,14 @@ impl Cluster {
         let mut config = Config::new(NodeId(id), voters);
         // 200 to 400 ms: short enough for quick tests, long enough that a
         // loaded two-core machine does not see spurious elections.
-        config.election_ticks = 20;
-        config.heartbeat_ticks = 2;
+        config.raft.election_ticks = 20;
+        config.raft.heartbeat_ticks = 2;
         // Manual clocks stand still between a test's steps: scan at every
         // millisecond they move, so that deadlines are exact.
-        config.expiry_scan_interval_ms = 1;
+        config.leases.expiry_scan_interval_ms = 1;
+        // 1 s leases, twice the longest election timeout above (the default
+        // shortest, fencelockd's 2 s, is for its 500 ms elections).
+        config.leases.lease_min_ms = 1_000;
         (self.tune)(&mut config);
         let mut store = EngineStore::open(self.dirs[idx(id)].path()).expect("open raft-engine");
         if store.is_blank().expect("read raft-engine") {

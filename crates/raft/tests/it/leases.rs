@@ -225,8 +225,8 @@ fn waiters_are_granted_in_arrival_order_and_a_timed_out_waiter_is_skipped() {
 #[test]
 fn leases_outside_the_configured_bounds_are_refused() {
     let cluster = Cluster::start_with(1, |config| {
-        config.lease_ms_min = 2_000;
-        config.lease_ms_max = 60_000;
+        config.leases.lease_min_ms = 2_000;
+        config.leases.lease_max_ms = 60_000;
     });
     let leader = cluster.leader();
     for lease_ms in [1_999, 60_001] {

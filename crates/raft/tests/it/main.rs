@@ -152,7 +152,7 @@ fn a_crash_of_every_node_loses_no_acknowledged_grant_and_reuses_no_token() {
 
 #[test]
 fn a_follower_far_behind_a_compacted_log_catches_up_by_snapshot() {
-    let mut cluster = Cluster::start_with(3, |config| config.snapshot_interval_entries = 16);
+    let mut cluster = Cluster::start_with(3, |config| config.raft.snapshot_interval_entries = 16);
     cluster.grant("first", "o1");
     let leader = cluster.leader();
     let lagging = (1..=3).find(|id| *id != leader).unwrap();
