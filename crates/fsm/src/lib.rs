@@ -1095,4 +1095,6 @@ enum SharedCommand<'a> {
 }
 
 #[cfg(test)]
+mod change_tests;
+#[cfg(test)]
 mod tests;
