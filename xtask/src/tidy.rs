@@ -71,7 +71,6 @@ const KNOWN_CYCLES: &[(&str, &[&str])] = &[
     ("client", &["client", "guard", "local", "renewer", "session", "watch"]),
     ("client-async", &["client", "guard", "session", "watch"]),
     ("net", &["client", "node"]),
-    ("server", &["backup", "handler"]),
     ("sim", &["clients", "faults", "membership", "upgrade", "world"]),
 ];
 

@@ -26,7 +26,7 @@ use fencelock_types::client_pb::{self as proto, ErrorCode, Response_oneof_kind a
 use fencelock_types::FencingToken;
 use slog::{info, warn, Logger};
 
-use crate::handler::error_to_response;
+use crate::errors::error_to_response;
 
 /// The most bytes one chunk carries: well below the client's frame limit
 /// (16 MiB), and small enough not to hold the loop while it is written.

@@ -20,6 +20,7 @@ use fencelock_types::{ApplyResult, Command, FencingToken, InvalidReason, Key, Le
 
 use crate::access::{Access, Right};
 use crate::backup::Backups;
+use crate::errors::error_to_response;
 
 /// The most locks one list answers.
 const LIST_LIMIT_MAX: u32 = 10_000;
@@ -1131,40 +1132,6 @@ fn host_port(addr: &str) -> Result<(), String> {
         (true, true) => Ok(()),
         _ => Err("not HOST:PORT (a host name or IP address, and a port from 1 to 65535)".into()),
     }
-}
-
-/// The stable error code for each driver error.
-pub fn error_to_response(
-    id: u64,
-    err: &RequestError,
-    leader_addr: impl Fn(Option<NodeId>) -> Option<String>,
-) -> proto::Response {
-    let code = match err {
-        RequestError::NotLeader { .. } => ErrorCode::NOT_LEADER,
-        RequestError::LeadershipLost { .. } => ErrorCode::TIMEOUT,
-        RequestError::Dropped | RequestError::Overloaded | RequestError::Stopped => ErrorCode::UNAVAILABLE,
-        RequestError::LeaseOutOfBounds { .. } | RequestError::BadMemberChange(_) => {
-            ErrorCode::INVALID_ARGUMENT
-        }
-        RequestError::MemberChangeBusy(_)
-        | RequestError::TransferFailed(_)
-        | RequestError::LevelNotReached { .. } => ErrorCode::UNAVAILABLE,
-        RequestError::TooManyWaiters { .. }
-        | RequestError::TooManyWatches { .. }
-        | RequestError::QuotaExceeded(_) => ErrorCode::RESOURCE_EXHAUSTED,
-        RequestError::Held { .. }
-        | RequestError::Delayed { .. }
-        | RequestError::WaitTimedOut { .. }
-        | RequestError::Internal(_) => ErrorCode::INTERNAL,
-    };
-    let mut response = error_response(id, code, err.to_string());
-    if let RequestError::NotLeader { leader_hint } = err {
-        if let Some(error) = response.error.as_mut() {
-            error.leader_id = leader_hint.map_or(0, |leader| leader.0);
-            error.leader_addr = leader_addr(*leader_hint).unwrap_or_default();
-        }
-    }
-    response
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@
 mod access;
 mod backup;
 mod config;
+mod errors;
 mod handler;
 mod join;
 mod metrics;
