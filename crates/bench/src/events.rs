@@ -31,7 +31,7 @@ use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 
 use crate::order::GrantRecord;
-use crate::workloads::{Shared, Tally, ERROR_PAUSE, MEASURE, STOP};
+use crate::tally::{Shared, Tally, ERROR_PAUSE, MEASURE, STOP};
 
 /// The largest response frame taken: lock answers are tiny.
 const FRAME_BYTES_MAX: usize = 1 << 20;

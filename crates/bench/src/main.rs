@@ -24,6 +24,7 @@ mod events;
 mod fsync;
 mod order;
 mod report;
+mod tally;
 mod tls;
 mod wakeup;
 mod workloads;

@@ -19,18 +19,15 @@
 use std::collections::BTreeMap;
 use std::net::ToSocketAddrs;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use fencelock_client::{Client, ClientError, NodeStatus};
-use hdrhistogram::Histogram;
+use fencelock_client::{Client, NodeStatus};
 
 use crate::events::{self, EventRun};
 use crate::order::{self, GrantRecord};
-use crate::report::{
-    new_histogram, rate, record, seconds, HotKeyReport, LatencySummary, ReadyReport, RenewReport, RunReport,
-};
+use crate::report::{rate, seconds, HotKeyReport, LatencySummary, ReadyReport, RenewReport, RunReport};
+use crate::tally::{Shared, Tally, ERROR_PAUSE, MEASURE, STOP};
 
 /// What a run is asked to do; see the flags in `main.rs`.
 #[derive(Clone, Debug)]
@@ -84,86 +81,9 @@ impl Workload {
 /// The locks one client holds, as `(key, token)`: what a renew request names.
 type Held = Vec<(Vec<u8>, u64)>;
 
-/// Threads check this between requests.
-const WARMUP: u8 = 0;
-pub(crate) const MEASURE: u8 = 1;
-pub(crate) const STOP: u8 = 2;
-
-/// The pause after a failed request, so that a cluster in trouble is not
-/// hammered (the client has already retried within its own budget).
-pub(crate) const ERROR_PAUSE: Duration = Duration::from_millis(10);
-
 /// Client threads per client in the renew workload's setup and cleanup:
 /// enough requests in flight to take 10,000 locks in a few seconds.
 const SETUP_THREADS_PER_CLIENT: usize = 4;
-
-/// What the client threads share: the phase, and the clock's origin for
-/// grant records.
-pub(crate) struct Shared {
-    phase: AtomicU8,
-    origin: Instant,
-}
-
-impl Shared {
-    pub(crate) fn new() -> Shared {
-        Shared { phase: AtomicU8::new(WARMUP), origin: Instant::now() }
-    }
-
-    pub(crate) fn set_phase(&self, phase: u8) {
-        self.phase.store(phase, Ordering::Relaxed);
-    }
-
-    pub(crate) fn phase(&self) -> u8 {
-        self.phase.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn nanos(&self, at: Instant) -> u64 {
-        u64::try_from(at.duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX)
-    }
-}
-
-/// One thread's counts, merged into the run's at the end.
-#[derive(Debug, Default)]
-pub(crate) struct Tally {
-    pub(crate) cycles: u64,
-    latency: BTreeMap<&'static str, Histogram<u64>>,
-    pub(crate) errors: BTreeMap<String, u64>,
-    pub(crate) grants: Vec<GrantRecord>,
-    locks_renewed: u64,
-    not_renewed: u64,
-}
-
-impl Tally {
-    pub(crate) fn time(&mut self, kind: &'static str, elapsed: Duration) {
-        record(self.latency.entry(kind).or_insert_with(new_histogram), elapsed);
-    }
-
-    fn error(&mut self, request: &str, error: &ClientError) {
-        self.count(format!("{request}:{}", error.code()));
-    }
-
-    pub(crate) fn count(&mut self, what: String) {
-        *self.errors.entry(what).or_default() += 1;
-    }
-
-    fn merge(&mut self, other: Tally) -> Result<()> {
-        self.cycles += other.cycles;
-        self.locks_renewed += other.locks_renewed;
-        self.not_renewed += other.not_renewed;
-        for (kind, histogram) in other.latency {
-            self.latency
-                .entry(kind)
-                .or_insert_with(new_histogram)
-                .add(&histogram)
-                .map_err(|err| anyhow!("cannot merge {kind} histograms: {err:?}"))?;
-        }
-        for (what, count) in other.errors {
-            *self.errors.entry(what).or_default() += count;
-        }
-        self.grants.extend(other.grants);
-        Ok(())
-    }
-}
 
 /// The leader every endpoint agrees on.
 #[derive(Clone, Debug, PartialEq, Eq)]
