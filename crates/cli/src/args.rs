@@ -1,5 +1,6 @@
 //! The command line: global options and subcommands, parsed by clap.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -109,14 +110,14 @@ pub enum Command {
     /// Back up the lock table: `snapshot save FILE` (restore with
     /// `fencelockd --restore FILE`).
     #[command(subcommand)]
-    Snapshot(crate::snapshot::SnapshotCommand),
+    Snapshot(SnapshotCommand),
     /// The cluster's members: `member list`, `member add ID PEER_ADDR
     /// CLIENT_ADDR`, `member remove ID`, `member promote ID`.
     #[command(subcommand)]
-    Member(crate::members::MemberCommand),
+    Member(MemberCommand),
     /// Leadership: `leader transfer ID`.
     #[command(subcommand)]
-    Leader(crate::members::LeaderCommand),
+    Leader(LeaderCommand),
     /// Run CMD while this process leads election NAME: campaign (FIFO,
     /// waiting as long as it takes, or --wait), run, keep the lead renewed,
     /// resign when CMD ends.
@@ -528,6 +529,70 @@ fn is_host_name(host: &str) -> bool {
                 && !label.ends_with('-')
                 && label.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'-')
         })
+}
+
+// `fencelock member`, `leader` and `snapshot` (run in members.rs and
+// snapshot.rs).
+
+#[derive(Debug, Subcommand)]
+pub enum MemberCommand {
+    /// List the members: id, role (voter or learner), peer and client
+    /// addresses. With --json: {"members": [...], "index": N}.
+    List,
+    /// Add node ID as a learner: it takes the log but does not vote until
+    /// promoted. Start it with `fencelockd --id ID --join ENDPOINTS`, which
+    /// also adds it (this command is for adding it ahead).
+    Add(AddArgs),
+    /// Remove node ID, voter or learner. Removing the leader hands
+    /// leadership over first. The removed node stops (exit code 3).
+    Remove(IdArg),
+    /// Make learner ID a voter, once it has caught up (retried until then,
+    /// within --retry-for).
+    Promote(IdArg),
+}
+
+#[derive(Debug, Args)]
+pub struct AddArgs {
+    /// The new node's id (never reuse a removed node's).
+    pub id: u64,
+    /// HOST:PORT where peers reach it.
+    pub peer_addr: String,
+    /// HOST:PORT where clients reach it.
+    pub client_addr: String,
+}
+
+#[derive(Debug, Args)]
+pub struct IdArg {
+    /// The node's id.
+    pub id: u64,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LeaderCommand {
+    /// Hand leadership to voter ID; prints the new leader once it leads.
+    Transfer(IdArg),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// Save a consistent copy of the lock table, with its token counter,
+    /// from the leader to FILE: every lock acknowledged before the command
+    /// started is in it. `fencelockd --restore FILE` starts a new cluster
+    /// from it.
+    ///
+    /// Prints `saved FILE: N locks, last token T, index I, B bytes`
+    /// (with --json: one object with file, locks, last_token, index and
+    /// bytes). FILE is written whole or not at all.
+    Save(SaveArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SaveArgs {
+    /// Where to write the backup.
+    pub file: PathBuf,
+    /// Replace FILE if it exists.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[cfg(test)]

@@ -4,52 +4,12 @@
 //! applied is answered with the membership as it is.
 
 use anyhow::{Context, Result};
-use clap::{Args, Subcommand};
 use fencelock_client::Membership;
 use serde_json::json;
 
-use crate::args::Cli;
+use crate::args::{AddArgs, Cli, LeaderCommand, MemberCommand};
 use crate::commands::{connect, print_json};
 use crate::output::Exit;
-
-#[derive(Debug, Subcommand)]
-pub enum MemberCommand {
-    /// List the members: id, role (voter or learner), peer and client
-    /// addresses. With --json: {"members": [...], "index": N}.
-    List,
-    /// Add node ID as a learner: it takes the log but does not vote until
-    /// promoted. Start it with `fencelockd --id ID --join ENDPOINTS`, which
-    /// also adds it (this command is for adding it ahead).
-    Add(AddArgs),
-    /// Remove node ID, voter or learner. Removing the leader hands
-    /// leadership over first. The removed node stops (exit code 3).
-    Remove(IdArg),
-    /// Make learner ID a voter, once it has caught up (retried until then,
-    /// within --retry-for).
-    Promote(IdArg),
-}
-
-#[derive(Debug, Args)]
-pub struct AddArgs {
-    /// The new node's id (never reuse a removed node's).
-    pub id: u64,
-    /// HOST:PORT where peers reach it.
-    pub peer_addr: String,
-    /// HOST:PORT where clients reach it.
-    pub client_addr: String,
-}
-
-#[derive(Debug, Args)]
-pub struct IdArg {
-    /// The node's id.
-    pub id: u64,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum LeaderCommand {
-    /// Hand leadership to voter ID; prints the new leader once it leads.
-    Transfer(IdArg),
-}
 
 pub fn run(cli: &Cli, command: &MemberCommand) -> Result<Exit> {
     let client = connect(cli)?;

@@ -12,35 +12,12 @@ use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Subcommand};
 use fencelock_client::BackupInfo;
 use serde_json::json;
 
-use crate::args::Cli;
+use crate::args::{Cli, SaveArgs, SnapshotCommand};
 use crate::commands::{connect, print_json};
 use crate::output::Exit;
-
-#[derive(Debug, Subcommand)]
-pub enum SnapshotCommand {
-    /// Save a consistent copy of the lock table, with its token counter,
-    /// from the leader to FILE: every lock acknowledged before the command
-    /// started is in it. `fencelockd --restore FILE` starts a new cluster
-    /// from it.
-    ///
-    /// Prints `saved FILE: N locks, last token T, index I, B bytes`
-    /// (with --json: one object with file, locks, last_token, index and
-    /// bytes). FILE is written whole or not at all.
-    Save(SaveArgs),
-}
-
-#[derive(Debug, Args)]
-pub struct SaveArgs {
-    /// Where to write the backup.
-    pub file: PathBuf,
-    /// Replace FILE if it exists.
-    #[arg(long)]
-    pub force: bool,
-}
 
 pub fn run(cli: &Cli, command: &SnapshotCommand) -> Result<Exit> {
     match command {
