@@ -188,6 +188,14 @@ mod examples {
         (result, changes)
     }
 
+    fn open_session(table: &mut LockTable) -> FencingToken {
+        match apply_checked(table, Command::OpenSession { owner: owner("o"), ttl_ms: lease(1_000) }).unwrap()
+        {
+            ApplyResult::Granted { token, .. } => token,
+            other => panic!("{other:?}"),
+        }
+    }
+
     fn permit(table: &mut LockTable, name: &str) -> FencingToken {
         let grant = Command::GrantShared {
             key: key("sem"),
@@ -237,13 +245,7 @@ mod examples {
     #[test]
     fn an_expired_session_holds_back_the_key_a_rule_covers_expires_the_other_then_ends() {
         let mut table = LockTable::new();
-        let session =
-            match apply_checked(&mut table, Command::OpenSession { owner: owner("o"), ttl_ms: lease(1_000) })
-                .unwrap()
-            {
-                ApplyResult::Granted { token, .. } => token,
-                other => panic!("{other:?}"),
-            };
+        let session = open_session(&mut table);
         let mut tokens = Vec::new();
         for name in ["held/a", "free/b"] {
             let grant = Command::Grant {
@@ -280,13 +282,7 @@ mod examples {
     #[test]
     fn a_closed_session_releases_what_it_held_and_a_repeated_or_stale_expire_changes_nothing() {
         let mut table = LockTable::new();
-        let session =
-            match apply_checked(&mut table, Command::OpenSession { owner: owner("o"), ttl_ms: lease(1_000) })
-                .unwrap()
-            {
-                ApplyResult::Granted { token, .. } => token,
-                other => panic!("{other:?}"),
-            };
+        let session = open_session(&mut table);
         let grant = Command::Grant {
             key: key("k"),
             lease_ms: lease(1_000),
