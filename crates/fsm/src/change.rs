@@ -51,21 +51,3 @@ pub enum Change {
     /// holders' own change.
     SessionEnded { session: FencingToken, expired: bool },
 }
-
-impl Change {
-    /// The key a holder's change is of; none for a session's.
-    pub fn key(&self) -> Option<&Key> {
-        match self {
-            Change::Granted { key, .. }
-            | Change::Renewed { key, .. }
-            | Change::Released { key, .. }
-            | Change::Expired { key, .. }
-            | Change::Delayed { key, .. }
-            | Change::DelayLifted { key, .. }
-            | Change::Proclaimed { key, .. } => Some(key),
-            Change::SessionOpened { .. } | Change::SessionRenewed { .. } | Change::SessionEnded { .. } => {
-                None
-            }
-        }
-    }
-}

@@ -87,6 +87,25 @@ pub(crate) struct Snapshots {
     pub(crate) wanted: bool,
 }
 
+impl Consensus {
+    /// Proposes an entry (its context and data) as the leader, and numbers
+    /// it: its term and index, which rise (asserted here), and which
+    /// `Replica::applied_in_proposal_order` checks where it applies.
+    pub(crate) fn propose_numbered(&mut self, context: Vec<u8>, data: Vec<u8>) -> Result<(), String> {
+        self.raw.propose(context, data).map_err(|err| err.to_string())?;
+        // Appended at once: its index is the log's last.
+        let (term, index) = (self.raw.raft.term, self.raw.raft.raft_log.last_index());
+        if let Some(&(last_term, last_index)) = self.proposed.back() {
+            assert!(
+                (last_term, last_index) < (term, index),
+                "a leader's proposals are numbered in order: ({term}, {index}) after ({last_term}, {last_index})"
+            );
+        }
+        self.proposed.push_back((term, index));
+        Ok(())
+    }
+}
+
 /// The writes asked of the store, counted: the store reports them durable
 /// by count, in order.
 #[derive(Debug, Default)]

@@ -636,19 +636,7 @@ impl Replica {
             self.service.propose_expiries();
             let consensus = &mut self.consensus;
             let term = consensus.raw.raft.term;
-            let mut propose = |context, data| {
-                consensus.raw.propose(context, data).map_err(|err| err.to_string())?;
-                // Appended at once: its index is the log's last.
-                let index = consensus.raw.raft.raft_log.last_index();
-                if let Some(&(last_term, last_index)) = consensus.proposed.back() {
-                    assert!(
-                        (last_term, last_index) < (term, index),
-                        "a leader's proposals are numbered in order: ({term}, {index}) after ({last_term}, {last_index})"
-                    );
-                }
-                consensus.proposed.push_back((term, index));
-                Ok(())
-            };
+            let mut propose = |context, data| consensus.propose_numbered(context, data);
             let mut leader = batch::Proposer { id: self.id, term, propose: &mut propose };
             self.service.propose_ready_requests(&mut leader);
         }

@@ -12,7 +12,7 @@ use slog::Logger;
 
 use fencelock_fsm::{Change, LockTable, SharedDecision};
 use fencelock_lease::LeaseTracker;
-use fencelock_types::{ApplyResult, Command, FencingToken, Key, Value};
+use fencelock_types::{ApplyResult, Command, FencingToken, Key, Owner, Value};
 
 use super::{GrantRef, Stats};
 use crate::queue::{Pending, Requests};
@@ -464,7 +464,7 @@ impl LockService {
 
     /// Fans one change of the entry at `index` out. Lease deadlines are on
     /// this node's clock, from now; what a session holds has no lease of
-    /// its own here (its session's is in `session_leases`).
+    /// its own here (its session's is in `leases.sessions`).
     pub(crate) fn fan_out(
         &mut self,
         change: Change,
@@ -504,28 +504,12 @@ impl LockService {
             }
             Change::Released { key, token, shared, forced: _, owner, value } => {
                 self.out.stats.releases_applied += 1;
-                self.watches.record_parts(
-                    index,
-                    WatchKind::Released,
-                    token,
-                    key.as_bytes(),
-                    owner.as_bytes(),
-                    value.as_bytes(),
-                );
-                let key = self.forget_holder(key, token, shared);
+                let key = self.holder_gone(index, WatchKind::Released, key, token, shared, &owner, &value);
                 AppliedEvent::Released { key, token }
             }
             Change::Expired { key, token, shared, owner, value } => {
                 self.out.stats.expiries_applied += 1;
-                self.watches.record_parts(
-                    index,
-                    WatchKind::Expired,
-                    token,
-                    key.as_bytes(),
-                    owner.as_bytes(),
-                    value.as_bytes(),
-                );
-                let key = self.forget_holder(key, token, shared);
+                let key = self.holder_gone(index, WatchKind::Expired, key, token, shared, &owner, &value);
                 AppliedEvent::Expired { key, token, proposer }
             }
             Change::Delayed { key, token, shared, delay_ms } => {
@@ -543,15 +527,7 @@ impl LockService {
                 AppliedEvent::Delayed { key, token, delay_ms, proposer }
             }
             Change::DelayLifted { key, token, shared, forced, owner, value } => {
-                self.watches.record_parts(
-                    index,
-                    WatchKind::DelayLifted,
-                    token,
-                    key.as_bytes(),
-                    owner.as_bytes(),
-                    value.as_bytes(),
-                );
-                let key = self.forget_holder(key, token, shared);
+                let key = self.holder_gone(index, WatchKind::DelayLifted, key, token, shared, &owner, &value);
                 AppliedEvent::DelayLifted { key, token, proposer, forced }
             }
             Change::Proclaimed { key, token } => {
@@ -582,6 +558,25 @@ impl LockService {
             }
         }
         self.out.applied.push((index, event));
+    }
+
+    /// Holder `token` of `key` left the table at `index` (`kind`: released,
+    /// expired, or its delay lifted): the watchers are told, with the owner
+    /// and value it had, and its lease and grant are forgotten. Gives the
+    /// key back.
+    #[allow(clippy::too_many_arguments)]
+    fn holder_gone(
+        &mut self,
+        index: u64,
+        kind: WatchKind,
+        key: Key,
+        token: FencingToken,
+        shared: bool,
+        owner: &Owner,
+        value: &Value,
+    ) -> Key {
+        self.watches.record_parts(index, kind, token, key.as_bytes(), owner.as_bytes(), value.as_bytes());
+        self.forget_holder(key, token, shared)
     }
 
     /// Forgets the lease and the grant index of holder `token` of `key`
