@@ -7,26 +7,28 @@
 //! call's budget is spent. Retrying is safe: an acquire carries the owner, and
 //! a retried acquire by the same owner gets the same token, never a second
 //! grant.
+//!
+//! The calls that hand out a guard or a watch are beside what they hand out
+//! (`guard.rs`, `session.rs`, `watch.rs`), as `backup.rs` and `members.rs`
+//! hold theirs: every one of them uses this module, and it uses none of
+//! them.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fencelock_types::client_pb::{Request, Request_oneof_kind, Response_oneof_kind};
 
 use crate::config::ClientConfig;
 use crate::connection::{CallError, Connection};
-use crate::guard::LockGuard;
-use crate::local::LocalHold;
-use crate::renewer::{HeldLock, Renewer};
+use crate::renewer::{Renew, Renewer};
 use crate::sansio::calls::{self, RenewAnswer, SessionAnswer};
 use crate::sansio::pool::Pool;
 use crate::sansio::retry::check_node;
 use crate::sansio::{Drift, Outcome, RetryLoop, Retrying, Verdict};
-use crate::session::SessionGuard;
+use crate::sync::lock;
 use crate::types::{Grant, LockInfo, NodeStatus, Released, Renewed, Session};
-use crate::watch::{Observer, Watch};
 use crate::ClientError;
 use fencelock_types::Share;
 
@@ -57,7 +59,7 @@ pub(crate) struct Inner {
     tls: Option<Arc<rustls::ClientConfig>>,
     pub(crate) request_timeout: Duration,
     pub(crate) retry_for: Duration,
-    owner: Vec<u8>,
+    pub(crate) owner: Vec<u8>,
     connections: Pool<Connection>,
     /// The endpoint that last answered successfully: where calls start.
     preferred: Mutex<Option<String>>,
@@ -118,78 +120,6 @@ impl Client {
         *lock(&self.inner.retrying) = Some(RetryObserver(Arc::new(observer)));
     }
 
-    /// Acquires `key` for `lease`, waiting up to `wait` in the leader's queue
-    /// if another owner holds it (`Duration::ZERO` answers at once). The
-    /// returned guard is renewed in the background and released on drop.
-    pub fn acquire(
-        &self,
-        key: impl AsRef<[u8]>,
-        lease: Duration,
-        wait: Duration,
-    ) -> Result<LockGuard, ClientError> {
-        let owner = self.inner.owner.clone();
-        self.acquire_as(&owner, key, lease, wait)
-    }
-
-    /// [`Client::acquire`] under an explicit owner identity.
-    pub fn acquire_as(
-        &self,
-        owner: &[u8],
-        key: impl AsRef<[u8]>,
-        lease: Duration,
-        wait: Duration,
-    ) -> Result<LockGuard, ClientError> {
-        self.acquire_with(owner, key.as_ref(), b"", lease, wait)
-    }
-
-    /// Campaigns in `election` with `value` (what this candidate says of
-    /// itself: its address, say): waits up to `wait` in the leader's FIFO
-    /// queue of candidates, and leads once granted, with a fencing token,
-    /// for as long as the guard is renewed. [`LockGuard::proclaim`] changes
-    /// the value; dropping or releasing the guard resigns. Observers
-    /// ([`Client::observe`]) see each leader and value.
-    pub fn campaign(
-        &self,
-        election: impl AsRef<[u8]>,
-        value: impl AsRef<[u8]>,
-        lease: Duration,
-        wait: Duration,
-    ) -> Result<LockGuard, ClientError> {
-        let owner = self.inner.owner.clone();
-        self.acquire_with(&owner, election.as_ref(), value.as_ref(), lease, wait)
-    }
-
-    /// Acquires `key` shared: as a reader ([`Share::Read`]) or the writer
-    /// ([`Share::Write`]) of a read-write lock, or as one permit of a
-    /// semaphore of N ([`Share::Permit`]`(N)`, N fixed by the key's first
-    /// acquire). Waits up to `wait`, FIFO (a reader does not pass a waiting
-    /// writer). Each holder has a token of its own; the guard is renewed
-    /// and released like a plain lock's. One guard per key and owner in a
-    /// process: for two permits, use two owners
-    /// ([`Client::acquire_shared_as`]).
-    pub fn acquire_shared(
-        &self,
-        key: impl AsRef<[u8]>,
-        share: Share,
-        lease: Duration,
-        wait: Duration,
-    ) -> Result<LockGuard, ClientError> {
-        let owner = self.inner.owner.clone();
-        self.acquire_shared_as(&owner, key, share, lease, wait)
-    }
-
-    /// [`Client::acquire_shared`] under an explicit owner identity.
-    pub fn acquire_shared_as(
-        &self,
-        owner: &[u8],
-        key: impl AsRef<[u8]>,
-        share: Share,
-        lease: Duration,
-        wait: Duration,
-    ) -> Result<LockGuard, ClientError> {
-        self.acquire_guarded(None, owner, key.as_ref(), &Acquiring::Shared(share), lease, wait)
-    }
-
     /// [`Client::acquire_raw`] in a shared mode: no guard, nothing renews
     /// or releases it (for tools that exit while holding it).
     pub fn acquire_shared_raw(
@@ -208,82 +138,6 @@ impl Client {
     /// semaphore's permits, or a plain lock's holder (empty: free).
     pub fn holders(&self, key: impl AsRef<[u8]>, linearizable: bool) -> Result<Vec<LockInfo>, ClientError> {
         calls::holders_answer(self.inner.call_simple(calls::get(key.as_ref(), linearizable))?)
-    }
-
-    fn acquire_with(
-        &self,
-        owner: &[u8],
-        key: &[u8],
-        value: &[u8],
-        lease: Duration,
-        wait: Duration,
-    ) -> Result<LockGuard, ClientError> {
-        self.acquire_guarded(None, owner, key, &Acquiring::Exclusive(value), lease, wait)
-    }
-
-    /// Acquires under `session` (its guard) when given: no lease of its
-    /// own, nothing renews it, and it is lost with the session.
-    fn acquire_guarded(
-        &self,
-        session: Option<&SessionGuard>,
-        owner: &[u8],
-        key: &[u8],
-        acquiring: &Acquiring<'_>,
-        lease: Duration,
-        wait: Duration,
-    ) -> Result<LockGuard, ClientError> {
-        if let Some(session) = session {
-            return self.acquire_guarded_in(session, owner, key, acquiring, wait);
-        }
-        // Started before the request, so that a lock is never granted with
-        // nothing to renew it.
-        self.inner.renewer.start(&self.inner).map_err(ClientError::Internal)?;
-        // A guard of this process that holds the key for the same owner is
-        // waited for first: the server would hand its lock over (crate::local).
-        let started = Instant::now();
-        let local = LocalHold::take(owner, key, wait)?;
-        let (grant, mut sent) =
-            self.inner.acquire(None, owner, key, acquiring, lease, wait.saturating_sub(started.elapsed()))?;
-        // Granted after a wait in the queue: the lease the client can prove
-        // starts at the send time, long ago. A renewal now starts one it
-        // can count on (or finds the lock already gone).
-        if crate::sansio::lease::needs_fresh_start(sent, grant.lease, self.inner.drift, Instant::now()) {
-            let (answer, renewed_at) =
-                self.inner.renew(&[(key.to_vec(), grant.token)], grant.lease, self.inner.retry_for)?;
-            let renewed = calls::renewed_one(&answer);
-            if !renewed.renewed {
-                return Err(ClientError::Unavailable(format!(
-                    "{} was granted under token {} after a wait, but its lease ran out before it could be \
-                     renewed",
-                    String::from_utf8_lossy(key),
-                    grant.token
-                )));
-            }
-            sent = renewed_at;
-        }
-        local.granted(grant.token);
-        let lock = Arc::new(HeldLock::new(key.to_vec(), grant.token, grant.lease, sent, self.inner.drift));
-        self.inner.renewer.add(Arc::clone(&lock));
-        Ok(LockGuard::new(self.clone(), lock, local))
-    }
-
-    fn acquire_guarded_in(
-        &self,
-        session: &SessionGuard,
-        owner: &[u8],
-        key: &[u8],
-        acquiring: &Acquiring<'_>,
-        wait: Duration,
-    ) -> Result<LockGuard, ClientError> {
-        let started = Instant::now();
-        let local = LocalHold::take(owner, key, wait)?;
-        let wait_left = wait.saturating_sub(started.elapsed());
-        let (grant, _) =
-            self.inner.acquire(Some(session.id()), owner, key, acquiring, session.ttl(), wait_left)?;
-        local.granted(grant.token);
-        // Its lease is the session's, kept alive by the session's guard.
-        let lock = Arc::new(HeldLock::under(key.to_vec(), grant.token, Arc::clone(&session.held)));
-        Ok(LockGuard::new(self.clone(), lock, local))
     }
 
     /// Acquires `key` for `owner` without a guard: nothing renews the lock and
@@ -353,67 +207,6 @@ impl Client {
         self.inner.close_session(session, self.inner.retry_for).map(|answer| answer.found)
     }
 
-    /// Opens a session for this client's owner with `ttl` and keeps it
-    /// alive from a thread of its own, every third of the TTL, until the
-    /// guard is closed or dropped (which closes the session). Acquire under
-    /// it with [`Client::acquire_in`], [`Client::campaign_in`] and
-    /// [`Client::acquire_shared_in`].
-    pub fn session(&self, ttl: Duration) -> Result<SessionGuard, ClientError> {
-        let (session, sent) = self.inner.open_session(&self.inner.owner, ttl)?;
-        SessionGuard::start(self.clone(), session, sent)
-    }
-
-    /// [`Client::acquire`] under `session`: the lock has no lease of its
-    /// own and is not renewed by itself; it lives as long as the session,
-    /// and its guard is lost when the session is. Dropping or releasing the
-    /// guard releases the lock alone. The session must be this client's
-    /// owner's (else [`ClientError::PermissionDenied`]) and open (else
-    /// [`ClientError::NoSession`]).
-    pub fn acquire_in(
-        &self,
-        session: &SessionGuard,
-        key: impl AsRef<[u8]>,
-        wait: Duration,
-    ) -> Result<LockGuard, ClientError> {
-        let owner = self.inner.owner.clone();
-        self.acquire_guarded(
-            Some(session),
-            &owner,
-            key.as_ref(),
-            &Acquiring::Exclusive(b""),
-            Duration::ZERO,
-            wait,
-        )
-    }
-
-    /// [`Client::campaign`] under `session`: the candidate leads for as
-    /// long as the session lives.
-    pub fn campaign_in(
-        &self,
-        session: &SessionGuard,
-        election: impl AsRef<[u8]>,
-        value: impl AsRef<[u8]>,
-        wait: Duration,
-    ) -> Result<LockGuard, ClientError> {
-        let owner = self.inner.owner.clone();
-        let acquiring = Acquiring::Exclusive(value.as_ref());
-        self.acquire_guarded(Some(session), &owner, election.as_ref(), &acquiring, Duration::ZERO, wait)
-    }
-
-    /// [`Client::acquire_shared`] under `session`: a reader, the writer or
-    /// a permit that lives as long as the session.
-    pub fn acquire_shared_in(
-        &self,
-        session: &SessionGuard,
-        key: impl AsRef<[u8]>,
-        share: Share,
-        wait: Duration,
-    ) -> Result<LockGuard, ClientError> {
-        let owner = self.inner.owner.clone();
-        let acquiring = Acquiring::Shared(share);
-        self.acquire_guarded(Some(session), &owner, key.as_ref(), &acquiring, Duration::ZERO, wait)
-    }
-
     /// [`Client::acquire_raw`] under `session` (its id): no guard, and no
     /// lease of its own; it lives until the session ends or someone
     /// releases it by token. `owner` must be the session's.
@@ -471,28 +264,6 @@ impl Client {
         let request = calls::proclaim(key.as_ref(), token, value.as_ref());
         let timeout = self.inner.request_timeout;
         calls::proclaim_answer(self.inner.call(|| (request.clone(), timeout), self.inner.retry_for)?.0)
-    }
-
-    /// Follows the holders of the keys under `prefix` from now on: the
-    /// first [`Watch::next`] brings the current holders, the next ones the
-    /// changes, in log order.
-    pub fn watch(&self, prefix: impl AsRef<[u8]>) -> Watch {
-        Watch::new(self.clone(), prefix.as_ref().to_vec(), None)
-    }
-
-    /// Follows the holders of the keys under `prefix` from log index
-    /// `position` on (a [`Watch::position`] seen before): the changes after
-    /// it, or, if a node no longer holds them, a compacted answer with the
-    /// current holders.
-    pub fn watch_from(&self, prefix: impl AsRef<[u8]>, position: u64) -> Watch {
-        Watch::new(self.clone(), prefix.as_ref().to_vec(), Some(position))
-    }
-
-    /// Follows `election`: who leads now, then each new leader and value
-    /// ([`Observer::next`]).
-    pub fn observe(&self, election: impl AsRef<[u8]>) -> Observer {
-        let key = election.as_ref().to_vec();
-        Observer::new(Watch::new(self.clone(), key.clone(), None), key)
     }
 
     /// Releases `key` if `token` holds it. False: it did not (any more).
@@ -745,6 +516,22 @@ impl Inner {
     }
 }
 
+/// The renewer's thread renews through the client's retry loop.
+impl Renew for Inner {
+    fn retry_for(&self) -> Duration {
+        self.retry_for
+    }
+
+    fn renew(
+        &self,
+        locks: &[(Vec<u8>, u64)],
+        lease: Duration,
+        budget: Duration,
+    ) -> Result<(RenewAnswer, Instant), ClientError> {
+        Inner::renew(self, locks, lease, budget)
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         self.renewer.stop();
@@ -774,10 +561,4 @@ fn a_call_that_keeps_retrying_is_reported_with_its_last_error() {
         "{seen:?}"
     );
     assert!(seen[0].last_error.starts_with(&format!("{endpoint}: cannot connect")), "{seen:?}");
-}
-
-/// Locks a mutex whose data stays consistent across a panic (each update is a
-/// single assignment or map operation).
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -33,6 +33,11 @@
 //! }
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! Modules, each using only those before it: `error`, `types`, `sansio`,
+//! `config`, `sync`, `connection`, `local`, `renewer`, `client` (`Client`
+//! and the calls), then `backup`, `members`, `session`, `guard`, `watch`,
+//! each adding its calls to `Client`; `fenced` stands alone.
 
 mod backup;
 mod client;
@@ -46,6 +51,7 @@ mod members;
 mod renewer;
 pub mod sansio;
 mod session;
+mod sync;
 mod types;
 mod watch;
 

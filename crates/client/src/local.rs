@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::{Condvar, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::client::lock;
+use crate::sync::lock;
 use crate::ClientError;
 
 /// An owner and a key.

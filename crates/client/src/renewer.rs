@@ -8,7 +8,9 @@
 //! drift margin ρ) passed since the last successful grant or renewal was
 //! *sent* (`docs/leases.md`). Each lock's lease is the sans-IO core's
 //! [`Lease`]; this module is its thread. Lost locks are not renewed again. The thread holds the client only weakly, so it ends once
-//! the client and every guard are gone.
+//! the client and every guard are gone, and knows it only as [`Renew`] (one
+//! renew call): the client owns the renewer, so the renewer's code does not
+//! name the client's.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,8 +19,29 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 
-use crate::client::{lock, Inner};
-use crate::sansio::{calls, Drift, Lease};
+use crate::sansio::calls::{self, RenewAnswer};
+use crate::sansio::{Drift, Lease};
+use crate::sync::lock;
+use crate::ClientError;
+
+/// What the renewer's thread asks of its client: one renew request,
+/// retried within a budget. The client's shared state (`client::Inner`)
+/// answers it through its retry loop; the renewer, which that state owns,
+/// knows it by this alone.
+pub(crate) trait Renew: Send + Sync + 'static {
+    /// How long one call may keep retrying: the most a round may take.
+    fn retry_for(&self) -> Duration;
+
+    /// Renews every `(key, token)` to `lease` in one request, retried
+    /// within `budget`; also says when the attempt that got the answer was
+    /// sent (the renewed leases count from then).
+    fn renew(
+        &self,
+        locks: &[(Vec<u8>, u64)],
+        lease: Duration,
+        budget: Duration,
+    ) -> Result<(RenewAnswer, Instant), ClientError>;
+}
 
 /// One lock held through a guard, shared by the guard and the renewer: its
 /// name and token, and its [`Lease`] (the sans-IO core's) behind a mutex.
@@ -173,7 +196,7 @@ impl Registry {
 
 impl Renewer {
     /// Starts the renewer thread unless it runs already.
-    pub(crate) fn start(&self, inner: &Arc<Inner>) -> Result<(), String> {
+    pub(crate) fn start(&self, inner: &Arc<impl Renew>) -> Result<(), String> {
         let mut wake = lock(&self.wake);
         if wake.is_some() {
             return Ok(());
@@ -209,7 +232,7 @@ impl Renewer {
     }
 }
 
-fn run(client: &Weak<Inner>, registry: &Registry, wake: &Receiver<()>) {
+fn run(client: &Weak<impl Renew>, registry: &Registry, wake: &Receiver<()>) {
     loop {
         let woke = match registry.next_round() {
             Some(at) => wake.recv_deadline(at),
@@ -224,12 +247,12 @@ fn run(client: &Weak<Inner>, registry: &Registry, wake: &Receiver<()>) {
         let Some(inner) = client.upgrade() else {
             return;
         };
-        renew_round(&inner, registry);
+        renew_round(&*inner, registry);
     }
 }
 
 /// Renews every active lock: one request per distinct lease.
-fn renew_round(inner: &Inner, registry: &Registry) {
+fn renew_round(inner: &impl Renew, registry: &Registry) {
     let mut by_lease: BTreeMap<Duration, Vec<Arc<HeldLock>>> = BTreeMap::new();
     for held in registry.active() {
         by_lease.entry(held.lease).or_default().push(held);
@@ -238,7 +261,7 @@ fn renew_round(inner: &Inner, registry: &Registry) {
         let now = Instant::now();
         // Past the first expiry nothing is left to save in time for it, and
         // the others get their own rounds soon after.
-        let Some(budget) = group.iter().map(|held| held.start_renewal(now, inner.retry_for)).min() else {
+        let Some(budget) = group.iter().map(|held| held.start_renewal(now, inner.retry_for())).min() else {
             continue;
         };
         if budget.is_zero() {

@@ -1,5 +1,6 @@
 //! [`SessionGuard`]: a session kept alive by a thread of its own, and
-//! closed when the guard is closed or dropped.
+//! closed when the guard is closed or dropped ([`Client::session`] opens
+//! one).
 //!
 //! A session (`docs/recipes.md`, "Sessions") holds any number of locks,
 //! shared holds and candidacies: one keep-alive renews them all, and when
@@ -40,6 +41,18 @@ pub struct SessionGuard {
     /// Dropped to end the keep-alive thread.
     stop: Option<Sender<()>>,
     closed: bool,
+}
+
+impl Client {
+    /// Opens a session for this client's owner with `ttl` and keeps it
+    /// alive from a thread of its own, every third of the TTL, until the
+    /// guard is closed or dropped (which closes the session). Acquire under
+    /// it with [`Client::acquire_in`], [`Client::campaign_in`] and
+    /// [`Client::acquire_shared_in`].
+    pub fn session(&self, ttl: Duration) -> Result<SessionGuard, ClientError> {
+        let (session, sent) = self.inner.open_session(&self.inner.owner, ttl)?;
+        SessionGuard::start(self.clone(), session, sent)
+    }
 }
 
 impl SessionGuard {

@@ -1,4 +1,5 @@
-//! Watches and election observers on the blocking client.
+//! Watches and election observers on the blocking client
+//! ([`Client::watch`], [`Client::watch_from`], [`Client::observe`]).
 //!
 //! A [`Watch`] follows the changes of holders of the keys under a prefix,
 //! in log order, by asking any node for the changes after the last index it
@@ -24,6 +25,30 @@ pub struct Watch {
     /// first answer (which brings the current holders).
     position: Option<u64>,
     limit: u32,
+}
+
+impl Client {
+    /// Follows the holders of the keys under `prefix` from now on: the
+    /// first [`Watch::next`] brings the current holders, the next ones the
+    /// changes, in log order.
+    pub fn watch(&self, prefix: impl AsRef<[u8]>) -> Watch {
+        Watch::new(self.clone(), prefix.as_ref().to_vec(), None)
+    }
+
+    /// Follows the holders of the keys under `prefix` from log index
+    /// `position` on (a [`Watch::position`] seen before): the changes after
+    /// it, or, if a node no longer holds them, a compacted answer with the
+    /// current holders.
+    pub fn watch_from(&self, prefix: impl AsRef<[u8]>, position: u64) -> Watch {
+        Watch::new(self.clone(), prefix.as_ref().to_vec(), Some(position))
+    }
+
+    /// Follows `election`: who leads now, then each new leader and value
+    /// ([`Observer::next`]).
+    pub fn observe(&self, election: impl AsRef<[u8]>) -> Observer {
+        let key = election.as_ref().to_vec();
+        Observer::new(Watch::new(self.clone(), key.clone(), None), key)
+    }
 }
 
 impl Watch {
