@@ -3,30 +3,24 @@
 //! Every decision is the sans-IO core's ([`fencelock_client::sansio`]):
 //! which node to try, how long to pause, when to give up, what a request
 //! holds and what its answer means. This module sends, awaits and sleeps.
+//!
+//! The calls that hand out a guard or a watch are beside what they hand out
+//! (`guard.rs`, `session.rs`, `watch.rs`): each of them uses this module,
+//! and it uses none of them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use fencelock_client::sansio::calls::{self, Acquiring, RenewAnswer, SessionAnswer};
-use fencelock_client::sansio::lease::needs_fresh_start;
 use fencelock_client::sansio::pool::Pool;
-use fencelock_client::sansio::{Drift, Lease, Outcome, RetryLoop, Retrying, Verdict};
+use fencelock_client::sansio::{Drift, Outcome, RetryLoop, Retrying, Verdict};
 use fencelock_client::{
-    ClientConfig, ClientError, Grant, LocalHold, LockInfo, NodeStatus, Released, Renewed, Session, Share,
-    WatchBatch,
+    ClientConfig, ClientError, Grant, LockInfo, NodeStatus, Released, Renewed, Session, Share, WatchBatch,
 };
 use fencelock_types::client_pb::{Request, Request_oneof_kind, Response_oneof_kind};
 
 use crate::connection::{CallError, Connection};
-use crate::guard::AsyncLockGuard;
-use crate::session::AsyncSessionGuard;
-use crate::watch::{AsyncObserver, AsyncWatch};
-
-/// How often an acquire waiting for a guard of this process (same owner,
-/// same key) looks again. Such waits are rare: two tasks of one process
-/// contending for one key.
-const LOCAL_POLL: Duration = Duration::from_millis(10);
 
 /// An async fencelock client. Clones share connections and the owner.
 /// Every guard renews its lock in a task of its own, on the runtime the
@@ -52,7 +46,7 @@ pub(crate) struct Inner {
     tls: Option<Arc<rustls::ClientConfig>>,
     pub(crate) request_timeout: Duration,
     pub(crate) retry_for: Duration,
-    owner: Vec<u8>,
+    pub(crate) owner: Vec<u8>,
     pub(crate) drift: Drift,
     connections: Pool<Connection>,
     preferred: Mutex<Option<String>>,
@@ -100,88 +94,6 @@ impl AsyncClient {
         *lock(&self.inner.retrying) = Some(Arc::new(observer));
     }
 
-    /// Acquires `key` for `lease`, waiting up to `wait` if another owner
-    /// holds it (`Duration::ZERO` answers at once). The guard's lock is
-    /// renewed by a background task; [`AsyncLockGuard::lost`] resolves when
-    /// it is lost. Within this process, a key that a guard of the same owner
-    /// holds (from this client or a blocking one) is waited for first, up
-    /// to `wait`; it is never shared. A lock granted after a wait in the
-    /// queue longer than half its usable lease is renewed once before it is
-    /// handed over, since its lease counts from the request's send time.
-    pub async fn acquire(
-        &self,
-        key: impl AsRef<[u8]>,
-        lease: Duration,
-        wait: Duration,
-    ) -> Result<AsyncLockGuard, ClientError> {
-        let owner = self.inner.owner.clone();
-        self.acquire_as(&owner, key, lease, wait).await
-    }
-
-    /// [`AsyncClient::acquire`] under an explicit owner identity.
-    pub async fn acquire_as(
-        &self,
-        owner: &[u8],
-        key: impl AsRef<[u8]>,
-        lease: Duration,
-        wait: Duration,
-    ) -> Result<AsyncLockGuard, ClientError> {
-        self.acquire_guarded(owner, key.as_ref(), Acquiring::Exclusive(b""), lease, wait).await
-    }
-
-    /// Campaigns in `election` with `value` (what this candidate says of
-    /// itself: its address, say): waits up to `wait` in the leader's FIFO
-    /// queue of candidates, and leads once granted, with a fencing token,
-    /// for as long as the guard is renewed. [`AsyncLockGuard::proclaim`]
-    /// changes the value; releasing or dropping the guard resigns, and
-    /// [`AsyncLockGuard::lost`] resolves when the lead is lost. Observers
-    /// ([`AsyncClient::observe`]) see each leader and value.
-    pub async fn campaign(
-        &self,
-        election: impl AsRef<[u8]>,
-        value: impl AsRef<[u8]>,
-        lease: Duration,
-        wait: Duration,
-    ) -> Result<AsyncLockGuard, ClientError> {
-        let owner = self.inner.owner.clone();
-        let acquiring = Acquiring::Exclusive(value.as_ref());
-        self.acquire_guarded(&owner, election.as_ref(), acquiring, lease, wait).await
-    }
-
-    /// Acquires `key` shared: as a reader ([`Share::Read`]) or the writer
-    /// ([`Share::Write`]) of a read-write lock, or as one permit of a
-    /// semaphore of N ([`Share::Permit`]`(N)`, N fixed by the key's first
-    /// acquire; another N, or another kind, is
-    /// [`ClientError::InvalidArgument`]). Waits up to `wait`, FIFO (a
-    /// reader does not pass a waiting writer). Each holder has a token of
-    /// its own; the guard is renewed, released and lost like a plain
-    /// lock's, and a grant answered after a long wait is renewed before it
-    /// is handed over, as [`AsyncClient::acquire`]'s. One guard per key and
-    /// owner in a process: for two permits, use two owners
-    /// ([`AsyncClient::acquire_shared_as`]).
-    pub async fn acquire_shared(
-        &self,
-        key: impl AsRef<[u8]>,
-        share: Share,
-        lease: Duration,
-        wait: Duration,
-    ) -> Result<AsyncLockGuard, ClientError> {
-        let owner = self.inner.owner.clone();
-        self.acquire_shared_as(&owner, key, share, lease, wait).await
-    }
-
-    /// [`AsyncClient::acquire_shared`] under an explicit owner identity.
-    pub async fn acquire_shared_as(
-        &self,
-        owner: &[u8],
-        key: impl AsRef<[u8]>,
-        share: Share,
-        lease: Duration,
-        wait: Duration,
-    ) -> Result<AsyncLockGuard, ClientError> {
-        self.acquire_guarded(owner, key.as_ref(), Acquiring::Shared(share), lease, wait).await
-    }
-
     /// [`AsyncClient::acquire_raw`] in a shared mode: no guard, nothing
     /// renews or releases it.
     pub async fn acquire_shared_raw(
@@ -206,61 +118,6 @@ impl AsyncClient {
         linearizable: bool,
     ) -> Result<Vec<LockInfo>, ClientError> {
         calls::holders_answer(self.inner.call_simple(calls::get(key.as_ref(), linearizable)).await?)
-    }
-
-    async fn acquire_guarded(
-        &self,
-        owner: &[u8],
-        key: &[u8],
-        acquiring: Acquiring<'_>,
-        lease: Duration,
-        wait: Duration,
-    ) -> Result<AsyncLockGuard, ClientError> {
-        let started = Instant::now();
-        let local = take_local(owner, key, started + wait, wait.is_zero()).await?;
-        let (grant, mut sent) = self
-            .inner
-            .acquire(None, owner, key, acquiring, lease, wait.saturating_sub(started.elapsed()))
-            .await?;
-        // Granted after a wait in the queue: the lease the client can prove
-        // starts at the send time, long ago. A renewal now starts one it
-        // can count on (or finds the lock already gone).
-        if needs_fresh_start(sent, grant.lease, self.inner.drift, Instant::now()) {
-            let locks = [(key.to_vec(), grant.token)];
-            let (answer, renewed_at) = self.inner.renew(&locks, grant.lease, self.inner.retry_for).await?;
-            if !calls::renewed_one(&answer).renewed {
-                return Err(ClientError::Unavailable(format!(
-                    "{} was granted under token {} after a wait, but its lease ran out before it could be \
-                     renewed",
-                    String::from_utf8_lossy(key),
-                    grant.token
-                )));
-            }
-            sent = renewed_at;
-        }
-        local.granted(grant.token);
-        let state = Lease::granted(sent, grant.lease, self.inner.drift);
-        Ok(AsyncLockGuard::start(self.clone(), key.to_vec(), grant, state, local))
-    }
-
-    /// Acquires under `session`: no lease of its own, nothing renews it,
-    /// and its guard shares the session's state (lost with it).
-    async fn acquire_guarded_in(
-        &self,
-        session: &AsyncSessionGuard,
-        key: &[u8],
-        acquiring: Acquiring<'_>,
-        wait: Duration,
-    ) -> Result<AsyncLockGuard, ClientError> {
-        let owner = self.inner.owner.clone();
-        let started = Instant::now();
-        let local = take_local(&owner, key, started + wait, wait.is_zero()).await?;
-        let wait_left = wait.saturating_sub(started.elapsed());
-        let (grant, _) =
-            self.inner.acquire(Some(session.id()), &owner, key, acquiring, session.ttl(), wait_left).await?;
-        local.granted(grant.token);
-        let shared = Arc::clone(&session.shared);
-        Ok(AsyncLockGuard::start_in(self.clone(), key.to_vec(), grant, shared, local))
     }
 
     /// Opens a session for this client's owner with a time to live of
@@ -296,52 +153,6 @@ impl AsyncClient {
     /// False: it was not open (any more).
     pub async fn close_session(&self, session: u64) -> Result<bool, ClientError> {
         self.inner.close_session(session, self.inner.retry_for).await.map(|answer| answer.found)
-    }
-
-    /// Opens a session for this client's owner with `ttl` and keeps it
-    /// alive from a task, every third of the TTL, until the guard is closed
-    /// or dropped (which closes the session).
-    pub async fn session(&self, ttl: Duration) -> Result<AsyncSessionGuard, ClientError> {
-        let (session, sent) = self.inner.open_session(&self.inner.owner, ttl).await?;
-        Ok(AsyncSessionGuard::start(self.clone(), session, sent))
-    }
-
-    /// [`AsyncClient::acquire`] under `session`: no lease of its own, not
-    /// renewed by itself; it lives as long as the session, and its guard
-    /// is lost when the session is. Releasing or dropping the guard
-    /// releases the lock alone. The session must be this client's owner's
-    /// ([`ClientError::PermissionDenied`]) and open
-    /// ([`ClientError::NoSession`]).
-    pub async fn acquire_in(
-        &self,
-        session: &AsyncSessionGuard,
-        key: impl AsRef<[u8]>,
-        wait: Duration,
-    ) -> Result<AsyncLockGuard, ClientError> {
-        self.acquire_guarded_in(session, key.as_ref(), Acquiring::Exclusive(b""), wait).await
-    }
-
-    /// [`AsyncClient::campaign`] under `session`.
-    pub async fn campaign_in(
-        &self,
-        session: &AsyncSessionGuard,
-        election: impl AsRef<[u8]>,
-        value: impl AsRef<[u8]>,
-        wait: Duration,
-    ) -> Result<AsyncLockGuard, ClientError> {
-        let acquiring = Acquiring::Exclusive(value.as_ref());
-        self.acquire_guarded_in(session, election.as_ref(), acquiring, wait).await
-    }
-
-    /// [`AsyncClient::acquire_shared`] under `session`.
-    pub async fn acquire_shared_in(
-        &self,
-        session: &AsyncSessionGuard,
-        key: impl AsRef<[u8]>,
-        share: Share,
-        wait: Duration,
-    ) -> Result<AsyncLockGuard, ClientError> {
-        self.acquire_guarded_in(session, key.as_ref(), Acquiring::Shared(share), wait).await
     }
 
     /// [`AsyncClient::acquire_raw`] under `session` (its id): no guard, no
@@ -428,28 +239,6 @@ impl AsyncClient {
         calls::proclaim_answer(kind)
     }
 
-    /// Follows the holders of the keys under `prefix` from now on: the
-    /// first [`AsyncWatch::next`] brings the current holders, the next ones
-    /// the changes, in log order.
-    pub fn watch(&self, prefix: impl AsRef<[u8]>) -> AsyncWatch {
-        AsyncWatch::new(self.clone(), prefix.as_ref().to_vec(), None)
-    }
-
-    /// Follows the holders of the keys under `prefix` from log index
-    /// `position` on (an [`AsyncWatch::position`] seen before): the changes
-    /// after it, or, if a node no longer holds them, a compacted answer
-    /// with the current holders.
-    pub fn watch_from(&self, prefix: impl AsRef<[u8]>, position: u64) -> AsyncWatch {
-        AsyncWatch::new(self.clone(), prefix.as_ref().to_vec(), Some(position))
-    }
-
-    /// Follows `election`: who leads now, then each new leader and value
-    /// ([`AsyncObserver::next`]).
-    pub fn observe(&self, election: impl AsRef<[u8]>) -> AsyncObserver {
-        let key = election.as_ref().to_vec();
-        AsyncObserver::new(AsyncWatch::new(self.clone(), key.clone(), None), key)
-    }
-
     /// Releases `key` if `token` holds it. False: it did not (any more).
     pub async fn release(&self, key: impl AsRef<[u8]>, token: u64) -> Result<bool, ClientError> {
         self.release_outcome(key, token).await.map(|outcome| outcome.released)
@@ -511,35 +300,13 @@ impl AsyncClient {
     }
 }
 
-/// Takes `key` for `owner` in this process, polling until `deadline`.
-async fn take_local(
-    owner: &[u8],
-    key: &[u8],
-    deadline: Instant,
-    no_wait: bool,
-) -> Result<LocalHold, ClientError> {
-    loop {
-        match LocalHold::try_take(owner, key) {
-            Ok(hold) => return Ok(hold),
-            Err(holder_token) if Instant::now() >= deadline => {
-                return Err(if no_wait {
-                    ClientError::Held { holder_token }
-                } else {
-                    ClientError::WaitTimedOut { holder_token }
-                });
-            }
-            Err(_) => tokio::time::sleep(LOCAL_POLL.min(deadline - Instant::now())).await,
-        }
-    }
-}
-
 impl Inner {
     /// One acquire, retried as needed; also returns when the successful
     /// attempt was sent, which is when the lease starts on the client's
     /// side.
     /// Under `session` (`Some`), the lease is the session's: `lease` is not
     /// sent, and only stands for the answer's lease if it says none.
-    async fn acquire(
+    pub(crate) async fn acquire(
         &self,
         session: Option<u64>,
         owner: &[u8],
@@ -587,7 +354,11 @@ impl Inner {
 
     /// A session open, retried within the client's budget; also returns
     /// when the attempt that got the answer was sent.
-    async fn open_session(&self, owner: &[u8], ttl: Duration) -> Result<(Session, Instant), ClientError> {
+    pub(crate) async fn open_session(
+        &self,
+        owner: &[u8],
+        ttl: Duration,
+    ) -> Result<(Session, Instant), ClientError> {
         let request = calls::session_open(owner, ttl);
         let timeout = self.request_timeout;
         let (kind, sent) = self.call(|| (request.clone(), timeout), self.retry_for).await?;

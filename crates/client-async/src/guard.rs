@@ -1,15 +1,22 @@
 //! [`AsyncLockGuard`]: a held lock, renewed by a task of its own, with a
-//! lost-lock signal and the time left.
+//! lost-lock signal and the time left; and the acquires that make one
+//! ([`AsyncClient::acquire`], [`AsyncClient::campaign`],
+//! [`AsyncClient::acquire_shared`], their `_as` forms, and their `_in`
+//! forms under a session).
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fencelock_client::sansio::{calls, Lease};
-use fencelock_client::{ClientError, Grant, LocalHold};
+use fencelock_client::sansio::calls::{self, Acquiring};
+use fencelock_client::sansio::lease::needs_fresh_start;
+use fencelock_client::sansio::Lease;
+use fencelock_client::{ClientError, Grant, LocalHold, Share};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::client::{AsyncClient, Inner};
+use crate::session::AsyncSessionGuard;
+use crate::shared::Shared;
 
 /// A lock held through an [`AsyncClient`]. While it lives, a background
 /// task renews the lease every third of it; [`AsyncLockGuard::lost`]
@@ -36,80 +43,207 @@ pub struct AsyncLockGuard {
     released: bool,
 }
 
-/// What the guard and its renewal task share; for a session, what its
-/// guard, its keep-alive task and the guards of its locks share.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    state: Mutex<Lease>,
-    /// `Some(reason)` once the lock is lost.
-    lost: watch::Sender<Option<String>>,
-    /// For a session: why it is lost when its TTL passes unrenewed.
-    expired_reason: Option<&'static str>,
+/// How often an acquire waiting for a guard of this process (same owner,
+/// same key) looks again. Such waits are rare: two tasks of one process
+/// contending for one key.
+const LOCAL_POLL: Duration = Duration::from_millis(10);
+
+impl AsyncClient {
+    /// Acquires `key` for `lease`, waiting up to `wait` if another owner
+    /// holds it (`Duration::ZERO` answers at once). The guard's lock is
+    /// renewed by a background task; [`AsyncLockGuard::lost`] resolves when
+    /// it is lost. Within this process, a key that a guard of the same owner
+    /// holds (from this client or a blocking one) is waited for first, up
+    /// to `wait`; it is never shared. A lock granted after a wait in the
+    /// queue longer than half its usable lease is renewed once before it is
+    /// handed over, since its lease counts from the request's send time.
+    pub async fn acquire(
+        &self,
+        key: impl AsRef<[u8]>,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
+        let owner = self.inner.owner.clone();
+        self.acquire_as(&owner, key, lease, wait).await
+    }
+
+    /// [`AsyncClient::acquire`] under an explicit owner identity.
+    pub async fn acquire_as(
+        &self,
+        owner: &[u8],
+        key: impl AsRef<[u8]>,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
+        self.acquire_guarded(owner, key.as_ref(), Acquiring::Exclusive(b""), lease, wait).await
+    }
+
+    /// Campaigns in `election` with `value` (what this candidate says of
+    /// itself: its address, say): waits up to `wait` in the leader's FIFO
+    /// queue of candidates, and leads once granted, with a fencing token,
+    /// for as long as the guard is renewed. [`AsyncLockGuard::proclaim`]
+    /// changes the value; releasing or dropping the guard resigns, and
+    /// [`AsyncLockGuard::lost`] resolves when the lead is lost. Observers
+    /// ([`AsyncClient::observe`]) see each leader and value.
+    pub async fn campaign(
+        &self,
+        election: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
+        let owner = self.inner.owner.clone();
+        let acquiring = Acquiring::Exclusive(value.as_ref());
+        self.acquire_guarded(&owner, election.as_ref(), acquiring, lease, wait).await
+    }
+
+    /// Acquires `key` shared: as a reader ([`Share::Read`]) or the writer
+    /// ([`Share::Write`]) of a read-write lock, or as one permit of a
+    /// semaphore of N ([`Share::Permit`]`(N)`, N fixed by the key's first
+    /// acquire; another N, or another kind, is
+    /// [`ClientError::InvalidArgument`]). Waits up to `wait`, FIFO (a
+    /// reader does not pass a waiting writer). Each holder has a token of
+    /// its own; the guard is renewed, released and lost like a plain
+    /// lock's, and a grant answered after a long wait is renewed before it
+    /// is handed over, as [`AsyncClient::acquire`]'s. One guard per key and
+    /// owner in a process: for two permits, use two owners
+    /// ([`AsyncClient::acquire_shared_as`]).
+    pub async fn acquire_shared(
+        &self,
+        key: impl AsRef<[u8]>,
+        share: Share,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
+        let owner = self.inner.owner.clone();
+        self.acquire_shared_as(&owner, key, share, lease, wait).await
+    }
+
+    /// [`AsyncClient::acquire_shared`] under an explicit owner identity.
+    pub async fn acquire_shared_as(
+        &self,
+        owner: &[u8],
+        key: impl AsRef<[u8]>,
+        share: Share,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
+        self.acquire_guarded(owner, key.as_ref(), Acquiring::Shared(share), lease, wait).await
+    }
+
+    async fn acquire_guarded(
+        &self,
+        owner: &[u8],
+        key: &[u8],
+        acquiring: Acquiring<'_>,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
+        let started = Instant::now();
+        let local = take_local(owner, key, started + wait, wait.is_zero()).await?;
+        let (grant, mut sent) = self
+            .inner
+            .acquire(None, owner, key, acquiring, lease, wait.saturating_sub(started.elapsed()))
+            .await?;
+        // Granted after a wait in the queue: the lease the client can prove
+        // starts at the send time, long ago. A renewal now starts one it
+        // can count on (or finds the lock already gone).
+        if needs_fresh_start(sent, grant.lease, self.inner.drift, Instant::now()) {
+            let locks = [(key.to_vec(), grant.token)];
+            let (answer, renewed_at) = self.inner.renew(&locks, grant.lease, self.inner.retry_for).await?;
+            if !calls::renewed_one(&answer).renewed {
+                return Err(ClientError::Unavailable(format!(
+                    "{} was granted under token {} after a wait, but its lease ran out before it could be \
+                     renewed",
+                    String::from_utf8_lossy(key),
+                    grant.token
+                )));
+            }
+            sent = renewed_at;
+        }
+        local.granted(grant.token);
+        let state = Lease::granted(sent, grant.lease, self.inner.drift);
+        Ok(AsyncLockGuard::start(self.clone(), key.to_vec(), grant, state, local))
+    }
+
+    /// Acquires under `session`: no lease of its own, nothing renews it,
+    /// and its guard shares the session's state (lost with it).
+    async fn acquire_guarded_in(
+        &self,
+        session: &AsyncSessionGuard,
+        key: &[u8],
+        acquiring: Acquiring<'_>,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
+        let owner = self.inner.owner.clone();
+        let started = Instant::now();
+        let local = take_local(&owner, key, started + wait, wait.is_zero()).await?;
+        let wait_left = wait.saturating_sub(started.elapsed());
+        let (grant, _) =
+            self.inner.acquire(Some(session.id()), &owner, key, acquiring, session.ttl(), wait_left).await?;
+        local.granted(grant.token);
+        let shared = Arc::clone(&session.shared);
+        Ok(AsyncLockGuard::start_in(self.clone(), key.to_vec(), grant, shared, local))
+    }
+
+    /// [`AsyncClient::acquire`] under `session`: no lease of its own, not
+    /// renewed by itself; it lives as long as the session, and its guard
+    /// is lost when the session is. Releasing or dropping the guard
+    /// releases the lock alone. The session must be this client's owner's
+    /// ([`ClientError::PermissionDenied`]) and open
+    /// ([`ClientError::NoSession`]).
+    pub async fn acquire_in(
+        &self,
+        session: &AsyncSessionGuard,
+        key: impl AsRef<[u8]>,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
+        self.acquire_guarded_in(session, key.as_ref(), Acquiring::Exclusive(b""), wait).await
+    }
+
+    /// [`AsyncClient::campaign`] under `session`.
+    pub async fn campaign_in(
+        &self,
+        session: &AsyncSessionGuard,
+        election: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
+        let acquiring = Acquiring::Exclusive(value.as_ref());
+        self.acquire_guarded_in(session, election.as_ref(), acquiring, wait).await
+    }
+
+    /// [`AsyncClient::acquire_shared`] under `session`.
+    pub async fn acquire_shared_in(
+        &self,
+        session: &AsyncSessionGuard,
+        key: impl AsRef<[u8]>,
+        share: Share,
+        wait: Duration,
+    ) -> Result<AsyncLockGuard, ClientError> {
+        self.acquire_guarded_in(session, key.as_ref(), Acquiring::Shared(share), wait).await
+    }
 }
 
-impl Shared {
-    pub(crate) fn new(state: Lease, expired_reason: Option<&'static str>) -> Shared {
-        let (lost, _) = watch::channel(None);
-        Shared { state: Mutex::new(state), lost, expired_reason }
-    }
-
-    pub(crate) fn state(&self) -> MutexGuard<'_, Lease> {
-        // Each update of the lease is complete under the lock.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Checks the lease at `now`; once lost, tells the watchers and returns
-    /// why.
-    pub(crate) fn check(&self, now: Instant) -> Option<String> {
-        let reason = {
-            let mut state = self.state();
-            if let Some(reason) = self.expired_reason {
-                if state.lost_reason().is_none() && now >= state.valid_until() {
-                    state.lose(reason.to_owned());
-                }
+/// Takes `key` for `owner` in this process, polling until `deadline`.
+async fn take_local(
+    owner: &[u8],
+    key: &[u8],
+    deadline: Instant,
+    no_wait: bool,
+) -> Result<LocalHold, ClientError> {
+    loop {
+        match LocalHold::try_take(owner, key) {
+            Ok(hold) => return Ok(hold),
+            Err(holder_token) if Instant::now() >= deadline => {
+                return Err(if no_wait {
+                    ClientError::Held { holder_token }
+                } else {
+                    ClientError::WaitTimedOut { holder_token }
+                });
             }
-            state.check(now);
-            state.lost_reason().map(str::to_owned)
-        }?;
-        self.lost.send_if_modified(|lost| {
-            let first = lost.is_none();
-            if first {
-                *lost = Some(reason.clone());
-            }
-            first
-        });
-        Some(reason)
-    }
-
-    pub(crate) fn lose(&self, reason: String) {
-        self.state().lose(reason);
-        self.check(Instant::now());
-    }
-
-    /// The time left at now: zero once lost.
-    pub(crate) fn time_left(&self) -> Duration {
-        let now = Instant::now();
-        self.check(now);
-        self.state().time_left(now)
-    }
-
-    /// Resolves with the reason once lost.
-    pub(crate) async fn lost(&self) -> String {
-        let mut changes = self.lost.subscribe();
-        loop {
-            if let Some(reason) = self.check(Instant::now()) {
-                return reason;
-            }
-            let until = self.state().valid_until();
-            tokio::select! {
-                _ = changes.changed() => {}
-                () = tokio::time::sleep_until(until.into()) => {}
-            }
+            Err(_) => tokio::time::sleep(LOCAL_POLL.min(deadline - Instant::now())).await,
         }
-    }
-
-    pub(crate) fn lost_signal(&self) -> watch::Receiver<Option<String>> {
-        self.lost.subscribe()
     }
 }
 

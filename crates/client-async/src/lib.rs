@@ -83,11 +83,17 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! Modules, each using only those before it: `connection`, `client`
+//! (`AsyncClient` and the calls), `shared` (a lease's state and lost
+//! signal), then `session`, `guard`, `watch`, each adding its calls to
+//! `AsyncClient`.
 
 mod client;
 mod connection;
 mod guard;
 mod session;
+mod shared;
 mod watch;
 
 pub use client::AsyncClient;

@@ -1,5 +1,6 @@
 //! [`AsyncSessionGuard`]: a session kept alive by a task of its own, and
-//! closed when the guard is closed or dropped.
+//! closed when the guard is closed or dropped ([`AsyncClient::session`]
+//! opens one).
 //!
 //! The async face of `fencelock_client::SessionGuard`: a keep-alive every
 //! third of the TTL (the sans-IO [`Lease`] with the drift margin ρ), the
@@ -17,7 +18,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::client::{AsyncClient, Inner};
-use crate::guard::Shared;
+use crate::shared::Shared;
 
 /// Why a session is lost when its TTL passes without a keep-alive.
 const EXPIRED: &str = "the session's TTL passed without a successful keep-alive";
@@ -40,6 +41,16 @@ pub struct AsyncSessionGuard {
     pub(crate) shared: Arc<Shared>,
     keeper: JoinHandle<()>,
     closed: bool,
+}
+
+impl AsyncClient {
+    /// Opens a session for this client's owner with `ttl` and keeps it
+    /// alive from a task, every third of the TTL, until the guard is closed
+    /// or dropped (which closes the session).
+    pub async fn session(&self, ttl: Duration) -> Result<AsyncSessionGuard, ClientError> {
+        let (session, sent) = self.inner.open_session(&self.inner.owner, ttl).await?;
+        Ok(AsyncSessionGuard::start(self.clone(), session, sent))
+    }
 }
 
 impl AsyncSessionGuard {

@@ -1,4 +1,6 @@
-//! Watches and election observers on the async client.
+//! Watches and election observers on the async client
+//! ([`AsyncClient::watch`], [`AsyncClient::watch_from`],
+//! [`AsyncClient::observe`]).
 //!
 //! An [`AsyncWatch`] follows the changes of holders of the keys under a
 //! prefix, in log order, by asking any node for the changes after the last
@@ -28,6 +30,30 @@ pub struct AsyncWatch {
     /// The index up to which every change has been told; `None` before the
     /// first answer (which brings the current holders).
     position: Option<u64>,
+}
+
+impl AsyncClient {
+    /// Follows the holders of the keys under `prefix` from now on: the
+    /// first [`AsyncWatch::next`] brings the current holders, the next ones
+    /// the changes, in log order.
+    pub fn watch(&self, prefix: impl AsRef<[u8]>) -> AsyncWatch {
+        AsyncWatch::new(self.clone(), prefix.as_ref().to_vec(), None)
+    }
+
+    /// Follows the holders of the keys under `prefix` from log index
+    /// `position` on (an [`AsyncWatch::position`] seen before): the changes
+    /// after it, or, if a node no longer holds them, a compacted answer
+    /// with the current holders.
+    pub fn watch_from(&self, prefix: impl AsRef<[u8]>, position: u64) -> AsyncWatch {
+        AsyncWatch::new(self.clone(), prefix.as_ref().to_vec(), Some(position))
+    }
+
+    /// Follows `election`: who leads now, then each new leader and value
+    /// ([`AsyncObserver::next`]).
+    pub fn observe(&self, election: impl AsRef<[u8]>) -> AsyncObserver {
+        let key = election.as_ref().to_vec();
+        AsyncObserver::new(AsyncWatch::new(self.clone(), key.clone(), None), key)
+    }
 }
 
 impl AsyncWatch {
