@@ -12,24 +12,29 @@
 //! only. A client that stops reading its responses is stopped being read
 //! from once its unsent responses pass [`OUTPUT_PAUSE_BYTES`], so a slow
 //! client costs bounded memory.
+//!
+//! A node's loop is this same event loop given the node's peer side
+//! (`peers.rs`) and its [`Core`], which it turns between rounds of events
+//! with a [`NodeIo`] onto its sockets; `node.rs` starts it so.
 
 use std::collections::HashMap;
 use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use ahash::RandomState;
-use crossbeam_channel::{unbounded, Receiver, Sender};
+use crossbeam_channel::{unbounded, Receiver};
 use fencelock_types::client_pb::{Error, ErrorCode, Request, Request_oneof_kind as RequestKind, Response};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
+use protobuf::Message;
 use slog::{debug, info, warn, Logger};
 
 use crate::frame::{decode_frame, encode_frame, FrameError};
-use crate::node::{Core, NodeIo, Peers, Turn};
+use crate::peers::Peers;
+use crate::shared::LoopShared;
 use crate::wire::{Got, Reloadable, Wire};
 
 /// Settings of the client listener.
@@ -166,43 +171,6 @@ impl ResponseSink {
     }
 }
 
-/// The state the event loop shares with the threads that answer requests.
-#[derive(Debug)]
-pub(crate) struct LoopShared {
-    /// Responses for connections, each counted in its `in_flight`, and
-    /// whether it answers a `list`.
-    outbox: Sender<(Token, Response, bool)>,
-    pub(crate) waker: Waker,
-    /// Set when the loop was woken and has not yet looked at the outbox:
-    /// a burst of responses costs one wake-up.
-    wake_pending: AtomicBool,
-    pub(crate) stopping: AtomicBool,
-    /// The loop's own thread, which drains the outbox after every event
-    /// and so never needs waking.
-    pub(crate) loop_thread: std::sync::OnceLock<ThreadId>,
-}
-
-impl LoopShared {
-    fn post(&self, token: Token, response: Response, list: bool) -> bool {
-        if self.outbox.send((token, response, list)).is_err() {
-            return false;
-        }
-        self.wake();
-        true
-    }
-
-    pub(crate) fn wake(&self) {
-        if self.loop_thread.get() == Some(&std::thread::current().id()) {
-            return;
-        }
-        if !self.wake_pending.swap(true, Ordering::SeqCst) {
-            // Failing to write an eventfd means the process is out of
-            // resources; the next event or wake-up drains the outbox anyway.
-            let _ = self.waker.wake();
-        }
-    }
-}
-
 /// What a connection shares with the sinks of its requests.
 #[derive(Debug)]
 struct ConnectionShared {
@@ -265,6 +233,53 @@ pub fn error_response(id: u64, code: ErrorCode, message: impl Into<String>) -> R
             ..Default::default()
         }),
         ..Default::default()
+    }
+}
+
+/// What a node loop runs between rounds of socket events: the server's
+/// raft driver. Called on the loop's thread only; it must not block for
+/// long (a synchronous disk write is the longest it should take).
+pub trait Core<M>: Send {
+    /// Takes the peer messages that came in (`inbound`, to drain) and does
+    /// its work, sending messages through `io`. Returns how long the loop
+    /// may wait for events before calling again, or that it should stop.
+    fn turn(&mut self, inbound: &mut Vec<M>, io: &mut NodeIo<'_, M>) -> Turn;
+}
+
+/// What a [`Core`] asks of the loop after a turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Turn {
+    /// Call again after the next events, or after this long at the latest.
+    Wait(Duration),
+    /// End the loop: every connection closes.
+    Stop,
+}
+
+/// The loop's sockets, as a [`Core`] sees them during its turn.
+pub struct NodeIo<'a, M> {
+    pub(crate) event_loop: &'a mut EventLoop<M>,
+}
+
+impl<M> std::fmt::Debug for NodeIo<'_, M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NodeIo")
+    }
+}
+
+impl<M: Message> NodeIo<'_, M> {
+    /// Queues `message` for its peer. False when it was dropped: the peer
+    /// is unknown, unreachable, or too far behind.
+    pub fn send(&mut self, message: M) -> bool {
+        match &mut self.event_loop.peers {
+            Some(peers) => peers.send(message),
+            None => false,
+        }
+    }
+
+    /// Writes what is queued (peer messages and client responses) now,
+    /// as far as the sockets take it, instead of after the turn.
+    pub fn flush(&mut self) {
+        self.event_loop.flush_all();
     }
 }
 

@@ -15,6 +15,11 @@
 //!   (the server's raft driver) between rounds of events: one thread for
 //!   the whole node's network and consensus work.
 //!
+//! Modules, each using only those before it: `frame`, `wire`, `throttle`,
+//! `shared` (what other threads share with a loop), `peers` (a node's peer
+//! side), `client` (the event loop: client connections, and a node's peers
+//! and [`Core`] when it has them), `node` (starts a node's loop).
+//!
 //! Architecture invariants: this crate knows frames, sockets and channels,
 //! and nothing of the driver, raft or the lock table: peer messages are any
 //! protobuf message type (the server uses raft's), client requests go to a
@@ -51,19 +56,21 @@
 mod client;
 pub mod frame;
 mod node;
+mod peers;
+mod shared;
 mod throttle;
 mod wire;
 
 pub use client::{
-    error_response, ClientConfig, ClientListener, Handler, ResponseSink, INPUT_TOTAL_MAX, OUTPUT_TOTAL_MAX,
+    error_response, ClientConfig, ClientListener, Core, Handler, NodeIo, ResponseSink, Turn, INPUT_TOTAL_MAX,
+    OUTPUT_TOTAL_MAX,
 };
 pub use frame::{
     decode_frame, decode_piece, encode_frame, encode_parts, read_frame, write_frame, FrameError, PART_FLAG,
 };
-pub use node::{
-    BindError, ClientAddrs, Core, Greetings, Heard, Listeners, LoopWaker, NodeIo, NodeLoop, PeerBook,
-    PeerConfig, PeerTls, Route, Turn, PART_BYTES,
-};
+pub use node::{BindError, Listeners, NodeLoop};
+pub use peers::{ClientAddrs, Greetings, Heard, PeerBook, PeerConfig, PeerTls, Route, PART_BYTES};
+pub use shared::LoopWaker;
 pub use wire::{Got, Reloadable, Wire};
 
 #[cfg(test)]
