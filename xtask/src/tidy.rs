@@ -8,9 +8,7 @@
 //!   in, and their sources may not name clocks, threads, sockets, files,
 //!   randomness or `HashMap`.
 //! - No new import cycle between a crate's top-level modules (`crate::a`
-//!   used in `b` and `crate::b` in `a`, directly or through others): the
-//!   cycles there are today are listed in [`KNOWN_CYCLES`], to be cut, and
-//!   a listed one that is gone must leave the list.
+//!   used in `b` and `crate::b` in `a`, directly or through others).
 //! - Every Rust file in `crates/` and `xtask/` opens with a `//!` doc.
 //! - No `todo!`, `unimplemented!`, `dbg!` or `#[ignore]` in the tree.
 
@@ -59,14 +57,6 @@ const ARROWS: &[(&str, &[&str])] = &[
     // crate (types, net's framing), so that `cargo xtask bench` and
     // `cargo xtask cluster` start fencelockd as the tests and suites do.
     ("xtask", &["fencelock-launch"]),
-];
-
-/// The import cycles between top-level modules that the tree has today
-/// (issue "cut the replica along the log" cuts them): each a crate's
-/// directory under `crates/` and the modules of one cycle, sorted. A cycle
-/// not listed fails tidy, and so does a listed one that is gone.
-const KNOWN_CYCLES: &[(&str, &[&str])] = &[
-    ("sim", &["clients", "faults", "membership", "upgrade", "world"]),
 ];
 
 /// A pure core: its package, its source directory, the lists of crates it
@@ -338,7 +328,7 @@ fn scan_any_source(text: &str) -> Vec<String> {
 }
 
 /// Checks every crate under `crates/` for import cycles between its
-/// top-level modules, against [`KNOWN_CYCLES`].
+/// top-level modules: every one found is a problem.
 fn check_cycles(root: &Path, problems: &mut Vec<String>) -> Result<()> {
     let mut crates: Vec<PathBuf> = fs::read_dir(root.join("crates"))
         .context("cannot list crates/")?
@@ -358,22 +348,10 @@ fn check_cycles(root: &Path, problems: &mut Vec<String>) -> Result<()> {
             found.insert((name.clone(), cycle));
         }
     }
-    let known: BTreeSet<(String, Vec<String>)> = KNOWN_CYCLES
-        .iter()
-        .map(|(name, modules)| {
-            ((*name).to_owned(), modules.iter().map(|module| (*module).to_owned()).collect())
-        })
-        .collect();
-    for (name, cycle) in found.difference(&known) {
+    for (name, cycle) in found {
         problems.push(format!(
             "crates/{name}: modules {} import one another (a cycle through `crate::` paths); \
              one must not use what uses it",
-            cycle.join(", ")
-        ));
-    }
-    for (name, cycle) in known.difference(&found) {
-        problems.push(format!(
-            "crates/{name}: the cycle {} is gone (or changed): take it out of KNOWN_CYCLES in xtask/src/tidy.rs",
             cycle.join(", ")
         ));
     }

@@ -29,10 +29,11 @@
 
 use fencelock_raft::watch::WatchQuery;
 use fencelock_raft::{ClientRequest, Query, Reply, RequestError, Response};
-use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner, Share, Value};
+use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Share, Value};
 
+use crate::client::{ClientState, Op, OpenSession};
 use crate::invariants::shared;
-use crate::world::{Event, World};
+use crate::world::{Ask, Event, World};
 
 /// A session's TTL is drawn from this range (within the world's lease
 /// bounds), in ms.
@@ -62,199 +63,6 @@ const LEVEL_RETRY_MS: (u64, u64) = (100, 1_000);
 /// The events one watch answer holds (about): small, so that answers end
 /// at entry boundaries often.
 const WATCH_LIMIT: usize = 3;
-
-/// Who an answer is for: a client's request, on the connection it was
-/// sent on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Ask {
-    pub client: usize,
-    pub seq: u64,
-    pub conn: u64,
-}
-
-#[derive(Clone, Debug)]
-pub(crate) enum Op {
-    Acquire {
-        key: Key,
-        lease_ms: LeaseMs,
-        wait_ms: u64,
-        /// With the owner as the lock's value, as an election candidate
-        /// names itself (a level-2 request); without, once refused for it.
-        value: bool,
-    },
-    /// A reader's or the writer's acquire of a read-write lock, or a
-    /// permit's of a semaphore.
-    AcquireShared {
-        key: Key,
-        share: Share,
-        lease_ms: LeaseMs,
-        wait_ms: u64,
-    },
-    /// A holder of a shared key asks for it in another kind (it keeps
-    /// holding it under `token`, and goes back to that afterwards).
-    Probe {
-        key: Key,
-        share: Share,
-        token: FencingToken,
-        lease_ms: LeaseMs,
-        release_at_ms: u64,
-    },
-    Renew {
-        key: Key,
-        token: FencingToken,
-        lease_ms: LeaseMs,
-        /// When the holder means to let go: it renews until then.
-        release_at_ms: u64,
-    },
-    Release {
-        key: Key,
-        token: FencingToken,
-    },
-    /// A session client opens a session.
-    OpenSession {
-        ttl_ms: LeaseMs,
-    },
-    /// A keep-alive of a session.
-    KeepAlive {
-        session: FencingToken,
-    },
-    CloseSession {
-        session: FencingToken,
-    },
-    /// An acquire under a session: a plain lock (`share` none) or shared.
-    AcquireIn {
-        key: Key,
-        share: Option<Share>,
-        session: FencingToken,
-        wait_ms: u64,
-    },
-    /// A renew of a lock held under a session: it renews the session.
-    RenewIn {
-        key: Key,
-        token: FencingToken,
-        session: FencingToken,
-    },
-    /// A release of one lock held under a session.
-    ReleaseIn {
-        key: Key,
-        token: FencingToken,
-    },
-    /// A linearizable read of one key's holder.
-    Get {
-        key: Key,
-    },
-    /// A linearizable check that `token` holds `key`.
-    Check {
-        key: Key,
-        token: FencingToken,
-    },
-    /// A linearizable list of the locks under a prefix.
-    List {
-        prefix: Vec<u8>,
-    },
-    /// The changes under a prefix after a position (none: the start).
-    Watch {
-        prefix: Vec<u8>,
-        after: Option<u64>,
-        wait_ms: u64,
-    },
-}
-
-#[derive(Debug)]
-pub(crate) enum ClientState {
-    Idle,
-    /// Sends `op` again when its timer fires (its connection dropped).
-    Retrying {
-        op: Op,
-    },
-    Waiting {
-        seq: u64,
-        op: Op,
-        sent_ms: u64,
-        deadline_ms: u64,
-    },
-    Holding {
-        key: Key,
-        token: FencingToken,
-        lease_ms: LeaseMs,
-        release_at_ms: u64,
-    },
-}
-
-/// What a client takes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Plain,
-    /// Read-write locks and semaphores.
-    Shared,
-    /// Plain and shared keys, under a session.
-    Session,
-}
-
-/// A session client's session, as it believes it.
-#[derive(Debug)]
-pub(crate) struct OpenSession {
-    id: FencingToken,
-    ttl_ms: LeaseMs,
-    /// What it holds under it: key and token.
-    held: Vec<(Key, FencingToken)>,
-    /// What it still means to acquire under it.
-    plan: Vec<(Key, Option<Share>)>,
-    /// When it sends its next keep-alive (a third of the TTL after the
-    /// last answer).
-    keep_alive_at_ms: u64,
-    /// When it ends the session, and whether by closing it (else it stops
-    /// keeping it alive, and it must lapse).
-    end_at_ms: u64,
-    close: bool,
-}
-
-pub struct Client {
-    /// Bumped whenever the client's timer is set, so that earlier timers
-    /// are ignored.
-    pub(crate) generation: u64,
-    pub(crate) owner: Owner,
-    /// The user its renewals and releases name, as an authenticated (TLS)
-    /// client's do: every other client has one, so both paths run.
-    user: Option<Owner>,
-    pub(crate) target: usize,
-    /// Takes read-write locks and semaphores, not plain locks.
-    shared: bool,
-    /// Holds keys under a session.
-    sessions: bool,
-    /// A session client's open session.
-    pub(crate) session: Option<OpenSession>,
-    /// The node and connection it talks over, if one is open.
-    conn: Option<(usize, u64)>,
-    pub(crate) state: ClientState,
-    /// The key this client must get and release after the heal.
-    pub(crate) final_key: Key,
-    pub(crate) served_after_heal: bool,
-    next_seq: u64,
-    /// Where its watch of the keys is: the index of the last answer.
-    watch_at: Option<u64>,
-}
-
-impl Client {
-    pub(crate) fn new(index: usize, nodes: usize, kind: Kind) -> Client {
-        let owner = Owner::new(format!("client-{}", index + 1).into_bytes()).expect("a valid owner");
-        Client {
-            generation: 0,
-            user: index.is_multiple_of(2).then(|| owner.clone()),
-            owner,
-            target: index % nodes,
-            shared: kind == Kind::Shared,
-            sessions: kind == Kind::Session,
-            session: None,
-            conn: None,
-            state: ClientState::Idle,
-            final_key: Key::new(format!("final/{}", index + 1).into_bytes()).expect("a valid key"),
-            served_after_heal: false,
-            next_seq: 0,
-            watch_at: None,
-        }
-    }
-}
 
 impl World {
     /// Sets `client`'s timer, replacing any earlier one.
@@ -640,7 +448,7 @@ impl World {
 
     /// An answer arrives; one for a request the client no longer waits for
     /// (or on a connection it closed) is dropped.
-    pub(crate) fn client_reply(&mut self, ask: crate::clients::Ask, reply: Reply) -> Result<(), String> {
+    pub(crate) fn client_reply(&mut self, ask: Ask, reply: Reply) -> Result<(), String> {
         let client = ask.client;
         if self.clients[client].conn.map(|(_, conn)| conn) != Some(ask.conn) {
             return Ok(());

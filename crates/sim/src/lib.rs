@@ -47,16 +47,26 @@
 //! Architecture invariants: no threads, no sockets, no wall clock, no
 //! unseeded randomness. It builds on types, fsm and raft; never on net or
 //! server.
+//!
+//! Modules, each using only those before it: `rng`, `clock`, `disk`,
+//! `network`, [`invariants`], each part's state (`swarm`, `builds`,
+//! `client`, `operator`), `world` (the queue and the nodes), then each
+//! part's events, handled on the world (`faults`, `upgrade`, `clients`,
+//! `membership`).
 
 pub mod invariants;
 
+mod builds;
+mod client;
 mod clients;
 mod clock;
 mod disk;
 mod faults;
 mod membership;
 mod network;
+mod operator;
 mod rng;
+mod swarm;
 mod upgrade;
 mod world;
 

@@ -35,26 +35,23 @@
 //! still draw from the seed's main stream as they start, so a seed with an
 //! operator runs otherwise than without one.)
 
-use std::collections::{BTreeSet, VecDeque};
-
 use fencelock_fsm::MemberAddrs;
 use fencelock_raft::{rejoin::ClusterState, ClientRequest, Member, MemberChange, MemberRole, NodeId, Reply};
 use fencelock_raft::{RequestError, Response, Role};
 use fencelock_types::LEVEL;
 
-use crate::clients::Ask;
 use crate::invariants::membership::Expected;
+use crate::operator::{Operation, Step};
 use crate::rng::Rng;
-use crate::world::{Event, SimNode, World};
+use crate::world::{Ask, Event, Rejoin, SimNode, World};
 
-/// Salts that set the operator's streams apart from the seed's main one.
+/// The salt that sets the stream choosing the seeds with an operator apart
+/// from the seed's main one (the operator's own stream has another, in
+/// `operator.rs`).
 const CHOICE_SALT: u64 = 0x6d65_6d62_6572_7321;
-const OPERATOR_SALT: u64 = 0x6f70_6572_6174_6f72;
 
 /// One seed in this many has an operator.
 const SEEDS_PER_OPERATOR: u64 = 7;
-/// The operations of one run, at most.
-const OPERATIONS_MAX: u64 = 3;
 /// The voters the operator leaves at least (a cluster of three must stay
 /// three to lose one).
 const VOTERS_MIN: usize = 3;
@@ -77,116 +74,6 @@ const DECOMMISSION_MS: u64 = 5_000;
 /// [`SEEDS_PER_OPERATOR`].
 pub fn membership_changes(seed: u64) -> bool {
     Rng::new(seed ^ CHOICE_SALT).range(0, SEEDS_PER_OPERATOR) == 0
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Operation {
-    Grow,
-    Shrink,
-    Replace,
-}
-
-/// One membership change the operator asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Step {
-    /// Add this new node as a learner, then start it.
-    Add(usize),
-    Promote(usize),
-    /// Remove a voter, chosen when the step begins (never `keep`, the node
-    /// the operation added).
-    Remove {
-        node: Option<usize>,
-        keep: Option<usize>,
-    },
-}
-
-/// The operator: its plan, where it is in it, and what it was told.
-#[derive(Debug)]
-pub(crate) struct Operator {
-    rng: Rng,
-    /// Operations not begun, each with the earliest time it may.
-    plan: VecDeque<(u64, Operation)>,
-    /// The steps left of the operation under way.
-    steps: VecDeque<Step>,
-    /// The number of the request in flight, if one is: its timer is the
-    /// operator's.
-    waiting: Option<u64>,
-    /// The node it talks to, and its connection, if open.
-    target: usize,
-    conn: Option<(usize, u64)>,
-    next_seq: u64,
-    /// Bumped whenever its timer is set: only the latest counts.
-    generation: u64,
-    /// The members as the cluster's answers said.
-    voters: BTreeSet<usize>,
-    learners: BTreeSet<usize>,
-    /// Changes acknowledged: members added, and removed.
-    pub added: u64,
-    pub removed: u64,
-    /// It has asked for a change: nodes may hear from nodes outside their
-    /// configuration from now on.
-    pub asked: bool,
-}
-
-impl Operator {
-    /// The operator of seed `seed`'s cluster of `nodes`, its operations
-    /// drawn within the first `fault_ms`.
-    pub(crate) fn draw(seed: u64, nodes: usize, fault_ms: u64) -> Operator {
-        let mut rng = Rng::new(seed ^ OPERATOR_SALT);
-        let count = rng.range(1, OPERATIONS_MAX + 1);
-        let mut at_ms = rng.range(fault_ms / 20, fault_ms / 4);
-        let mut plan = VecDeque::new();
-        for _ in 0..count {
-            plan.push_back((at_ms, rng.pick(&[Operation::Grow, Operation::Shrink, Operation::Replace])));
-            at_ms += rng.range(fault_ms / 10, fault_ms / 4);
-        }
-        Operator {
-            rng,
-            plan,
-            steps: VecDeque::new(),
-            waiting: None,
-            target: 0,
-            conn: None,
-            next_seq: 0,
-            generation: 0,
-            voters: (0..nodes).collect(),
-            learners: BTreeSet::new(),
-            added: 0,
-            removed: 0,
-            asked: false,
-        }
-    }
-
-    /// The most nodes its plan adds.
-    pub(crate) fn nodes_added_max(&self) -> usize {
-        self.plan.iter().filter(|(_, operation)| *operation != Operation::Shrink).count()
-    }
-
-    /// When its first operation may begin.
-    pub(crate) fn first_at_ms(&self) -> Option<u64> {
-        self.plan.front().map(|(at_ms, _)| *at_ms)
-    }
-}
-
-impl std::fmt::Display for Step {
-    /// With node numbers (ids), as the rest of the trace names nodes.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Step::Add(node) => write!(f, "add {}", node + 1),
-            Step::Promote(node) => write!(f, "promote {}", node + 1),
-            Step::Remove { node: Some(node), .. } => write!(f, "remove {}", node + 1),
-            Step::Remove { node: None, .. } => write!(f, "remove a voter"),
-        }
-    }
-}
-
-/// Whether a node on a blank disk starts now (`World::rejoin_as_member`).
-pub(crate) enum Rejoin {
-    Start,
-    /// No leader to ask: in this many ms.
-    Later(u64),
-    /// It is no member.
-    Never,
 }
 
 /// Where node `node` is reached, as its addition names it.
@@ -637,7 +524,10 @@ impl World {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
+    use crate::operator::Operator;
 
     #[test]
     fn about_one_seed_in_seven_changes_its_membership() {

@@ -36,9 +36,9 @@ use fencelock_types::LEVEL;
 use crate::rng::Rng;
 use crate::world::{Event, World};
 
-/// Salts that set the level streams apart from the seed's main one.
+/// The salt that sets the founding level's stream apart from the seed's main
+/// one (the upgrades' stream has another, in `builds.rs`).
 const FOUNDING_SALT: u64 = 0x666f_756e_6469_6e67;
-const UPGRADE_SALT: u64 = 0x7570_6772_6164_6573;
 
 /// How soon a connection's hello arrives, and how soon a connection that
 /// could not open tries again, in ms.
@@ -54,36 +54,6 @@ pub fn founding_level(seed: u64) -> u32 {
         0 => 1,
         1 => 2,
         _ => LEVEL,
-    }
-}
-
-/// What each node's build says of itself, and when the old ones upgrade.
-#[derive(Clone, Debug)]
-pub(crate) struct Builds {
-    /// Per node: the level its hellos say until its upgrade, and when.
-    pub old: Vec<Option<(u32, u64)>>,
-    /// The upgrades' own stream.
-    pub rng: Rng,
-}
-
-impl Builds {
-    /// Draws the builds of a cluster of `nodes` founded at
-    /// `founding_level`: none old when it is [`LEVEL`].
-    pub(crate) fn draw(seed: u64, nodes: usize, founding_level: u32, fault_ms: u64) -> Builds {
-        let mut rng = Rng::new(seed ^ UPGRADE_SALT);
-        let old = (0..nodes)
-            .map(|_| {
-                if founding_level >= LEVEL || !rng.chance(500_000) {
-                    return None;
-                }
-                // A cluster at level 1 may run builds before levels (their
-                // hellos say 0) and level-2 builds; one at 2, level-2 ones.
-                let said: Vec<u32> = (founding_level == 1).then_some(0).into_iter().chain(2..LEVEL).collect();
-                let level = rng.pick(&said);
-                Some((level, rng.range(0, fault_ms)))
-            })
-            .collect();
-        Builds { old, rng }
     }
 }
 
@@ -143,7 +113,7 @@ impl World {
         &self,
         from: usize,
         to: usize,
-        peer: &fencelock_raft::Node<crate::clients::Ask>,
+        peer: &fencelock_raft::Node<crate::world::Ask>,
     ) -> fencelock_raft::rejoin::PeerReport {
         let mut report = peer.hello_for(NodeId(to as u64 + 1));
         report.level = self.nodes[from].build_level;
@@ -154,6 +124,7 @@ impl World {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::builds::Builds;
 
     #[test]
     fn about_one_seed_in_eight_founds_at_each_older_level() {

@@ -4,6 +4,12 @@
 //! simulated time from one seed. The clients live in `clients.rs`, the
 //! faults in `faults.rs`, the clocks in `clock.rs`, the network in
 //! `network.rs`; this file runs the nodes and the queue.
+//!
+//! The [`World`] holds each part's state, whose types sit below it
+//! (`swarm.rs`, `builds.rs`, `client.rs`, `operator.rs`), and hands each
+//! event to the handler that the part's own module (`faults.rs`,
+//! `upgrade.rs`, `clients.rs`, `membership.rs`) adds to `World`: those
+//! modules use this one, and this one names none of them.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -15,16 +21,16 @@ use fencelock_raft::{
 use fencelock_types::{LeaseMs, LEVEL};
 use raft::prelude::Message;
 
-use crate::clients::{Ask, Client, Kind};
+use crate::builds::Builds;
+use crate::client::{Client, Kind};
 use crate::clock::NodeClock;
 
 use crate::disk::SimDisk;
-use crate::faults::Swarm;
 use crate::invariants::{convergence, shared, Checker};
-use crate::membership::{Operator, Rejoin};
 use crate::network::Network;
+use crate::operator::Operator;
 use crate::rng::Rng;
-use crate::upgrade::Builds;
+use crate::swarm::Swarm;
 use crate::{Report, SimConfig, Violation};
 use fencelock_raft::gate::Refusal;
 
@@ -38,6 +44,15 @@ const QUIESCE_MS: u64 = 10_000;
 /// The events a run may take: a run takes tens of thousands, a message
 /// storm (messages that beget more than one message each) without end.
 const EVENTS_MAX: u64 = 1_000_000;
+
+/// Who an answer is for: a client's request, on the connection it was
+/// sent on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ask {
+    pub client: usize,
+    pub seq: u64,
+    pub conn: u64,
+}
 
 #[derive(Debug)]
 pub(crate) enum Event {
@@ -145,6 +160,15 @@ pub(crate) struct SimNode {
     /// stopped because the cluster's configuration did not hold it as a
     /// voter (`World::member_elsewhere`).
     pub join_when_blank: bool,
+}
+
+/// Whether a node on a blank disk starts now (`World::rejoin_as_member`).
+pub(crate) enum Rejoin {
+    Start,
+    /// No leader to ask: in this many ms.
+    Later(u64),
+    /// It is no member.
+    Never,
 }
 
 /// What an event is, without its payload (a raft message may carry the
