@@ -1,5 +1,14 @@
-//! fencelockd's configuration: command-line flags and an optional TOML
-//! file, flags winning, checked as a whole before anything starts.
+//! fencelockd's configuration: what the server runs with ([`ServerConfig`]),
+//! made from the command line, the environment and an optional TOML file,
+//! in that order of precedence, then the defaults; checked as a whole
+//! before anything starts. Every setting is declared once, by concern, in
+//! `config/settings.rs`; `config/layers.rs` turns that declaration into the
+//! flags, the file and the layering. This module owns what the settings
+//! mean together: the defaults worked out from other settings, every check
+//! across them, and the file `--config-check` prints.
+
+mod layers;
+mod settings;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -11,9 +20,11 @@ use clap::Parser;
 use fencelock_raft::rejoin::ClusterState;
 use fencelock_raft::{human_ms, Config as DriverConfig, NodeId};
 use fencelock_types::LeaseMs;
-use serde::Deserialize;
 
 use crate::access::{Access, RuleConfig};
+#[cfg(test)]
+use settings::parse_ms;
+pub use settings::{defaults, InitialClusterState, LogFormat, PeersSetting, Settings};
 
 /// How long a node with an empty data directory and no other member in
 /// its --peers listens for a running cluster before it founds one
@@ -21,11 +32,11 @@ use crate::access::{Access, RuleConfig};
 /// reconnection backoff.
 const FOUNDING_GRACE_MS: u64 = 2_000;
 
-/// Command-line flags. Every setting but `--config`, `--config-check`,
-/// `--restore` and `--join` can also come from the TOML file (same names,
-/// with underscores); every one but `--config-check` from the environment
-/// (`FENCELOCKD_` and the name in capitals: `FENCELOCKD_PEERS`). Flags win
-/// over the environment, which wins over the file.
+/// Command-line flags: every setting ([`Settings`], each also from the
+/// environment as `FENCELOCKD_` and its name in capitals, and from the TOML
+/// file under its name with underscores), and the four that are flags only:
+/// `--config`, `--config-check`, `--restore` and `--join`. Flags win over
+/// the environment, which wins over the file.
 #[derive(Debug, Default, Parser)]
 #[command(
     name = "fencelockd",
@@ -41,164 +52,11 @@ const FOUNDING_GRACE_MS: u64 = 2_000;
                   from the cluster (fencelock member remove)."
 )]
 pub struct Flags {
-    /// This node's id (1 and up), one of those in --peers. [default: 1]
-    #[arg(long, env = "FENCELOCKD_ID")]
-    pub id: Option<u64>,
-    /// Every node's peer address, this node's included: 1=HOST:PORT,2=HOST:PORT,...
-    /// HOST is an IP address or a host name (resolved again at every
-    /// connection). This node listens on its own. [default: ID=127.0.0.1:7001]
-    #[arg(long, env = "FENCELOCKD_PEERS")]
-    pub peers: Option<String>,
-    /// Where clients connect to this node: IP:PORT or HOST:PORT (resolved
-    /// once, at start). [default: 127.0.0.1:7101]
-    #[arg(long, env = "FENCELOCKD_CLIENT_ADDR")]
-    pub client_addr: Option<String>,
-    /// The address clients are told to reach this node at (leader hints,
-    /// `fencelock status`); default: --client-addr. Needed when
-    /// --client-addr is 0.0.0.0 or [::].
-    #[arg(long, value_name = "HOST:PORT", env = "FENCELOCKD_ADVERTISE_CLIENT_ADDR")]
-    pub advertise_client_addr: Option<String>,
-    /// The address other nodes are told to reach this node's peer port at;
-    /// default: this node's entry in --peers.
-    #[arg(long, value_name = "HOST:PORT", env = "FENCELOCKD_ADVERTISE_PEER_ADDR")]
-    pub advertise_peer_addr: Option<String>,
-    /// How a node whose data directory is empty starts: `new` founds the
-    /// cluster once a majority of --peers is up and blank; `existing` waits
-    /// for every peer, and rejoins a cluster that knows it. Ignored once the
-    /// node has data. [default: new]
-    #[arg(long, value_enum, env = "FENCELOCKD_INITIAL_CLUSTER_STATE")]
-    pub initial_cluster_state: Option<InitialClusterState>,
-    /// Where this node keeps its raft log and snapshots. [default:
-    /// $XDG_DATA_HOME/fencelock/node-ID, else ~/.local/share/fencelock/node-ID]
-    #[arg(long, env = "FENCELOCKD_DATA_DIR")]
-    pub data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub settings: Settings,
     /// A TOML file with any of these settings; flags win over it.
     #[arg(long, env = "FENCELOCKD_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Log format: text or json. [default: text]
-    #[arg(long, env = "FENCELOCKD_LOG_FORMAT")]
-    pub log_format: Option<LogFormat>,
-    /// Log level: error, warning, info or debug. [default: info]
-    #[arg(long, env = "FENCELOCKD_LOG_LEVEL")]
-    pub log_level: Option<String>,
-    /// The length of one raft tick: milliseconds, or a duration (50ms,
-    /// 1s), like every setting named _ms. [default: 50ms]
-    #[arg(long, env = "FENCELOCKD_TICK_MS", value_parser = parse_ms, value_name = "DURATION")]
-    pub tick_ms: Option<u64>,
-    /// The shortest election timeout (the longest is twice it); a multiple
-    /// of the tick. [default: 500ms]
-    #[arg(long, env = "FENCELOCKD_ELECTION_MS", value_parser = parse_ms, value_name = "DURATION")]
-    pub election_ms: Option<u64>,
-    /// The leader's heartbeat interval; a multiple of the tick. [default: 100ms]
-    #[arg(long, env = "FENCELOCKD_HEARTBEAT_MS", value_parser = parse_ms, value_name = "DURATION")]
-    pub heartbeat_ms: Option<u64>,
-    /// The shortest lease a client may ask for; at least twice the longest
-    /// election timeout. [default: 2s]
-    #[arg(long, env = "FENCELOCKD_LEASE_MIN_MS", value_parser = parse_ms, value_name = "DURATION")]
-    pub lease_min_ms: Option<u64>,
-    /// The longest lease a client may ask for. [default: 24h]
-    #[arg(long, env = "FENCELOCKD_LEASE_MAX_MS", value_parser = parse_ms, value_name = "DURATION")]
-    pub lease_max_ms: Option<u64>,
-    /// The longest an acquire may wait in a key's queue (its wait_ms); a
-    /// longer wait is refused. [default: 5m]
-    #[arg(long, env = "FENCELOCKD_WAIT_MAX_MS", value_parser = parse_ms, value_name = "DURATION")]
-    pub wait_max_ms: Option<u64>,
-    /// Lock-delay for keys under PREFIX: a lock whose lease runs out (not
-    /// one released) is held back that long, granted to no one, before its
-    /// key is free; for resources that cannot check tokens. Repeat the flag
-    /// (or separate with commas) for more prefixes; the longest matching
-    /// prefix wins, and an empty prefix (`=10s`) covers every key. Give
-    /// every node the same rules: the leader's apply. In the file: a
-    /// `[lock_delay]` table, `"jobs/" = "10s"`. [default: none]
-    #[arg(
-        long = "lock-delay",
-        env = "FENCELOCKD_LOCK_DELAY",
-        value_delimiter = ',',
-        value_parser = parse_lock_delay,
-        value_name = "PREFIX=DURATION"
-    )]
-    pub lock_delay: Vec<(String, u64)>,
-    /// Snapshot the lock table and compact the log every this many applied
-    /// entries. [default: 10000]
-    #[arg(long, env = "FENCELOCKD_SNAPSHOT_INTERVAL_ENTRIES")]
-    pub snapshot_interval_entries: Option<u64>,
-    /// Client requests the leader holds unanswered at once (waiting acquires
-    /// included); more are answered UNAVAILABLE. [default: 65536]
-    #[arg(long, env = "FENCELOCKD_MAX_PENDING_REQUESTS")]
-    pub max_pending_requests: Option<usize>,
-    /// Of those, acquires; more are answered UNAVAILABLE while renewals,
-    /// releases and reads still find room. [default: 32768]
-    #[arg(long, env = "FENCELOCKD_MAX_PENDING_ACQUIRES")]
-    pub max_pending_acquires: Option<usize>,
-    /// Acquires waiting for one key; more are answered RESOURCE_EXHAUSTED.
-    /// [default: 4096]
-    #[arg(long, env = "FENCELOCKD_MAX_WAITERS_PER_KEY")]
-    pub max_waiters_per_key: Option<usize>,
-    /// Watches waiting for a change on this node; more are answered
-    /// RESOURCE_EXHAUSTED. [default: 4096]
-    #[arg(long, env = "FENCELOCKD_MAX_WATCHES")]
-    pub max_watches: Option<usize>,
-    /// Watches waiting for a change on one client connection. [default: 64]
-    #[arg(long, env = "FENCELOCKD_MAX_WATCHES_PER_CONNECTION")]
-    pub max_watches_per_connection: Option<usize>,
-    /// Bytes of recent changes each node keeps for watches; a watch further
-    /// behind is answered `compacted`, with the current holders.
-    /// [default: 16777216]
-    #[arg(long, env = "FENCELOCKD_WATCH_HISTORY_BYTES")]
-    pub watch_history_bytes: Option<usize>,
-    /// Locks the table may hold; a new lock past it is answered
-    /// RESOURCE_EXHAUSTED. [default: 1000000]
-    #[arg(long, env = "FENCELOCKD_MAX_LOCKS")]
-    pub max_locks: Option<usize>,
-    /// Locks the owners of one identity may hold (the owner up to its first
-    /// `/`; with TLS, the user); as above. [default: 100000]
-    #[arg(long, env = "FENCELOCKD_MAX_LOCKS_PER_OWNER")]
-    pub max_locks_per_owner: Option<usize>,
-    /// Client connections served at once. [default: 4096]
-    #[arg(long, env = "FENCELOCKD_MAX_CONNECTIONS")]
-    pub max_connections: Option<usize>,
-    /// Client connections served at once from one IP address. [default: 1024]
-    #[arg(long, env = "FENCELOCKD_MAX_CONNECTIONS_PER_ADDRESS")]
-    pub max_connections_per_address: Option<usize>,
-    /// Close a client connection that has no request in flight and has sent
-    /// nothing for this long (0: never). [default: 10m]
-    #[arg(long, env = "FENCELOCKD_IDLE_TIMEOUT_MS", value_parser = parse_ms, value_name = "DURATION")]
-    pub idle_timeout_ms: Option<u64>,
-    /// Requests in flight on one client connection. [default: 4096]
-    #[arg(long, env = "FENCELOCKD_MAX_IN_FLIGHT")]
-    pub max_in_flight: Option<usize>,
-    /// The largest client frame, in bytes. [default: 1048576]
-    #[arg(long, env = "FENCELOCKD_MAX_FRAME_BYTES")]
-    pub max_frame_bytes: Option<usize>,
-    /// Bytes of partial client requests held across every connection; past
-    /// it, the connection holding the most is closed. [default: 67108864 (64 MiB)]
-    #[arg(long, env = "FENCELOCKD_MAX_INPUT_BYTES")]
-    pub max_input_bytes: Option<usize>,
-    /// Unsent answer bytes across every client connection; past it, the
-    /// connection holding the most (a client that does not read) is closed.
-    /// [default: 268435456 (256 MiB)]
-    #[arg(long, env = "FENCELOCKD_MAX_OUTPUT_BYTES")]
-    pub max_output_bytes: Option<usize>,
-    /// The largest snapshot this node takes from a leader, in bytes: it must
-    /// hold the lock table (about 1,300 bytes a lock with the longest keys
-    /// and owners). [default: 2147483648 (2 GiB)]
-    #[arg(long, env = "FENCELOCKD_MAX_SNAPSHOT_BYTES")]
-    pub max_snapshot_bytes: Option<usize>,
-    /// Serve Prometheus metrics at http://ADDR/metrics, and the probes
-    /// /health (200 while the node loop answers) and /ready (200 once it
-    /// knows a leader with a quorum and has applied what it knows is
-    /// committed; 503 otherwise). Off unless set.
-    #[arg(long, env = "FENCELOCKD_METRICS_ADDR")]
-    pub metrics_addr: Option<SocketAddr>,
-    /// Serve both ports over TLS with the certificates in DIR (`ca.crt`,
-    /// `node-<id>.crt` and `node-<id>.key`; see `fencelock cert`).
-    #[arg(long, value_name = "DIR", env = "FENCELOCKD_CERTS_DIR")]
-    pub certs_dir: Option<PathBuf>,
-    /// Serve plain TCP on addresses other than loopback (this node's peer,
-    /// client or metrics address). Anyone who can reach them can then act as
-    /// a peer or a client: see docs/security.md.
-    #[arg(long, env = "FENCELOCKD_INSECURE")]
-    pub insecure: bool,
     /// Check the configuration, print it with every default as a TOML file
     /// that --config takes, and exit.
     #[arg(long)]
@@ -219,145 +77,6 @@ pub struct Flags {
     /// this node. A node that holds data already starts from it. Flag only.
     #[arg(long, value_name = "ENDPOINTS", env = "FENCELOCKD_JOIN")]
     pub join: Option<String>,
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum InitialClusterState {
-    #[default]
-    New,
-    Existing,
-}
-
-/// A duration in the file: a number of milliseconds, or a string with
-/// units (`"500ms"`, `"2s"`, `"24h"`).
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum MsSetting {
-    Millis(u64),
-    Text(String),
-}
-
-/// A duration setting, as a flag or the environment gives it: a number of
-/// milliseconds, or a duration with units (`500ms`, `2s`, `5m`, `24h`).
-pub fn parse_ms(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    if let Ok(ms) = text.parse::<u64>() {
-        return Ok(ms);
-    }
-    let duration = humantime::parse_duration(text).map_err(|err| {
-        format!(
-            "`{text}` is not a duration (a number of milliseconds, or one like 500ms, 2s, 5m, 24h): {err}"
-        )
-    })?;
-    u64::try_from(duration.as_millis()).map_err(|_| format!("`{text}` is too long"))
-}
-
-/// `PREFIX=DURATION`, a lock-delay rule.
-pub fn parse_lock_delay(text: &str) -> Result<(String, u64), String> {
-    let (prefix, delay) =
-        text.rsplit_once('=').ok_or_else(|| format!("`{text}` is not PREFIX=DURATION (say jobs/=10s)"))?;
-    Ok((prefix.to_owned(), parse_ms(delay)?))
-}
-
-/// Checks lock-delay rules: each prefix a valid key prefix, each delay
-/// from 1 ms to the longest lease a client may ask for (`max_ms`).
-fn lock_delays(rules: Vec<(String, u64)>, max_ms: u64) -> Result<Vec<(Vec<u8>, LeaseMs)>> {
-    // Each due lease is matched against every rule: a bound keeps that cheap.
-    const RULES_MAX: usize = 1_024;
-    if rules.len() > RULES_MAX {
-        bail!("lock-delay: {} rules, more than the {RULES_MAX} allowed", rules.len());
-    }
-    let mut checked: Vec<(Vec<u8>, LeaseMs)> = Vec::new();
-    for (prefix, delay_ms) in rules {
-        if prefix.len() > fencelock_types::KEY_LEN_MAX {
-            bail!("lock-delay: the prefix `{prefix}` is longer than a key may be");
-        }
-        let delay = LeaseMs::new(delay_ms).ok().filter(|delay| delay.get() <= max_ms).ok_or_else(|| {
-            anyhow!(
-                "lock-delay: {} for `{prefix}` is not a delay from 1ms to {} (the longest lease)",
-                human_ms(delay_ms),
-                human_ms(max_ms)
-            )
-        })?;
-        if checked.iter().any(|(seen, _)| seen == prefix.as_bytes()) {
-            bail!("lock-delay: the prefix `{prefix}` has two rules");
-        }
-        checked.push((prefix.into_bytes(), delay));
-    }
-    Ok(checked)
-}
-
-/// A file's duration setting in milliseconds.
-fn file_ms(name: &str, setting: Option<MsSetting>) -> Result<Option<u64>> {
-    match setting {
-        None => Ok(None),
-        Some(MsSetting::Millis(ms)) => Ok(Some(ms)),
-        Some(MsSetting::Text(text)) => parse_ms(&text).map(Some).map_err(|why| anyhow!("{name}: {why}")),
-    }
-}
-
-/// `peers` in the file: the flag's text, or a table of id to address.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum PeersSetting {
-    Text(String),
-    Table(BTreeMap<String, String>),
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    #[default]
-    Text,
-    Json,
-}
-
-/// The TOML file: the same settings as the flags.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    id: Option<u64>,
-    peers: Option<PeersSetting>,
-    client_addr: Option<String>,
-    advertise_client_addr: Option<String>,
-    advertise_peer_addr: Option<String>,
-    initial_cluster_state: Option<InitialClusterState>,
-    data_dir: Option<PathBuf>,
-    log_format: Option<LogFormat>,
-    log_level: Option<String>,
-    tick_ms: Option<MsSetting>,
-    election_ms: Option<MsSetting>,
-    heartbeat_ms: Option<MsSetting>,
-    lease_min_ms: Option<MsSetting>,
-    lease_max_ms: Option<MsSetting>,
-    wait_max_ms: Option<MsSetting>,
-    /// Lock-delay rules: key prefix → delay.
-    lock_delay: Option<BTreeMap<String, MsSetting>>,
-    snapshot_interval_entries: Option<u64>,
-    max_pending_requests: Option<usize>,
-    max_pending_acquires: Option<usize>,
-    max_waiters_per_key: Option<usize>,
-    max_watches: Option<usize>,
-    max_watches_per_connection: Option<usize>,
-    watch_history_bytes: Option<usize>,
-    max_locks: Option<usize>,
-    max_locks_per_owner: Option<usize>,
-    max_connections: Option<usize>,
-    max_connections_per_address: Option<usize>,
-    idle_timeout_ms: Option<MsSetting>,
-    max_in_flight: Option<usize>,
-    max_frame_bytes: Option<usize>,
-    max_input_bytes: Option<usize>,
-    max_output_bytes: Option<usize>,
-    max_snapshot_bytes: Option<usize>,
-    metrics_addr: Option<SocketAddr>,
-    certs_dir: Option<PathBuf>,
-    insecure: Option<bool>,
-    /// TLS users with every right on every key (file only).
-    admins: Option<Vec<String>>,
-    /// Rights of TLS users on key prefixes (file only).
-    rules: Option<Vec<RuleConfig>>,
 }
 
 /// The checked configuration the server runs with.
@@ -410,43 +129,36 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
-    /// Builds the configuration from `flags` and the file they name.
+    /// Builds the configuration from `flags` (and the environment) over
+    /// the file they name, over the defaults.
     pub fn load(flags: &Flags) -> Result<ServerConfig> {
         let file = match &flags.config {
-            Some(path) => read_file(path)?,
-            None => FileConfig::default(),
+            Some(path) => Settings::read(path)?,
+            None => Settings::default(),
         };
-        ServerConfig::merge(flags, file)
+        ServerConfig::resolve(flags.settings.clone().or(file), flags)
     }
 
-    fn merge(flags: &Flags, file: FileConfig) -> Result<ServerConfig> {
-        let tick_ms = flags.tick_ms.or(file_ms("tick_ms", file.tick_ms)?).unwrap_or(50);
-        let election_ms = flags.election_ms.or(file_ms("election_ms", file.election_ms)?).unwrap_or(500);
-        let heartbeat_ms = flags.heartbeat_ms.or(file_ms("heartbeat_ms", file.heartbeat_ms)?).unwrap_or(100);
-        let lease_min_ms =
-            flags.lease_min_ms.or(file_ms("lease_min_ms", file.lease_min_ms)?).unwrap_or(2_000);
-        let lease_max_ms = flags
-            .lease_max_ms
-            .or(file_ms("lease_max_ms", file.lease_max_ms)?)
-            .unwrap_or(24 * 60 * 60 * 1_000);
-        let wait_max_ms = flags.wait_max_ms.or(file_ms("wait_max_ms", file.wait_max_ms)?).unwrap_or(300_000);
-        let idle_timeout_ms =
-            flags.idle_timeout_ms.or(file_ms("idle_timeout_ms", file.idle_timeout_ms)?).unwrap_or(600_000);
-        let id = flags.id.or(file.id).unwrap_or(1);
-        let peers = match (flags.peers.clone(), file.peers) {
-            (Some(text), _) | (None, Some(PeersSetting::Text(text))) => parse_peers(&text)?,
-            (None, Some(PeersSetting::Table(table))) => peers_from_table(table)?,
-            (None, None) => parse_peers(&format!("{id}=127.0.0.1:7001"))?,
+    /// The configuration from the layered `settings` (with the defaults
+    /// for what none gives) and the flags-only `flags`, checked.
+    fn resolve(settings: Settings, flags: &Flags) -> Result<ServerConfig> {
+        let Settings { identity, storage, observability, timing, leases, limits, connections, security } =
+            settings;
+
+        let id = identity.id.unwrap_or(defaults::ID);
+        let peers = match identity.peers {
+            Some(PeersSetting::Text(text)) => parse_peers(&text)?,
+            Some(PeersSetting::Table(table)) => peers_from_table(table)?,
+            None => parse_peers(&format!("{id}={}", defaults::PEER_ADDR))?,
         };
         let Some(own_peer_text) = peers.get(&id).cloned() else {
             bail!("--id {id} is not among --peers ({})", peers_text(&peers));
         };
         let peer_listen_addr = resolve(&own_peer_text).context("this node's own address in --peers")?;
-        let client_text =
-            flags.client_addr.clone().or(file.client_addr).unwrap_or_else(|| "127.0.0.1:7101".into());
+        let client_text = identity.client_addr.unwrap_or_else(|| defaults::CLIENT_ADDR.to_owned());
         let client_text = host_port(&client_text).context("--client-addr")?;
         let client_addr = resolve(&client_text).context("--client-addr")?;
-        let advertise_client_addr = match flags.advertise_client_addr.clone().or(file.advertise_client_addr) {
+        let advertise_client_addr = match identity.advertise_client_addr {
             Some(text) => host_port(&text).context("--advertise-client-addr")?,
             None if client_addr.ip().is_unspecified() => bail!(
                 "--client-addr {client_text} listens on every interface, and clients cannot be told to reach \
@@ -454,20 +166,21 @@ impl ServerConfig {
             ),
             None => client_text,
         };
-        let advertise_peer_addr = match flags.advertise_peer_addr.clone().or(file.advertise_peer_addr) {
+        let advertise_peer_addr = match identity.advertise_peer_addr {
             Some(text) => host_port(&text).context("--advertise-peer-addr")?,
             None => own_peer_text,
         };
-        let initial_cluster_state =
-            flags.initial_cluster_state.or(file.initial_cluster_state).unwrap_or_default();
-        let data_dir = match flags.data_dir.clone().or(file.data_dir) {
+        let initial_cluster_state = identity.initial_cluster_state.unwrap_or(defaults::INITIAL_CLUSTER_STATE);
+        let data_dir = match storage.data_dir {
             Some(dir) => dir,
             None => default_data_dir(id, &|name| std::env::var(name).ok(), Path::new(LEGACY_DATA_DIR))?,
         };
-        let log_format = flags.log_format.or(file.log_format).unwrap_or_default();
-        let log_level =
-            parse_level(flags.log_level.as_deref().or(file.log_level.as_deref()).unwrap_or("info"))?;
+        let log_format = observability.log_format.unwrap_or(defaults::LOG_FORMAT);
+        let log_level = parse_level(observability.log_level.as_deref().unwrap_or(defaults::LOG_LEVEL))?;
 
+        let tick_ms = timing.tick_ms.unwrap_or(defaults::TICK_MS).ms("tick_ms")?;
+        let election_ms = timing.election_ms.unwrap_or(defaults::ELECTION_MS).ms("election_ms")?;
+        let heartbeat_ms = timing.heartbeat_ms.unwrap_or(defaults::HEARTBEAT_MS).ms("heartbeat_ms")?;
         if tick_ms == 0 {
             bail!("tick_ms must be positive");
         }
@@ -489,64 +202,39 @@ impl ServerConfig {
         driver.founding.founding_grace_ms = FOUNDING_GRACE_MS;
         driver.raft.election_ticks = (election_ms / tick_ms) as usize;
         driver.raft.heartbeat_ticks = (heartbeat_ms / tick_ms) as usize;
-        driver.leases.lease_min_ms = lease_min_ms;
-        driver.leases.lease_max_ms = lease_max_ms;
-        let delay_rules = if flags.lock_delay.is_empty() {
-            let mut rules = Vec::new();
-            for (prefix, setting) in file.lock_delay.unwrap_or_default() {
-                let delay = file_ms(&format!("lock_delay.\"{prefix}\""), Some(setting))?.unwrap_or(0);
-                rules.push((prefix, delay));
-            }
-            rules
-        } else {
-            flags.lock_delay.clone()
-        };
-        driver.leases.lock_delays = lock_delays(delay_rules, lease_max_ms)?;
-        if let Some(entries) = flags.snapshot_interval_entries.or(file.snapshot_interval_entries) {
-            driver.raft.snapshot_interval_entries = entries;
+        driver.leases.lease_min_ms =
+            leases.lease_min_ms.unwrap_or(defaults::LEASE_MIN_MS).ms("lease_min_ms")?;
+        driver.leases.lease_max_ms =
+            leases.lease_max_ms.unwrap_or(defaults::LEASE_MAX_MS).ms("lease_max_ms")?;
+        let wait_max_ms = leases.wait_max_ms.unwrap_or(defaults::WAIT_MAX_MS).ms("wait_max_ms")?;
+        let mut delay_rules = Vec::new();
+        for (prefix, delay) in leases.lock_delay {
+            let delay_ms = delay.ms(&format!("lock_delay.\"{prefix}\""))?;
+            delay_rules.push((prefix, delay_ms));
         }
-        let counts = [
-            (
-                flags.max_pending_requests.or(file.max_pending_requests),
-                &mut driver.limits.pending_requests_max,
-            ),
-            (
-                flags.max_pending_acquires.or(file.max_pending_acquires),
-                &mut driver.limits.pending_acquires_max,
-            ),
-            (flags.max_waiters_per_key.or(file.max_waiters_per_key), &mut driver.limits.waiters_per_key_max),
-            (flags.max_watches.or(file.max_watches), &mut driver.limits.watches_max),
-            (
-                flags.max_watches_per_connection.or(file.max_watches_per_connection),
-                &mut driver.limits.watches_per_connection_max,
-            ),
-            (
-                flags.watch_history_bytes.or(file.watch_history_bytes),
-                &mut driver.limits.watch_history_bytes_max,
-            ),
-            (flags.max_locks.or(file.max_locks), &mut driver.limits.locks_max),
-            (
-                flags.max_locks_per_owner.or(file.max_locks_per_owner),
-                &mut driver.limits.locks_per_identity_max,
-            ),
-        ];
-        for (value, field) in counts {
-            if let Some(value) = value {
-                *field = value;
-            }
-        }
+        driver.leases.lock_delays = lock_delays(delay_rules, driver.leases.lease_max_ms)?;
+        driver.raft.snapshot_interval_entries =
+            storage.snapshot_interval_entries.unwrap_or(defaults::SNAPSHOT_INTERVAL_ENTRIES);
+        let caps = &mut driver.limits;
+        caps.pending_requests_max = limits.max_pending_requests.unwrap_or(defaults::MAX_PENDING_REQUESTS);
+        caps.pending_acquires_max = limits.max_pending_acquires.unwrap_or(defaults::MAX_PENDING_ACQUIRES);
+        caps.waiters_per_key_max = limits.max_waiters_per_key.unwrap_or(defaults::MAX_WAITERS_PER_KEY);
+        caps.watches_max = limits.max_watches.unwrap_or(defaults::MAX_WATCHES);
+        caps.watches_per_connection_max =
+            limits.max_watches_per_connection.unwrap_or(defaults::MAX_WATCHES_PER_CONNECTION);
+        caps.watch_history_bytes_max = limits.watch_history_bytes.unwrap_or(defaults::WATCH_HISTORY_BYTES);
+        caps.locks_max = limits.max_locks.unwrap_or(defaults::MAX_LOCKS);
+        caps.locks_per_identity_max = limits.max_locks_per_owner.unwrap_or(defaults::MAX_LOCKS_PER_OWNER);
         driver.validate_timing(tick_ms).map_err(|err| anyhow!(err))?;
 
-        let max_connections = flags.max_connections.or(file.max_connections).unwrap_or(4_096);
-        let max_in_flight = flags.max_in_flight.or(file.max_in_flight).unwrap_or(4_096);
-        let max_frame_bytes = flags.max_frame_bytes.or(file.max_frame_bytes).unwrap_or(1 << 20);
+        let max_connections = connections.max_connections.unwrap_or(defaults::MAX_CONNECTIONS);
+        let max_in_flight = connections.max_in_flight.unwrap_or(defaults::MAX_IN_FLIGHT);
+        let max_frame_bytes = connections.max_frame_bytes.unwrap_or(defaults::MAX_FRAME_BYTES);
         if max_connections == 0 || max_in_flight == 0 || max_frame_bytes < 1024 {
             bail!("max_connections and max_in_flight must be positive, max_frame_bytes at least 1024");
         }
-        let max_input_bytes =
-            flags.max_input_bytes.or(file.max_input_bytes).unwrap_or(fencelock_net::INPUT_TOTAL_MAX);
-        let max_output_bytes =
-            flags.max_output_bytes.or(file.max_output_bytes).unwrap_or(fencelock_net::OUTPUT_TOTAL_MAX);
+        let max_input_bytes = connections.max_input_bytes.unwrap_or(defaults::MAX_INPUT_BYTES);
+        let max_output_bytes = connections.max_output_bytes.unwrap_or(defaults::MAX_OUTPUT_BYTES);
         // One whole frame must fit, or a client sending the largest would
         // always be closed.
         if max_input_bytes < max_frame_bytes || max_output_bytes < max_frame_bytes {
@@ -555,40 +243,40 @@ impl ServerConfig {
                  max_frame_bytes ({max_frame_bytes})"
             );
         }
-        let max_snapshot_bytes = flags.max_snapshot_bytes.or(file.max_snapshot_bytes).unwrap_or(1 << 31);
+        let max_snapshot_bytes = storage.max_snapshot_bytes.unwrap_or(defaults::MAX_SNAPSHOT_BYTES);
         if max_snapshot_bytes < 1 << 20 {
             bail!("max_snapshot_bytes ({max_snapshot_bytes}) must be at least 1048576 (1 MiB)");
         }
         let max_connections_per_address =
-            flags.max_connections_per_address.or(file.max_connections_per_address).unwrap_or(1_024);
+            connections.max_connections_per_address.unwrap_or(defaults::MAX_CONNECTIONS_PER_ADDRESS);
         if max_connections_per_address == 0 {
             bail!("max_connections_per_address must be positive");
         }
-        let idle_timeout = match idle_timeout_ms {
-            0 => None,
-            ms => Some(Duration::from_millis(ms)),
-        };
-        let metrics_addr = flags.metrics_addr.or(file.metrics_addr);
+        let idle_timeout_ms =
+            connections.idle_timeout_ms.unwrap_or(defaults::IDLE_TIMEOUT_MS).ms("idle_timeout_ms")?;
+        // 0: idle connections stay.
+        let idle_timeout = (idle_timeout_ms > 0).then(|| Duration::from_millis(idle_timeout_ms));
+
+        let metrics_addr = observability.metrics_addr;
         if let Some(addr) = metrics_addr {
             if addr == client_addr || addr == peer_listen_addr {
                 bail!("metrics_addr {addr} is also this node's client or peer address");
             }
         }
-        let own_peer_addr = peer_listen_addr;
-        let certs_dir = flags.certs_dir.clone().or(file.certs_dir);
+        let certs_dir = security.certs_dir;
         // With TLS, only /metrics is plain.
         let plain = certs_dir.is_none();
         let exposed: Vec<(&'static str, SocketAddr)> = [
-            ("peer address", Some(own_peer_addr).filter(|_| plain)),
+            ("peer address", Some(peer_listen_addr).filter(|_| plain)),
             ("client_addr", Some(client_addr).filter(|_| plain)),
             ("metrics_addr", metrics_addr),
         ]
         .into_iter()
         .filter_map(|(name, addr)| addr.filter(|addr| !addr.ip().is_loopback()).map(|addr| (name, addr)))
         .collect();
-        let admins = file.admins.clone().unwrap_or_default();
-        let rules = file.rules.clone().unwrap_or_default();
-        let access = match (&certs_dir, file.admins, file.rules) {
+        let admins = security.admins.clone().unwrap_or_default();
+        let rules = security.rules.clone().unwrap_or_default();
+        let access = match (&certs_dir, security.admins, security.rules) {
             (Some(_), _, _) => Some(
                 Access::new(admins.clone(), rules.clone()).map_err(|err| anyhow!("permissions: {err}"))?,
             ),
@@ -598,7 +286,7 @@ impl ServerConfig {
                  client may do everything"
             ),
         };
-        let insecure = flags.insecure || file.insecure.unwrap_or(false);
+        let insecure = security.insecure;
         if let (Some((name, addr)), false) = (exposed.first(), insecure) {
             let risk = match *name {
                 "metrics_addr" => "anyone who reaches it can read this node's metrics, lock counts included",
@@ -610,6 +298,19 @@ impl ServerConfig {
                  on a network you trust; see docs/security.md"
             );
         }
+        let join = match &flags.join {
+            None => None,
+            Some(text) => {
+                let endpoints = text
+                    .split(',')
+                    .map(|endpoint| host_port(endpoint.trim()).context("--join"))
+                    .collect::<Result<Vec<String>>>()?;
+                if flags.restore.is_some() {
+                    bail!("--join and --restore exclude each other: a restored cluster is a new one");
+                }
+                Some(endpoints)
+            }
+        };
         Ok(ServerConfig {
             insecure,
             admins,
@@ -639,19 +340,7 @@ impl ServerConfig {
             wait_max_ms,
             metrics_addr,
             restore: flags.restore.clone(),
-            join: match &flags.join {
-                None => None,
-                Some(text) => {
-                    let endpoints = text
-                        .split(',')
-                        .map(|endpoint| host_port(endpoint.trim()).context("--join"))
-                        .collect::<Result<Vec<String>>>()?;
-                    if flags.restore.is_some() {
-                        bail!("--join and --restore exclude each other: a restored cluster is a new one");
-                    }
-                    Some(endpoints)
-                }
-            },
+            join,
         })
     }
 }
@@ -684,11 +373,7 @@ impl ServerConfig {
         };
         put("initial_cluster_state", text(state.to_owned()));
         put("data_dir", text(self.data_dir.display().to_string()));
-        let format = match self.log_format {
-            LogFormat::Text => "text",
-            LogFormat::Json => "json",
-        };
-        put("log_format", text(format.to_owned()));
+        put("log_format", text(self.log_format.to_string()));
         let level = match self.log_level {
             slog::Level::Critical | slog::Level::Error => "error",
             slog::Level::Warning => "warning",
@@ -779,12 +464,6 @@ fn default_data_dir(id: u64, env: &dyn Fn(&str) -> Option<String>, legacy: &Path
     Ok(dir)
 }
 
-fn read_file(path: &Path) -> Result<FileConfig> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read config file {}", path.display()))?;
-    toml::from_str(&text).with_context(|| format!("config file {} is not valid", path.display()))
-}
-
 /// Parses `1=127.0.0.1:7001,2=node-2.example:7002`.
 pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, String>> {
     let mut pairs = Vec::new();
@@ -862,6 +541,34 @@ fn parse_level(text: &str) -> Result<slog::Level> {
         "debug" => Ok(slog::Level::Debug),
         other => bail!("log level `{other}` is not one of error, warning, info, debug"),
     }
+}
+
+/// Checks lock-delay rules: each prefix a valid key prefix, each delay
+/// from 1 ms to the longest lease a client may ask for (`max_ms`).
+fn lock_delays(rules: Vec<(String, u64)>, max_ms: u64) -> Result<Vec<(Vec<u8>, LeaseMs)>> {
+    // Each due lease is matched against every rule: a bound keeps that cheap.
+    const RULES_MAX: usize = 1_024;
+    if rules.len() > RULES_MAX {
+        bail!("lock-delay: {} rules, more than the {RULES_MAX} allowed", rules.len());
+    }
+    let mut checked: Vec<(Vec<u8>, LeaseMs)> = Vec::new();
+    for (prefix, delay_ms) in rules {
+        if prefix.len() > fencelock_types::KEY_LEN_MAX {
+            bail!("lock-delay: the prefix `{prefix}` is longer than a key may be");
+        }
+        let delay = LeaseMs::new(delay_ms).ok().filter(|delay| delay.get() <= max_ms).ok_or_else(|| {
+            anyhow!(
+                "lock-delay: {} for `{prefix}` is not a delay from 1ms to {} (the longest lease)",
+                human_ms(delay_ms),
+                human_ms(max_ms)
+            )
+        })?;
+        if checked.iter().any(|(seen, _)| seen == prefix.as_bytes()) {
+            bail!("lock-delay: the prefix `{prefix}` has two rules");
+        }
+        checked.push((prefix.into_bytes(), delay));
+    }
+    Ok(checked)
 }
 
 #[cfg(test)]
