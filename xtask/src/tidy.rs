@@ -336,7 +336,6 @@ fn check_cycles(root: &Path, problems: &mut Vec<String>) -> Result<()> {
         .filter(|path| path.join("src").is_dir())
         .collect();
     crates.sort();
-    let mut found = BTreeSet::new();
     for dir in crates {
         let name = dir.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
         let mut files = Vec::new();
@@ -345,15 +344,12 @@ fn check_cycles(root: &Path, problems: &mut Vec<String>) -> Result<()> {
             files.push((module, read(&file)?));
         }
         for cycle in module_cycles(&files) {
-            found.insert((name.clone(), cycle));
-        }
-    }
-    for (name, cycle) in found {
-        problems.push(format!(
-            "crates/{name}: modules {} import one another (a cycle through `crate::` paths); \
+            problems.push(format!(
+                "crates/{name}: modules {} import one another (a cycle through `crate::` paths); \
              one must not use what uses it",
-            cycle.join(", ")
-        ));
+                cycle.join(", ")
+            ));
+        }
     }
     Ok(())
 }
