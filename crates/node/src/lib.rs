@@ -48,6 +48,7 @@
 //!
 //! See [`Node`] for an example.
 
+pub mod answer;
 pub mod gate;
 mod log;
 mod node;
@@ -55,6 +56,7 @@ mod queue;
 mod registry;
 pub mod rejoin;
 mod replica;
+pub mod reply;
 mod types;
 pub mod watch;
 
@@ -64,6 +66,7 @@ pub use registry::{Answered, ConnId, Registry};
 pub use replica::{
     Effects, GrantRef, NodeStatus, Replica, Role, SnapshotJob, Stats, PROMOTE_LAG_MAX, TRANSFER_WAIT_MS,
 };
+pub use reply::{Answer, Asked};
 pub use types::{
     human_ms, AppliedEvent, Config, ConfigError, FatalError, HeldLock, Member, MemberChange, MemberRole,
     NodeId, Query, Quota, Reply, RequestError, RequestId, Response, RoleChange,

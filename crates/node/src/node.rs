@@ -69,7 +69,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use fencelock_fsm::{LockTable, SnapshotError};
-use fencelock_types::{ClusterId, Command, Key, LeaseMs, Owner, Share, Value};
+use fencelock_types::{ClusterId, Command, FencingToken, Key, LeaseMs, Owner, Share, Value};
 use raft::prelude::{Message, MessageType};
 use slog::{info, warn, Logger};
 
@@ -77,6 +77,7 @@ use crate::log::{Recovered, Write};
 use crate::registry::{Answered, ConnId, Registry};
 use crate::rejoin::{self, PeerReport, Start};
 use crate::replica::{Effects, GrantRef, NodeStatus, Replica, SnapshotJob, Stats};
+use crate::reply::Asked;
 use crate::types::{
     AppliedEvent, Config, FatalError, Member, MemberChange, NodeId, Query, Reply, RequestError, RoleChange,
 };
@@ -96,11 +97,30 @@ pub struct NodeConfig {
     pub election_seed: Option<u64>,
 }
 
-/// What a client asks.
+/// What a client asks. Each kind is answered in its own type
+/// ([`crate::reply`]): the answer to an acquire is a
+/// [`Response::Acquired`](crate::Response::Acquired), and so on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ClientRequest {
-    /// Commands to apply together, in one log entry.
+    /// Commands to apply together, in one log entry, answered with their
+    /// results as the state machine gave them (tests, tools).
     Propose(Vec<Command>),
+    /// Release the lock `token` holds on `key` (`None`: whoever holds it,
+    /// a forced release). With `user`, only that user's lock.
+    Release { key: Key, token: Option<FencingToken>, user: Option<Owner> },
+    /// Renew each lock (a key and its token) for `lease_ms`, in one entry.
+    /// With `user`, only that user's locks.
+    Renew { locks: Vec<(Key, FencingToken)>, lease_ms: LeaseMs, user: Option<Owner> },
+    /// The lock `token` holds on `key` carries `value` from now on.
+    Proclaim { key: Key, token: FencingToken, value: Value, user: Option<Owner> },
+    /// Open a session for `owner` that lapses after `ttl_ms` without a
+    /// keep-alive.
+    OpenSession { owner: Owner, ttl_ms: LeaseMs },
+    /// Keep a session open for its TTL more; with `user`, only that user's.
+    KeepAlive { session: FencingToken, user: Option<Owner> },
+    /// Close a session, releasing what it holds; with `user`, only that
+    /// user's.
+    CloseSession { session: FencingToken, user: Option<Owner> },
     /// Acquire `key`, waiting up to `wait_ms` for it when another owner
     /// holds it (0: do not wait).
     Acquire { key: Key, lease_ms: LeaseMs, owner: Owner, value: Value, wait_ms: u64 },
@@ -122,6 +142,29 @@ pub enum ClientRequest {
     Watch(WatchQuery),
     /// Hand leadership to this voter, on the leader.
     TransferLeader(NodeId),
+}
+
+impl ClientRequest {
+    /// The kind of answer it gets.
+    pub fn asked(&self) -> Asked {
+        match self {
+            ClientRequest::Propose(_) => Asked::Raw,
+            ClientRequest::Acquire { .. }
+            | ClientRequest::AcquireShared { .. }
+            | ClientRequest::AcquireWith { .. } => Asked::Acquire,
+            ClientRequest::Release { .. } => Asked::Release,
+            ClientRequest::Renew { locks, .. } => Asked::Renew(locks.len()),
+            ClientRequest::Proclaim { .. } => Asked::Proclaim,
+            ClientRequest::OpenSession { .. } => Asked::OpenSession,
+            ClientRequest::KeepAlive { .. } => Asked::KeepAlive,
+            ClientRequest::CloseSession { .. } => Asked::CloseSession,
+            ClientRequest::Read(_)
+            | ClientRequest::ReadLocal(_)
+            | ClientRequest::ChangeMembers(_)
+            | ClientRequest::Watch(_)
+            | ClientRequest::TransferLeader(_) => Asked::Answered,
+        }
+    }
 }
 
 /// An input to the node. `T` is where an answer goes (a connection's
@@ -223,7 +266,8 @@ enum Phase {
 pub struct Node<T> {
     config: NodeConfig,
     phase: Phase,
-    registry: Registry<T>,
+    /// Where each answer goes, and what kind of request it answers.
+    registry: Registry<(T, Asked)>,
     /// Each peer's last hello: from the voters of its configuration, and,
     /// while the store is blank, from any node whose hello named a
     /// cluster (a member added since `--peers` was written, or a running
@@ -405,10 +449,29 @@ impl<T> Node<T> {
             self.pending.push(Action::Reply { to: reply_to, reply, grants: Vec::new() });
             return;
         }
-        let id = self.registry.register(conn, reply_to);
+        let id = self.registry.register(conn, (reply_to, request.asked()));
         replica.set_now(now_ms);
         match request {
             ClientRequest::Propose(commands) => replica.propose(id, commands),
+            ClientRequest::Release { key, token, user } => {
+                replica.propose(id, vec![Command::Release { key, token, user }])
+            }
+            ClientRequest::Renew { locks, lease_ms, user } => {
+                let renew = |(key, token)| Command::Renew { key, token, lease_ms, user: user.clone() };
+                replica.propose(id, locks.into_iter().map(renew).collect())
+            }
+            ClientRequest::Proclaim { key, token, value, user } => {
+                replica.propose(id, vec![Command::Proclaim { key, token, value, user }])
+            }
+            ClientRequest::OpenSession { owner, ttl_ms } => {
+                replica.propose(id, vec![Command::OpenSession { owner, ttl_ms }])
+            }
+            ClientRequest::KeepAlive { session, user } => {
+                replica.propose(id, vec![Command::RenewSession { session, user }])
+            }
+            ClientRequest::CloseSession { session, user } => {
+                replica.propose(id, vec![Command::CloseSession { session, user }])
+            }
             ClientRequest::Acquire { key, lease_ms, owner, value, wait_ms } => {
                 replica.acquire(id, key, lease_ms, owner, value, wait_ms)
             }
@@ -713,7 +776,7 @@ impl<T> Node<T> {
     /// Every request waiting for an answer, to be told the node stopped;
     /// the node forgets them.
     pub fn stop(&mut self) -> Vec<T> {
-        self.registry.drain().collect()
+        self.registry.drain().map(|(to, _)| to).collect()
     }
 
     fn draw_election_timeout(&mut self) {
@@ -729,7 +792,7 @@ impl<T> Node<T> {
 /// are not sent: what they were granted is pushed to `ghosts`. Returns
 /// whether the role changed.
 fn dispatch<T>(
-    registry: &mut Registry<T>,
+    registry: &mut Registry<(T, Asked)>,
     effects: Effects,
     out: &mut dyn FnMut(Action<T>),
     ghosts: &mut Vec<GrantRef>,
@@ -744,7 +807,9 @@ fn dispatch<T>(
     for (id, reply) in effects.replies {
         let granted = grants.remove(&id).unwrap_or_default();
         match registry.answer(id) {
-            Some(Answered::To(to)) => out(Action::Reply { to, reply, grants: granted }),
+            Some(Answered::To((to, asked))) => {
+                out(Action::Reply { to, reply: asked.answer(reply), grants: granted })
+            }
             // Its client is gone: a lock it was granted would be held by
             // nobody until its lease ran out.
             Some(Answered::Orphan) => ghosts.extend(granted),

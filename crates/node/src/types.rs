@@ -289,8 +289,18 @@ pub enum Query {
 /// A successful answer to a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Response {
-    /// One result per proposed command, in order.
+    /// One result per proposed command, in order: the answer to commands
+    /// proposed as given ([`crate::ClientRequest::Propose`]).
     Applied(Vec<ApplyResult>),
+    /// An acquire's, of any kind.
+    Acquired(crate::answer::Acquired),
+    Released(crate::answer::Released),
+    /// A renewal's: one per lock, in the order asked.
+    Renewed(Vec<crate::answer::Renewal>),
+    Proclaimed(crate::answer::Proclaimed),
+    Opened(crate::answer::Opened),
+    SessionKept(crate::answer::SessionKept),
+    SessionClosed(crate::answer::SessionClosed),
     Holder(Option<HeldLock>),
     /// The holders of a read-write lock or a semaphore (a holder query of
     /// a shared key).

@@ -20,8 +20,9 @@ use std::time::{Duration, Instant};
 
 use fencelock_fsm::LockTable;
 use fencelock_net::{error_response, ResponseSink};
+use fencelock_raft::reply::TableAt;
 use fencelock_raft::shell::Responder;
-use fencelock_raft::{NodeId, Reply, RequestError, Response};
+use fencelock_raft::{Answer, NodeId, Reply};
 use fencelock_types::client_pb::{self as proto, ErrorCode, Response_oneof_kind as Out};
 use fencelock_types::FencingToken;
 use slog::{info, warn, Logger};
@@ -245,12 +246,8 @@ impl Backups {
         };
         let reserved = Reserved { backups: Arc::clone(self), id: backup_id };
         read(Responder::new(move |reply: Reply| {
-            match reply {
-                Ok(Response::Table { table, index }) => reserved.encode(*table, index, sink),
-                Ok(other) => {
-                    let err = RequestError::Internal(format!("a backup's read was answered {other:?}"));
-                    sink.send(error_to_response(id, &err, leader_addr))
-                }
+            match TableAt::of(reply) {
+                Ok(TableAt { table, index }) => reserved.encode(*table, index, sink),
                 // `reserved` is dropped: the place is free again.
                 Err(err) => sink.send(error_to_response(id, &err, leader_addr)),
             }

@@ -8,15 +8,17 @@ use std::sync::Arc;
 
 use crossbeam_channel::Sender;
 use fencelock_net::{error_response, Handler, ResponseSink};
+use fencelock_raft::answer::{Acquired, Opened, Proclaimed, Released, Renewal, SessionClosed, SessionKept};
+use fencelock_raft::reply::{Checked, Holding, Listed, Membership, Transferred};
 use fencelock_raft::shell::{Request as DriverRequest, Responder, StatusCallback};
-use fencelock_raft::watch::{WatchEvent, WatchKind, WatchQuery};
+use fencelock_raft::watch::{WatchAnswer, WatchEvent, WatchKind, WatchQuery};
 use fencelock_raft::{
-    ClientRequest, ConnId, MemberChange, NodeId, NodeStatus, Query, Reply, RequestError, Response, Role,
+    Answer, ClientRequest, ConnId, MemberChange, NodeId, NodeStatus, Query, RequestError, Role,
 };
 use fencelock_types::client_pb::{
     self as proto, ErrorCode, Request_oneof_kind as Kind, Response_oneof_kind as Out,
 };
-use fencelock_types::{ApplyResult, Command, FencingToken, InvalidReason, Key, LeaseMs, Owner, Share, Value};
+use fencelock_types::{Command, FencingToken, Key, LeaseMs, Owner, Share, Value};
 
 use crate::access::{Access, Right};
 use crate::backup::Backups;
@@ -127,21 +129,17 @@ impl Handler for ClientHandler {
                     _ => Err("node id 0 is reserved".to_string()),
                 };
                 match change {
-                    Ok(change) => self.membership(Some(ClientRequest::ChangeMembers(change)), user, sink),
+                    Ok(change) => self.membership(Some(change), user, sink),
                     Err(why) => Err(invalid(sink, why)),
                 }
             }
             Kind::member_promote(promote) => {
-                let change = MemberChange::Promote(NodeId(promote.id));
-                self.membership(Some(ClientRequest::ChangeMembers(change)), user, sink)
+                self.membership(Some(MemberChange::Promote(NodeId(promote.id))), user, sink)
             }
             Kind::member_remove(remove) => {
-                let change = MemberChange::Remove(NodeId(remove.id));
-                self.membership(Some(ClientRequest::ChangeMembers(change)), user, sink)
+                self.membership(Some(MemberChange::Remove(NodeId(remove.id))), user, sink)
             }
-            Kind::leader_transfer(transfer) => {
-                self.membership(Some(ClientRequest::TransferLeader(NodeId(transfer.id))), user, sink)
-            }
+            Kind::leader_transfer(transfer) => self.transfer(NodeId(transfer.id), user, sink),
         };
         if let Err((sink, code, message)) = result {
             sink.send(error_response(id, code, message));
@@ -276,7 +274,7 @@ impl ClientHandler {
             return Err(denied(sink, message));
         }
         let mismatch_key = key.clone();
-        let reply = self.responder(sink, move |reply| {
+        let reply = self.responder(sink, move |reply: Result<Acquired, RequestError>| {
             let outcome =
                 |outcome, token: Option<FencingToken>, lease_ms: u64, holder: Option<FencingToken>| {
                     proto::AcquireResponse {
@@ -289,28 +287,24 @@ impl ClientHandler {
                 };
             let held = |holder| Out::acquire(outcome(proto::AcquireOutcome::HELD, None, 0, holder));
             match reply {
-                Ok(Response::Applied(results)) => match results.as_slice() {
-                    [ApplyResult::Granted { token, lease_ms, existing }] => {
-                        let granted =
-                            outcome(proto::AcquireOutcome::GRANTED, Some(*token), lease_ms.get(), None);
-                        Ok(Out::acquire(proto::AcquireResponse { existing: *existing, ..granted }))
-                    }
-                    [ApplyResult::GrantRejected { holder_token }] => Ok(held(Some(*holder_token))),
-                    [ApplyResult::Mismatch { permits: 0 }] => Err(Failure::Invalid(format!(
-                        "key {mismatch_key} is a read-write lock: acquire it with READ or WRITE"
-                    ))),
-                    [ApplyResult::Mismatch { permits }] => Err(Failure::Invalid(format!(
-                        "key {mismatch_key} is a semaphore of {permits} permits: acquire it with PERMIT and \
-                         permits {permits}"
-                    ))),
-                    [ApplyResult::NoSession { session }] => Err(Failure::NoSession(format!(
-                        "session {session} is not open (closed, or lapsed: what it held is free): open a new one"
-                    ))),
-                    [ApplyResult::Denied { token: session }] => Err(Failure::Denied(format!(
-                        "permission denied: session {session} is another owner's: acquire under it as its owner"
-                    ))),
-                    other => Err(unexpected(other)),
-                },
+                Ok(Acquired::Granted { token, lease_ms, existing }) => {
+                    let granted = outcome(proto::AcquireOutcome::GRANTED, Some(token), lease_ms.get(), None);
+                    Ok(Out::acquire(proto::AcquireResponse { existing, ..granted }))
+                }
+                Ok(Acquired::Held { holder_token }) => Ok(held(Some(holder_token))),
+                Ok(Acquired::Mismatch { permits: 0 }) => Err(Failure::Invalid(format!(
+                    "key {mismatch_key} is a read-write lock: acquire it with READ or WRITE"
+                ))),
+                Ok(Acquired::Mismatch { permits }) => Err(Failure::Invalid(format!(
+                    "key {mismatch_key} is a semaphore of {permits} permits: acquire it with PERMIT and \
+                     permits {permits}"
+                ))),
+                Ok(Acquired::NoSession { session }) => Err(Failure::NoSession(format!(
+                    "session {session} is not open (closed, or lapsed: what it held is free): open a new one"
+                ))),
+                Ok(Acquired::NotSessionOwner { session }) => Err(Failure::Denied(format!(
+                    "permission denied: session {session} is another owner's: acquire under it as its owner"
+                ))),
                 Err(RequestError::Held { holder_token, .. }) => Ok(held(Some(holder_token))),
                 Err(RequestError::Delayed { holder_token, left_ms, .. }) => {
                     Ok(Out::acquire(proto::AcquireResponse {
@@ -323,7 +317,6 @@ impl ClientHandler {
                     Ok(Out::acquire(outcome(proto::AcquireOutcome::WAIT_TIMED_OUT, None, 0, holder_token)))
                 }
                 Err(err) => Err(err.into()),
-                Ok(other) => Err(unexpected(&other)),
             }
         });
         let request = match (share, session) {
@@ -368,24 +361,19 @@ impl ClientHandler {
             Err(err) => return Err(invalid(sink, format!("user: {err}"))),
         };
         let denied_key = key.clone();
-        let reply = self.responder(sink, move |reply| match reply {
-            Ok(Response::Applied(results)) => match results.as_slice() {
-                [ApplyResult::Released { token }] => Ok(Out::release(proto::ReleaseResponse {
-                    released: true,
-                    token: token.get(),
-                    ..Default::default()
-                })),
-                [ApplyResult::NotFound { holder_token }] => Ok(Out::release(proto::ReleaseResponse {
-                    holder_token: holder_token.map_or(0, FencingToken::get),
-                    ..Default::default()
-                })),
-                [ApplyResult::Denied { token }] => Err(not_yours(&[(&denied_key, *token)])),
-                other => Err(unexpected(other)),
-            },
-            Err(err) => Err(err.into()),
-            Ok(other) => Err(unexpected(&other)),
+        let reply = self.responder(sink, move |reply| match reply? {
+            Released::Released { token } => Ok(Out::release(proto::ReleaseResponse {
+                released: true,
+                token: token.get(),
+                ..Default::default()
+            })),
+            Released::NotHeld { holder_token } => Ok(Out::release(proto::ReleaseResponse {
+                holder_token: holder_token.map_or(0, FencingToken::get),
+                ..Default::default()
+            })),
+            Released::NotYours { token } => Err(not_yours(&[(&denied_key, token)])),
         });
-        self.client(conn, ClientRequest::Propose(vec![Command::Release { key, token, user }]), reply);
+        self.client(conn, ClientRequest::Release { key, token, user }, reply);
         Ok(())
     }
 
@@ -410,20 +398,16 @@ impl ClientHandler {
         if let Err(message) = owner_of_user(&owner, user) {
             return Err(denied(sink, message));
         }
-        let reply = self.responder(sink, move |reply| match reply {
-            Ok(Response::Applied(results)) => match results.as_slice() {
-                [ApplyResult::Granted { token, lease_ms, .. }] => Ok(Out::session(proto::SessionResponse {
-                    session: token.get(),
-                    ttl_ms: lease_ms.get(),
-                    found: true,
-                    ..Default::default()
-                })),
-                other => Err(unexpected(other)),
-            },
-            Err(err) => Err(err.into()),
-            Ok(other) => Err(unexpected(&other)),
+        let reply = self.responder(sink, move |reply| {
+            let Opened { session, ttl_ms } = reply?;
+            Ok(Out::session(proto::SessionResponse {
+                session: session.get(),
+                ttl_ms: ttl_ms.get(),
+                found: true,
+                ..Default::default()
+            }))
         });
-        self.client(conn, ClientRequest::Propose(vec![Command::OpenSession { owner, ttl_ms }]), reply);
+        self.client(conn, ClientRequest::OpenSession { owner, ttl_ms }, reply);
         Ok(())
     }
 
@@ -444,38 +428,32 @@ impl ClientHandler {
             Ok(user) => user,
             Err(err) => return Err(invalid(sink, format!("user: {err}"))),
         };
-        let reply = self.responder(sink, move |reply| match reply {
-            Ok(Response::Applied(results)) => {
-                let found = |ttl_ms: u64| {
-                    Ok(Out::session(proto::SessionResponse {
-                        session: session.get(),
-                        ttl_ms,
-                        found: true,
-                        ..Default::default()
-                    }))
-                };
-                match results.as_slice() {
-                    [ApplyResult::Renewed { lease_ms, .. }] => found(lease_ms.get()),
-                    [ApplyResult::Released { .. }] => found(0),
-                    [ApplyResult::NoSession { .. }] => Ok(Out::session(proto::SessionResponse {
-                        session: session.get(),
-                        ..Default::default()
-                    })),
-                    [ApplyResult::Denied { .. }] => Err(Failure::Denied(format!(
-                        "permission denied: session {session} is another user's"
-                    ))),
-                    other => Err(unexpected(other)),
-                }
-            }
-            Err(err) => Err(err.into()),
-            Ok(other) => Err(unexpected(&other)),
-        });
-        let command = if close {
-            Command::CloseSession { session, user }
-        } else {
-            Command::RenewSession { session, user }
+        // `found` with the TTL in force (0 once closed), or not found.
+        let answer = move |ttl_ms: Option<u64>| {
+            Ok(Out::session(proto::SessionResponse {
+                session: session.get(),
+                ttl_ms: ttl_ms.unwrap_or(0),
+                found: ttl_ms.is_some(),
+                ..Default::default()
+            }))
         };
-        self.client(conn, ClientRequest::Propose(vec![command]), reply);
+        let not_yours =
+            move || Failure::Denied(format!("permission denied: session {session} is another user's"));
+        if close {
+            let reply = self.responder(sink, move |reply| match reply? {
+                SessionClosed::Closed => answer(Some(0)),
+                SessionClosed::NotOpen => answer(None),
+                SessionClosed::NotYours => Err(not_yours()),
+            });
+            self.client(conn, ClientRequest::CloseSession { session, user }, reply);
+        } else {
+            let reply = self.responder(sink, move |reply| match reply? {
+                SessionKept::Kept { ttl_ms } => answer(Some(ttl_ms.get())),
+                SessionKept::NotOpen => answer(None),
+                SessionKept::NotYours => Err(not_yours()),
+            });
+            self.client(conn, ClientRequest::KeepAlive { session, user }, reply);
+        }
         Ok(())
     }
 
@@ -505,36 +483,26 @@ impl ClientHandler {
             Err(err) => return Err(invalid(sink, format!("user: {err}"))),
         };
         let answer_key = key.clone();
-        let reply = self.responder(sink, move |reply| match reply {
-            Ok(Response::Applied(results)) => match results.as_slice() {
-                [ApplyResult::Proclaimed { token }] => Ok(Out::proclaim(proto::ProclaimResponse {
-                    proclaimed: true,
-                    token: token.get(),
-                    ..Default::default()
-                })),
-                [ApplyResult::NotFound { holder_token }] => Ok(Out::proclaim(proto::ProclaimResponse {
-                    token: token.get(),
-                    holder_token: holder_token.map_or(0, FencingToken::get),
-                    ..Default::default()
-                })),
-                [ApplyResult::Denied { token }] => Err(not_yours(&[(&answer_key, *token)])),
-                // The token holds the key, as a reader, the writer or a
-                // permit: `proclaimed: false` would tell it that it lost
-                // the key.
-                [ApplyResult::Invalid { reason: InvalidReason::SharedHolderHasNoValue }] => {
-                    Err(Failure::Invalid(format!(
-                        "key {answer_key} is a read-write lock or a semaphore: token {token} holds it as a \
-                         reader, writer or permit, which carries no value to proclaim (values are for plain \
-                         locks)"
-                    )))
-                }
-                other => Err(unexpected(other)),
-            },
-            Err(err) => Err(err.into()),
-            Ok(other) => Err(unexpected(&other)),
+        let reply = self.responder(sink, move |reply| match reply? {
+            Proclaimed::Proclaimed { token } => Ok(Out::proclaim(proto::ProclaimResponse {
+                proclaimed: true,
+                token: token.get(),
+                ..Default::default()
+            })),
+            Proclaimed::NotHeld { holder_token } => Ok(Out::proclaim(proto::ProclaimResponse {
+                token: token.get(),
+                holder_token: holder_token.map_or(0, FencingToken::get),
+                ..Default::default()
+            })),
+            Proclaimed::NotYours { token } => Err(not_yours(&[(&answer_key, token)])),
+            // The token holds the key, as a reader, the writer or a permit:
+            // `proclaimed: false` would tell it that it lost the key.
+            Proclaimed::SharedHolder => Err(Failure::Invalid(format!(
+                "key {answer_key} is a read-write lock or a semaphore: token {token} holds it as a reader, \
+                 writer or permit, which carries no value to proclaim (values are for plain locks)"
+            ))),
         });
-        let command = Command::Proclaim { key, token, value, user };
-        self.client(conn, ClientRequest::Propose(vec![command]), reply);
+        self.client(conn, ClientRequest::Proclaim { key, token, value, user }, reply);
         Ok(())
     }
 
@@ -578,17 +546,16 @@ impl ClientHandler {
             wait_ms: watch.wait_ms,
             limit: limit as usize,
         };
-        let reply = self.responder(sink, |reply| match reply {
-            Ok(Response::Watch(answer)) => Ok(Out::watch(proto::WatchResponse {
+        let reply = self.responder(sink, |reply: Result<WatchAnswer, RequestError>| {
+            let answer = reply?;
+            Ok(Out::watch(proto::WatchResponse {
                 events: answer.events.iter().map(watch_event).collect(),
                 index: answer.index,
                 has_current: answer.current.is_some(),
                 current: answer.current.iter().flatten().map(|(key, held)| lock_info(key, held)).collect(),
                 compacted: answer.compacted,
                 ..Default::default()
-            })),
-            Err(err) => Err(err.into()),
-            Ok(other) => Err(unexpected(&other)),
+            }))
         });
         self.client(conn, ClientRequest::Watch(query), reply);
         Ok(())
@@ -613,7 +580,6 @@ impl ClientHandler {
             Err(err) => return Err(invalid(sink, format!("user: {err}"))),
         };
         let mut sink = sink;
-        let mut commands = Vec::with_capacity(renew.locks.len());
         let mut locks = Vec::with_capacity(renew.locks.len());
         for lock in renew.locks.into_iter() {
             let key = match Key::new(lock.key) {
@@ -624,48 +590,40 @@ impl ClientHandler {
                 return Err(invalid(sink, "a renew needs each lock's token".to_owned()));
             };
             sink = self.require(user, Right::Lock, &key, sink)?;
-            locks.push((key.clone(), token));
-            commands.push(Command::Renew { key, token, lease_ms, user: renewer.clone() });
+            locks.push((key, token));
         }
-        let reply = self.responder(sink, move |reply| match reply {
-            Ok(Response::Applied(results)) if results.len() == locks.len() => {
-                let denied: Vec<(&Key, FencingToken)> = locks
-                    .iter()
-                    .zip(&results)
-                    .filter_map(|((key, _), result)| match result {
-                        ApplyResult::Denied { token } => Some((key, *token)),
-                        _ => None,
-                    })
-                    .collect();
-                if !denied.is_empty() {
-                    return Err(not_yours(&denied));
-                }
-                let results = locks
-                    .into_iter()
-                    .zip(results)
-                    .map(|((key, token), result)| proto::RenewResult {
-                        key: key.into_bytes(),
-                        token: token.get(),
-                        renewed: matches!(result, ApplyResult::Renewed { .. }),
-                        holder_token: match result {
-                            ApplyResult::NotFound { holder_token } => {
-                                holder_token.map_or(0, FencingToken::get)
-                            }
-                            _ => 0,
-                        },
-                        ..Default::default()
-                    })
-                    .collect();
-                Ok(Out::renew(proto::RenewResponse {
-                    results,
-                    lease_ms: lease_ms.get(),
-                    ..Default::default()
-                }))
+        let asked = locks.clone();
+        let reply = self.responder(sink, move |reply: Result<Vec<Renewal>, RequestError>| {
+            // One renewal per lock asked, in order (the node answers so).
+            let renewals = reply?;
+            let denied: Vec<(&Key, FencingToken)> = asked
+                .iter()
+                .zip(&renewals)
+                .filter_map(|((key, _), renewal)| match renewal {
+                    Renewal::NotYours { token } => Some((key, *token)),
+                    _ => None,
+                })
+                .collect();
+            if !denied.is_empty() {
+                return Err(not_yours(&denied));
             }
-            Err(err) => Err(err.into()),
-            Ok(other) => Err(unexpected(&other)),
+            let results = asked
+                .into_iter()
+                .zip(renewals)
+                .map(|((key, token), renewal)| proto::RenewResult {
+                    key: key.into_bytes(),
+                    token: token.get(),
+                    renewed: matches!(renewal, Renewal::Renewed { .. }),
+                    holder_token: match renewal {
+                        Renewal::NotHeld { holder_token } => holder_token.map_or(0, FencingToken::get),
+                        Renewal::Renewed { .. } | Renewal::NotYours { .. } => 0,
+                    },
+                    ..Default::default()
+                })
+                .collect();
+            Ok(Out::renew(proto::RenewResponse { results, lease_ms: lease_ms.get(), ..Default::default() }))
         });
-        self.client(conn, ClientRequest::Propose(commands), reply);
+        self.client(conn, ClientRequest::Renew { locks, lease_ms, user: renewer }, reply);
         Ok(())
     }
 
@@ -677,18 +635,16 @@ impl ClientHandler {
         };
         let sink = self.require(user, Right::Read, &key, sink)?;
         let holder_key = key.clone();
-        let reply = self.responder(sink, move |reply| match reply {
-            Ok(Response::Holder(holder)) => Ok(Out::get(proto::GetResponse {
+        let reply = self.responder(sink, move |reply| match reply? {
+            Holding::Plain(holder) => Ok(Out::get(proto::GetResponse {
                 holder: holder.map(|held| lock_info(&holder_key, &held)).into(),
                 ..Default::default()
             })),
-            Ok(Response::Holders(holders)) => Ok(Out::get(proto::GetResponse {
+            Holding::Shared(holders) => Ok(Out::get(proto::GetResponse {
                 holder: holders.first().map(|held| lock_info(&holder_key, held)).into(),
                 holders: holders.iter().map(|held| lock_info(&holder_key, held)).collect(),
                 ..Default::default()
             })),
-            Err(err) => Err(err.into()),
-            Ok(other) => Err(unexpected(&other)),
         });
         self.read(conn, get.linearizable, Query::Holder(key), reply);
         Ok(())
@@ -709,12 +665,9 @@ impl ClientHandler {
             return Err(invalid(sink, "a check needs a token".to_owned()));
         };
         let sink = self.require(user, Right::Read, &key, sink)?;
-        let reply = self.responder(sink, |reply| match reply {
-            Ok(Response::Check(holds)) => {
-                Ok(Out::check(proto::CheckResponse { holds, ..Default::default() }))
-            }
-            Err(err) => Err(err.into()),
-            Ok(other) => Err(unexpected(&other)),
+        let reply = self.responder(sink, |reply| {
+            let Checked(holds) = reply?;
+            Ok(Out::check(proto::CheckResponse { holds, ..Default::default() }))
         });
         self.read(conn, true, Query::Check { key, token }, reply);
         Ok(())
@@ -735,13 +688,12 @@ impl ClientHandler {
             0 => LIST_LIMIT_MAX,
             limit => limit.min(LIST_LIMIT_MAX),
         };
-        let reply = self.responder(sink, |reply| match reply {
-            Ok(Response::List(locks)) => Ok(Out::list(proto::ListResponse {
+        let reply = self.responder(sink, |reply| {
+            let Listed(locks) = reply?;
+            Ok(Out::list(proto::ListResponse {
                 locks: locks.iter().map(|(key, held)| lock_info(key, held)).collect(),
                 ..Default::default()
-            })),
-            Err(err) => Err(err.into()),
-            Ok(other) => Err(unexpected(&other)),
+            }))
         });
         self.read(conn, true, Query::List { prefix: list.prefix, limit: limit as usize }, reply);
         Ok(())
@@ -787,8 +739,7 @@ impl ClientHandler {
                 self.membership_answer(None, Some(entry), sink)
             }
             Kind::member_promote(promote) if promote.id == node => {
-                let change = MemberChange::Promote(NodeId(node));
-                self.membership_answer(Some(ClientRequest::ChangeMembers(change)), None, sink)
+                self.membership_answer(Some(MemberChange::Promote(NodeId(node))), None, sink)
             }
             _ => Err(denied(
                 sink,
@@ -800,37 +751,60 @@ impl ClientHandler {
         }
     }
 
-    /// A membership request (`None`: the list) or a leadership transfer,
-    /// for admins only under TLS; answered with the membership, or the new
-    /// leader.
+    /// A membership change (`None`: the list), for admins only under TLS;
+    /// answered with the membership.
     fn membership(
         &self,
-        request: Option<ClientRequest>,
+        change: Option<MemberChange>,
         user: Option<&str>,
         sink: ResponseSink,
     ) -> Result<(), Refusal> {
-        if let Some(user) = user.filter(|user| !self.access.as_ref().is_some_and(|a| a.is_admin(user))) {
-            let message =
-                format!("permission denied: user {user} is not an admin, and membership is for admins");
-            return Err(denied(sink, message));
-        }
-        self.membership_answer(request, None, sink)
+        let sink = self.admin_only(user, sink)?;
+        self.membership_answer(change, None, sink)
     }
 
-    /// Sends a membership request (`None`: the list) on, and answers with
-    /// the membership or the new leader. With `confirm` (a node's id and
-    /// addresses), the membership answers only if it holds that node at
-    /// those addresses (see [`ClientHandler::as_node`]).
+    /// Hands leadership to `to`, for admins only under TLS; answered with
+    /// the new leader.
+    fn transfer(&self, to: NodeId, user: Option<&str>, sink: ResponseSink) -> Result<(), Refusal> {
+        let sink = self.admin_only(user, sink)?;
+        let conn = ConnId(sink.connection());
+        let reply = self.responder(sink, |reply| {
+            let Transferred { leader } = reply?;
+            Ok(Out::leader_transfer(proto::LeaderTransferResponse {
+                leader_id: leader.0,
+                ..Default::default()
+            }))
+        });
+        self.client(conn, ClientRequest::TransferLeader(to), reply);
+        Ok(())
+    }
+
+    /// The sink back when `user` (`None`: no TLS) is an admin.
+    fn admin_only(&self, user: Option<&str>, sink: ResponseSink) -> Result<ResponseSink, Refusal> {
+        match user.filter(|user| !self.access.as_ref().is_some_and(|a| a.is_admin(user))) {
+            Some(user) => Err(denied(
+                sink,
+                format!("permission denied: user {user} is not an admin, and membership is for admins"),
+            )),
+            None => Ok(sink),
+        }
+    }
+
+    /// Sends a membership change (`None`: the list) on, and answers with
+    /// the membership. With `confirm` (a node's id and addresses), the
+    /// membership answers only if it holds that node at those addresses
+    /// (see [`ClientHandler::as_node`]).
     fn membership_answer(
         &self,
-        request: Option<ClientRequest>,
+        change: Option<MemberChange>,
         confirm: Option<(u64, String, String)>,
         sink: ResponseSink,
     ) -> Result<(), Refusal> {
         let conn = ConnId(sink.connection());
         let identity = Arc::clone(&self.identity);
-        let reply = self.responder(sink, move |reply| match reply? {
-            Response::Members { members, index } => {
+        let reply = self.responder(sink, move |reply| {
+            let Membership { members, index } = reply?;
+            {
                 if let Some((node, peer_addr, client_addr)) = confirm {
                     let entry = members.iter().find(|member| member.id.0 == node);
                     let same = entry
@@ -864,13 +838,9 @@ impl ClientHandler {
                     ..Default::default()
                 }))
             }
-            Response::Transferred { leader } => Ok(Out::leader_transfer(proto::LeaderTransferResponse {
-                leader_id: leader.0,
-                ..Default::default()
-            })),
-            other => Err(unexpected(&other)),
         });
-        self.client(conn, request.unwrap_or(ClientRequest::Read(Query::Members)), reply);
+        let request = change.map_or(ClientRequest::Read(Query::Members), ClientRequest::ChangeMembers);
+        self.client(conn, request, reply);
         Ok(())
     }
 
@@ -909,15 +879,15 @@ impl ClientHandler {
 
     /// Wraps the sink so that the driver's reply becomes a response; a
     /// driver error becomes an error response with its stable code.
-    fn responder(
+    fn responder<A: Answer>(
         &self,
         sink: ResponseSink,
-        convert: impl FnOnce(Reply) -> Result<Out, Failure> + Send + 'static,
+        convert: impl FnOnce(Result<A, RequestError>) -> Result<Out, Failure> + Send + 'static,
     ) -> Responder {
         let id = sink.id();
         let identity = Arc::clone(&self.identity);
         Responder::new(move |reply| {
-            let response = match convert(reply) {
+            let response = match convert(A::of(reply)) {
                 Ok(kind) => proto::Response { id, kind: Some(kind), ..Default::default() },
                 Err(Failure::Driver(err)) => {
                     error_to_response(id, &err, |leader: Option<NodeId>| identity.client_addr_of(leader?.0))
@@ -1104,9 +1074,6 @@ fn watch_event(event: &WatchEvent) -> proto::WatchEvent {
 }
 
 /// A reply of the wrong shape: a bug, reported as INTERNAL.
-fn unexpected(what: &(impl std::fmt::Debug + ?Sized)) -> Failure {
-    Failure::Driver(RequestError::Internal(format!("unexpected reply {what:?}")))
-}
 
 /// Locks the state machine refused to release or renew for this user.
 fn not_yours(locks: &[(&Key, FencingToken)]) -> Failure {

@@ -27,9 +27,12 @@
 //! as a client of an older cluster does, and every other client asks again
 //! a while later (a holder's probe goes back to its holding).
 
+use fencelock_raft::answer::{Acquired, Opened, Released, Renewal, SessionClosed, SessionKept};
+use fencelock_raft::reply::{Checked, Holding, Listed};
+use fencelock_raft::watch::WatchAnswer;
 use fencelock_raft::watch::WatchQuery;
-use fencelock_raft::{ClientRequest, Query, Reply, RequestError, Response};
-use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Share, Value};
+use fencelock_raft::{Answer, ClientRequest, Query, Reply, RequestError, Response};
+use fencelock_types::{Command, FencingToken, Key, LeaseMs, Share, Value};
 
 use crate::client::{ClientState, Op, OpenSession};
 use crate::invariants::shared;
@@ -359,20 +362,12 @@ impl World {
                 ClientRequest::AcquireShared { key, lease_ms, owner, share, wait_ms: 0 }
             }
             Op::Renew { key, token, lease_ms, .. } => {
-                ClientRequest::Propose(vec![Command::Renew { key, token, lease_ms, user }])
+                ClientRequest::Renew { locks: vec![(key, token)], lease_ms, user }
             }
-            Op::Release { key, token } => {
-                ClientRequest::Propose(vec![Command::Release { key, token: Some(token), user }])
-            }
-            Op::OpenSession { ttl_ms } => {
-                ClientRequest::Propose(vec![Command::OpenSession { owner, ttl_ms }])
-            }
-            Op::KeepAlive { session } => {
-                ClientRequest::Propose(vec![Command::RenewSession { session, user }])
-            }
-            Op::CloseSession { session } => {
-                ClientRequest::Propose(vec![Command::CloseSession { session, user }])
-            }
+            Op::Release { key, token } => ClientRequest::Release { key, token: Some(token), user },
+            Op::OpenSession { ttl_ms } => ClientRequest::OpenSession { owner, ttl_ms },
+            Op::KeepAlive { session } => ClientRequest::KeepAlive { session, user },
+            Op::CloseSession { session } => ClientRequest::CloseSession { session, user },
             Op::AcquireIn { key, share, session, wait_ms } => {
                 // The lease is the session's: the one asked is ignored.
                 let lease_ms = LeaseMs::new(600).expect("a valid lease");
@@ -390,11 +385,9 @@ impl World {
             Op::RenewIn { key, token, .. } => {
                 // The lease asked is the session's TTL's business.
                 let lease_ms = LeaseMs::new(600).expect("a valid lease");
-                ClientRequest::Propose(vec![Command::Renew { key, token, lease_ms, user }])
+                ClientRequest::Renew { locks: vec![(key, token)], lease_ms, user }
             }
-            Op::ReleaseIn { key, token } => {
-                ClientRequest::Propose(vec![Command::Release { key, token: Some(token), user }])
-            }
+            Op::ReleaseIn { key, token } => ClientRequest::Release { key, token: Some(token), user },
             Op::Get { key } => ClientRequest::Read(Query::Holder(key)),
             Op::Check { key, token } => ClientRequest::Read(Query::Check { key, token }),
             Op::List { prefix } => ClientRequest::Read(Query::List { prefix, limit: LIST_LIMIT }),
@@ -469,150 +462,156 @@ impl World {
             self.note(&format!("client {} answered {op:?}: {reply:?}", client + 1));
         }
         let pause = self.rng.range(5, 100);
-        match (op, reply) {
-            (Op::Acquire { key, lease_ms, .. }, Ok(Response::Applied(results))) => match results.as_slice() {
-                [ApplyResult::Granted { token, .. }] => {
+        let response = match reply {
+            Ok(response) => response,
+            Err(err) => return self.client_refused(client, op, sent_ms, err, pause),
+        };
+        // Each arm takes its operation's own answer: an answer of another
+        // operation fails the run in `answer_of`, the one place that pairs.
+        match op {
+            Op::Acquire { key, lease_ms, .. } => match answer_of::<Acquired>(client, response)? {
+                Acquired::Granted { token, .. } => {
                     self.grants += 1;
-                    self.checker.durability.acked_grant(&key, *token);
-                    self.checker.holders.granted(client, &key, *token, sent_ms, lease_ms.get())?;
+                    self.checker.durability.acked_grant(&key, token);
+                    self.checker.holders.granted(client, &key, token, sent_ms, lease_ms.get())?;
                     self.note(&format!("client {} granted {key} {token}", client + 1));
-                    self.hold(client, key, *token, lease_ms);
+                    self.hold(client, key, token, lease_ms);
                 }
-                other => return Err(format!("client {}: acquire answered {other:?}", client + 1)),
+                // Decided before proposing (a `Held` error), never at apply;
+                // a plain key outside a session is never of another kind.
+                refused @ (Acquired::Held { .. }
+                | Acquired::Mismatch { .. }
+                | Acquired::NoSession { .. }
+                | Acquired::NotSessionOwner { .. }) => {
+                    return Err(format!("client {}: acquire answered {refused:?}", client + 1))
+                }
             },
-            (Op::AcquireShared { key, share, lease_ms, .. }, Ok(Response::Applied(results))) => {
-                match results.as_slice() {
-                    [ApplyResult::Granted { token, .. }] => {
+            Op::AcquireShared { key, share, lease_ms, .. } => {
+                match answer_of::<Acquired>(client, response)? {
+                    Acquired::Granted { token, .. } => {
                         self.grants += 1;
-                        self.checker.durability.acked_grant(&key, *token);
-                        self.checker.shared.granted(client, &key, *token, share, sent_ms, lease_ms.get())?;
+                        self.checker.durability.acked_grant(&key, token);
+                        self.checker.shared.granted(client, &key, token, share, sent_ms, lease_ms.get())?;
                         self.note(&format!("client {} granted {key} {token} as {share:?}", client + 1));
-                        self.hold(client, key, *token, lease_ms);
+                        self.hold(client, key, token, lease_ms);
                     }
-                    // The key is of another kind: a holder's probe was
-                    // granted, and its holder has not let go yet.
-                    [ApplyResult::Mismatch { permits }] => {
-                        self.checker.shared.mismatched(client, share, Some(*permits))?;
+                    // The key is of another kind: a holder's probe was granted,
+                    // and its holder has not let go yet.
+                    Acquired::Mismatch { permits } => {
+                        self.checker.shared.mismatched(client, share, Some(permits))?;
                         self.wake_client(client, pause);
                     }
-                    other => return Err(format!("client {}: shared acquire answered {other:?}", client + 1)),
+                    refused @ (Acquired::Held { .. }
+                    | Acquired::NoSession { .. }
+                    | Acquired::NotSessionOwner { .. }) => {
+                        return Err(format!("client {}: shared acquire answered {refused:?}", client + 1))
+                    }
                 }
             }
-            (Op::Probe { key, share, token, lease_ms, release_at_ms }, Ok(Response::Applied(results))) => {
-                let permits = match results.as_slice() {
-                    [ApplyResult::Mismatch { permits }] => Some(*permits),
+            Op::Probe { key, share, token, lease_ms, release_at_ms } => {
+                let answer = answer_of::<Acquired>(client, response)?;
+                let permits = match answer {
+                    Acquired::Mismatch { permits } => Some(permits),
                     _ => None,
                 };
                 self.checker.shared.probed(client, share, permits, sent_ms, self.now_ms)?;
-                match results.as_slice() {
-                    [ApplyResult::Mismatch { .. }] => {
+                match answer {
+                    Acquired::Mismatch { .. } => {
                         self.clients[client].state =
                             ClientState::Holding { key, token, lease_ms, release_at_ms };
                         self.wake_client(client, pause);
                     }
                     // The key was free, so its lock is gone: it holds the
                     // probe's instead, and hands it back at its next wake.
-                    [ApplyResult::Granted { token: granted, .. }] => {
+                    Acquired::Granted { token: granted, .. } => {
                         self.let_go(client);
                         self.grants += 1;
-                        self.checker.durability.acked_grant(&key, *granted);
-                        self.checker.shared.granted(
-                            client,
-                            &key,
-                            *granted,
-                            share,
-                            sent_ms,
-                            lease_ms.get(),
-                        )?;
+                        self.checker.durability.acked_grant(&key, granted);
+                        self.checker.shared.granted(client, &key, granted, share, sent_ms, lease_ms.get())?;
                         self.note(&format!(
                             "client {} granted {key} {granted} as {share:?} by its probe",
                             client + 1
                         ));
                         let release_at_ms = self.now_ms;
                         self.clients[client].state =
-                            ClientState::Holding { key, token: *granted, lease_ms, release_at_ms };
+                            ClientState::Holding { key, token: granted, lease_ms, release_at_ms };
                         self.wake_client(client, pause);
                     }
-                    other => return Err(format!("client {}: probe answered {other:?}", client + 1)),
+                    refused @ (Acquired::Held { .. }
+                    | Acquired::NoSession { .. }
+                    | Acquired::NotSessionOwner { .. }) => {
+                        return Err(format!("client {}: probe answered {refused:?}", client + 1))
+                    }
                 }
             }
-            (
-                Op::Probe { key, share, token, lease_ms, release_at_ms },
-                Err(RequestError::Held { .. } | RequestError::WaitTimedOut { .. }),
-            ) => {
-                // The key is held in the probe's kind: its lock is gone too,
-                // as its next renewal will tell.
-                self.checker.shared.probed(client, share, None, sent_ms, self.now_ms)?;
-                self.clients[client].state = ClientState::Holding { key, token, lease_ms, release_at_ms };
+            Op::Renew { key, token, lease_ms, release_at_ms } => match one_renewal(client, response)? {
+                Renewal::Renewed { .. } => {
+                    self.checker.durability.acked_renewal(&key, token);
+                    self.checker.holders.renewed(client, &key, token, sent_ms, lease_ms.get());
+                    self.checker.shared.renewed(client, &key, token, sent_ms, lease_ms.get())?;
+                    // The state was reset when the answer came: the renewal
+                    // carries when the holder lets go.
+                    self.clients[client].state = ClientState::Holding { key, token, lease_ms, release_at_ms };
+                    self.wake_client(client, (lease_ms.get() / 3).max(1));
+                }
+                Renewal::NotHeld { .. } => {
+                    // The lock is gone: the client knows it lost it.
+                    self.let_go(client);
+                    self.wake_client(client, pause);
+                }
+                refused @ Renewal::NotYours { .. } => {
+                    return Err(format!("client {}: renew answered {refused:?}", client + 1))
+                }
+            },
+            Op::OpenSession { ttl_ms } => {
+                let Opened { session, ttl_ms: opened_ms } = answer_of::<Opened>(client, response)?;
+                if opened_ms != ttl_ms {
+                    return Err(format!(
+                        "client {}: session open for {} ms answered {session} for {} ms",
+                        client + 1,
+                        ttl_ms.get(),
+                        opened_ms.get()
+                    ));
+                }
+                self.checker.sessions.opened(client, session, sent_ms, ttl_ms.get());
+                let plan = self.session_plan();
+                let life_ms = self.rng.range(ttl_ms.get(), 6 * ttl_ms.get());
+                let close = self.rng.chance(600_000);
+                self.note(&format!("client {} opened session {session} for {} ms", client + 1, ttl_ms.get()));
+                self.clients[client].session = Some(OpenSession {
+                    id: session,
+                    ttl_ms,
+                    held: Vec::new(),
+                    plan,
+                    keep_alive_at_ms: self.now_ms + ttl_ms.get() / 3,
+                    end_at_ms: self.now_ms + life_ms,
+                    close,
+                });
                 self.wake_client(client, pause);
             }
-            (Op::Renew { key, token, lease_ms, release_at_ms }, Ok(Response::Applied(results))) => {
-                match results.as_slice() {
-                    [ApplyResult::Renewed { .. }] => {
-                        self.checker.durability.acked_renewal(&key, token);
-                        self.checker.holders.renewed(client, &key, token, sent_ms, lease_ms.get());
-                        self.checker.shared.renewed(client, &key, token, sent_ms, lease_ms.get())?;
-                        // The state was reset when the answer came: the
-                        // renewal carries when the holder lets go.
-                        self.clients[client].state =
-                            ClientState::Holding { key, token, lease_ms, release_at_ms };
-                        self.wake_client(client, (lease_ms.get() / 3).max(1));
-                    }
-                    [ApplyResult::NotFound { .. }] => {
-                        // The lock is gone: the client knows it lost it.
-                        self.let_go(client);
-                        self.wake_client(client, pause);
-                    }
-                    other => return Err(format!("client {}: renew answered {other:?}", client + 1)),
-                }
-            }
-            (Op::OpenSession { ttl_ms }, Ok(Response::Applied(results))) => match results.as_slice() {
-                [ApplyResult::Granted { token: session, lease_ms, existing: false }]
-                    if *lease_ms == ttl_ms =>
-                {
-                    self.checker.sessions.opened(client, *session, sent_ms, ttl_ms.get());
-                    let plan = self.session_plan();
-                    let life_ms = self.rng.range(ttl_ms.get(), 6 * ttl_ms.get());
-                    let close = self.rng.chance(600_000);
-                    self.note(&format!(
-                        "client {} opened session {session} for {} ms",
-                        client + 1,
-                        ttl_ms.get()
-                    ));
-                    self.clients[client].session = Some(OpenSession {
-                        id: *session,
-                        ttl_ms,
-                        held: Vec::new(),
-                        plan,
-                        keep_alive_at_ms: self.now_ms + ttl_ms.get() / 3,
-                        end_at_ms: self.now_ms + life_ms,
-                        close,
-                    });
+            Op::KeepAlive { session } => match answer_of::<SessionKept>(client, response)? {
+                SessionKept::Kept { ttl_ms } => {
+                    self.session_kept_alive(client, session, sent_ms, ttl_ms)?;
                     self.wake_client(client, pause);
                 }
-                other => return Err(format!("client {}: session open answered {other:?}", client + 1)),
-            },
-            (Op::KeepAlive { session }, Ok(Response::Applied(results))) => match results.as_slice() {
-                [ApplyResult::Renewed { token, lease_ms }] if *token == session => {
-                    self.session_kept_alive(client, session, sent_ms, *lease_ms)?;
-                    self.wake_client(client, pause);
-                }
-                [ApplyResult::NoSession { session: gone }] if *gone == session => {
+                SessionKept::NotOpen => {
                     self.session_gone(client, session)?;
                     self.wake_client(client, pause);
                 }
-                other => {
-                    return Err(format!("client {}: keep-alive of {session} answered {other:?}", client + 1))
+                SessionKept::NotYours => {
+                    return Err(format!(
+                        "client {}: keep-alive of {session} answered not its own",
+                        client + 1
+                    ))
                 }
             },
-            (Op::RenewIn { key, token, session }, Ok(Response::Applied(results))) => match results.as_slice()
-            {
-                [ApplyResult::Renewed { token: renewed, lease_ms }] if *renewed == token => {
+            Op::RenewIn { key, token, session } => match one_renewal(client, response)? {
+                Renewal::Renewed { token: renewed, lease_ms } if renewed == token => {
                     self.checker.durability.acked_renewal(&key, token);
-                    self.session_kept_alive(client, session, sent_ms, *lease_ms)?;
+                    self.session_kept_alive(client, session, sent_ms, lease_ms)?;
                     self.wake_client(client, pause);
                 }
-                [ApplyResult::NotFound { .. }] => {
+                Renewal::NotHeld { .. } => {
                     // Its session lapsed (the next keep-alive tells).
                     if let Some(open) =
                         self.clients[client].session.as_mut().filter(|open| open.id == session)
@@ -623,86 +622,88 @@ impl World {
                     self.checker.sessions.released(&key, token);
                     self.wake_client(client, pause);
                 }
-                other => {
+                refused @ (Renewal::Renewed { .. } | Renewal::NotYours { .. }) => {
                     return Err(format!(
-                        "client {}: renew of {key} under {session} answered {other:?}",
+                        "client {}: renew of {key} under {session} answered {refused:?}",
                         client + 1
                     ))
                 }
             },
-            (Op::AcquireIn { key, share, session, .. }, Ok(Response::Applied(results))) => {
-                match results.as_slice() {
-                    [ApplyResult::Granted { token, lease_ms, .. }] => {
-                        let Some(open) =
-                            self.clients[client].session.as_mut().filter(|open| open.id == session)
-                        else {
-                            return Err(format!(
-                                "client {}: granted {key} under {session}, not its session",
-                                client + 1
-                            ));
-                        };
-                        open.held.push((key.clone(), *token));
-                        let ttl_ms = open.ttl_ms;
-                        if *lease_ms != ttl_ms {
-                            return Err(format!(
-                                "client {}: granted {key} ({token}) under session {session} of {} ms, with a lease of {} ms",
-                                client + 1,
-                                ttl_ms.get(),
-                                lease_ms.get()
-                            ));
-                        }
-                        self.grants += 1;
-                        self.checker.durability.acked_grant(&key, *token);
-                        self.checker.sessions.granted_in(client, session, &key, *token)?;
-                        self.note(&format!(
-                            "client {} granted {key} {token} under session {session}",
+            Op::AcquireIn { key, share, session, .. } => match answer_of::<Acquired>(client, response)? {
+                Acquired::Granted { token, lease_ms, .. } => {
+                    let Some(open) = self.clients[client].session.as_mut().filter(|open| open.id == session)
+                    else {
+                        return Err(format!(
+                            "client {}: granted {key} under {session}, not its session",
                             client + 1
                         ));
-                        self.wake_client(client, pause);
-                    }
-                    // Its owner holds the key under another session (one
-                    // it abandoned, not lapsed yet): turned away by its own
-                    // token, decided at apply (the handler answers held).
-                    [ApplyResult::GrantRejected { .. }] => self.wake_client(client, pause),
-                    // The session is gone: a clean refusal.
-                    [ApplyResult::NoSession { session: gone }] if *gone == session => {
-                        self.session_gone(client, session)?;
-                        self.wake_client(client, pause);
-                    }
-                    [ApplyResult::Mismatch { permits }] if share.is_some() => {
-                        let share = share.expect("shared");
-                        self.checker.shared.mismatched(client, share, Some(*permits))?;
-                        self.wake_client(client, pause);
-                    }
-                    other => {
+                    };
+                    open.held.push((key.clone(), token));
+                    let ttl_ms = open.ttl_ms;
+                    if lease_ms != ttl_ms {
                         return Err(format!(
-                            "client {}: acquire of {key} under {session} answered {other:?}",
-                            client + 1
-                        ))
+                            "client {}: granted {key} ({token}) under session {session} of {} ms, with a lease of {} ms",
+                            client + 1,
+                            ttl_ms.get(),
+                            lease_ms.get()
+                        ));
                     }
+                    self.grants += 1;
+                    self.checker.durability.acked_grant(&key, token);
+                    self.checker.sessions.granted_in(client, session, &key, token)?;
+                    self.note(&format!(
+                        "client {} granted {key} {token} under session {session}",
+                        client + 1
+                    ));
+                    self.wake_client(client, pause);
                 }
-            }
-            (Op::CloseSession { session }, Ok(Response::Applied(results))) => match results.as_slice() {
-                // NoSession: it lapsed first, or an earlier try closed it.
-                [ApplyResult::Released { token }] if *token == session => self.wake_client(client, pause),
-                [ApplyResult::NoSession { session: gone }] if *gone == session => {
-                    self.wake_client(client, pause)
+                // Its owner holds the key under another session (one it
+                // abandoned, not lapsed yet): turned away by its own token,
+                // decided at apply (the handler answers held).
+                Acquired::Held { .. } => self.wake_client(client, pause),
+                // The session is gone: a clean refusal.
+                Acquired::NoSession { session: gone } if gone == session => {
+                    self.session_gone(client, session)?;
+                    self.wake_client(client, pause);
                 }
-                other => return Err(format!("client {}: close of {session} answered {other:?}", client + 1)),
+                Acquired::Mismatch { permits } if share.is_some() => {
+                    let share = share.expect("shared");
+                    self.checker.shared.mismatched(client, share, Some(permits))?;
+                    self.wake_client(client, pause);
+                }
+                refused @ (Acquired::NoSession { .. }
+                | Acquired::Mismatch { .. }
+                | Acquired::NotSessionOwner { .. }) => {
+                    return Err(format!(
+                        "client {}: acquire of {key} under {session} answered {refused:?}",
+                        client + 1
+                    ))
+                }
             },
-            (Op::ReleaseIn { key, token }, Ok(Response::Applied(results))) => {
-                match results.as_slice() {
-                    [ApplyResult::Released { .. }] => self.checker.durability.acked_release(&key, token),
-                    [ApplyResult::NotFound { .. }] => {}
-                    other => return Err(format!("client {}: release answered {other:?}", client + 1)),
+            // NotOpen: it lapsed first, or an earlier try closed it.
+            Op::CloseSession { session } => match answer_of::<SessionClosed>(client, response)? {
+                SessionClosed::Closed | SessionClosed::NotOpen => self.wake_client(client, pause),
+                SessionClosed::NotYours => {
+                    return Err(format!("client {}: close of {session} answered not its own", client + 1))
+                }
+            },
+            Op::ReleaseIn { key, token } => {
+                match answer_of::<Released>(client, response)? {
+                    Released::Released { .. } => self.checker.durability.acked_release(&key, token),
+                    Released::NotHeld { .. } => {}
+                    refused @ Released::NotYours { .. } => {
+                        return Err(format!("client {}: release answered {refused:?}", client + 1))
+                    }
                 }
                 self.wake_client(client, pause);
             }
-            (Op::Release { key, token }, Ok(Response::Applied(results))) => {
-                match results.as_slice() {
-                    [ApplyResult::Released { .. }] => self.checker.durability.acked_release(&key, token),
-                    [ApplyResult::NotFound { .. }] => {}
-                    other => return Err(format!("client {}: release answered {other:?}", client + 1)),
+            Op::Release { key, token } => {
+                match answer_of::<Released>(client, response)? {
+                    Released::Released { .. } => self.checker.durability.acked_release(&key, token),
+                    Released::NotHeld { .. } => {}
+                    refused @ Released::NotYours { .. } => {
+                        return Err(format!("client {}: release answered {refused:?}", client + 1))
+                    }
                 }
                 if key == self.clients[client].final_key {
                     self.clients[client].served_after_heal = true;
@@ -710,39 +711,45 @@ impl World {
                 }
                 self.wake_client(client, pause);
             }
-            // A shared key without holders reads as a free plain lock.
-            (Op::Get { key }, Ok(Response::Holder(holder))) if shared::is_shared(key.as_bytes()) => {
-                if let Some(held) = holder {
-                    return Err(format!(
-                        "client {}: a get of {key} answered a plain lock: {held:?}",
-                        client + 1
-                    ));
+            Op::Get { key } => {
+                match answer_of::<Holding>(client, response)? {
+                    // A shared key without holders reads as a free plain lock.
+                    Holding::Plain(holder) if shared::is_shared(key.as_bytes()) => {
+                        if let Some(held) = holder {
+                            return Err(format!(
+                                "client {}: a get of {key} answered a plain lock: {held:?}",
+                                client + 1
+                            ));
+                        }
+                        self.checker.shared.read(&key, &[], sent_ms, self.now_ms)?;
+                    }
+                    Holding::Shared(holders) => {
+                        // A holder held back by lock-delay holds nothing.
+                        let held = holders
+                            .iter()
+                            .filter(|held| !held.lock.delayed)
+                            .map(|held| held.share.map(|share| (held.lock.token, share)))
+                            .collect::<Option<Vec<_>>>()
+                            .ok_or_else(|| {
+                                format!("client {}: a get of {key} answered {holders:?}", client + 1)
+                            })?;
+                        self.checker.shared.read(&key, &held, sent_ms, self.now_ms)?;
+                    }
+                    Holding::Plain(holder) => {
+                        // A lock held back by lock-delay has no holder.
+                        let token = holder.filter(|held| !held.lock.delayed).map(|held| held.lock.token);
+                        self.checker.reads.answered(&key, token, sent_ms, self.now_ms)?;
+                    }
                 }
-                self.checker.shared.read(&key, &[], sent_ms, self.now_ms)?;
                 self.wake_client(client, pause);
             }
-            (Op::Get { key }, Ok(Response::Holders(holders))) => {
-                // A holder held back by lock-delay holds nothing.
-                let held = holders
-                    .iter()
-                    .filter(|held| !held.lock.delayed)
-                    .map(|held| held.share.map(|share| (held.lock.token, share)))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| format!("client {}: a get of {key} answered {holders:?}", client + 1))?;
-                self.checker.shared.read(&key, &held, sent_ms, self.now_ms)?;
-                self.wake_client(client, pause);
-            }
-            (Op::Get { key }, Ok(Response::Holder(holder))) => {
-                // A lock held back by lock-delay has no holder.
-                let token = holder.filter(|held| !held.lock.delayed).map(|held| held.lock.token);
-                self.checker.reads.answered(&key, token, sent_ms, self.now_ms)?;
-                self.wake_client(client, pause);
-            }
-            (Op::Check { key, token }, Ok(Response::Check(holds))) => {
+            Op::Check { key, token } => {
+                let Checked(holds) = answer_of(client, response)?;
                 self.checker.reads.checked(&key, token, holds, sent_ms, self.now_ms)?;
                 self.wake_client(client, pause);
             }
-            (Op::List { prefix }, Ok(Response::List(locks))) => {
+            Op::List { prefix } => {
+                let Listed(locks) = answer_of(client, response)?;
                 // Judged key by key: each listed key's holder, and no holder
                 // for the keys the list leaves out.
                 if locks.iter().any(|(key, _)| !key.as_bytes().starts_with(&prefix)) {
@@ -773,12 +780,28 @@ impl World {
                 }
                 self.wake_client(client, pause);
             }
-            (Op::Watch { prefix, after, .. }, Ok(Response::Watch(answer))) => {
+            Op::Watch { prefix, after, .. } => {
+                let answer = answer_of::<WatchAnswer>(client, response)?;
                 self.checker.watches.answered(&prefix, after, &answer)?;
                 self.clients[client].watch_at = Some(answer.index);
                 self.wake_client(client, pause);
             }
-            (op, Err(RequestError::NotLeader { leader_hint })) => {
+        }
+        Ok(())
+    }
+
+    /// `client`'s `op` was refused with `err`: it retries what may be
+    /// retried, and takes a held key or a wait that ran out as an answer.
+    fn client_refused(
+        &mut self,
+        client: usize,
+        op: Op,
+        sent_ms: u64,
+        err: RequestError,
+        pause: u64,
+    ) -> Result<(), String> {
+        match (op, err) {
+            (op, RequestError::NotLeader { leader_hint }) => {
                 self.clients[client].target = match leader_hint {
                     Some(leader) => (leader.0 - 1) as usize,
                     None => (self.clients[client].target + 1) % self.nodes.len(),
@@ -787,43 +810,29 @@ impl World {
             }
             (
                 op,
-                Err(
-                    RequestError::LeadershipLost { .. }
-                    | RequestError::Dropped
-                    | RequestError::Overloaded
-                    | RequestError::Stopped,
-                ),
+                RequestError::LeadershipLost { .. }
+                | RequestError::Dropped
+                | RequestError::Overloaded
+                | RequestError::Stopped,
             ) => self.retry(client, op, pause),
-            (op, Err(RequestError::LevelNotReached { needed, level, .. })) => {
+            (op, RequestError::LevelNotReached { needed, level, .. }) => {
                 self.level_not_reached(client, op, needed, level, pause)?
             }
             (
-                Op::AcquireIn { .. },
-                Err(
-                    RequestError::Held { .. }
-                    | RequestError::Delayed { .. }
-                    | RequestError::WaitTimedOut { .. },
-                ),
-            ) => self.wake_client(client, pause),
-            (
-                Op::Acquire { .. },
-                Err(
-                    RequestError::Held { .. }
-                    | RequestError::Delayed { .. }
-                    | RequestError::WaitTimedOut { .. },
-                ),
-            )
-            | (
-                Op::AcquireShared { .. },
-                Err(
-                    RequestError::Held { .. }
-                    | RequestError::Delayed { .. }
-                    | RequestError::WaitTimedOut { .. },
-                ),
+                Op::Probe { key, share, token, lease_ms, release_at_ms },
+                RequestError::Held { .. } | RequestError::WaitTimedOut { .. },
             ) => {
+                // The key is held in the probe's kind: its lock is gone too,
+                // as its next renewal will tell.
+                self.checker.shared.probed(client, share, None, sent_ms, self.now_ms)?;
+                self.clients[client].state = ClientState::Holding { key, token, lease_ms, release_at_ms };
                 self.wake_client(client, pause);
             }
-            (op, other) => return Err(format!("client {}: {op:?} answered {other:?}", client + 1)),
+            (
+                Op::Acquire { .. } | Op::AcquireShared { .. } | Op::AcquireIn { .. },
+                RequestError::Held { .. } | RequestError::Delayed { .. } | RequestError::WaitTimedOut { .. },
+            ) => self.wake_client(client, pause),
+            (op, err) => return Err(format!("client {}: {op:?} answered {err:?}", client + 1)),
         }
         Ok(())
     }
@@ -952,5 +961,26 @@ impl World {
             },
         };
         self.wake_client(client, pause_ms);
+    }
+}
+
+/// The answer of `client`'s request in its operation's type: an answer of
+/// another operation (which the node never gives) fails the run, here and
+/// nowhere else.
+fn answer_of<A: Answer>(client: usize, response: Response) -> Result<A, String> {
+    A::take(response).map_err(|other| {
+        format!(
+            "client {}: answered {other:?}, not a {}",
+            client + 1,
+            std::any::type_name::<A>().rsplit("::").next().unwrap_or("reply")
+        )
+    })
+}
+
+/// The one renewal a renewal of one lock is answered with.
+fn one_renewal(client: usize, response: Response) -> Result<Renewal, String> {
+    match <[Renewal; 1]>::try_from(answer_of::<Vec<Renewal>>(client, response)?) {
+        Ok([renewal]) => Ok(renewal),
+        Err(renewals) => Err(format!("client {}: a renewal of one lock answered {renewals:?}", client + 1)),
     }
 }

@@ -36,8 +36,9 @@
 //! operator runs otherwise than without one.)
 
 use fencelock_fsm::MemberAddrs;
+use fencelock_raft::reply::Membership;
 use fencelock_raft::{rejoin::ClusterState, ClientRequest, Member, MemberChange, MemberRole, NodeId, Reply};
-use fencelock_raft::{RequestError, Response, Role};
+use fencelock_raft::{Answer, RequestError, Role};
 use fencelock_types::LEVEL;
 
 use crate::invariants::membership::Expected;
@@ -338,9 +339,11 @@ impl World {
         if self.trace_clients || reply.is_ok() {
             self.note(&format!("operator answered \"{step}\": {reply:?}"));
         }
-        match reply {
-            Ok(Response::Members { members, .. }) => self.step_done(step, &members),
-            Ok(other) => Err(format!("the operator's \"{step}\" was answered {other:?}")),
+        match reply.map(Membership::take) {
+            Ok(Ok(Membership { members, .. })) => self.step_done(step, &members),
+            Ok(Err(other)) => {
+                Err(format!("the operator's \"{step}\" was answered {other:?}, not the membership"))
+            }
             Err(_) => {
                 self.wake_operator(pause);
                 Ok(())
