@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use fencelock_types::{ApplyResult, Command, FencingToken, Key, LeaseMs, Owner, Value};
+use fencelock_types::{Command, FencingToken, Key, LeaseMs, Owner, Value};
 
 use crate::log::{Durable, MemStore};
 use crate::node::{Action, ClientRequest, Event, Node, NodeConfig};
@@ -141,10 +141,7 @@ fn acquire(key: &str, owner: &str) -> ClientRequest {
 
 fn granted(reply: Option<Reply>) -> FencingToken {
     match reply {
-        Some(Ok(Response::Applied(results))) => match results.as_slice() {
-            [ApplyResult::Granted { token, .. }] => *token,
-            other => panic!("not granted: {other:?}"),
-        },
+        Some(Ok(Response::Acquired(crate::answer::Acquired::Granted { token, .. }))) => token,
         other => panic!("not granted: {other:?}"),
     }
 }

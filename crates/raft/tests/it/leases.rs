@@ -11,10 +11,7 @@ use crate::harness::{key, release, Cluster, DEADLINE};
 
 fn granted(reply: fencelock_raft::Reply) -> FencingToken {
     match reply {
-        Ok(Response::Applied(results)) => match results.as_slice() {
-            [ApplyResult::Granted { token, .. }] => *token,
-            other => panic!("expected a grant: {other:?}"),
-        },
+        Ok(Response::Acquired(fencelock_raft::answer::Acquired::Granted { token, .. })) => token,
         other => panic!("expected a grant: {other:?}"),
     }
 }
