@@ -1,3 +1,6 @@
+//! Tests of the answers per operation: every result a client command applies
+//! with is one of its operation's, and nothing else passes.
+
 use fencelock_fsm::LockTable;
 use fencelock_types::{ApplyResult, ClusterId, Command, FencingToken, Key, LeaseMs, Owner, Share, Value};
 use proptest::prelude::*;

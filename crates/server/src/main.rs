@@ -21,6 +21,7 @@ mod errors;
 mod handler;
 mod join;
 mod metrics;
+mod parse;
 mod restore;
 
 use std::cell::RefCell;
