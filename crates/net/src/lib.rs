@@ -69,7 +69,7 @@ pub use frame::{
     decode_frame, decode_piece, encode_frame, encode_parts, read_frame, write_frame, FrameError, PART_FLAG,
 };
 pub use node::{BindError, Listeners, NodeLoop};
-pub use peers::{ClientAddrs, Greetings, Heard, PeerBook, PeerConfig, PeerTls, Route, PART_BYTES};
+pub use peers::{ClientAddrs, Greetings, PeerBook, PeerConfig, PeerTls, Route, PART_BYTES};
 pub use shared::LoopWaker;
 pub use wire::{Got, Reloadable, Wire};
 

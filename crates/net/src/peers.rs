@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use ahash::RandomState;
 use fencelock_types::client_pb::PeerHello;
+use fencelock_types::hello::{HelloState, PeerReport};
 use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Registry, Token};
@@ -226,22 +227,19 @@ pub struct Greetings(Arc<RwLock<GreetingsInner>>);
 
 #[derive(Debug, Default)]
 struct GreetingsInner {
-    term: u64,
-    last_index: u64,
-    known: BTreeSet<u64>,
+    /// What the node says of its raft state, as it built it: carried, not
+    /// read.
+    own: HelloState,
     /// This node's cluster id, empty until it knows one.
     cluster_id: Vec<u8>,
-    /// Where this node's peers reach it, and the voters and applied index
-    /// of its configuration, as its hellos say.
+    /// Where this node's peers reach it, as its hellos say.
     peer_addr: String,
-    voters: Vec<u64>,
-    applied: u64,
-    heard: BTreeMap<u64, Heard>,
+    heard: BTreeMap<u64, PeerReport>,
     /// Nodes outside this node's peers whose hellos named a cluster while
     /// this node knew none (a running cluster that added it), with what
     /// they said and the client address each said it serves on; at most
     /// [`STRANGERS_MAX`].
-    strangers: BTreeMap<u64, (Heard, String)>,
+    strangers: BTreeMap<u64, (PeerReport, String)>,
     /// Bumped by every hello recorded, so that the loop feeds the node
     /// only what is new.
     hellos: u64,
@@ -251,60 +249,17 @@ struct GreetingsInner {
 /// enough to know that a cluster runs.
 const STRANGERS_MAX: usize = 8;
 
-/// What a peer's hello said.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Heard {
-    /// The peer has had raft messages from this node before.
-    pub knows_you: bool,
-    /// The peer's raft term and last log index when it connected.
-    pub term: u64,
-    pub last_index: u64,
-    /// The command level the peer's build applies (0: a build before
-    /// levels).
-    pub level: u32,
-    /// The hello named a cluster.
-    pub named: bool,
-    /// The voters of the configuration the peer applied, and the index it
-    /// had applied when that configuration changed (empty and 0 from a
-    /// peer that starts, or an older build).
-    pub voters: Vec<u64>,
-    pub applied: u64,
-}
-
-impl Heard {
-    fn of(hello: &PeerHello) -> Heard {
-        Heard {
-            knows_you: hello.knows_you,
-            term: hello.term,
-            last_index: hello.last_index,
-            level: hello.level,
-            named: !hello.cluster_id.is_empty(),
-            voters: hello.voters.iter().copied().take(MEMBERS_IN_HELLO_MAX).collect(),
-            applied: hello.applied,
-        }
-    }
-}
-
-/// The most voters a hello's configuration is read with (a configuration
-/// has at most 64 members; the rest of a longer list is dropped).
-const MEMBERS_IN_HELLO_MAX: usize = 64;
-
 impl Greetings {
     pub fn new() -> Greetings {
         Greetings::default()
     }
 
-    /// Sets what this node's hellos say from now on: its raft term and
-    /// last index, and the peers it has had raft messages from.
-    pub fn set_own(&self, term: u64, last_index: u64, known: &BTreeSet<u64>) {
+    /// Sets what this node's hellos say of its raft state from now on,
+    /// as the node built it ([`HelloState`]).
+    pub fn set_own(&self, own: HelloState) {
         // A panic elsewhere while holding the lock leaves consistent data:
         // every write is a plain assignment. Never answer "unknown" for it.
-        let mut inner = self.0.write().unwrap_or_else(PoisonError::into_inner);
-        inner.term = term;
-        inner.last_index = last_index;
-        if inner.known != *known {
-            inner.known.clone_from(known);
-        }
+        self.0.write().unwrap_or_else(PoisonError::into_inner).own = own;
     }
 
     /// Sets the cluster id this node's hellos name, once it knows it. From
@@ -325,7 +280,7 @@ impl Greetings {
     }
 
     /// What each peer said in the last hello it sent here.
-    pub fn heard(&self) -> BTreeMap<u64, Heard> {
+    pub fn heard(&self) -> BTreeMap<u64, PeerReport> {
         self.0.read().unwrap_or_else(PoisonError::into_inner).heard.clone()
     }
 
@@ -333,14 +288,14 @@ impl Greetings {
     /// while this node knew none, with what each said and the client
     /// address it announced: refused as peers, but a blank node must not
     /// found a cluster of its own while one that added it runs.
-    pub fn strangers(&self) -> BTreeMap<u64, (Heard, String)> {
+    pub fn strangers(&self) -> BTreeMap<u64, (PeerReport, String)> {
         self.0.read().unwrap_or_else(PoisonError::into_inner).strangers.clone()
     }
 
     fn record_stranger(&self, hello: &PeerHello) {
         let mut inner = self.0.write().unwrap_or_else(PoisonError::into_inner);
         if inner.strangers.len() < STRANGERS_MAX || inner.strangers.contains_key(&hello.node_id) {
-            inner.strangers.insert(hello.node_id, (Heard::of(hello), hello.client_addr.clone()));
+            inner.strangers.insert(hello.node_id, (PeerReport::read(hello), hello.client_addr.clone()));
             inner.hellos += 1;
         }
     }
@@ -353,18 +308,6 @@ impl Greetings {
         }
     }
 
-    /// Sets the configuration this node's hellos say it applied: its
-    /// voters, and the index it had applied when that configuration
-    /// changed (configurations change only by applying entries, so these
-    /// indexes order them as the log does).
-    pub fn set_configuration(&self, voters: &[u64], applied: u64) {
-        let mut inner = self.0.write().unwrap_or_else(PoisonError::into_inner);
-        inner.applied = applied;
-        if inner.voters != voters {
-            inner.voters = voters.to_vec();
-        }
-    }
-
     /// How many hellos were recorded so far: a change says there is news
     /// in [`Greetings::heard`].
     pub fn hellos(&self) -> u64 {
@@ -373,23 +316,19 @@ impl Greetings {
 
     fn hello_for(&self, node_id: u64, client_addr: &str, peer: u64) -> PeerHello {
         let inner = self.0.read().unwrap_or_else(PoisonError::into_inner);
-        PeerHello {
+        let mut hello = PeerHello {
             node_id,
             client_addr: client_addr.to_owned(),
-            knows_you: inner.known.contains(&peer),
-            term: inner.term,
-            last_index: inner.last_index,
             cluster_id: inner.cluster_id.clone(),
-            level: fencelock_types::LEVEL,
             peer_addr: inner.peer_addr.clone(),
-            voters: inner.voters.clone(),
-            applied: inner.applied,
             ..Default::default()
-        }
+        };
+        inner.own.report_for(peer).write(&mut hello);
+        hello
     }
 
     fn record(&self, peer: u64, hello: &PeerHello) {
-        let heard = Heard::of(hello);
+        let heard = PeerReport::read(hello);
         let mut inner = self.0.write().unwrap_or_else(PoisonError::into_inner);
         inner.heard.insert(peer, heard);
         inner.hellos += 1;

@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use crossbeam_channel::{bounded, Sender};
 use fencelock_types::client_pb::{ErrorCode, PeerHello, Request, Response, StatusRequest, StatusResponse};
+use fencelock_types::hello::{HelloState, PeerReport};
 
 use crate::{
-    read_frame, write_frame, ClientAddrs, ClientConfig, ClientListener, Core, Greetings, Handler, Heard,
-    NodeIo, NodeLoop, PeerBook, PeerConfig, ResponseSink, Route, Turn,
+    read_frame, write_frame, ClientAddrs, ClientConfig, ClientListener, Core, Greetings, Handler, NodeIo,
+    NodeLoop, PeerBook, PeerConfig, ResponseSink, Route, Turn,
 };
 
 fn logger() -> slog::Logger {
@@ -706,7 +707,7 @@ fn a_burst_of_peer_messages_larger_than_a_round_arrives_whole_and_in_order() {
 }
 
 /// Waits until `node` has a hello from `peer` that satisfies `check`.
-fn heard_from(node: &TestNode, peer: u64, check: impl Fn(&Heard) -> bool) -> Heard {
+fn heard_from(node: &TestNode, peer: u64, check: impl Fn(&PeerReport) -> bool) -> PeerReport {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         if let Some(heard) = node.greetings.heard().get(&peer) {
@@ -728,39 +729,50 @@ fn hellos_say_what_the_caller_knows_when_it_connects() {
     let addrs: BTreeMap<u64, SocketAddr> = [(1, free_addr()), (2, free_addr())].into_iter().collect();
     // Node 2 is not up yet, so node 1's first hello is built after this.
     let one = node(1, &addrs, 1 << 20);
-    one.greetings.set_own(7, 42, &[2].into_iter().collect());
+    one.greetings.set_own(HelloState {
+        term: 7,
+        last_index: 42,
+        known: [2].into_iter().collect(),
+        voters: vec![1, 2],
+        applied: 40,
+        ..HelloState::default()
+    });
     let two = node(2, &addrs, 1 << 20);
     let heard = heard_from(&two, 1, |_| true);
     // The hello says the command level of the caller's build too.
     assert_eq!(
         heard,
-        Heard {
+        PeerReport {
             knows_you: true,
             term: 7,
             last_index: 42,
             level: fencelock_types::LEVEL,
             named: false,
-            ..Heard::default()
+            voters: vec![1, 2],
+            applied: 40,
         }
     );
     let hellos = two.greetings.hellos();
     assert!(hellos >= 1);
     // Node 2 knows nothing of node 1 and says so.
-    assert_eq!(heard_from(&one, 2, |_| true), Heard { level: fencelock_types::LEVEL, ..Heard::default() });
+    assert_eq!(
+        heard_from(&one, 2, |_| true),
+        PeerReport { level: fencelock_types::LEVEL, ..PeerReport::default() }
+    );
     // A connection opened later says what is true then.
-    one.greetings.set_own(9, 50, &BTreeSet::new());
+    one.greetings.set_own(HelloState { term: 9, last_index: 50, ..HelloState::default() });
     two.stop();
     let two = node(2, &addrs, 1 << 20);
     let heard = heard_from(&two, 1, |_| true);
     assert_eq!(
         heard,
-        Heard {
+        PeerReport {
             knows_you: false,
             term: 9,
             last_index: 50,
             level: fencelock_types::LEVEL,
             named: false,
-            ..Heard::default()
+            ..PeerReport::default()
         }
     );
 }

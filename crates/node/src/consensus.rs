@@ -7,7 +7,7 @@
 //! Nothing here decides about locks: committed entries go to the replica's
 //! apply, and from there to the lock service.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 
 use super::*;
 
@@ -346,11 +346,6 @@ impl Replica {
         self.consensus.raw.raft.raft_log.applied < self.consensus.raw.store().snapshot_index()
     }
 
-    /// The peers this node has had raft messages from, for its hellos.
-    pub(crate) fn known_peers(&self) -> &BTreeSet<u64> {
-        &self.consensus.membership.known
-    }
-
     /// Sets the election timeout raft-rs drew at its last reset (a role or
     /// term change) to `ticks`, clamped into the configured window: for a
     /// deterministic simulation, which draws it from its seed instead of
@@ -366,8 +361,21 @@ impl Replica {
     }
 
     /// This node's raft term and last log index, for its hellos.
-    pub(crate) fn log_position(&self) -> (u64, u64) {
-        (self.consensus.raw.raft.term, self.consensus.raw.raft.raft_log.last_index())
+    /// What this node's hellos say: its term, last index, the peers it
+    /// has heard from, whether it has applied a cluster id, and its
+    /// configuration's voters with the index it has applied.
+    pub(crate) fn hello_state(&self) -> fencelock_types::hello::HelloState {
+        let raft = &self.consensus.raw.raft;
+        let mut voters = raft.prs().conf().to_conf_state().voters;
+        voters.sort_unstable();
+        fencelock_types::hello::HelloState {
+            term: raft.term,
+            last_index: raft.raft_log.last_index(),
+            known: self.consensus.membership.known.clone(),
+            named: self.service.table.cluster_id().is_some(),
+            voters,
+            applied: self.service.table_index,
+        }
     }
 
     /// Ends a rejoin once this node caught up past its floor (see

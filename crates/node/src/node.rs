@@ -69,6 +69,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use fencelock_fsm::{LockTable, SnapshotError};
+use fencelock_types::hello::HelloState;
 use fencelock_types::{ClusterId, Command, FencingToken, Key, LeaseMs, Owner, Share, Value};
 use raft::prelude::{Message, MessageType};
 use slog::{info, warn, Logger};
@@ -636,38 +637,19 @@ impl<T> Node<T> {
     }
 
     /// What this node's hello to `peer` says: whether it has had raft
-    /// messages from it, and its own term and last index (nothing while it
-    /// is starting).
+    /// messages from it, and its own term, last index and configuration
+    /// (nothing while it is starting).
     pub fn hello_for(&self, peer: NodeId) -> PeerReport {
-        match &self.phase {
-            Phase::Starting { .. } => PeerReport { level: fencelock_types::LEVEL, ..PeerReport::default() },
-            Phase::Running(replica) => {
-                let (term, last_index) = replica.log_position();
-                let knows_you = replica.known_peers().contains(&peer.0);
-                let named = replica.cluster_id().is_some();
-                let status = replica.status();
-                PeerReport {
-                    knows_you,
-                    term,
-                    last_index,
-                    level: fencelock_types::LEVEL,
-                    named,
-                    voters: status.voters,
-                    applied: status.applied_index,
-                }
-            }
-        }
+        self.hello_state().report_for(peer.0)
     }
 
-    /// What every hello of this node says: its term, last index and the
-    /// peers it has heard from.
-    pub fn hello_state(&self) -> (u64, u64, BTreeSet<u64>) {
+    /// What every hello of this node says ([`HelloState::report_for`]
+    /// makes one peer's): the one builder of hellos, fencelockd's and the
+    /// simulator's.
+    pub fn hello_state(&self) -> HelloState {
         match &self.phase {
-            Phase::Starting { .. } => (0, 0, BTreeSet::new()),
-            Phase::Running(replica) => {
-                let (term, last_index) = replica.log_position();
-                (term, last_index, replica.known_peers().clone())
-            }
+            Phase::Starting { .. } => HelloState::default(),
+            Phase::Running(replica) => replica.hello_state(),
         }
     }
 

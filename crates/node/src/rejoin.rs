@@ -59,27 +59,9 @@ pub struct Floor {
     pub last_index: u64,
 }
 
-/// What a peer said of itself and of this node.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PeerReport {
-    /// The peer has had raft messages from this node before.
-    pub knows_you: bool,
-    pub term: u64,
-    pub last_index: u64,
-    /// The command level the peer's build applies (0: a build before
-    /// levels, which applies level 1).
-    pub level: u32,
-    /// The peer's hello names a cluster: it is a member of a running (or
-    /// once running) cluster, whose id it has applied.
-    pub named: bool,
-    /// The voters of the configuration the peer applied (empty while it
-    /// starts, and from builds before this field), and an index it had
-    /// applied with that configuration (fencelockd: when it changed): of
-    /// two reports, the one applied further names the newer configuration. A blank node decides from the newest it hears, not
-    /// from its `--peers`, which go stale as members change.
-    pub voters: Vec<u64>,
-    pub applied: u64,
-}
+/// What a peer said of itself and of this node: what its hello carries
+/// ([`fencelock_types::hello`]).
+pub use fencelock_types::hello::PeerReport;
 
 /// The newest configuration that named reports give, with the peer that
 /// gave it: the voters of the report applied furthest (configurations

@@ -799,18 +799,11 @@ fn with_an_asynchronous_store_nothing_counts_before_its_write_is_durable() {
     }
 }
 
-/// What node `id` would say of `about` in a hello.
+/// What node `id` would say of `about` in a hello, as a build before
+/// hellos named a configuration.
 fn report_of<D: TestStore>(net: &mut Net<D>, id: u64, about: u64) -> crate::rejoin::PeerReport {
-    let node = net.node(id);
-    let (term, last_index) = node.log_position();
-    crate::rejoin::PeerReport {
-        knows_you: node.known_peers().contains(&about),
-        term,
-        last_index,
-        level: fencelock_types::LEVEL,
-        named: node.cluster_id().is_some(),
-        ..Default::default()
-    }
+    let report = net.node(id).hello_state().report_for(about);
+    crate::rejoin::PeerReport { voters: Vec::new(), applied: 0, ..report }
 }
 
 /// Opens node `id` again on a blank store, as after a lost disk, rejoining

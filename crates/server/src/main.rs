@@ -38,7 +38,6 @@ use fencelock_net::{
     ClientAddrs, ClientConfig, Core, Greetings, LoopWaker, NodeIo, NodeLoop, PeerBook, PeerConfig, PeerTls,
     Reloadable, Route, Turn,
 };
-use fencelock_raft::rejoin::PeerReport;
 use fencelock_raft::shell::{Driver, MonotonicClock, PeerSink, Request};
 use fencelock_raft::{AsyncEngineStore, EngineStore, FatalError, Node, NodeConfig, NodeId, Persisted, Stats};
 use raft::prelude::Message;
@@ -237,22 +236,13 @@ impl NodeCore {
         let hellos = self.greetings.hellos();
         if self.driver.node().is_starting() || hellos != self.hellos_fed {
             self.hellos_fed = hellos;
-            let report = |heard: fencelock_net::Heard| PeerReport {
-                knows_you: heard.knows_you,
-                term: heard.term,
-                last_index: heard.last_index,
-                level: heard.level,
-                named: heard.named,
-                voters: heard.voters,
-                applied: heard.applied,
-            };
-            for (id, heard) in self.greetings.heard() {
-                self.driver.hello(NodeId(id), report(heard));
+            for (id, report) in self.greetings.heard() {
+                self.driver.hello(NodeId(id), report);
             }
             // Members of a running cluster this node's configuration does
             // not name: a blank node then never founds one of its own.
-            for (id, (heard, _)) in self.greetings.strangers() {
-                self.driver.hello(NodeId(id), report(heard));
+            for (id, (report, _)) in self.greetings.strangers() {
+                self.driver.hello(NodeId(id), report);
             }
         }
         // Before the turn's messages open connections: their hellos name
@@ -275,8 +265,7 @@ impl NodeCore {
         }
         self.driver.turn(&LoopSink(RefCell::new(io)))?;
         self.follow_members();
-        let (term, last_index, known) = self.driver.node().hello_state();
-        self.greetings.set_own(term, last_index, &known);
+        self.greetings.set_own(self.driver.node().hello_state());
         self.name_cluster();
         if self.requests.is_empty() {
             Ok(self.driver.next_wake())
@@ -295,13 +284,6 @@ impl NodeCore {
             return;
         }
         self.conf_version = version;
-        // What the hellos say of the configuration, from now on: its voters,
-        // and the index applied when this node saw it change (which orders
-        // configurations as the log does). Here, not every turn: a status is
-        // not free, and this runs on the request path.
-        if let Some(status) = self.driver.node().status() {
-            self.greetings.set_configuration(&status.voters, status.applied_index);
-        }
         let Some((_, members)) = self.driver.node().members() else { return };
         // A joining node learns its configuration with its first snapshot:
         // until then it keeps the members the cluster named.

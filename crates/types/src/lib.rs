@@ -32,6 +32,7 @@
 //! ```
 
 mod command;
+pub mod hello;
 mod result;
 
 pub use command::{decode_batch, encode_batch, Command};
