@@ -64,7 +64,8 @@ pub use log::{Durable, LogCache, MemStore, Recovered, StorageError, Write, Write
 pub use node::{Action, ClientRequest, Event, Node, NodeConfig};
 pub use registry::{Answered, ConnId, Registry};
 pub use replica::{
-    Effects, GrantRef, NodeStatus, Replica, Role, SnapshotJob, Stats, PROMOTE_LAG_MAX, TRANSFER_WAIT_MS,
+    ConfView, Effects, GrantRef, LogProgress, NodeStatus, Replica, Role, SnapshotJob, Stats, PROMOTE_LAG_MAX,
+    TRANSFER_WAIT_MS,
 };
 pub use reply::{Answer, Asked};
 pub use types::{

@@ -239,7 +239,7 @@ fn a_joining_node_takes_messages_only_from_the_members_it_was_told() {
     assert_eq!(net.node(4).stats().refused.total(), before + 1);
     assert!(matches!(net.change(1, learner(4)), Ok(Response::Members { .. })));
     net.settle();
-    assert_eq!(net.node(4).status().voters, vec![1, 2, 3], "the learner learnt the configuration");
+    assert_eq!(net.node(4).status().conf.voters, vec![1, 2, 3], "the learner learnt the configuration");
 }
 
 /// Found by the simulator with membership changes on (seed 7814 of 3

@@ -708,17 +708,14 @@ impl<T> Node<T> {
             let voters: Vec<u64> = self.start_voters().into_iter().collect();
             let waiting_for =
                 voters.iter().filter(|peer| **peer != id.0 && !self.heard.contains_key(peer)).copied();
-            return NodeStatus {
-                waiting_for: waiting_for.collect(),
-                voters,
-                starting: true,
-                ..NodeStatus::blank(id)
-            };
+            let blank = NodeStatus::blank(id);
+            let conf = crate::replica::ConfView { waiting_for: waiting_for.collect(), voters, ..blank.conf };
+            return NodeStatus { conf, starting: true, ..blank };
         };
         let mut status = replica.status();
         let tick_ms = self.config.tick_ms.unwrap_or(DEFAULT_TICK_MS);
         let window_ms = tick_ms.saturating_mul(self.config.driver.raft.election_ticks as u64);
-        status.reachable = std::iter::once(id.0)
+        status.conf.reachable = std::iter::once(id.0)
             .chain(
                 self.last_heard
                     .iter()

@@ -192,7 +192,7 @@ fn a_retry_keeps_the_lock_when_the_first_answer_could_not_be_delivered() {
 
 /// The index of the entry that granted the only lock (the last applied).
 fn grant_index(one: &One) -> u64 {
-    one.node.replica().unwrap().status().applied_index
+    one.node.replica().unwrap().status().log.applied_index
 }
 
 #[test]
@@ -304,7 +304,7 @@ fn a_starting_node_refuses_clients_and_waits_for_its_peers() {
     assert!(node.is_starting());
     let report = node.report(0);
     assert!(report.starting);
-    assert_eq!(report.waiting_for, vec![2, 3]);
+    assert_eq!(report.conf.waiting_for, vec![2, 3]);
     node.handle(
         0,
         Event::Request {
@@ -323,7 +323,7 @@ fn a_starting_node_refuses_clients_and_waits_for_its_peers() {
     node.handle(1, Event::PeerHello { from: NodeId(2), report: Default::default() });
     node.turn(1, &mut |_| {}).unwrap();
     assert!(node.is_starting());
-    assert_eq!(node.report(1).waiting_for, vec![3]);
+    assert_eq!(node.report(1).conf.waiting_for, vec![3]);
     // A hello from a node that is not a voter counts for nothing.
     node.handle(2, Event::PeerHello { from: NodeId(9), report: Default::default() });
     node.turn(2, &mut |_| {}).unwrap();
@@ -364,8 +364,8 @@ fn a_node_of_a_new_cluster_starts_once_a_majority_is_up_and_reports_whom_it_reac
     node.turn(1, &mut |_| {}).unwrap();
     assert!(!node.is_starting(), "two blank nodes of three found the cluster");
     let report = node.report(1);
-    assert_eq!(report.voters, vec![1, 2, 3]);
-    assert_eq!(report.reachable, vec![1]);
+    assert_eq!(report.conf.voters, vec![1, 2, 3]);
+    assert_eq!(report.conf.reachable, vec![1]);
     assert!(!report.has_quorum());
     // A message from a peer: it is reachable for an election timeout.
     let mut heartbeat = raft::prelude::Message::default();
@@ -375,10 +375,10 @@ fn a_node_of_a_new_cluster_starts_once_a_majority_is_up_and_reports_whom_it_reac
     heartbeat.term = 1;
     node.handle(2, Event::PeerMessage(heartbeat));
     let report = node.report(2);
-    assert_eq!(report.reachable, vec![1, 3]);
+    assert_eq!(report.conf.reachable, vec![1, 3]);
     assert!(report.has_quorum());
     let election_ms = 10 * Config::new(NodeId(1), vec![]).raft.election_ticks as u64;
-    assert_eq!(node.report(2 + election_ms + 1).reachable, vec![1], "heard too long ago");
+    assert_eq!(node.report(2 + election_ms + 1).conf.reachable, vec![1], "heard too long ago");
 }
 
 #[test]
@@ -478,7 +478,7 @@ fn leases_restored_from_a_snapshot_at_restart_run_out_and_their_locks_expire() {
         );
         run(&mut node, now_ms, &mut store);
     }
-    assert!(node.replica().unwrap().status().snapshot_index > 0, "no snapshot was taken");
+    assert!(node.replica().unwrap().status().log.snapshot_index > 0, "no snapshot was taken");
     drop(node);
 
     let mut node: Node<u32> = Node::open(config, store.recover().unwrap(), &logger).unwrap();
@@ -550,22 +550,22 @@ fn a_snapshot_is_encoded_by_the_shell_while_the_node_serves_on_and_one_at_a_time
     assert!(answers.iter().all(|(_, reply)| reply.is_ok()));
     assert_eq!(jobs.len(), 1, "a second snapshot was asked for while the first was out");
     let status = node.replica().unwrap().status();
-    assert_eq!(status.snapshot_index, 0);
+    assert_eq!(status.log.snapshot_index, 0);
     let job = jobs.pop().unwrap();
-    assert!(job.index < status.applied_index);
+    assert!(job.index < status.log.applied_index);
     // The job's table is the table as of its index, not as it is now.
     assert!(job.table.len() < node.replica().unwrap().table().len());
     // A result nobody asked for changes nothing.
     node.handle(now_ms, Event::SnapshotEncoded { index: job.index + 1, data: job.encode() });
     turns(&mut node, now_ms, &mut store, &mut jobs, &mut answers);
-    assert_eq!(node.replica().unwrap().status().snapshot_index, 0);
+    assert_eq!(node.replica().unwrap().status().log.snapshot_index, 0);
     // The real one is stored, and the next snapshot may be asked for.
     let (index, locks) = (job.index, job.table.len());
     node.handle(now_ms, Event::SnapshotEncoded { index, data: job.encode() });
     turns(&mut node, now_ms, &mut store, &mut jobs, &mut answers);
     let status = node.replica().unwrap().status();
-    assert_eq!(status.snapshot_index, index);
-    assert!(status.snapshot_bytes > 0);
+    assert_eq!(status.log.snapshot_index, index);
+    assert!(status.log.snapshot_bytes > 0);
     assert_eq!(
         fencelock_fsm::LockTable::restore(store.recover().unwrap().snapshot.get_data()).unwrap().len(),
         locks
@@ -655,7 +655,7 @@ fn a_snapshot_from_the_leader_is_decoded_by_the_shell_and_installed_from_that_ta
     turns_synced(&mut node, 20, &mut store);
     let replica = node.replica().unwrap();
     assert_eq!(replica.table(), &table);
-    assert_eq!(replica.status().applied_index, 10);
+    assert_eq!(replica.status().log.applied_index, 10);
     assert_eq!(replica.stats().snapshots_installed, 1);
     // A snapshot of an older term is ignored by raft: its decoded table is
     // not kept (it could be large).
@@ -673,19 +673,19 @@ fn a_snapshot_from_the_leader_is_decoded_by_the_shell_and_installed_from_that_ta
     let decoded = fencelock_fsm::LockTable::restore(message.get_snapshot().get_data());
     node.handle(25, Event::SnapshotDecoded { message, table: decoded });
     turns_synced(&mut node, 25, &mut store);
-    assert_eq!(node.replica().unwrap().status().applied_index, 10);
+    assert_eq!(node.replica().unwrap().status().log.applied_index, 10);
     assert!(!node.replica().unwrap().holds_decoded_snapshot(), "a snapshot raft ignored is still held");
     // A table that does not decode is refused, and the node takes the next.
     node.handle(30, Event::PeerMessage(snapshot_message(20, 2)));
     let message = decodings_asked(&mut node, 30).pop().expect("a decoding was asked for");
     node.handle(30, Event::SnapshotDecoded { message, table: Err(fencelock_fsm::SnapshotError::Checksum) });
     turns_synced(&mut node, 30, &mut store);
-    assert_eq!(node.replica().unwrap().status().applied_index, 10);
+    assert_eq!(node.replica().unwrap().status().log.applied_index, 10);
     assert!(node.replica().unwrap().stats().refused.get(crate::gate::Refusal::BadSnapshot) > 0);
     // And the next snapshot is taken (the decoding is over).
     node.handle(40, Event::PeerMessage(snapshot_message(30, 2)));
     turns_synced(&mut node, 40, &mut store);
-    assert_eq!(node.replica().unwrap().status().applied_index, 30);
+    assert_eq!(node.replica().unwrap().status().log.applied_index, 30);
 }
 
 /// A blank node alone in its configuration, as `fencelockd --id 4 --peers

@@ -160,12 +160,8 @@ pub struct NodeStatus {
     pub term: u64,
     pub leader: Option<NodeId>,
     pub leader_ready: bool,
-    pub commit_index: u64,
-    pub applied_index: u64,
-    pub last_index: u64,
-    pub snapshot_index: u64,
-    /// The size of the last snapshot's table, in bytes.
-    pub snapshot_bytes: u64,
+    /// Where its log stands.
+    pub log: LogProgress,
     pub locks: usize,
     pub last_token: Option<FencingToken>,
     pub pending_requests: usize,
@@ -173,6 +169,26 @@ pub struct NodeStatus {
     pub rejoining: bool,
     /// The cluster's id, once this node has applied it.
     pub cluster_id: Option<ClusterId>,
+    /// The configuration it knows, and whom it hears from.
+    pub conf: ConfView,
+    pub starting: bool,
+}
+
+/// Where a node's log stands: part of [`NodeStatus`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogProgress {
+    pub commit_index: u64,
+    pub applied_index: u64,
+    pub last_index: u64,
+    pub snapshot_index: u64,
+    /// The size of the last snapshot's table, in bytes.
+    pub snapshot_bytes: u64,
+}
+
+/// The configuration a node knows, and the members it hears from: part of
+/// [`NodeStatus`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConfView {
     /// The voters of the configuration this node knows, the outgoing ones
     /// while a change is under way (joint consensus), and its learners; in
     /// id order.
@@ -187,7 +203,19 @@ pub struct NodeStatus {
     /// While the node waits, with a blank store, for its peers to say how
     /// it starts: the peers it has not heard from (`starting` is set).
     pub waiting_for: Vec<u64>,
-    pub starting: bool,
+}
+
+impl ConfView {
+    /// Whether the voters this node reaches (itself included) are a
+    /// majority of every half of its configuration: as a leader, whether it
+    /// can commit.
+    pub fn has_quorum(&self) -> bool {
+        let majority = |voters: &[u64]| {
+            voters.is_empty()
+                || voters.iter().filter(|voter| self.reachable.contains(voter)).count() > voters.len() / 2
+        };
+        !self.voters.is_empty() && majority(&self.voters) && majority(&self.voters_outgoing)
+    }
 }
 
 impl NodeStatus {
@@ -200,34 +228,20 @@ impl NodeStatus {
             term: 0,
             leader: None,
             leader_ready: false,
-            commit_index: 0,
-            applied_index: 0,
-            last_index: 0,
-            snapshot_index: 0,
-            snapshot_bytes: 0,
+            log: LogProgress::default(),
             locks: 0,
             last_token: None,
             pending_requests: 0,
             rejoining: false,
             cluster_id: None,
-            voters: Vec::new(),
-            voters_outgoing: Vec::new(),
-            learners: Vec::new(),
-            reachable: vec![id.0],
-            waiting_for: Vec::new(),
+            conf: ConfView { reachable: vec![id.0], ..ConfView::default() },
             starting: false,
         }
     }
 
-    /// Whether the voters this node reaches (itself included) are a
-    /// majority of every half of its configuration: as a leader, whether it
-    /// can commit.
+    /// [`ConfView::has_quorum`].
     pub fn has_quorum(&self) -> bool {
-        let majority = |voters: &[u64]| {
-            voters.is_empty()
-                || voters.iter().filter(|voter| self.reachable.contains(voter)).count() > voters.len() / 2
-        };
-        !self.voters.is_empty() && majority(&self.voters) && majority(&self.voters_outgoing)
+        self.conf.has_quorum()
     }
 }
 
@@ -731,21 +745,25 @@ impl Replica {
             term: raft.term,
             leader: self.leader_hint(),
             leader_ready: self.service.leader_ready,
-            commit_index: raft.raft_log.committed,
-            applied_index: self.service.table_index,
-            last_index: raft.raft_log.last_index(),
-            snapshot_index: self.consensus.raw.store().snapshot_index(),
-            snapshot_bytes: self.consensus.raw.store().last_snapshot().get_data().len() as u64,
+            log: LogProgress {
+                commit_index: raft.raft_log.committed,
+                applied_index: self.service.table_index,
+                last_index: raft.raft_log.last_index(),
+                snapshot_index: self.consensus.raw.store().snapshot_index(),
+                snapshot_bytes: self.consensus.raw.store().last_snapshot().get_data().len() as u64,
+            },
             locks: self.service.table.len(),
             last_token: self.service.table.last_token(),
             pending_requests: self.service.requests.clients() + self.service.reads.waiting.len(),
             rejoining: self.consensus.abstaining.is_some(),
             cluster_id: self.service.table.cluster_id(),
-            voters: sorted(conf.voters.iter()),
-            voters_outgoing: sorted(conf.voters_outgoing.iter()),
-            learners: sorted(conf.learners.iter().chain(&conf.learners_next)),
-            reachable: Vec::new(),
-            waiting_for: Vec::new(),
+            conf: ConfView {
+                voters: sorted(conf.voters.iter()),
+                voters_outgoing: sorted(conf.voters_outgoing.iter()),
+                learners: sorted(conf.learners.iter().chain(&conf.learners_next)),
+                reachable: Vec::new(),
+                waiting_for: Vec::new(),
+            },
             starting: false,
         }
     }

@@ -595,7 +595,7 @@ impl Driver {
             }
             Request::Table { reply } => {
                 if let Some(replica) = self.node.replica() {
-                    let _ = reply.send((replica.status().applied_index, replica.table().snapshot()));
+                    let _ = reply.send((replica.status().log.applied_index, replica.table().snapshot()));
                 }
                 return;
             }

@@ -326,18 +326,18 @@ impl Identity {
             term: status.term,
             leader_id,
             leader_addr: self.client_addr_of(leader_id).unwrap_or_default(),
-            commit_index: status.commit_index,
-            applied_index: status.applied_index,
-            last_index: status.last_index,
-            snapshot_index: status.snapshot_index,
-            snapshot_bytes: status.snapshot_bytes,
+            commit_index: status.log.commit_index,
+            applied_index: status.log.applied_index,
+            last_index: status.log.last_index,
+            snapshot_index: status.log.snapshot_index,
+            snapshot_bytes: status.log.snapshot_bytes,
             locks: status.locks as u64,
             last_token: status.last_token.map_or(0, FencingToken::get),
             members: self.members(status, admin).into(),
             rejoining: status.rejoining,
             cluster_id: status.cluster_id.map(|id| id.to_string()).unwrap_or_default(),
             starting: status.starting,
-            waiting_for: status.waiting_for.clone(),
+            waiting_for: status.conf.waiting_for.clone(),
             quorum: status.has_quorum(),
             ..Default::default()
         }
@@ -381,10 +381,10 @@ impl Identity {
     /// configuration, else (while it starts) the configured peers.
     fn members(&self, status: &NodeStatus, admin: bool) -> Vec<proto::Member> {
         let mut roles: BTreeMap<u64, &'static str> = BTreeMap::new();
-        for id in status.learners.iter() {
+        for id in status.conf.learners.iter() {
             roles.insert(*id, "learner");
         }
-        for id in status.voters.iter().chain(&status.voters_outgoing) {
+        for id in status.conf.voters.iter().chain(&status.conf.voters_outgoing) {
             roles.insert(*id, "voter");
         }
         if roles.is_empty() {
@@ -399,7 +399,7 @@ impl Identity {
                     _ => String::new(),
                 },
                 client_addr: self.client_addr_of(id).unwrap_or_default(),
-                reachable: status.reachable.contains(&id),
+                reachable: status.conf.reachable.contains(&id),
                 role: role.to_owned(),
                 ..Default::default()
             })

@@ -81,7 +81,7 @@ pub fn spawn(
 /// its own term (until then it answers no reads).
 pub fn readiness(status: &NodeStatus) -> Result<(), NotReady> {
     if status.starting {
-        return Err(NotReady::Starting { waiting_for: status.waiting_for.clone() });
+        return Err(NotReady::Starting { waiting_for: status.conf.waiting_for.clone() });
     }
     if status.rejoining {
         return Err(NotReady::Rejoining);
@@ -94,26 +94,26 @@ pub fn readiness(status: &NodeStatus) -> Result<(), NotReady> {
             // Name the half of the configuration that lacks its majority
             // (while it changes, there are two).
             let reached =
-                |voters: &[u64]| voters.iter().filter(|voter| status.reachable.contains(voter)).count();
-            let incoming = reached(&status.voters);
-            return Err(if incoming > status.voters.len() / 2 {
+                |voters: &[u64]| voters.iter().filter(|voter| status.conf.reachable.contains(voter)).count();
+            let incoming = reached(&status.conf.voters);
+            return Err(if incoming > status.conf.voters.len() / 2 {
                 NotReady::NoQuorum {
-                    reached: reached(&status.voters_outgoing),
-                    voters: status.voters_outgoing.len(),
+                    reached: reached(&status.conf.voters_outgoing),
+                    voters: status.conf.voters_outgoing.len(),
                     outgoing: true,
                 }
             } else {
-                NotReady::NoQuorum { reached: incoming, voters: status.voters.len(), outgoing: false }
+                NotReady::NoQuorum { reached: incoming, voters: status.conf.voters.len(), outgoing: false }
             });
         }
         if !status.leader_ready {
             return Err(NotReady::LeaderWarmingUp);
         }
     }
-    if status.applied_index < status.commit_index {
+    if status.log.applied_index < status.log.commit_index {
         return Err(NotReady::Behind {
-            applied_index: status.applied_index,
-            commit_index: status.commit_index,
+            applied_index: status.log.applied_index,
+            commit_index: status.log.commit_index,
         });
     }
     Ok(())
@@ -426,11 +426,11 @@ impl Metrics {
         self.rejoining.set(i64::from(status.rejoining));
         self.term.set(int(status.term));
         self.leader_id.set(int(status.leader.map_or(0, |leader| leader.0)));
-        self.commit_index.set(int(status.commit_index));
-        self.applied_index.set(int(status.applied_index));
-        self.last_index.set(int(status.last_index));
-        self.snapshot_index.set(int(status.snapshot_index));
-        self.snapshot_bytes.set(int(status.snapshot_bytes));
+        self.commit_index.set(int(status.log.commit_index));
+        self.applied_index.set(int(status.log.applied_index));
+        self.last_index.set(int(status.log.last_index));
+        self.snapshot_index.set(int(status.log.snapshot_index));
+        self.snapshot_bytes.set(int(status.log.snapshot_bytes));
         self.locks.set(int(status.locks as u64));
         self.last_token.set(int(status.last_token.map_or(0, |token| token.get())));
         self.pending_requests.set(int(status.pending_requests as u64));
@@ -450,7 +450,7 @@ impl Metrics {
 mod tests {
     use super::*;
 
-    use fencelock_raft::NodeId;
+    use fencelock_raft::{ConfView, LogProgress, NodeId};
 
     /// Runs `answer` on one connection that sends `request` (then ends its
     /// side, with `end`), for a node loop that answered with `node` (or
@@ -488,10 +488,8 @@ mod tests {
         NodeStatus {
             term: 3,
             leader: Some(NodeId(1)),
-            commit_index: 10,
-            applied_index: 10,
-            voters: vec![1, 2, 3],
-            reachable: vec![1, 2],
+            log: LogProgress { commit_index: 10, applied_index: 10, ..LogProgress::default() },
+            conf: ConfView { voters: vec![1, 2, 3], reachable: vec![1, 2], ..ConfView::default() },
             ..NodeStatus::blank(NodeId(2))
         }
     }
@@ -542,7 +540,11 @@ mod tests {
         );
         // A starting node serves (health) but is not ready, and says why in
         // one line.
-        let starting = NodeStatus { starting: true, waiting_for: vec![2, 3], ..NodeStatus::blank(NodeId(1)) };
+        let starting = NodeStatus {
+            starting: true,
+            conf: ConfView { waiting_for: vec![2, 3], ..NodeStatus::blank(NodeId(1)).conf },
+            ..NodeStatus::blank(NodeId(1))
+        };
         assert!(
             exchange_with(b"GET /health HTTP/1.1\r\n\r\n", true, Some(&starting)).starts_with("HTTP/1.1 200")
         );
@@ -581,13 +583,17 @@ mod tests {
             role: Role::Leader,
             leader: Some(NodeId(2)),
             leader_ready: true,
-            reachable: vec![2, 3],
+            conf: ConfView { reachable: vec![2, 3], ..follower.conf.clone() },
             ..follower.clone()
         };
         assert_eq!(readiness(&leader), Ok(()));
         let cases = [
             (
-                NodeStatus { starting: true, waiting_for: vec![2, 3], ..NodeStatus::blank(NodeId(1)) },
+                NodeStatus {
+                    starting: true,
+                    conf: ConfView { waiting_for: vec![2, 3], ..NodeStatus::blank(NodeId(1)).conf },
+                    ..NodeStatus::blank(NodeId(1))
+                },
                 "starting, waiting for peers 2, 3",
             ),
             (NodeStatus { starting: true, ..NodeStatus::blank(NodeId(1)) }, "starting"),
@@ -597,7 +603,10 @@ mod tests {
             ),
             (NodeStatus { leader: None, ..follower.clone() }, "no leader known"),
             (
-                NodeStatus { applied_index: 9, ..follower.clone() },
+                NodeStatus {
+                    log: LogProgress { applied_index: 9, ..follower.log.clone() },
+                    ..follower.clone()
+                },
                 "applied index 9 is behind commit index 10",
             ),
             (
@@ -605,12 +614,15 @@ mod tests {
                 "leader has not applied an entry of its term yet",
             ),
             (
-                NodeStatus { reachable: vec![2], ..leader.clone() },
+                NodeStatus { conf: ConfView { reachable: vec![2], ..leader.conf.clone() }, ..leader.clone() },
                 "leader without a quorum: it hears from 1 of 3 voters",
             ),
             // Joint consensus: a majority of the outgoing voters too.
             (
-                NodeStatus { voters_outgoing: vec![2, 4, 5], ..leader.clone() },
+                NodeStatus {
+                    conf: ConfView { voters_outgoing: vec![2, 4, 5], ..leader.conf.clone() },
+                    ..leader.clone()
+                },
                 "leader without a quorum: it hears from 1 of 3 outgoing voters",
             ),
         ];
@@ -619,7 +631,13 @@ mod tests {
         }
         // A follower hears only from its leader: quorum is the leader's to
         // judge.
-        assert_eq!(readiness(&NodeStatus { reachable: vec![2], ..follower }), Ok(()));
+        assert_eq!(
+            readiness(&NodeStatus {
+                conf: ConfView { reachable: vec![2], ..follower.conf.clone() },
+                ..follower
+            }),
+            Ok(())
+        );
     }
 
     #[test]
@@ -631,17 +649,19 @@ mod tests {
             term: 7,
             leader: Some(fencelock_raft::NodeId(3)),
             leader_ready: true,
-            commit_index: 40,
-            applied_index: 39,
-            last_index: 41,
-            snapshot_index: 0,
-            snapshot_bytes: 0,
+            log: LogProgress {
+                commit_index: 40,
+                applied_index: 39,
+                last_index: 41,
+                snapshot_index: 0,
+                snapshot_bytes: 0,
+            },
             locks: 5,
             last_token: fencelock_types::FencingToken::new(12),
             pending_requests: 2,
             rejoining: false,
             cluster_id: None,
-            voters: vec![3],
+            conf: ConfView { voters: vec![3], ..NodeStatus::blank(fencelock_raft::NodeId(3)).conf },
             ..NodeStatus::blank(fencelock_raft::NodeId(3))
         };
         let mut stats = Stats { grants_applied: 12, syncs: 30, ..Stats::default() };
@@ -668,7 +688,7 @@ mod tests {
         }
         // Caught up: ready. Then a scrape the loop did not answer, and one
         // of a starting node (its loop answers, it has no replica yet).
-        let caught_up = NodeStatus { applied_index: 40, ..status };
+        let caught_up = NodeStatus { log: LogProgress { applied_index: 40, ..status.log.clone() }, ..status };
         let text = String::from_utf8(metrics.scrape(Some(&(caught_up, stats)))).unwrap();
         assert!(text.lines().any(|l| l == "fencelock_ready{node_id=\"3\"} 1"), "{text}");
         let text = String::from_utf8(metrics.scrape(None)).unwrap();

@@ -502,7 +502,7 @@ impl World {
             .nodes
             .iter()
             .filter_map(|node| node.node.as_ref()?.replica())
-            .map(|replica| (replica.status().applied_index, replica.members()))
+            .map(|replica| (replica.status().log.applied_index, replica.members()))
             .filter(|(_, members)| !members.is_empty())
             .max_by_key(|(index, _)| *index)?;
         let nodes: Vec<usize> = members.iter().map(|member| member_node(member).0).collect();

@@ -767,8 +767,8 @@ impl World {
                 }
                 _ => {
                     let status = replica.status();
-                    applied_seen = Some((stats.entries_applied, status.applied_index));
-                    (status.role == Role::Leader, status.applied_index)
+                    applied_seen = Some((stats.entries_applied, status.log.applied_index));
+                    (status.role == Role::Leader, status.log.applied_index)
                 }
             };
             self.checker.turn(
@@ -931,7 +931,7 @@ impl World {
         let mut seen = None;
         for node in members.iter().map(|member| &self.nodes[*member]) {
             let replica = node.node.as_ref()?.replica()?;
-            let view = (replica.status().applied_index, convergence::digest(replica.table()));
+            let view = (replica.status().log.applied_index, convergence::digest(replica.table()));
             match seen {
                 None => seen = Some(view),
                 Some(first) if first != view => return None,

@@ -56,17 +56,21 @@ fn with_an_asynchronous_store_nothing_counts_before_its_write_is_durable() {
     assert!(net.node(1).is_leader_ready());
 
     // Only the leader's disk syncs: its entry is not committed by a quorum.
-    let commit = net.node(1).status().commit_index;
+    let commit = net.node(1).status().log.commit_index;
     net.node(1).propose(RequestId(1), vec![grant("a", "o1")]);
     turns_persisting(&mut net, &stores, &[1], 20);
-    assert_eq!(net.node(1).status().commit_index, commit, "committed on acknowledgements not yet durable");
+    assert_eq!(
+        net.node(1).status().log.commit_index,
+        commit,
+        "committed on acknowledgements not yet durable"
+    );
     assert!(net.take_reply(RequestId(1)).is_none());
 
     // The followers' disks sync: a quorum has it, but the leader answers
     // only once its own copy is durable too.
     net.node(1).propose(RequestId(2), vec![grant("b", "o1")]);
     turns_persisting(&mut net, &stores, &[2, 3], 20);
-    assert!(net.node(1).status().commit_index > commit);
+    assert!(net.node(1).status().log.commit_index > commit);
     assert!(net.take_reply(RequestId(2)).is_none(), "answered before the leader's own write was durable");
     assert!(net.node(1).writes_in_flight() > 0);
 

@@ -154,13 +154,13 @@ fn a_cluster_founded_at_this_builds_level_is_never_raised_to_it_again() {
     assert!(net.node(1).status().leader_ready);
     assert!(net.node(1).table().cluster_id().is_none(), "the Bootstrap applied already: no window to test");
     // The Bootstrap is the leader's last entry: proposed as it became ready.
-    let bootstrap_index = net.node(1).status().last_index;
+    let bootstrap_index = net.node(1).status().log.last_index;
     net.node(1).tick();
     net.settle();
     assert!(net.node(1).table().cluster_id().is_some());
     for id in 1..=3 {
         let status = net.node(id).status();
         assert_eq!(net.node(id).table().level(), fencelock_types::LEVEL);
-        assert_eq!(status.applied_index, bootstrap_index, "node {id}: an entry after the Bootstrap");
+        assert_eq!(status.log.applied_index, bootstrap_index, "node {id}: an entry after the Bootstrap");
     }
 }

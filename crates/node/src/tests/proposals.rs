@@ -16,13 +16,13 @@ fn a_new_leader_proposes_nothing_before_it_applies_an_entry_of_its_own_term() {
     let status = net.node(2).status();
     assert_eq!(status.role, crate::Role::Leader);
     assert!(!status.leader_ready);
-    let last_index = status.last_index;
+    let last_index = status.log.last_index;
 
     net.node(2).propose(RequestId(1), vec![grant("a", "o1")]);
     for _ in 0..5 {
         net.turn().unwrap();
     }
-    assert_eq!(net.node(2).status().last_index, last_index, "proposed before the own-term barrier");
+    assert_eq!(net.node(2).status().log.last_index, last_index, "proposed before the own-term barrier");
     assert_eq!(net.node(2).stats().commands_proposed, 0);
     assert!(net.take_reply(RequestId(1)).is_none());
 
@@ -73,14 +73,14 @@ fn a_grant_on_a_key_held_by_another_owner_is_answered_without_a_log_entry() {
     net.settle();
     let Some(Ok(Response::Applied(results))) = net.take_reply(RequestId(1)) else { panic!() };
     let ApplyResult::Granted { token, .. } = results[0] else { panic!() };
-    let last_index = net.node(1).status().last_index;
+    let last_index = net.node(1).status().log.last_index;
     net.node(1).propose(RequestId(2), vec![grant("a", "o2")]);
     net.settle();
     assert_eq!(
         net.take_reply(RequestId(2)),
         Some(Err(RequestError::Held { key: key("a"), holder_token: token }))
     );
-    assert_eq!(net.node(1).status().last_index, last_index);
+    assert_eq!(net.node(1).status().log.last_index, last_index);
 }
 
 #[test]

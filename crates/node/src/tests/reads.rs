@@ -82,7 +82,7 @@ fn watches_on_followers_follow_the_log_across_a_leader_change_and_a_snapshot_ins
         assert_eq!((event.kind, event.token, event.key.as_bytes()), (WatchKind::Granted, token, &b"e/1"[..]));
         assert_eq!(answer.index, event.index);
     }
-    let seen = net.node(2).status().applied_index;
+    let seen = net.node(2).status().log.applied_index;
     // Leadership moves; a watch parked on the old leader (now a follower)
     // is answered by what the new leader commits.
     net.node(1).watch(RequestId(13), ConnId(2), watch(Some(seen), 60_000));
@@ -110,10 +110,10 @@ fn watches_on_followers_follow_the_log_across_a_leader_change_and_a_snapshot_ins
     }
     net.down.remove(&3);
     net.settle();
-    assert!(net.node(3).status().snapshot_index > seen, "{:?}", net.node(3).status());
+    assert!(net.node(3).status().log.snapshot_index > seen, "{:?}", net.node(3).status());
     // It told its shell to rebuild from the table (what the lease timer
     // and the server's metrics follow), at the snapshot's index.
-    let restored = net.node(3).status().snapshot_index;
+    let restored = net.node(3).status().log.snapshot_index;
     assert!(
         net.applied
             .iter()

@@ -125,7 +125,7 @@ fn a_rejoining_node_gives_its_vote_in_the_floor_term_to_that_term_leader() {
     net.node(1).propose(RequestId(1), vec![grant("a", "o1")]);
     net.settle();
     let term = net.node(1).status().term;
-    let floor = crate::rejoin::Floor { term, last_index: net.node(1).status().last_index };
+    let floor = crate::rejoin::Floor { term, last_index: net.node(1).status().log.last_index };
     let store = reopen_blank(&mut net, 3, Some(floor));
     net.settle();
     let status = net.node(3).status();
@@ -168,7 +168,7 @@ fn a_heartbeat_that_commits_past_the_log_does_not_bring_the_node_down() {
     heartbeat.from = 1;
     heartbeat.to = 3;
     heartbeat.term = net.node(1).status().term;
-    heartbeat.commit = net.node(1).status().commit_index;
+    heartbeat.commit = net.node(1).status().log.commit_index;
     net.node(3).step(heartbeat);
     net.settle();
     assert_eq!(net.node(3).table().snapshot(), net.node(1).table().snapshot());
@@ -190,11 +190,11 @@ fn a_leader_sends_nothing_early_until_a_new_peer_is_recorded() {
         net.node(1).tick();
     }
     turns_persisting(&mut net, &stores, &[2, 3], 10);
-    let last = net.node(2).status().last_index;
+    let last = net.node(2).status().log.last_index;
     net.node(1).propose(RequestId(1), vec![grant("a", "o1")]);
     turns_persisting(&mut net, &stores, &[2, 3], 10);
-    assert_eq!(net.node(2).status().last_index, last, "an append left before node 3 was recorded");
+    assert_eq!(net.node(2).status().log.last_index, last, "an append left before node 3 was recorded");
     turns_persisting(&mut net, &stores, &[1, 2, 3], 20);
-    assert!(net.node(2).status().last_index > last);
+    assert!(net.node(2).status().log.last_index > last);
     assert!(matches!(net.take_reply(RequestId(1)), Some(Ok(Response::Applied(_)))));
 }

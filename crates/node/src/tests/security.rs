@@ -92,12 +92,12 @@ fn forged_raft_messages_are_dropped_and_the_cluster_serves_on() {
         net.node(to).step(steal);
         // An acknowledgement of entries the leader never wrote.
         let mut ack = forged(&mut net, MessageType::MsgAppendResponse, from, to);
-        ack.index = net.node(to).status().last_index + 100;
+        ack.index = net.node(to).status().log.last_index + 100;
         net.node(to).step(ack);
         // A snapshot far ahead that would erase the locks and restart tokens.
         let mut snapshot = Snapshot::default();
         snapshot.set_data(fencelock_fsm::LockTable::new().snapshot().into());
-        snapshot.mut_metadata().index = net.node(to).status().commit_index + 100;
+        snapshot.mut_metadata().index = net.node(to).status().log.commit_index + 100;
         snapshot.mut_metadata().term = term;
         snapshot.mut_metadata().set_conf_state(raft::prelude::ConfState::from((vec![1, 2, 3], vec![])));
         let mut install = forged(&mut net, MessageType::MsgSnapshot, from, to);
@@ -105,7 +105,7 @@ fn forged_raft_messages_are_dropped_and_the_cluster_serves_on() {
         net.node(to).step(install);
         // A membership change slipped into an append.
         let mut change = forged(&mut net, MessageType::MsgAppend, from, to);
-        let last = net.node(to).status().last_index;
+        let last = net.node(to).status().log.last_index;
         change.index = last;
         change.log_term = term;
         let mut entry = Entry { index: last + 1, term, ..Default::default() };

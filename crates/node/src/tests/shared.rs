@@ -148,7 +148,7 @@ fn a_shared_keys_holders_that_lapse_together_leave_in_one_entry_and_one_renewed_
         RequestId(1_000),
         vec![Command::Renew { key: key("pool"), token: renewed, lease_ms, user: None }],
     );
-    let before = net.node(1).status().last_index;
+    let before = net.node(1).status().log.last_index;
     net.settle();
     assert!(matches!(net.take_reply(RequestId(1_000)), Some(Ok(Response::Applied(_)))));
     // The clock has not moved: one scan, so every lapsed holder went in one
@@ -158,7 +158,7 @@ fn a_shared_keys_holders_that_lapse_together_leave_in_one_entry_and_one_renewed_
             net.node(id).table().shared(b"pool").unwrap().holders.keys().copied().collect();
         assert_eq!(left, [renewed], "node {id}");
     }
-    let entries = net.node(1).status().last_index - before;
+    let entries = net.node(1).status().log.last_index - before;
     assert!(entries <= 3, "{entries} entries for one renew and one key's expiry");
 }
 
@@ -183,10 +183,14 @@ fn the_readers_queued_behind_a_writer_are_granted_together_in_the_entry_that_fre
     take(&mut net, 7, "w2", Share::Write, 60_000);
     take(&mut net, 8, "r6", Share::Read, 60_000);
     assert!((2..=8).all(|id| net.take_reply(RequestId(id)).is_none()));
-    let before = net.node(1).status().last_index;
+    let before = net.node(1).status().log.last_index;
     net.node(1).propose(RequestId(9), vec![Command::Release { key: key("rw"), token: Some(w1), user: None }]);
     net.settle();
-    assert_eq!(net.node(1).status().last_index - before, 1, "the release and the five grants take one entry");
+    assert_eq!(
+        net.node(1).status().log.last_index - before,
+        1,
+        "the release and the five grants take one entry"
+    );
     let readers: Vec<FencingToken> = (2..=6).map(|id| applied_token(net.take_reply(RequestId(id)))).collect();
     assert!(readers.windows(2).all(|pair| pair[0] < pair[1]), "granted in line: {readers:?}");
     assert!(readers[0] > w1);
@@ -242,14 +246,14 @@ fn permits_freed_together_go_to_as_many_waiters_in_the_same_entry_within_the_quo
     net.settle();
     applied_token(net.take_reply(RequestId(8)));
     // Two permits go in one request: "d" and "e" take them in its entry.
-    let before = net.node(1).status().last_index;
+    let before = net.node(1).status().log.last_index;
     let releases = held[..2]
         .iter()
         .map(|token| Command::Release { key: key("pool"), token: Some(*token), user: None })
         .collect();
     net.node(1).propose(RequestId(9), releases);
     net.settle();
-    assert_eq!(net.node(1).status().last_index - before, 1);
+    assert_eq!(net.node(1).status().log.last_index - before, 1);
     let (d, e) = (applied_token(net.take_reply(RequestId(4))), applied_token(net.take_reply(RequestId(5))));
     assert!(d > held[2] && e > d);
     assert!(net.take_reply(RequestId(6)).is_none() && net.take_reply(RequestId(7)).is_none());
@@ -298,7 +302,7 @@ fn an_owners_retry_is_not_handed_a_place_in_the_entry_of_the_grant_it_repeats() 
     let (a, b) = (applied_token(net.take_reply(RequestId(1))), applied_token(net.take_reply(RequestId(2))));
     permit(&mut net, 3, "o", 60_000);
     permit(&mut net, 4, "o", 60_000);
-    let before = net.node(1).status().last_index;
+    let before = net.node(1).status().log.last_index;
     net.node(1).propose(
         RequestId(5),
         vec![
@@ -316,7 +320,10 @@ fn an_owners_retry_is_not_handed_a_place_in_the_entry_of_the_grant_it_repeats() 
         other => panic!("the retry was answered {other:?}"),
     };
     assert_eq!(granted, retried);
-    assert!(net.node(1).status().last_index > before + 1, "the retry's re-grant shares the grant's entry");
+    assert!(
+        net.node(1).status().log.last_index > before + 1,
+        "the retry's re-grant shares the grant's entry"
+    );
     // The first answer was not delivered: its grant, at the releases'
     // entry, is a ghost; the retry's re-grant since keeps the permit.
     net.node(1).release_ghost(crate::GrantRef { key: key("pool"), token: granted, index: before + 1 });
@@ -487,11 +494,11 @@ fn a_plain_acquire_waits_for_a_shared_keys_holders_and_a_reader_asking_to_write_
         matches!(net.take_reply(RequestId(4)), Some(Err(RequestError::Held { holder_token, .. })) if holder_token == r1)
     );
     // A plain acquire waits, with no log entry, until the last reader goes.
-    let applied = net.node(1).status().applied_index;
+    let applied = net.node(1).status().log.applied_index;
     net.node(1).acquire(RequestId(5), key("rw"), lease_ms, owner("p"), Value::none(), 60_000);
     net.settle();
     assert_eq!(net.take_reply(RequestId(5)), None, "a plain acquire of a shared key did not wait");
-    assert_eq!(net.node(1).status().applied_index, applied, "a waiting acquire was proposed");
+    assert_eq!(net.node(1).status().log.applied_index, applied, "a waiting acquire was proposed");
     for (id, token) in [(6, r1), (7, r2)] {
         net.node(1).propose(
             RequestId(id),

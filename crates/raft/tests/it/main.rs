@@ -156,21 +156,21 @@ fn a_follower_far_behind_a_compacted_log_catches_up_by_snapshot() {
     cluster.grant("first", "o1");
     let leader = cluster.leader();
     let lagging = (1..=3).find(|id| *id != leader).unwrap();
-    let lagging_last = cluster.status(lagging).unwrap().last_index;
+    let lagging_last = cluster.status(lagging).unwrap().log.last_index;
     let _ = cluster.crash(lagging);
     for i in 0..100 {
         cluster.grant(&format!("while-down-{i}"), "o1");
     }
     let leader_status = cluster.status(cluster.leader()).unwrap();
     assert!(
-        leader_status.snapshot_index > lagging_last,
+        leader_status.log.snapshot_index > lagging_last,
         "the log was compacted past what the lagging node has ({} <= {lagging_last})",
-        leader_status.snapshot_index
+        leader_status.log.snapshot_index
     );
     cluster.restart(lagging);
     let table = cluster.converged();
     assert_eq!(fencelock_fsm::LockTable::restore(&table).unwrap().len(), 101);
-    assert!(cluster.status(lagging).unwrap().snapshot_index >= leader_status.snapshot_index);
+    assert!(cluster.status(lagging).unwrap().log.snapshot_index >= leader_status.log.snapshot_index);
 }
 
 #[test]
