@@ -350,7 +350,7 @@ impl LockService {
                 .write_to_bytes()
                 .expect("encoding EntryTags into a Vec cannot fail");
         let n_commands = batch.commands.len() as u64;
-        match (leader.propose)(context, encode_batch(&batch.commands)) {
+        match (leader.propose)(context, encode_owned_batch(batch.commands)) {
             Ok(()) => {
                 self.out.stats.entries_proposed += 1;
                 self.out.stats.commands_proposed += n_commands;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use fencelock_fsm::LockTable;
 use fencelock_types::{
-    decode_batch, encode_batch, pb, ApplyResult, ClusterId, Command, FencingToken, Key, LeaseMs, Owner,
+    decode_batch, encode_owned_batch, pb, ApplyResult, ClusterId, Command, FencingToken, Key, LeaseMs, Owner,
     Value, LEVEL,
 };
 use protobuf::Message as _;
@@ -896,7 +896,15 @@ impl Replica {
         // elements when cleared).
         let mut tags = std::mem::take(&mut self.entry_tags);
         protobuf::Clear::clear(&mut tags);
-        let tags_decode = tags.merge_from_bytes(&entry.context);
+        let tags_decode = match tags_proposer(&entry.context) {
+            // Another node's entry: its tags route answers, which only its
+            // proposer gives, so the proposer is all this node reads.
+            Ok(proposer) if proposer != self.id.0 => {
+                tags.proposer = proposer;
+                Ok(())
+            }
+            _ => tags.merge_from_bytes(&entry.context),
+        };
         self.apply_tagged(entry, &tags, tags_decode);
         self.entry_tags = tags;
     }
@@ -1064,6 +1072,23 @@ fn read_request_id(context: &[u8]) -> RequestId {
     let n = context.len().min(8);
     bytes[..n].copy_from_slice(&context[..n]);
     RequestId(u64::from_le_bytes(bytes))
+}
+
+/// The proposer an entry's context (`EntryTags`) names, read without
+/// decoding its request tags: field 1, the last one given as a full
+/// decode takes it (0 when absent).
+fn tags_proposer(context: &[u8]) -> protobuf::ProtobufResult<u64> {
+    let mut input = protobuf::CodedInputStream::from_bytes(context);
+    let mut proposer = 0;
+    while !input.eof()? {
+        let (field, wire_type) = input.read_tag_unpack()?;
+        if field == 1 && wire_type == protobuf::wire_format::WireTypeVarint {
+            proposer = input.read_uint64()?;
+        } else {
+            input.skip_field(wire_type)?;
+        }
+    }
+    Ok(proposer)
 }
 
 /// The ids, each once, in order.

@@ -196,48 +196,53 @@ impl Command {
     }
 
     pub fn to_pb(&self) -> pb::Command {
+        self.clone().into_pb()
+    }
+
+    /// The command in the wire format, its bytes moved, not copied.
+    pub fn into_pb(self) -> pb::Command {
         let kind = match self {
             Command::Grant { key, lease_ms, owner, value, session } => Kind::grant(pb::Grant {
-                key: key.as_bytes().to_vec(),
+                key: key.into_bytes(),
                 lease_ms: lease_ms.get(),
-                owner: owner.as_bytes().to_vec(),
-                value: value.as_bytes().to_vec(),
-                session: token_value(*session),
+                owner: owner.into_bytes(),
+                value: value.into_bytes(),
+                session: token_value(session),
                 ..Default::default()
             }),
             Command::GrantShared { key, lease_ms, owner, share, session } => {
                 let (share, permits) = share.to_pb();
                 Kind::grant_shared(pb::GrantShared {
-                    key: key.as_bytes().to_vec(),
+                    key: key.into_bytes(),
                     lease_ms: lease_ms.get(),
-                    owner: owner.as_bytes().to_vec(),
+                    owner: owner.into_bytes(),
                     share,
                     permits,
-                    session: token_value(*session),
+                    session: token_value(session),
                     ..Default::default()
                 })
             }
             Command::Proclaim { key, token, value, user } => Kind::proclaim(pb::Proclaim {
-                key: key.as_bytes().to_vec(),
+                key: key.into_bytes(),
                 token: token.get(),
-                value: value.as_bytes().to_vec(),
+                value: value.into_bytes(),
                 user: user_value(user),
                 ..Default::default()
             }),
             Command::Release { key, token, user } => Kind::release(pb::Release {
-                key: key.as_bytes().to_vec(),
-                token: token_value(*token),
+                key: key.into_bytes(),
+                token: token_value(token),
                 user: user_value(user),
                 ..Default::default()
             }),
             Command::Expire { key, token, delay } => Kind::expire(pb::Expire {
-                key: key.as_bytes().to_vec(),
+                key: key.into_bytes(),
                 token: token.get(),
                 delay_ms: delay.map_or(0, LeaseMs::get),
                 ..Default::default()
             }),
             Command::Renew { key, token, lease_ms, user } => Kind::renew(pb::Renew {
-                key: key.as_bytes().to_vec(),
+                key: key.into_bytes(),
                 token: token.get(),
                 lease_ms: lease_ms.get(),
                 user: user_value(user),
@@ -246,15 +251,15 @@ impl Command {
             Command::Noop => Kind::noop(pb::Noop::default()),
             Command::Bootstrap { cluster_id, token_floor, level } => Kind::bootstrap(pb::Bootstrap {
                 cluster_id: cluster_id.as_bytes().to_vec(),
-                token_floor: *token_floor,
-                level: *level,
+                token_floor,
+                level,
                 ..Default::default()
             }),
             Command::RaiseLevel { level } => {
-                Kind::raise_level(pb::RaiseLevel { level: *level, ..Default::default() })
+                Kind::raise_level(pb::RaiseLevel { level, ..Default::default() })
             }
             Command::OpenSession { owner, ttl_ms } => Kind::open_session(pb::OpenSession {
-                owner: owner.as_bytes().to_vec(),
+                owner: owner.into_bytes(),
                 ttl_ms: ttl_ms.get(),
                 ..Default::default()
             }),
@@ -271,9 +276,9 @@ impl Command {
             Command::ExpireSession { session, delays } => Kind::expire_session(pb::ExpireSession {
                 session: session.get(),
                 delays: delays
-                    .iter()
+                    .into_iter()
                     .map(|(prefix, delay)| pb::DelayRule {
-                        prefix: prefix.clone(),
+                        prefix,
                         delay_ms: delay.get(),
                         ..Default::default()
                     })
@@ -293,14 +298,22 @@ fn optional_user(bytes: Vec<u8>) -> Result<Option<Owner>, InvalidReason> {
     Owner::new(bytes).map(Some)
 }
 
-fn user_value(user: &Option<Owner>) -> Vec<u8> {
-    user.as_ref().map_or_else(Vec::new, |user| user.as_bytes().to_vec())
+fn user_value(user: Option<Owner>) -> Vec<u8> {
+    user.map_or_else(Vec::new, Owner::into_bytes)
 }
 
 /// Encodes commands as the payload of one raft log entry.
 pub fn encode_batch(commands: &[Command]) -> Vec<u8> {
-    let batch =
-        pb::CommandBatch { commands: commands.iter().map(Command::to_pb).collect(), ..Default::default() };
+    encode_batch_of(commands.iter().map(Command::to_pb))
+}
+
+/// [`encode_batch`] of commands given up, their bytes moved, not copied.
+pub fn encode_owned_batch(commands: Vec<Command>) -> Vec<u8> {
+    encode_batch_of(commands.into_iter().map(Command::into_pb))
+}
+
+fn encode_batch_of(commands: impl Iterator<Item = pb::Command>) -> Vec<u8> {
+    let batch = pb::CommandBatch { commands: commands.collect(), ..Default::default() };
     batch.write_to_bytes().expect("encoding a CommandBatch into a Vec cannot fail")
 }
 

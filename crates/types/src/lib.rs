@@ -35,7 +35,7 @@ mod command;
 pub mod hello;
 mod result;
 
-pub use command::{decode_batch, encode_batch, Command};
+pub use command::{decode_batch, encode_batch, encode_owned_batch, Command};
 pub use result::ApplyResult;
 
 use std::fmt;
