@@ -481,13 +481,22 @@ impl World {
         Rejoin::Start
     }
 
-    /// The members as a ready leader applied them, if a node leads.
+    /// The members as the current leader applied them: what `fencelockd
+    /// --join` learns, from a `member add` that only a leader able to
+    /// commit it answers. So only a ready leader of the highest term any
+    /// node knows, and not paused, answers here. A deposed leader that has
+    /// not heard of the new term yet (a paused one, seed 4266667818) would
+    /// answer with the members from before a change the cluster committed
+    /// since, and a node it omits would stay down for good. `None`: no node
+    /// can answer now.
     fn leader_members(&self) -> Option<Vec<(usize, bool)>> {
-        let replica = self
-            .nodes
-            .iter()
-            .filter_map(|node| node.node.as_ref()?.replica())
-            .find(|replica| replica.is_leader_ready())?;
+        let replicas = || self.nodes.iter().filter_map(|node| Some((node, node.node.as_ref()?.replica()?)));
+        let term = replicas().map(|(_, replica)| replica.status().term).max()?;
+        let (_, replica) = replicas().find(|(node, replica)| {
+            replica.is_leader_ready()
+                && replica.status().term == term
+                && node.clock.paused(self.now_ms).is_none()
+        })?;
         Some(replica.members().iter().map(member_node).collect())
     }
 
