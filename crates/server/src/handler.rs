@@ -180,14 +180,11 @@ impl ClientHandler {
                     self.client(conn, ClientRequest::Read(Query::Table), reply)
                 });
             }
-            Parsed::Members(change) => {
-                let change = change.map(|change| match change {
-                    MemberChange::AddLearner { id, peer_addr, client_addr, .. } => {
-                        let known = self.identity.known_members();
-                        MemberChange::AddLearner { id, peer_addr, client_addr, known }
-                    }
-                    other => other,
-                });
+            Parsed::Members(mut change) => {
+                // Where the members of --peers are reached, as this node knows.
+                if let Some(MemberChange::AddLearner { known, .. }) = &mut change {
+                    *known = self.identity.known_members();
+                }
                 let reply = self.membership(sink, None);
                 (change.map_or(ClientRequest::Read(Query::Members), ClientRequest::ChangeMembers), reply)
             }
