@@ -31,8 +31,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeSet, HashMap};
+use std::hash::Hash;
 
+use ahash::RandomState;
 use fencelock_types::{FencingToken, Key, LeaseMs};
 
 /// The lease of one lock as this node tracks it.
@@ -49,19 +51,21 @@ pub struct Lease {
 /// a semaphore (many per key).
 #[derive(Clone, Debug)]
 pub struct LeaseTracker<K = Key> {
-    by_key: BTreeMap<K, Lease>,
+    /// Looked up by key only, never walked: a hash map, so that a key is
+    /// hashed once instead of compared at each level of a tree.
+    by_key: HashMap<K, Lease, RandomState>,
     by_deadline: BTreeSet<(u64, K)>,
     /// The latest time seen, so that a clock going backwards is clamped.
     latest_ms: u64,
 }
 
-impl<K: Ord + Clone> Default for LeaseTracker<K> {
+impl<K: Ord + Clone + Hash> Default for LeaseTracker<K> {
     fn default() -> LeaseTracker<K> {
-        LeaseTracker { by_key: BTreeMap::new(), by_deadline: BTreeSet::new(), latest_ms: 0 }
+        LeaseTracker { by_key: HashMap::default(), by_deadline: BTreeSet::new(), latest_ms: 0 }
     }
 }
 
-impl<K: Ord + Clone> LeaseTracker<K> {
+impl<K: Ord + Clone + Hash> LeaseTracker<K> {
     pub fn new() -> LeaseTracker<K> {
         LeaseTracker::default()
     }

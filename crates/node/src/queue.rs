@@ -6,7 +6,7 @@
 //! the caller (the replica's applied table), and what a request's commands
 //! do is the replica's business. Testable without raft.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use ahash::RandomState;
 
@@ -80,22 +80,23 @@ impl Pending {
 /// See the module docs.
 #[derive(Debug, Default)]
 pub(crate) struct Requests {
-    pending: BTreeMap<RequestId, Pending>,
+    /// By id; walked only in id order (see [`Requests::clear`]).
+    pending: HashMap<RequestId, Pending, RandomState>,
     /// Per key, the requests that touch it, in acceptance order. The head is
     /// the one in flight (or next to go). A request answered before its
     /// turn is not searched for: it stays, stale, until it would head the
     /// queue, and is skipped then (no longer pending), so that a burst of
     /// requests on one key costs each O(1), not a scan of the queue. A head
     /// is never stale.
-    key_queues: BTreeMap<Key, VecDeque<RequestId>>,
+    key_queues: HashMap<Key, VecDeque<RequestId>, RandomState>,
     /// Requests at the head of all their keys' queues, not yet proposed. One
     /// answered meanwhile stays, stale, and is skipped when popped.
     ready: VecDeque<RequestId>,
     /// Acquires waiting for a held key, FIFO per key: pending, in no key
     /// queue until they are handed the key.
-    waiters: BTreeMap<Key, VecDeque<RequestId>>,
+    waiters: HashMap<Key, VecDeque<RequestId>, RandomState>,
     /// Keys with an Expire of the leader's own pending, and its request.
-    expiring: BTreeMap<Key, RequestId>,
+    expiring: HashMap<Key, RequestId, RandomState>,
     /// The waiters by deadline, with the key each waits for: a turn looks
     /// only at those whose time is up.
     deadlines: BTreeMap<(u64, RequestId), Key>,
@@ -329,7 +330,7 @@ impl Requests {
         self.acquires = 0;
         self.new_locks = 0;
         self.new_locks_of.clear();
-        std::mem::take(&mut self.pending)
+        std::mem::take(&mut self.pending).into_iter().collect()
     }
 
     fn queue_if_ready(&mut self, id: RequestId) {
@@ -405,7 +406,8 @@ impl Requests {
         Some(waiter)
     }
 
-    /// The acquires under `session` not proposed yet (waiting, or queued).
+    /// The acquires under `session` not proposed yet (waiting, or queued),
+    /// in id order.
     pub fn waiting_in_session(&self, session: FencingToken) -> Vec<RequestId> {
         self.pending
             .iter()
@@ -418,6 +420,8 @@ impl Requests {
                 })
             })
             .map(|(id, _)| *id)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
             .collect()
     }
 

@@ -111,11 +111,11 @@ impl<T> Registry<T> {
     }
 
     fn forget_conn(&mut self, conn: ConnId, id: RequestId) {
+        // A connection's set stays while it is open, empty or not, so that
+        // one request at a time does not build and drop a set each time;
+        // `close` takes it.
         if let Some(ids) = self.by_conn.get_mut(&conn) {
             ids.remove(&id);
-            if ids.is_empty() {
-                self.by_conn.remove(&conn);
-            }
         }
     }
 }

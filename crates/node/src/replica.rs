@@ -985,6 +985,10 @@ fn tags_proposer(context: &[u8]) -> protobuf::ProtobufResult<u64> {
         let (field, wire_type) = input.read_tag_unpack()?;
         if field == 1 && wire_type == protobuf::wire_format::WireTypeVarint {
             proposer = input.read_uint64()?;
+        } else if wire_type == protobuf::wire_format::WireTypeLengthDelimited {
+            // A request's tag, passed over without copying it out.
+            let len = input.read_raw_varint32()?;
+            input.skip_raw_bytes(len)?;
         } else {
             input.skip_field(wire_type)?;
         }

@@ -321,6 +321,15 @@ fn encode_batch_of(commands: impl Iterator<Item = pb::Command>) -> Vec<u8> {
 /// bytes are not a batch at all; otherwise each command is checked on its
 /// own, so one invalid command does not void the others.
 pub fn decode_batch(bytes: &[u8]) -> Result<Vec<Result<Command, InvalidReason>>, InvalidReason> {
+    if let Some(commands) = crate::fast_batch::decode(bytes) {
+        return Ok(commands);
+    }
+    decode_batch_pb(bytes)
+}
+
+/// [`decode_batch`] through protobuf alone: the reference the fast path
+/// must agree with, and what decodes every batch the fast path declines.
+pub(crate) fn decode_batch_pb(bytes: &[u8]) -> Result<Vec<Result<Command, InvalidReason>>, InvalidReason> {
     let batch = pb::CommandBatch::parse_from_bytes(bytes).map_err(|_| InvalidReason::Undecodable)?;
     Ok(batch.commands.into_iter().map(Command::from_pb).collect())
 }

@@ -32,6 +32,7 @@
 //! ```
 
 mod command;
+mod fast_batch;
 pub mod hello;
 mod result;
 

@@ -5,6 +5,7 @@ use proptest::prelude::*;
 use protobuf::Message;
 
 use crate::*;
+use crate::pb::Command_oneof_kind as Kind;
 
 fn key() -> impl Strategy<Value = Key> {
     proptest::collection::vec(any::<u8>(), 1..=KEY_LEN_MAX).prop_map(|b| Key::new(b).unwrap())
@@ -109,6 +110,97 @@ proptest! {
         }
         let _ = decode_batch(&bytes);
         let _ = decode_batch(&bytes[..bytes.len() / 2]);
+    }
+}
+
+/// Grants, Releases, Expires and Renews as raw protobuf, with any field
+/// values (empty keys, zero leases and tokens, oversized owners), so that
+/// the fast path meets the invalid ones too.
+fn raw_hot_command() -> impl Strategy<Value = pb::Command> {
+    let bytes = || prop_oneof![proptest::collection::vec(any::<u8>(), 0..4), proptest::collection::vec(any::<u8>(), 0..300)];
+    let number = || prop_oneof![Just(0u64), 1..100_000u64, any::<u64>()];
+    (0..4u8, bytes(), number(), bytes(), bytes(), number()).prop_map(|(kind, key, a, b, c, d)| {
+        let kind = match kind {
+            0 => Kind::grant(pb::Grant { key, lease_ms: a, owner: b, value: c, session: d, ..Default::default() }),
+            1 => Kind::release(pb::Release { key, token: a, user: b, ..Default::default() }),
+            2 => Kind::expire(pb::Expire { key, token: a, delay_ms: d, ..Default::default() }),
+            _ => Kind::renew(pb::Renew { key, token: a, lease_ms: d, user: b, ..Default::default() }),
+        };
+        pb::Command { kind: Some(kind), ..Default::default() }
+    })
+}
+
+fn raw_batch(commands: Vec<pb::Command>) -> Vec<u8> {
+    pb::CommandBatch { commands: commands.into(), ..Default::default() }.write_to_bytes().unwrap()
+}
+
+proptest! {
+    /// Every batch of hot commands our encoder writes takes the fast path,
+    /// and it reads what protobuf reads, invalid commands included.
+    #[test]
+    fn fast_path_takes_hot_batches_and_agrees(commands in proptest::collection::vec(raw_hot_command(), 0..12)) {
+        let bytes = raw_batch(commands);
+        let fast = crate::fast_batch::decode(&bytes);
+        prop_assert!(fast.is_some(), "a canonical hot batch fell back to protobuf");
+        prop_assert_eq!(Ok(fast.unwrap()), crate::command::decode_batch_pb(&bytes));
+    }
+
+    /// Whatever the fast path accepts, damaged or not, protobuf reads the
+    /// same way: replicas of any version agree on a log entry.
+    #[test]
+    fn fast_path_agrees_with_protobuf_on_damaged_batches(
+        commands in proptest::collection::vec(prop_oneof![raw_hot_command(), command().prop_map(|c| c.into_pb())], 1..6),
+        flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..6),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let mut bytes = raw_batch(commands);
+        for (at, value) in flips {
+            let i = at.index(bytes.len());
+            bytes[i] = value;
+        }
+        for bytes in [&bytes[..], &bytes[..cut.index(bytes.len() + 1)]] {
+            if let Some(fast) = crate::fast_batch::decode(bytes) {
+                prop_assert_eq!(Ok(fast), crate::command::decode_batch_pb(bytes));
+            }
+        }
+    }
+
+    #[test]
+    fn fast_path_agrees_with_protobuf_on_random_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+        if let Some(fast) = crate::fast_batch::decode(&bytes) {
+            prop_assert_eq!(Ok(fast), crate::command::decode_batch_pb(&bytes));
+        }
+    }
+}
+
+/// Batches the fast path must hand to protobuf: a field twice, fields out
+/// of order, an unknown field, another command kind, a wrong wire type.
+#[test]
+fn fast_path_declines_what_is_not_canonical() {
+    let grant = |fields: &[u8]| {
+        let mut command = vec![0x0a, fields.len() as u8];
+        command.extend_from_slice(fields);
+        let mut batch = vec![0x0a, command.len() as u8];
+        batch.extend(command);
+        batch
+    };
+    // key "k", lease 5, owner "o": canonical, taken.
+    let canonical = grant(&[0x0a, 1, b'k', 0x10, 5, 0x1a, 1, b'o']);
+    assert!(crate::fast_batch::decode(&canonical).is_some());
+    for odd in [
+        grant(&[0x0a, 1, b'k', 0x0a, 1, b'j', 0x10, 5, 0x1a, 1, b'o']), // key twice: protobuf keeps the last
+        grant(&[0x10, 5, 0x0a, 1, b'k', 0x1a, 1, b'o']),               // out of order
+        grant(&[0x0a, 1, b'k', 0x10, 5, 0x1a, 1, b'o', 0x30, 1]),       // field 6, unknown
+        grant(&[0x0a, 1, b'k', 0x12, 1, 5, 0x1a, 1, b'o']),             // lease as bytes
+        raw_batch(vec![Command::Noop.into_pb()]),
+    ] {
+        assert_eq!(crate::fast_batch::decode(&odd), None, "{odd:?}");
+    }
+    // What protobuf makes of the duplicate key: the last one.
+    let twice = grant(&[0x0a, 1, b'k', 0x0a, 1, b'j', 0x10, 5, 0x1a, 1, b'o']);
+    match decode_batch(&twice).unwrap().remove(0).unwrap() {
+        Command::Grant { key, .. } => assert_eq!(key.as_bytes(), b"j"),
+        other => panic!("not a grant: {other:?}"),
     }
 }
 
