@@ -288,6 +288,8 @@ pub(crate) struct EventLoop<M> {
     /// `None` once the listener stopped accepting.
     listener: Option<TcpListener>,
     inbox: Receiver<(Token, Response, bool)>,
+    /// An empty buffer to swap with [`LoopShared::local`].
+    local_spare: Vec<(Token, Response, bool)>,
     pub(crate) shared: Arc<LoopShared>,
     connections: HashMap<Token, Connection, RandomState>,
     next_token: usize,
@@ -393,6 +395,7 @@ impl<M: protobuf::Message> EventLoop<M> {
         let (outbox, inbox) = unbounded();
         let shared = Arc::new(LoopShared {
             outbox,
+            local: std::sync::Mutex::new(Vec::new()),
             waker,
             wake_pending: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
@@ -403,6 +406,7 @@ impl<M: protobuf::Message> EventLoop<M> {
             poll,
             listener: Some(listener),
             inbox,
+            local_spare: Vec::new(),
             shared,
             connections: HashMap::default(),
             next_token: FIRST_CONNECTION,
@@ -935,23 +939,35 @@ impl<M: protobuf::Message> EventLoop<M> {
         // Cleared before draining: a response queued after the drain
         // finds the flag clear and wakes the loop again.
         self.shared.wake_pending.store(false, Ordering::SeqCst);
+        let mut local = std::mem::take(&mut self.local_spare);
+        self.shared.take_local(&mut local);
+        for (token, response, list) in local.drain(..) {
+            self.deliver(token, &response, list);
+        }
+        self.local_spare = local;
         while let Ok((token, response, list)) = self.inbox.try_recv() {
-            let Some(connection) = self.connections.get_mut(&token) else { continue };
-            connection.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
-            let before = connection.output.len();
-            encode_frame(&response, &mut connection.output);
-            self.output_bytes += connection.output.len() - before;
-            if list {
-                connection.list_in_flight = false;
-                if std::mem::take(&mut connection.list_blocked) {
-                    self.read_again.push(token);
-                }
-            }
-            self.queue_flush(token);
+            self.deliver(token, &response, list);
         }
         if self.output_bytes > self.config.output_total_max {
             self.shed_output();
         }
+    }
+
+    /// Queues `response` for writing on `token`'s connection, if it is
+    /// still open.
+    fn deliver(&mut self, token: Token, response: &Response, list: bool) {
+        let Some(connection) = self.connections.get_mut(&token) else { return };
+        connection.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+        let before = connection.output.len();
+        encode_frame(response, &mut connection.output);
+        self.output_bytes += connection.output.len() - before;
+        if list {
+            connection.list_in_flight = false;
+            if std::mem::take(&mut connection.list_blocked) {
+                self.read_again.push(token);
+            }
+        }
+        self.queue_flush(token);
     }
 
     /// Closes the connections holding the most partial request bytes until

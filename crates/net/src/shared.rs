@@ -3,7 +3,7 @@
 //! [`LoopWaker`], the handle that wakes a node loop's core.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::ThreadId;
 
 use crossbeam_channel::Sender;
@@ -28,6 +28,10 @@ pub(crate) struct LoopShared {
     /// Responses for connections, each counted in its `in_flight`, and
     /// whether it answers a `list`.
     pub(crate) outbox: Sender<(Token, Response, bool)>,
+    /// The same, for responses posted on the loop's own thread (by the
+    /// core it runs): in order, without a channel's cost per message. The
+    /// loop drains it before the channel, after every event.
+    pub(crate) local: Mutex<Vec<(Token, Response, bool)>>,
     pub(crate) waker: Waker,
     /// Set when the loop was woken and has not yet looked at the outbox:
     /// a burst of responses costs one wake-up.
@@ -40,6 +44,13 @@ pub(crate) struct LoopShared {
 
 impl LoopShared {
     pub(crate) fn post(&self, token: Token, response: Response, list: bool) -> bool {
+        if self.on_loop_thread() {
+            // Only the loop thread takes this lock: it is never contended,
+            // and a poisoned one (a panic between push and drain) still
+            // holds whole entries.
+            self.local.lock().unwrap_or_else(PoisonError::into_inner).push((token, response, list));
+            return true;
+        }
         if self.outbox.send((token, response, list)).is_err() {
             return false;
         }
@@ -47,8 +58,18 @@ impl LoopShared {
         true
     }
 
+    /// Swaps the responses posted on the loop's thread (in the order
+    /// posted) into `into`, which must be empty: its buffer is reused.
+    pub(crate) fn take_local(&self, into: &mut Vec<(Token, Response, bool)>) {
+        std::mem::swap(&mut *self.local.lock().unwrap_or_else(PoisonError::into_inner), into);
+    }
+
+    fn on_loop_thread(&self) -> bool {
+        self.loop_thread.get() == Some(&std::thread::current().id())
+    }
+
     pub(crate) fn wake(&self) {
-        if self.loop_thread.get() == Some(&std::thread::current().id()) {
+        if self.on_loop_thread() {
             return;
         }
         if !self.wake_pending.swap(true, Ordering::SeqCst) {
