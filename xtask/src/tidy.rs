@@ -74,7 +74,9 @@ const PURE_CORES: &[PureCore] = &[
     // unused here); getrandom and its platform crates come in as rand_core's
     // optional OS source, which nothing in the core calls.
     ("fencelock-fsm", "crates/fsm/src", &[FSM_DEPENDENCIES], &[]),
-    ("fencelock-lease", "crates/lease/src", &[], &[]),
+    // std's HashMap for the lookup of a lease by key, which is never
+    // walked (its order never shows); the hasher is the caller's.
+    ("fencelock-lease", "crates/lease/src", &[], &["HashMap"]),
     // The whole node as a state machine: raft-rs and its protocol, the
     // state machine and lease timer, a logger it is given, and ahash for
     // the request queue's lookups (keyed per process, never iterated).

@@ -32,9 +32,9 @@
 //! ```
 
 use std::collections::{BTreeSet, HashMap};
-use std::hash::Hash;
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hash};
 
-use ahash::RandomState;
 use fencelock_types::{FencingToken, Key, LeaseMs};
 
 /// The lease of one lock as this node tracks it.
@@ -50,25 +50,31 @@ pub struct Lease {
 /// key), or `(Key, FencingToken)` for the holders of a read-write lock or
 /// a semaphore (many per key).
 #[derive(Clone, Debug)]
-pub struct LeaseTracker<K = Key> {
-    /// Looked up by key only, never walked: a hash map, so that a key is
-    /// hashed once instead of compared at each level of a tree.
-    by_key: HashMap<K, Lease, RandomState>,
+pub struct LeaseTracker<K = Key, S = RandomState> {
+    /// Looked up by key only, never walked (so its order, which differs
+    /// between processes, never shows): a hash map, so that a key is hashed
+    /// once instead of compared at each level of a tree. `S` hashes: std's
+    /// by default; the node brings a faster one.
+    by_key: HashMap<K, Lease, S>,
     by_deadline: BTreeSet<(u64, K)>,
     /// The latest time seen, so that a clock going backwards is clamped.
     latest_ms: u64,
 }
 
-impl<K: Ord + Clone + Hash> Default for LeaseTracker<K> {
-    fn default() -> LeaseTracker<K> {
+impl<K: Ord + Clone + Hash, S: BuildHasher + Default> Default for LeaseTracker<K, S> {
+    fn default() -> LeaseTracker<K, S> {
         LeaseTracker { by_key: HashMap::default(), by_deadline: BTreeSet::new(), latest_ms: 0 }
     }
 }
 
 impl<K: Ord + Clone + Hash> LeaseTracker<K> {
+    /// A tracker hashing with std's hasher (`default()` takes another).
     pub fn new() -> LeaseTracker<K> {
         LeaseTracker::default()
     }
+}
+
+impl<K: Ord + Clone + Hash, S: BuildHasher + Default> LeaseTracker<K, S> {
 
     /// A Grant applied at `now_ms` (a retried Grant by the holder too: its
     /// lease restarts, for the longer of its old and new lease: the state

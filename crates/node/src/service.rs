@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use ahash::RandomState;
 use slog::Logger;
 
 use fencelock_fsm::{Change, LockTable, SharedDecision};
@@ -113,12 +114,12 @@ impl LockService {
 /// leader's bookkeeping of the expiries it proposes.
 pub(crate) struct Leases {
     /// Plain locks, by key.
-    pub(crate) plain: LeaseTracker,
+    pub(crate) plain: LeaseTracker<Key, RandomState>,
     /// The holders of read-write locks and semaphores, by key and token.
-    pub(crate) shared: LeaseTracker<(Key, FencingToken)>,
+    pub(crate) shared: LeaseTracker<(Key, FencingToken), RandomState>,
     /// Sessions, by id: what is held under a session has no lease of its
     /// own here.
-    pub(crate) sessions: LeaseTracker<FencingToken>,
+    pub(crate) sessions: LeaseTracker<FencingToken, RandomState>,
     /// The leases must be rebuilt from the table at the next `set_now` (the
     /// table came from a snapshot at open, before any time was known).
     pub(crate) need_restore: bool,
@@ -138,9 +139,9 @@ pub(crate) struct Leases {
 impl Leases {
     pub(crate) fn new() -> Leases {
         Leases {
-            plain: LeaseTracker::new(),
-            shared: LeaseTracker::new(),
-            sessions: LeaseTracker::new(),
+            plain: LeaseTracker::default(),
+            shared: LeaseTracker::default(),
+            sessions: LeaseTracker::default(),
             need_restore: true,
             last_scan_ms: None,
             sessions_expiring: BTreeMap::new(),

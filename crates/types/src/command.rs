@@ -302,17 +302,28 @@ fn user_value(user: Option<Owner>) -> Vec<u8> {
     user.map_or_else(Vec::new, Owner::into_bytes)
 }
 
-/// Encodes commands as the payload of one raft log entry.
+/// Encodes commands as the payload of one raft log entry: the bytes
+/// protobuf writes for a `CommandBatch` of them, the hot commands written
+/// directly (see `fast_batch`), the others through protobuf.
 pub fn encode_batch(commands: &[Command]) -> Vec<u8> {
-    encode_batch_of(commands.iter().map(Command::to_pb))
+    let mut out = Vec::with_capacity(commands.len() * 48);
+    for command in commands {
+        if !crate::fast_batch::encode(command, &mut out) {
+            // A batch is its commands' fields one after the other: one
+            // command's batch is its field.
+            out.extend(encode_batch_pb(std::iter::once(command.to_pb())));
+        }
+    }
+    out
 }
 
-/// [`encode_batch`] of commands given up, their bytes moved, not copied.
+/// [`encode_batch`] of commands given up.
 pub fn encode_owned_batch(commands: Vec<Command>) -> Vec<u8> {
-    encode_batch_of(commands.into_iter().map(Command::into_pb))
+    encode_batch(&commands)
 }
 
-fn encode_batch_of(commands: impl Iterator<Item = pb::Command>) -> Vec<u8> {
+/// A batch encoded by protobuf alone: the reference of [`encode_batch`].
+pub(crate) fn encode_batch_pb(commands: impl Iterator<Item = pb::Command>) -> Vec<u8> {
     let batch = pb::CommandBatch { commands: commands.collect(), ..Default::default() };
     batch.write_to_bytes().expect("encoding a CommandBatch into a Vec cannot fail")
 }
