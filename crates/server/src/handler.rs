@@ -128,19 +128,11 @@ impl ClientHandler {
                 (ClientRequest::OpenSession { owner, ttl_ms }, reply)
             }
             Parsed::KeepAlive { session, user } => {
-                let reply = self.responder(sink, move |reply| match reply? {
-                    SessionKept::Kept { ttl_ms } => Ok(session_answer(session, Some(ttl_ms.get()))),
-                    SessionKept::NotOpen => Ok(session_answer(session, None)),
-                    SessionKept::NotYours => Err(session_not_yours(session)),
-                });
+                let reply = self.responder(sink, move |reply| Ok(session_kept(session, reply?)));
                 (ClientRequest::KeepAlive { session, user }, reply)
             }
             Parsed::CloseSession { session, user } => {
-                let reply = self.responder(sink, move |reply| match reply? {
-                    SessionClosed::Closed => Ok(session_answer(session, Some(0))),
-                    SessionClosed::NotOpen => Ok(session_answer(session, None)),
-                    SessionClosed::NotYours => Err(session_not_yours(session)),
-                });
+                let reply = self.responder(sink, move |reply| Ok(session_closed(session, reply?)));
                 (ClientRequest::CloseSession { session, user }, reply)
             }
             Parsed::Get { key, linearizable } => {
@@ -497,6 +489,18 @@ fn renewed(
     if !denied.is_empty() {
         return Err(not_yours(&denied));
     }
+    // The answer's lease is the shortest in force among the locks renewed
+    // (a lock under a session has the session's TTL, whatever was asked):
+    // a client that counts it from when it sent the renewal never outlives
+    // a lease. The one asked when none was renewed.
+    let in_force = renewals
+        .iter()
+        .filter_map(|renewal| match renewal {
+            Renewal::Renewed { lease_ms, .. } => Some(lease_ms.get()),
+            Renewal::NotHeld { .. } | Renewal::NotYours { .. } => None,
+        })
+        .min()
+        .unwrap_or(lease_ms.get());
     let results = asked
         .into_iter()
         .zip(renewals)
@@ -508,10 +512,14 @@ fn renewed(
                 Renewal::NotHeld { holder_token } => holder_token.map_or(0, FencingToken::get),
                 Renewal::Renewed { .. } | Renewal::NotYours { .. } => 0,
             },
+            lease_ms: match renewal {
+                Renewal::Renewed { lease_ms, .. } => lease_ms.get(),
+                Renewal::NotHeld { .. } | Renewal::NotYours { .. } => 0,
+            },
             ..Default::default()
         })
         .collect();
-    Ok(Out::renew(proto::RenewResponse { results, lease_ms: lease_ms.get(), ..Default::default() }))
+    Ok(Out::renew(proto::RenewResponse { results, lease_ms: in_force, ..Default::default() }))
 }
 
 fn proclaimed(key: &Key, asked: FencingToken, proclaimed: Proclaimed) -> Result<Out, Failure> {
@@ -547,8 +555,22 @@ fn session_answer(session: FencingToken, ttl_ms: Option<u64>) -> Out {
     })
 }
 
-fn session_not_yours(session: FencingToken) -> Failure {
-    Failure::Denied(format!("permission denied: session {session} is another user's"))
+/// A keep-alive's answer. Another user's session is answered as one not
+/// open (nothing was done either way): a session id tells a user nothing
+/// of other users' sessions, not even that one exists.
+fn session_kept(session: FencingToken, kept: SessionKept) -> Out {
+    match kept {
+        SessionKept::Kept { ttl_ms } => session_answer(session, Some(ttl_ms.get())),
+        SessionKept::NotOpen | SessionKept::NotYours => session_answer(session, None),
+    }
+}
+
+/// A close's answer; another user's session as for [`session_kept`].
+fn session_closed(session: FencingToken, closed: SessionClosed) -> Out {
+    match closed {
+        SessionClosed::Closed => session_answer(session, Some(0)),
+        SessionClosed::NotOpen | SessionClosed::NotYours => session_answer(session, None),
+    }
 }
 
 /// A get's answer: the holder of a plain key, or the holders of a shared

@@ -93,9 +93,32 @@ fn a_renewal_answers_each_lock_asked_and_refuses_all_if_one_is_anothers() {
                 .map(|result| (result.key.clone(), result.token, result.renewed, result.holder_token))
                 .collect();
             assert_eq!(results, [(b"a".to_vec(), 1, true, 0), (b"b".to_vec(), 2, false, 7)]);
+            let leases: Vec<u64> = answer.results.iter().map(|result| result.lease_ms).collect();
+            assert_eq!(leases, [3_000, 0]);
             assert_eq!(answer.lease_ms, 3_000);
         }
         _ => panic!("not renewed"),
+    }
+    // The lease in force, not the one asked: a lock under a session has
+    // the session's TTL (here shorter), a longer lease kept is reported too.
+    let renewals = vec![
+        Renewal::Renewed { token: token(1), lease_ms: lease(9_000) },
+        Renewal::Renewed { token: token(2), lease_ms: lease(1_500) },
+    ];
+    match renewed(asked.clone(), lease(3_000), renewals) {
+        Ok(Out::renew(answer)) => {
+            let leases: Vec<u64> = answer.results.iter().map(|result| result.lease_ms).collect();
+            assert_eq!(leases, [9_000, 1_500]);
+            assert_eq!(answer.lease_ms, 1_500, "the shortest lease in force");
+        }
+        _ => panic!("not renewed"),
+    }
+    // Nothing renewed: the lease asked.
+    let renewals =
+        vec![Renewal::NotHeld { holder_token: None }, Renewal::NotHeld { holder_token: Some(token(5)) }];
+    match renewed(asked.clone(), lease(3_000), renewals) {
+        Ok(Out::renew(answer)) => assert_eq!(answer.lease_ms, 3_000),
+        _ => panic!("not answered"),
     }
     let renewals = vec![
         Renewal::Renewed { token: token(1), lease_ms: lease(3_000) },
@@ -114,6 +137,21 @@ fn a_proclaim_of_a_lock_gone_names_the_token_asked_and_the_holder() {
         }
         _ => panic!("not answered"),
     }
+}
+
+#[test]
+fn another_users_session_is_answered_as_one_not_open() {
+    let found = |out: Out| match out {
+        Out::session(answer) => (answer.session, answer.found, answer.ttl_ms),
+        _ => panic!("not a session answer"),
+    };
+    assert_eq!(found(session_kept(token(5), SessionKept::Kept { ttl_ms: lease(4_000) })), (5, true, 4_000));
+    let not_open = found(session_kept(token(5), SessionKept::NotOpen));
+    assert_eq!(not_open, (5, false, 0));
+    assert_eq!(found(session_kept(token(5), SessionKept::NotYours)), not_open, "a keep-alive tells");
+    assert_eq!(found(session_closed(token(5), SessionClosed::Closed)), (5, true, 0));
+    let not_open = found(session_closed(token(5), SessionClosed::NotOpen));
+    assert_eq!(found(session_closed(token(5), SessionClosed::NotYours)), not_open, "a close tells");
 }
 
 #[test]
