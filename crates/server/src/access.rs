@@ -12,6 +12,11 @@
 //! With no rules, every authenticated user has `lock` and `read` on every
 //! key. The users named in `admins` have every right on every key, rules or
 //! not. Rules add rights; nothing takes one away.
+//!
+//! A rule's prefix covers keys by whole segments, `/` separating them:
+//! `jobs/` and `jobs` both cover `jobs/nightly`, `jobs` also covers the key
+//! `jobs` itself, and neither covers `jobsx` (see [`covers`]). `""` covers
+//! every key.
 
 use serde::{Deserialize, Serialize};
 
@@ -96,6 +101,13 @@ impl Access {
             if rule.users.is_empty() || rule.prefixes.is_empty() || rule.rights.is_empty() {
                 return Err(format!("{at}: users, prefixes and rights must each name at least one"));
             }
+            if rule.rights.contains(&Right::Admin) {
+                // It would be silently meaningless: `admin` is for the
+                // cluster as a whole, not for keys.
+                return Err(format!(
+                    "{at}: `admin` is not a right on keys; name the user in `admins` instead"
+                ));
+            }
             let users = if rule.users.iter().any(|user| user == "*") {
                 None
             } else {
@@ -115,14 +127,14 @@ impl Access {
 
     /// Whether `user` has `right` on `key`.
     pub fn allows(&self, user: &str, right: Right, key: &[u8]) -> bool {
-        self.allows_where(user, right, |prefix| key.starts_with(prefix))
+        self.allows_where(user, right, |rule_prefix| covers(rule_prefix, key))
     }
 
     /// Whether `user` has `right` on every key that starts with `prefix`
-    /// (what a listing of `prefix` may show): some rule's prefix must be a
-    /// prefix of it.
+    /// (what a listing of `prefix` may show): some rule must cover every
+    /// such key (see [`covers_all_under`]).
     pub fn allows_all_under(&self, user: &str, right: Right, prefix: &[u8]) -> bool {
-        self.allows_where(user, right, |rule_prefix| prefix.starts_with(rule_prefix))
+        self.allows_where(user, right, |rule_prefix| covers_all_under(rule_prefix, prefix))
     }
 
     /// Whether `user` has `right` on the cluster as a whole (`admin`).
@@ -152,6 +164,29 @@ impl Access {
     /// How many admins there are, for the start-up log.
     pub fn admin_count(&self) -> usize {
         self.admins.len()
+    }
+}
+
+/// Whether a rule on `rule_prefix` covers `key`, by whole segments: the
+/// key is the prefix, or goes on after it at a segment's start (the prefix
+/// ends with `/`, or the key goes on with one). `""` covers every key.
+pub fn covers(rule_prefix: &[u8], key: &[u8]) -> bool {
+    match key.strip_prefix(rule_prefix) {
+        Some(rest) => {
+            rule_prefix.is_empty() || rule_prefix.ends_with(b"/") || rest.is_empty() || rest.starts_with(b"/")
+        }
+        None => false,
+    }
+}
+
+/// Whether a rule on `rule_prefix` covers every key that starts with
+/// `prefix` (bytewise, as a listing takes it): `prefix` must go on from the
+/// rule's prefix at a segment's start. A listing of `jobs` is not covered
+/// by a rule on `jobs`, since it shows `jobsx` too; one of `jobs/` is.
+pub fn covers_all_under(rule_prefix: &[u8], prefix: &[u8]) -> bool {
+    match prefix.strip_prefix(rule_prefix) {
+        Some(rest) => rule_prefix.is_empty() || rule_prefix.ends_with(b"/") || rest.starts_with(b"/"),
+        None => false,
     }
 }
 
@@ -221,9 +256,51 @@ mod tests {
             ),
             (vec![], vec![rule(&["a"], &[], &[Right::Read])], "at least one"),
             (vec![], vec![rule(&["a"], &["x"], &[])], "at least one"),
+            (vec![], vec![rule(&["a"], &["x"], &[Right::Read, Right::Admin])], "`admin` is not a right on keys"),
         ] {
             let err = Access::new(admins, rules).unwrap_err();
             assert!(err.contains(needle), "{err}");
         }
+    }
+
+    #[test]
+    fn a_rule_covers_keys_by_whole_segments() {
+        for (rule, key, covered) in [
+            ("jobs/", "jobs/nightly", true),
+            ("jobs", "jobs/nightly", true),
+            ("jobs", "jobs", true),
+            ("jobs/", "jobs", false),
+            ("jobs", "jobsx", false),
+            ("jobs/", "jobsx/a", false),
+            ("a", "admin/x", false),
+            ("jobs/night", "jobs/nightly", false),
+            ("jobs/night", "jobs/night/1", true),
+            ("", "anything", true),
+            ("jobs", "job", false),
+        ] {
+            assert_eq!(covers(rule.as_bytes(), key.as_bytes()), covered, "rule {rule:?} on key {key:?}");
+        }
+        for (rule, listing, covered) in [
+            ("jobs/", "jobs/", true),
+            ("jobs/", "jobs/n", true),
+            ("jobs", "jobs/", true),
+            ("jobs", "jobs", false),
+            ("jobs/", "jobs", false),
+            ("a", "admin/", false),
+            ("", "", true),
+            ("jobs/", "", false),
+        ] {
+            assert_eq!(
+                covers_all_under(rule.as_bytes(), listing.as_bytes()),
+                covered,
+                "rule {rule:?} on a listing of {listing:?}"
+            );
+        }
+        // Through the rules: a rule on `a` gives nothing under `admin/`.
+        let access = Access::new(vec![], vec![rule(&["alice"], &["a"], &[Right::Lock, Right::Read])]).unwrap();
+        assert!(access.allows("alice", Right::Lock, b"a/1"));
+        assert!(!access.allows("alice", Right::Lock, b"admin/x"));
+        assert!(!access.allows_all_under("alice", Right::Read, b"ad"));
+        assert!(access.allows_all_under("alice", Right::Read, b"a/"));
     }
 }
