@@ -83,6 +83,12 @@ pub struct PeerConfig {
     pub reconnect_backoff_max: Duration,
     /// What the hellos say, both ways (see [`Greetings`]).
     pub greetings: Greetings,
+    /// Sizes up a peer's message from its bytes before it is decoded: an
+    /// `Err` (why) closes the connection without decoding it, so that a
+    /// message that would decode into far more memory than its bytes
+    /// (millions of empty entries) never does. The server passes the
+    /// node's `scan::peer_message`.
+    pub precheck: fn(&[u8]) -> Result<(), String>,
     /// TLS between peers; `None`: plain TCP.
     pub tls: Option<PeerTls>,
 }
@@ -1178,9 +1184,12 @@ impl<M: Message> Peers<M> {
                         continue;
                     }
                     let decoded = if incoming.parts.is_empty() {
+                        (self.config.precheck)(body).map_err(|why| Some(format!("not decoded: {why}")))?;
                         M::parse_from_bytes(body)
                     } else {
                         incoming.parts.extend_from_slice(body);
+                        (self.config.precheck)(&incoming.parts)
+                            .map_err(|why| Some(format!("not decoded: {why}")))?;
                         // Parsed without a copy: the message's byte fields
                         // (a snapshot's data) share the buffer.
                         let whole = bytes::Bytes::from(std::mem::take(&mut incoming.parts));

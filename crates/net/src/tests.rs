@@ -460,6 +460,7 @@ pub(crate) fn node_with(
         reconnect_backoff_max: Duration::from_millis(100),
         greetings: Greetings::new(),
         tls: tls.map(|tls| crate::PeerTls { accept: tls.peer_server.into(), dial: tls.peer_client.into() }),
+        precheck: refuse_forbidden,
     };
     let greetings = peers.greetings.clone();
     let book = peers.peers.clone();
@@ -655,6 +656,39 @@ fn a_message_larger_than_a_frame_travels_in_parts_and_one_over_the_message_limit
     assert!(two.inbound.try_recv().is_err(), "the oversized message was delivered");
     // The real peer's connection carries on, parts and all.
     assert_eq!(deliver((1, &one), 2, &large, &two).role, large);
+}
+
+/// The test nodes' precheck: a message whose bytes say `forbidden` is not
+/// decoded.
+fn refuse_forbidden(bytes: &[u8]) -> Result<(), String> {
+    match bytes.windows(9).any(|window| window == b"forbidden") {
+        true => Err("it says forbidden".into()),
+        false => Ok(()),
+    }
+}
+
+#[test]
+fn a_message_the_precheck_refuses_is_never_decoded_whole_or_in_parts() {
+    let addrs: BTreeMap<u64, SocketAddr> = [(1, free_addr()), (2, free_addr())].into_iter().collect();
+    let one = node(1, &addrs, 1 << 20);
+    let two = node(2, &addrs, 1 << 20);
+    let hello = PeerHello { node_id: 1, client_addr: "rogue".into(), ..Default::default() };
+    // One frame (under the nodes' 1,024-byte frames), then a message in
+    // parts (the check runs on the whole).
+    for (len, part_max) in [(100, 1000), (3000, 1000)] {
+        let mut rogue = connect(addrs[&2]);
+        write_frame(&mut rogue, &hello).unwrap();
+        let mut bytes = Vec::new();
+        let role = format!("{}forbidden", "x".repeat(len));
+        crate::encode_parts(&msg(1, 2, &role), &mut bytes, part_max);
+        let _ = std::io::Write::write_all(&mut rogue, &bytes);
+        let mut rest = Vec::new();
+        if let Err(err) = rogue.read_to_end(&mut rest) {
+            assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "the connection was not closed");
+        }
+        assert!(two.inbound.try_recv().is_err(), "a refused message of {len} bytes was delivered");
+    }
+    assert_eq!(deliver((1, &one), 2, "genuine", &two).role, "genuine");
 }
 
 #[test]

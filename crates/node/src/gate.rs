@@ -53,9 +53,12 @@ pub fn term_bound(own: u64) -> u64 {
 /// to indexes, which must not overflow.
 pub const INDEX_MAX: u64 = 1 << 62;
 
-/// The most entries one append may carry; raft-rs's own batches are bounded
-/// by `max_size_per_msg_bytes` and `max_inflight_msgs` far below this.
-pub const ENTRIES_MAX: usize = 1 << 20;
+/// The most entries one append may carry. raft-rs's own appends hold at
+/// most `max_size_per_msg_bytes` (1 MiB) of entries, and fencelock's
+/// smallest entry takes over 20 bytes: about 52,000. Decoded, each entry
+/// costs about 120 bytes, so the bound keeps one message's entries near
+/// 16 MB; the transport counts them before decoding ([`crate::scan`]).
+pub const ENTRIES_MAX: usize = 1 << 17;
 
 /// Why a message was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

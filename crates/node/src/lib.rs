@@ -57,6 +57,7 @@ mod registry;
 pub mod rejoin;
 mod replica;
 pub mod reply;
+pub mod scan;
 mod types;
 pub mod watch;
 

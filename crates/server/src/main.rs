@@ -532,6 +532,9 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         reconnect_backoff_max: Duration::from_secs(1),
         greetings,
         tls: tls.as_ref().map(|tls| PeerTls { accept: tls.peer_accept.clone(), dial: tls.peer_dial.clone() }),
+        // Counted before decoding: a message of millions of empty entries
+        // is dropped before it costs a gigabyte.
+        precheck: |bytes| fencelock_raft::scan::peer_message(bytes).map(drop).map_err(|err| err.to_string()),
     };
     let client_addrs = ClientAddrs::new();
     let identity = Identity {
