@@ -5,7 +5,7 @@
 //! The attacks ([`attacks::Attack`]) each take a slice of `--duration`: a
 //! flood of waiting acquires, partial frames that never finish, a client
 //! that never reads, thousands of idle connections, garbage on the peer
-//! ports, a flood of long-keyed locks, and a flood of refused connections
+//! ports, decode bombs on the peer ports, a flood of long-keyed locks, and a flood of refused connections
 //! aimed at the logs. Every one of them meets a limit of docs/limits.md.
 //! What the suite checks, whatever the attack:
 //!

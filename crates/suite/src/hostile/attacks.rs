@@ -27,17 +27,19 @@ pub enum Attack {
     NonReader,
     IdleConnections,
     PeerGarbage,
+    DecodeBomb,
     TableFlood,
     LogFlood,
 }
 
 impl Attack {
-    pub const ALL: [Attack; 7] = [
+    pub const ALL: [Attack; 8] = [
         Attack::WaitersFlood,
         Attack::PartialFrames,
         Attack::NonReader,
         Attack::IdleConnections,
         Attack::PeerGarbage,
+        Attack::DecodeBomb,
         Attack::TableFlood,
         Attack::LogFlood,
     ];
@@ -49,6 +51,7 @@ impl Attack {
             Attack::NonReader => "non-reader",
             Attack::IdleConnections => "idle-connections",
             Attack::PeerGarbage => "peer-garbage",
+            Attack::DecodeBomb => "decode-bomb",
             Attack::TableFlood => "table-flood",
             Attack::LogFlood => "log-flood",
         }
@@ -152,6 +155,7 @@ pub fn run(attack: Attack, target: &Target, deadline: Instant, rng: &mut SplitMi
         Attack::NonReader => non_reader(target, deadline),
         Attack::IdleConnections => idle_connections(target, deadline),
         Attack::PeerGarbage => peer_garbage(target, deadline, rng),
+        Attack::DecodeBomb => decode_bomb(target, deadline),
         Attack::TableFlood => table_flood(target, deadline),
         Attack::LogFlood => log_flood(target, deadline),
     }
@@ -594,6 +598,69 @@ fn peer_garbage(target: &Target, deadline: Instant, rng: &mut SplitMix64) -> Res
         ),
         figures: json!({ "connections": opened, "closed": closed, "connect_failed": failed }),
         failures: Vec::new(),
+    })
+}
+
+/// The decode bombs of issue 31: on each running node's real peer port, a
+/// peer's hello (in the name of another member: plain TCP authenticates
+/// nothing), then a raft message of nothing but empty entries, two bytes
+/// each: 16 MiB in one frame, and on a second connection 40 MiB in 8 MiB
+/// parts. Decoded, the first would be eight million entries (1.4 GB measured
+/// before the fix), the second twenty million. The node must close both
+/// connections without decoding them; its memory is the suite's check.
+fn decode_bomb(target: &Target, deadline: Instant) -> Result<Outcome> {
+    const EMPTY_ENTRY: [u8; 2] = [0x3a, 0x00];
+    let one_frame = 16 << 20;
+    let in_parts = 40 << 20;
+    let part = fencelock_net::PART_BYTES;
+    let body = |len: usize| -> Vec<u8> { EMPTY_ENTRY.iter().copied().cycle().take(len).collect() };
+    let mut sent = 0;
+    let mut closed = 0;
+    let mut failures = Vec::new();
+    let nodes = target.peers.len() as u64;
+    for (index, addr) in target.peers.iter().enumerate() {
+        for (bytes, parts) in [(one_frame, false), (in_parts, true)] {
+            let Some(timeout) = connect_timeout(deadline) else { break };
+            let Ok(mut stream) = TcpStream::connect_timeout(addr, timeout) else { continue };
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
+            // Another member's id: node ids run from 1.
+            let from = (index as u64 + 1) % nodes + 1;
+            let mut frames = Vec::new();
+            let hello = PeerHello { node_id: from, client_addr: "127.0.0.1:1".into(), ..Default::default() };
+            fencelock_net::encode_frame(&hello, &mut frames);
+            let bomb = body(bytes);
+            let chunks: Vec<&[u8]> = if parts { bomb.chunks(part).collect() } else { vec![&bomb[..]] };
+            for (at, chunk) in chunks.iter().enumerate() {
+                let more = at + 1 < chunks.len();
+                let header = chunk.len() as u32 | if more { fencelock_net::PART_FLAG } else { 0 };
+                frames.extend_from_slice(&header.to_be_bytes());
+                frames.extend_from_slice(chunk);
+            }
+            // The node may close the connection before it has read it all.
+            let _ = stream.write_all(&frames);
+            sent += 1;
+            // Closed by the node soon after it has the whole message.
+            let wait_until = Instant::now() + Duration::from_secs(10);
+            let mut was_closed = raw::peek_closed(&stream).0;
+            while !was_closed && Instant::now() < wait_until {
+                std::thread::sleep(Duration::from_millis(50));
+                was_closed = raw::peek_closed(&stream).0;
+            }
+            if was_closed {
+                closed += 1;
+            } else {
+                failures.push(format!("node at {addr} kept a connection after a {} MiB bomb", bytes >> 20));
+            }
+        }
+    }
+    Ok(Outcome {
+        summary: format!(
+            "{sent} decode bombs (16 MiB of empty entries in one frame, 40 MiB in parts) on {} peer ports: {closed} \
+             connections closed by the nodes",
+            target.peers.len()
+        ),
+        figures: json!({ "bombs": sent, "closed": closed }),
+        failures,
     })
 }
 
