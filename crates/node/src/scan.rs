@@ -187,13 +187,7 @@ mod tests {
         message.term = 3;
         message.set_entries(
             (0..entries)
-                .map(|n| {
-                    let mut entry = Entry::default();
-                    entry.index = n as u64 + 1;
-                    entry.term = 3;
-                    entry.data = data.to_vec().into();
-                    entry
-                })
+                .map(|n| Entry { index: n as u64 + 1, term: 3, data: data.to_vec().into(), ..Default::default() })
                 .collect::<Vec<_>>()
                 .into(),
         );
@@ -209,11 +203,8 @@ mod tests {
         }
         let mut snapshot = Message::default();
         snapshot.set_msg_type(MessageType::MsgSnapshot);
-        let mut body = Snapshot::default();
-        body.data = vec![7; 1000].into();
-        let mut conf = ConfState::default();
-        conf.voters = vec![1, 2, 300];
-        conf.learners = vec![4];
+        let mut body = Snapshot { data: vec![7; 1000].into(), ..Default::default() };
+        let conf = ConfState { voters: vec![1, 2, 300], learners: vec![4], ..Default::default() };
         body.mut_metadata().set_conf_state(conf);
         snapshot.set_snapshot(body);
         let size = peer_message(&snapshot.write_to_bytes().unwrap()).unwrap();
