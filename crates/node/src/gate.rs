@@ -13,7 +13,7 @@
 //! transport does).
 
 use fencelock_fsm::LockTable;
-use fencelock_types::{ClusterId, FencingToken};
+use fencelock_types::{ClusterId, FencingToken, LEVEL};
 use raft::prelude::{EntryType, Message, MessageType};
 
 use crate::types::NodeId;
@@ -60,6 +60,12 @@ pub const INDEX_MAX: u64 = 1 << 62;
 /// 16 MB; the transport counts them before decoding ([`crate::scan`]).
 pub const ENTRIES_MAX: usize = 1 << 17;
 
+/// The highest fencing token a peer may move this node's counter to, by
+/// a snapshot or a `Bootstrap`'s floor: far past any real use (a billion
+/// grants a second for a century is 2^62 / 1,500), and far enough below
+/// `u64::MAX` that no forged message spends the tokens for good.
+pub const TOKENS_MAX: u64 = 1 << 62;
+
 /// Why a message was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
@@ -82,7 +88,8 @@ pub enum Refusal {
     /// follow its index one by one with terms in order, or too many.
     BadEntries,
     /// A log entry fencelock never proposes: a version-1 conf change, or a
-    /// version-2 one that does not decode or is out of bounds.
+    /// version-2 one that does not decode or is out of bounds; or a
+    /// `Bootstrap` whose token floor is past [`TOKENS_MAX`].
     ForbiddenEntry,
     /// An acknowledgement of an index past this node's last one (or a
     /// rejection hinting past it, or asking for a snapshot).
@@ -93,13 +100,19 @@ pub enum Refusal {
     NotNow,
     /// A snapshot that does not restore, whose configuration raft-rs could
     /// not restore, that is not ahead of this node's commit, or whose
-    /// fencing tokens are behind this node's.
+    /// fencing tokens are behind this node's or past [`TOKENS_MAX`].
     BadSnapshot,
+    /// An entry (a `RaiseLevel` or `Bootstrap`) or a snapshot that would
+    /// take the command level past this build's `LEVEL`: applied, it would
+    /// stop this node, and every restart, replaying it. Honest leaders
+    /// raise the level only to what every member runs, so it is forged,
+    /// or this node was downgraded: upgrade it.
+    AboveBuildLevel,
 }
 
 impl Refusal {
     /// Every reason, in a fixed order (for counters).
-    pub const ALL: [Refusal; 9] = [
+    pub const ALL: [Refusal; 10] = [
         Refusal::NotForThisNode,
         Refusal::NotAPeer,
         Refusal::ForbiddenType,
@@ -109,6 +122,7 @@ impl Refusal {
         Refusal::AckPastLastIndex,
         Refusal::NotNow,
         Refusal::BadSnapshot,
+        Refusal::AboveBuildLevel,
     ];
 
     /// A short name, for the metric's label and the log.
@@ -132,6 +146,7 @@ impl Refusal {
             Refusal::AckPastLastIndex => "ack_past_last_index",
             Refusal::NotNow => "not_now",
             Refusal::BadSnapshot => "bad_snapshot",
+            Refusal::AboveBuildLevel => "above_build_level",
         }
     }
 
@@ -275,7 +290,18 @@ pub fn check_with(message: &Message, local: &Local<'_>, table: Option<&LockTable
         }
         previous_term = entry.term;
         match entry.get_entry_type() {
-            EntryType::EntryNormal => {}
+            EntryType::EntryNormal => {
+                // Applied, a level past this build's would stop this node
+                // (and every restart, replaying it); a floor near the top
+                // would spend the tokens for good.
+                let raises = fencelock_types::raises(&entry.data);
+                if raises.level > LEVEL {
+                    return Err(Refusal::AboveBuildLevel);
+                }
+                if raises.token_floor > TOKENS_MAX {
+                    return Err(Refusal::ForbiddenEntry);
+                }
+            }
             EntryType::EntryConfChangeV2 if conf_change_decodes(entry) => {}
             _ => return Err(Refusal::ForbiddenEntry),
         }
@@ -357,6 +383,14 @@ fn check_snapshot(message: &Message, local: &Local<'_>, table: Option<&LockTable
         }
     };
     if table.last_token() < local.last_token {
+        return Err(Refusal::BadSnapshot);
+    }
+    // As for entries (above): no level this build cannot apply, no token
+    // counter near its end.
+    if table.level() > LEVEL {
+        return Err(Refusal::AboveBuildLevel);
+    }
+    if table.last_token().map_or(0, FencingToken::get) > TOKENS_MAX {
         return Err(Refusal::BadSnapshot);
     }
     // Another cluster's table, or one from before this cluster was named.

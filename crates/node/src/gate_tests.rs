@@ -435,3 +435,47 @@ fn the_term_bound_follows_the_node_s_own_term_and_never_reaches_the_ceiling() {
     // raft-rs's `term + 1` at the ceiling cannot overflow.
     const { assert!(TERM_MAX < u64::MAX / 2) };
 }
+
+/// An append whose entry 11 carries `commands`.
+fn append_of(commands: &[Command]) -> Message {
+    let mut append = append();
+    append.mut_entries()[0].data = fencelock_types::encode_batch(commands).into();
+    append
+}
+
+#[test]
+fn entries_past_the_builds_level_or_the_token_bound_are_refused() {
+    let level = fencelock_types::LEVEL;
+    let cluster_id = ClusterId::new([7; 16]);
+    assert_eq!(check(&append_of(&[Command::RaiseLevel { level }]), &local()), Ok(()));
+    assert_eq!(
+        check(&append_of(&[Command::Noop, Command::RaiseLevel { level: level + 1 }]), &local()),
+        Err(Refusal::AboveBuildLevel)
+    );
+    assert_eq!(
+        check(&append_of(&[Command::Bootstrap { cluster_id, token_floor: 9, level: level + 1 }]), &local()),
+        Err(Refusal::AboveBuildLevel)
+    );
+    let floor = |token_floor| append_of(&[Command::Bootstrap { cluster_id, token_floor, level: 1 }]);
+    assert_eq!(check(&floor(super::TOKENS_MAX), &local()), Ok(()));
+    assert_eq!(check(&floor(super::TOKENS_MAX + 1), &local()), Err(Refusal::ForbiddenEntry));
+    assert_eq!(check(&floor(u64::MAX), &local()), Err(Refusal::ForbiddenEntry));
+}
+
+#[test]
+fn snapshots_past_the_builds_level_or_the_token_bound_are_refused() {
+    let with = |command: Command| {
+        let mut message = snapshot(5, vec![1, 2, 3]);
+        let mut table = LockTable::restore(message.get_snapshot().get_data()).unwrap();
+        table.apply(command);
+        message.mut_snapshot().set_data(table.snapshot().into());
+        message
+    };
+    let level = fencelock_types::LEVEL;
+    assert_eq!(check(&with(Command::RaiseLevel { level }), &local()), Ok(()));
+    assert_eq!(check(&with(Command::RaiseLevel { level: level + 1 }), &local()), Err(Refusal::AboveBuildLevel));
+    let cluster_id = ClusterId::new([7; 16]);
+    let floor = |token_floor| with(Command::Bootstrap { cluster_id, token_floor, level: 1 });
+    assert_eq!(check(&floor(super::TOKENS_MAX), &local()), Ok(()));
+    assert_eq!(check(&floor(u64::MAX), &local()), Err(Refusal::BadSnapshot));
+}

@@ -298,3 +298,61 @@ fn write_varint(out: &mut Vec<u8>, mut value: u64) {
 fn user(user: &Option<Owner>) -> &[u8] {
     user.as_ref().map_or(&[][..], Owner::as_bytes)
 }
+
+/// What a batch's `RaiseLevel` and `Bootstrap` commands would raise,
+/// read from its bytes without decoding it: the highest command level and
+/// token floor any of them names (0 for none). It errs high, never low:
+/// every occurrence of a field counts, and bytes that stop being a batch
+/// count as far as they go (applying such bytes changes nothing).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Raises {
+    pub level: u32,
+    pub token_floor: u64,
+}
+
+/// See [`Raises`].
+pub fn raises(bytes: &[u8]) -> Raises {
+    let mut raises = Raises::default();
+    let mut batch = Reader::new(bytes);
+    while !batch.is_done() {
+        let Some(BATCH_COMMAND_TAG) = batch.varint() else { break };
+        let Some(command) = batch.slice() else { break };
+        let mut command = Reader::new(command);
+        while !command.is_done() {
+            let Some(tag) = command.varint() else { break };
+            let kind = tag >> 3;
+            let body = match tag & 7 {
+                LEN => command.slice(),
+                VARINT => command.varint().map(|_| &[][..]),
+                _ => None,
+            };
+            let Some(body) = body else { break };
+            // Bootstrap (6): token_floor 2, level 3; RaiseLevel (9): level 1.
+            let (floor_field, level_field) = match kind {
+                6 => (2, 3),
+                9 => (0, 1),
+                _ => continue,
+            };
+            let mut fields = Reader::new(body);
+            while !fields.is_done() {
+                let Some(tag) = fields.varint() else { break };
+                let value = match tag & 7 {
+                    VARINT => fields.varint(),
+                    LEN => fields.slice().map(|_| 0),
+                    _ => None,
+                };
+                let Some(value) = value else { break };
+                if tag & 7 != VARINT {
+                    continue;
+                }
+                if tag >> 3 == level_field {
+                    // uint32: protobuf keeps the low 32 bits.
+                    raises.level = raises.level.max(value as u32);
+                } else if tag >> 3 == floor_field {
+                    raises.token_floor = raises.token_floor.max(value);
+                }
+            }
+        }
+    }
+    raises
+}

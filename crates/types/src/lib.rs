@@ -37,6 +37,7 @@ pub mod hello;
 mod result;
 
 pub use command::{decode_batch, encode_batch, encode_owned_batch, Command};
+pub use fast_batch::{raises, Raises};
 pub use result::ApplyResult;
 
 use std::fmt;

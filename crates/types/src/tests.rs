@@ -184,6 +184,26 @@ proptest! {
     }
 }
 
+proptest! {
+    /// What a batch would raise, read from its bytes, is what applying its
+    /// commands raises to (the highest level and token floor named).
+    #[test]
+    fn raises_read_from_bytes_are_the_commands(commands in proptest::collection::vec(command(), 0..8)) {
+        let mut expected = Raises::default();
+        for command in &commands {
+            match command {
+                Command::RaiseLevel { level } => expected.level = expected.level.max(*level),
+                Command::Bootstrap { level, token_floor, .. } => {
+                    expected.level = expected.level.max(*level);
+                    expected.token_floor = expected.token_floor.max(*token_floor);
+                }
+                _ => {}
+            }
+        }
+        prop_assert_eq!(raises(&encode_batch(&commands)), expected);
+    }
+}
+
 /// Batches the fast path must hand to protobuf: a field twice, fields out
 /// of order, an unknown field, another command kind, a wrong wire type.
 #[test]

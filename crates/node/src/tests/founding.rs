@@ -115,20 +115,43 @@ fn a_cluster_from_before_command_levels_takes_shared_locks_once_every_member_say
     }
 }
 
+/// A level past this build's, in an entry from the network, is refused by
+/// the followers' gate (`above_build_level`): it never commits, and no node
+/// stops (before, every replica applied it and stopped, and again at every
+/// restart: one forged append crash-looped a plain-TCP cluster).
 #[test]
-fn a_replica_stops_when_the_cluster_level_passes_its_build() {
+fn entries_that_raise_the_level_past_the_build_are_refused_not_applied() {
     let mut net = Net::new(3);
+    net.elect(1);
+    let above = fencelock_types::LEVEL + 1;
+    net.node(1).propose(RequestId(1), vec![Command::RaiseLevel { level: above }]);
+    for _ in 0..100 {
+        if let Err(err) = net.turn() {
+            panic!("a node stopped: {err:?}");
+        }
+    }
+    for id in 1..=3 {
+        assert!(net.node(id).table().level() <= fencelock_types::LEVEL, "node {id} applied it");
+    }
+    for id in 2..=3 {
+        let refused = net.node(id).stats().refused.get(crate::gate::Refusal::AboveBuildLevel);
+        assert!(refused > 0, "node {id} did not refuse it");
+    }
+}
+
+/// The replica's own stop, behind the gate: a table whose level passes the
+/// build's (as a leader's own entry would make it) stops the replica.
+#[test]
+fn a_replica_stops_when_its_table_level_passes_its_build() {
+    let mut net = Net::new(1);
     net.elect(1);
     let above = fencelock_types::LEVEL + 1;
     net.node(1).propose(RequestId(1), vec![Command::RaiseLevel { level: above }]);
     let mut stopped = None;
     for _ in 0..100 {
-        match net.turn() {
-            Ok(_) => {}
-            Err(err) => {
-                stopped = Some(err);
-                break;
-            }
+        if let Err(err) = net.turn() {
+            stopped = Some(err);
+            break;
         }
     }
     assert!(matches!(stopped, Some(FatalError::TooOld { level }) if level == above), "{stopped:?}");
