@@ -137,6 +137,12 @@ impl Access {
         self.allows_where(user, right, |rule_prefix| covers_all_under(rule_prefix, prefix))
     }
 
+    /// Whether `user` has `right` on some key at least: what opening a
+    /// session needs (`lock`), since a session exists to hold locks.
+    pub fn allows_somewhere(&self, user: &str, right: Right) -> bool {
+        self.allows_where(user, right, |_| true)
+    }
+
     /// Whether `user` has `right` on the cluster as a whole (`admin`).
     pub fn is_admin(&self, user: &str) -> bool {
         self.admins.iter().any(|admin| admin == user)

@@ -167,6 +167,16 @@ pub fn parse(request: proto::Request, user: Option<&str>, rules: &Rules<'_>) -> 
             let owner = Owner::new(open.owner).map_err(|err| invalid(format!("owner: {err}")))?;
             let ttl_ms = LeaseMs::new(open.ttl_ms).map_err(|err| invalid(format!("ttl_ms: {err}")))?;
             owner_of_user(&owner, user).map_err(denied)?;
+            // A session exists to hold locks, and counts against its
+            // owner's quota like one: a read-only user opens none.
+            if let (Some(user), Some(access)) = (user, rules.access) {
+                if !access.allows_somewhere(user, Right::Lock) {
+                    return Err(denied(format!(
+                        "permission denied: user {user} has no `lock` right on any key, and a session is for \
+                         holding locks"
+                    )));
+                }
+            }
             Ok(Parsed::OpenSession { owner, ttl_ms })
         }
         Kind::session_keep_alive(keep) => {

@@ -9,7 +9,7 @@ use super::*;
 use crate::access::{Access, Right, RuleConfig};
 
 /// alice may lock and read `jobs/alice/`, read `jobs/`; ops may force
-/// `jobs/`; root is an admin.
+/// `jobs/`; carol may only read; root is an admin.
 fn access() -> Access {
     let rule = |users: &[&str], prefixes: &[&str], rights: &[Right]| RuleConfig {
         users: users.iter().map(|user| user.to_string()).collect(),
@@ -22,6 +22,7 @@ fn access() -> Access {
             rule(&["alice"], &["jobs/alice/"], &[Right::Lock, Right::Read]),
             rule(&["alice"], &["jobs/"], &[Right::Read]),
             rule(&["ops"], &["jobs/"], &[Right::Force, Right::Lock]),
+            rule(&["carol"], &[""], &[Right::Read]),
         ],
     )
     .expect("valid rules")
@@ -324,4 +325,21 @@ fn member_addresses_are_host_port_and_nonsense_is_refused() {
     {
         assert!(host_port(bad).is_err(), "{bad:?}");
     }
+}
+
+#[test]
+fn a_session_needs_the_lock_right_somewhere() {
+    let open = |owner: &str| {
+        Kind::session_open(proto::SessionOpenRequest {
+            owner: owner.as_bytes().to_vec(),
+            ttl_ms: 5_000,
+            ..Default::default()
+        })
+    };
+    assert!(matches!(over_tls(Some("alice"), open("alice/w")), Ok(Parsed::OpenSession { .. })));
+    assert!(matches!(over_tls(Some("root"), open("root")), Ok(Parsed::OpenSession { .. })));
+    let refused = format!("{:?}", over_tls(Some("carol"), open("carol/w")));
+    assert!(refused.contains("no `lock` right on any key"), "{refused}");
+    assert_eq!(code(over_tls(Some("carol"), open("carol/w"))), ErrorCode::PERMISSION_DENIED);
+    assert!(matches!(plain(open("anyone")), Ok(Parsed::OpenSession { .. })));
 }
