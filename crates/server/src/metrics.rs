@@ -10,16 +10,27 @@
 //! - `GET /ready`: 200 when this node can serve clients now (see
 //!   [`readiness`]); else 503 with one line saying why.
 //!
-//! It serves one connection at a time, each bounded in size and time: a
-//! scraper or prober that stalls or speaks nonsense gets an error or a
-//! closed socket, and never reaches the node loop.
+//! HTTP is hyper's (HTTP/1, on a tokio runtime of the thread's own).
+//! Connections are served side by side, each bounded in size and time: its
+//! request head must come within [`HEAD_WITHIN`], the whole exchange end
+//! within [`EXCHANGE_WITHIN`], and at most [`CONNECTIONS_MAX`] are open at
+//! once. A scraper or prober that stalls or speaks nonsense gets an error
+//! or a closed socket, never reaches the node loop, and never holds up
+//! another: `/health` answers while a thousand connections trickle bytes.
 
+use std::convert::Infallible;
 use std::fmt;
-use std::io::{self, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::{Method, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use crossbeam_channel::{bounded, Sender};
 use fencelock_net::LoopWaker;
 use fencelock_raft::gate::Refusal;
@@ -28,10 +39,14 @@ use fencelock_raft::{NodeStatus, Role, Stats};
 use prometheus::{Encoder, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 use slog::{debug, warn, Logger};
 
-/// The longest request head read.
+/// The longest request head read (hyper's smallest buffer).
 const REQUEST_BYTES_MAX: usize = 8 * 1024;
-/// How long a scraper may take to send its request or read the answer.
-const IO_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a client may take to send its request head.
+const HEAD_WITHIN: Duration = Duration::from_secs(2);
+/// How long one connection may last, its answer written.
+const EXCHANGE_WITHIN: Duration = Duration::from_secs(5);
+/// Connections open at once; one more is closed as soon as it is taken.
+const CONNECTIONS_MAX: usize = 2_048;
 /// How long a scrape or probe waits for the node loop. A loop that takes
 /// longer does not serve: `/health` and `/ready` answer 503.
 const LOOP_ANSWER_WITHIN: Duration = Duration::from_secs(1);
@@ -45,34 +60,114 @@ pub fn spawn(
     waker: LoopWaker,
     logger: Logger,
 ) -> Result<()> {
-    let mut metrics = Metrics::new(node_id).context("cannot register the metrics")?;
+    let metrics = Mutex::new(Metrics::new(node_id).context("cannot register the metrics")?);
+    // Run on tokio's blocking threads: the node loop may take up to
+    // LOOP_ANSWER_WITHIN to answer.
+    let serve: Serve = Arc::new(move |path| {
+        let node = ask_node(&requests, || waker.wake());
+        match path {
+            Path::Metrics => {
+                let mut metrics = metrics.lock().unwrap_or_else(PoisonError::into_inner);
+                Reply::exposition(metrics.scrape(node.as_ref()))
+            }
+            Path::Health => health(node.as_ref().map(|(status, _)| status)),
+            Path::Ready => ready(node.as_ref().map(|(status, _)| status)),
+        }
+    });
+    listener.set_nonblocking(true).context("cannot make the metrics listener non-blocking")?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_name("fencelock-metrics-blocking")
+        .build()
+        .context("cannot start the metrics runtime")?;
     std::thread::Builder::new()
         .name("fencelock-metrics".into())
-        .spawn(move || {
-            for stream in listener.incoming() {
-                let stream = match stream {
-                    Ok(stream) => stream,
-                    Err(err) => {
-                        warn!(logger, "metrics: accept failed"; "error" => %err);
-                        std::thread::sleep(Duration::from_millis(100));
-                        continue;
-                    }
-                };
-                let mut serve = |path| {
-                    let node = ask_node(&requests, || waker.wake());
-                    match path {
-                        Path::Metrics => Reply::exposition(metrics.scrape(node.as_ref())),
-                        Path::Health => health(node.as_ref().map(|(status, _)| status)),
-                        Path::Ready => ready(node.as_ref().map(|(status, _)| status)),
-                    }
-                };
-                if let Err(err) = answer(stream, &mut serve) {
-                    debug!(logger, "metrics: a request failed"; "error" => %err);
-                }
-            }
-        })
+        .spawn(move || runtime.block_on(serve_on(listener, serve, logger)))
         .context("cannot start the metrics thread")?;
     Ok(())
+}
+
+/// What a path is answered with; blocking (it may ask the node loop).
+type Serve = Arc<dyn Fn(Path) -> Reply + Send + Sync>;
+
+/// Accepts connections on `listener` (non-blocking) for ever, each served
+/// on a task of its own.
+async fn serve_on(listener: TcpListener, serve: Serve, logger: Logger) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(listener) => listener,
+        Err(err) => {
+            warn!(logger, "metrics: cannot serve the listener"; "error" => %err);
+            return;
+        }
+    };
+    let open = Arc::new(AtomicUsize::new(0));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(err) => {
+                warn!(logger, "metrics: accept failed"; "error" => %err);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        if open.load(Ordering::Relaxed) >= CONNECTIONS_MAX {
+            debug!(logger, "metrics: too many connections, one closed");
+            continue;
+        }
+        open.fetch_add(1, Ordering::Relaxed);
+        let (open, serve, logger) = (Arc::clone(&open), Arc::clone(&serve), logger.clone());
+        tokio::spawn(async move {
+            if let Err(err) = connection(stream, serve).await {
+                debug!(logger, "metrics: a connection failed"; "error" => %err);
+            }
+            open.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+}
+
+/// Serves one connection: one request, within [`HEAD_WITHIN`] for its
+/// head and [`EXCHANGE_WITHIN`] in all.
+async fn connection(stream: tokio::net::TcpStream, serve: Serve) -> Result<(), String> {
+    let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+        let serve = Arc::clone(&serve);
+        async move { Ok::<_, Infallible>(respond(&request, serve).await) }
+    });
+    let exchange = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEAD_WITHIN)
+        .max_buf_size(REQUEST_BYTES_MAX)
+        .title_case_headers(true)
+        // A client may end its side once it has asked (`curl` does not,
+        // `printf ... | nc` does): it is answered all the same.
+        .half_close(true)
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(stream), service);
+    match tokio::time::timeout(EXCHANGE_WITHIN, exchange).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(err)) => Err(err.to_string()),
+        Err(_) => Err(format!("not done within {}s", EXCHANGE_WITHIN.as_secs())),
+    }
+}
+
+/// The answer to one request: `serve`'s for a `GET` of a path served here,
+/// an error status for anything else.
+async fn respond(request: &hyper::Request<Incoming>, serve: Serve) -> hyper::Response<Full<Bytes>> {
+    let reply = if request.method() != Method::GET {
+        Reply::text(StatusCode::METHOD_NOT_ALLOWED, "only GET is served here\n")
+    } else {
+        match Path::of(request.uri().path()) {
+            Some(path) => tokio::task::spawn_blocking(move || serve(path)).await.unwrap_or_else(|_| {
+                Reply::text(StatusCode::INTERNAL_SERVER_ERROR, "the answer could not be made\n")
+            }),
+            None => Reply::text(StatusCode::NOT_FOUND, "only /metrics, /health and /ready are served here\n"),
+        }
+    };
+    let mut response = hyper::Response::new(Full::new(Bytes::from(reply.body)));
+    *response.status_mut() = reply.status;
+    if let Ok(content_type) = HeaderValue::from_str(&reply.content_type) {
+        response.headers_mut().insert(CONTENT_TYPE, content_type);
+    }
+    response
 }
 
 /// Whether a node with `status` can serve clients now: it has started, is
@@ -196,16 +291,16 @@ impl Path {
 /// One HTTP answer.
 #[derive(Debug, PartialEq, Eq)]
 struct Reply {
-    status: &'static str,
+    status: StatusCode,
     content_type: String,
     body: Vec<u8>,
 }
 
-const OK: &str = "200 OK";
-const UNAVAILABLE: &str = "503 Service Unavailable";
+const OK: StatusCode = StatusCode::OK;
+const UNAVAILABLE: StatusCode = StatusCode::SERVICE_UNAVAILABLE;
 
 impl Reply {
-    fn text(status: &'static str, body: impl Into<String>) -> Reply {
+    fn text(status: StatusCode, body: impl Into<String>) -> Reply {
         Reply { status, content_type: "text/plain; charset=utf-8".to_owned(), body: body.into().into_bytes() }
     }
 
@@ -237,46 +332,6 @@ fn ask_node(requests: &Sender<Request>, wake: impl FnOnce()) -> Option<(NodeStat
     requests.send(Request::Metrics { reply: tx }).ok()?;
     wake();
     rx.recv_timeout(LOOP_ANSWER_WITHIN).ok()
-}
-
-/// Reads one request from `stream` and answers it: `serve`'s answer for a
-/// `GET` of a path served here, an error status for anything else.
-fn answer(mut stream: TcpStream, serve: &mut dyn FnMut(Path) -> Reply) -> io::Result<()> {
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
-    stream.set_write_timeout(Some(IO_TIMEOUT))?;
-    let mut head = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|window| window == b"\r\n\r\n") && head.len() < REQUEST_BYTES_MAX {
-        let n = stream.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        head.extend_from_slice(&buf[..n]);
-    }
-    let line = head.split(|byte| *byte == b'\n').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.trim_end().split(' ');
-    let reply = match (parts.next(), parts.next(), parts.next(), parts.next()) {
-        (Some("GET"), Some(target), Some(version), None) if version.starts_with("HTTP/1.") => {
-            match Path::of(target) {
-                Some(path) => serve(path),
-                None => Reply::text("404 Not Found", "only /metrics, /health and /ready are served here\n"),
-            }
-        }
-        (Some(_), Some(_), Some(version), None) if version.starts_with("HTTP/1.") => {
-            Reply::text("405 Method Not Allowed", "only GET is served here\n")
-        }
-        _ => Reply::text("400 Bad Request", "not an HTTP/1 request\n"),
-    };
-    write!(
-        stream,
-        "HTTP/1.1 {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        reply.status,
-        reply.content_type,
-        reply.body.len()
-    )?;
-    stream.write_all(&reply.body)?;
-    stream.flush()
 }
 
 /// The node's metrics, registered once and set on each scrape.
@@ -448,35 +503,49 @@ impl Metrics {
 
 #[cfg(test)]
 mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+
     use super::*;
 
     use fencelock_raft::{ConfView, LogProgress, NodeId};
 
-    /// Runs `answer` on one connection that sends `request` (then ends its
-    /// side, with `end`), for a node loop that answered with `node` (or
-    /// not), and returns what came back.
-    fn exchange_with(request: &[u8], end: bool, node: Option<&NodeStatus>) -> String {
+    /// Serves `serve` on a fresh port, on a thread of its own; its address.
+    fn server(serve: Serve) -> std::net::SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let request = request.to_vec();
-        let client = std::thread::spawn(move || {
-            let mut stream = TcpStream::connect(addr).unwrap();
-            stream.write_all(&request).unwrap();
-            if end {
-                stream.shutdown(std::net::Shutdown::Write).unwrap();
-            }
-            let mut answer = String::new();
-            stream.read_to_string(&mut answer).unwrap();
-            answer
-        });
-        let (stream, _) = listener.accept().unwrap();
-        let mut serve = |path| match path {
+        listener.set_nonblocking(true).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let logger = Logger::root(slog::Discard, slog::o!());
+        std::thread::spawn(move || runtime.block_on(serve_on(listener, serve, logger)));
+        addr
+    }
+
+    /// The paths answered for a node loop that answered with `node` (or
+    /// did not).
+    fn serving_as(node: Option<&NodeStatus>) -> Serve {
+        let node = node.cloned();
+        Arc::new(move |path| match path {
             Path::Metrics => Reply::exposition(b"fencelock_up 1\n".to_vec()),
-            Path::Health => health(node),
-            Path::Ready => ready(node),
-        };
-        answer(stream, &mut serve).unwrap();
-        client.join().unwrap()
+            Path::Health => health(node.as_ref()),
+            Path::Ready => ready(node.as_ref()),
+        })
+    }
+
+    /// Sends `request` on one connection (then ends its side, with `end`)
+    /// to a server for a node loop that answered with `node` (or not), and
+    /// returns what came back.
+    fn exchange_with(request: &[u8], end: bool, node: Option<&NodeStatus>) -> String {
+        let addr = server(serving_as(node));
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        stream.write_all(request).unwrap();
+        if end {
+            stream.shutdown(std::net::Shutdown::Write).unwrap();
+        }
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).unwrap();
+        String::from_utf8_lossy(&answer).into_owned()
     }
 
     fn exchange(request: &[u8]) -> String {
@@ -500,11 +569,12 @@ mod tests {
         assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
         assert!(ok.contains("Content-Type: text/plain; version=0.0.4"), "{ok}");
         assert!(ok.contains("Content-Length: 15\r\n") && ok.ends_with("\r\n\r\nfencelock_up 1\n"), "{ok}");
-        assert!(exchange(b"GET /metrics?x=1 HTTP/1.0\r\n\r\n").starts_with("HTTP/1.1 200"));
+        // An HTTP/1.0 request is answered in HTTP/1.0.
+        assert!(exchange(b"GET /metrics?x=1 HTTP/1.0\r\n\r\n").starts_with("HTTP/1.0 200"));
         let health = exchange(b"GET /health HTTP/1.1\r\n\r\n");
         assert!(health.starts_with("HTTP/1.1 200 OK\r\n") && health.ends_with("\r\n\r\nok\n"), "{health}");
         let ready = exchange(b"GET /ready?verbose HTTP/1.0\r\n\r\n");
-        assert!(ready.starts_with("HTTP/1.1 200 OK\r\n") && ready.ends_with("\r\n\r\nready\n"), "{ready}");
+        assert!(ready.starts_with("HTTP/1.0 200 OK\r\n") && ready.ends_with("\r\n\r\nready\n"), "{ready}");
         assert!(ready.contains("Content-Type: text/plain; charset=utf-8\r\n"), "{ready}");
         for other in [
             &b"GET / HTTP/1.1\r\n\r\n"[..],
@@ -516,12 +586,58 @@ mod tests {
         for post in [&b"POST /metrics HTTP/1.1\r\n\r\n"[..], b"HEAD /health HTTP/1.1\r\n\r\n"] {
             assert!(exchange(post).starts_with("HTTP/1.1 405"), "{post:?}");
         }
-        for garbage in [&b"\x00\xff\r\n\r\n"[..], b"", b"GET /metrics\r\n\r\n"] {
+        for garbage in [&b"\x00\xff\r\n\r\n"[..], b"GET /metrics\r\n\r\n"] {
             assert!(exchange(garbage).starts_with("HTTP/1.1 400"), "{garbage:?}");
         }
+        // Nothing asked, nothing answered: the connection is closed.
+        assert_eq!(exchange(b""), "");
         // A head that never ends is cut at 8 KiB and answered, without
         // waiting for the rest.
-        assert!(exchange_with(&[b'x'; REQUEST_BYTES_MAX], false, None).starts_with("HTTP/1.1 400"));
+        let long = exchange_with(&[b'x'; REQUEST_BYTES_MAX + 1], false, None);
+        assert!(long.starts_with("HTTP/1.1 431") || long.starts_with("HTTP/1.1 400"), "{long}");
+    }
+
+    /// Issue 31: a thousand connections that trickle their request a byte
+    /// at a time hold up no one: `/health` is answered meanwhile, and each
+    /// of them is closed once its head is late.
+    #[test]
+    fn health_is_answered_while_a_thousand_connections_trickle() {
+        raise_open_files();
+        let addr = server(serving_as(Some(&serving())));
+        let mut slow: Vec<TcpStream> = (0..1_000)
+            .map(|_| {
+                let mut stream = TcpStream::connect(addr).unwrap();
+                stream.write_all(b"GET /hea").unwrap();
+                stream
+            })
+            .collect();
+        for stream in &mut slow {
+            stream.write_all(b"l").unwrap();
+        }
+        // Well under the slow ones' head deadline (2 s): they are all
+        // still open while it is answered.
+        let mut probe = TcpStream::connect(addr).unwrap();
+        probe.set_read_timeout(Some(HEAD_WITHIN / 2)).unwrap();
+        probe.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut answer = Vec::new();
+        probe.read_to_end(&mut answer).expect("no answer while slow connections are open");
+        assert!(answer.starts_with(b"HTTP/1.1 200 OK\r\n"), "{}", String::from_utf8_lossy(&answer));
+        // Then the slow ones are answered 408 or closed, not kept.
+        for mut stream in slow {
+            stream.set_read_timeout(Some(EXCHANGE_WITHIN * 2)).unwrap();
+            let mut rest = Vec::new();
+            let _ = stream.read_to_end(&mut rest);
+            assert!(rest.is_empty() || rest.starts_with(b"HTTP/1.1 408"), "{}", String::from_utf8_lossy(&rest));
+        }
+    }
+
+    /// Two thousand and more sockets in this process: raise the soft limit
+    /// of open files to the hard one.
+    fn raise_open_files() {
+        use nix::sys::resource::{getrlimit, setrlimit, Resource};
+        if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+        }
     }
 
     #[test]
