@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crossbeam_channel::Sender;
+use slog::{info, Logger};
 use fencelock_net::{error_response, Handler, ResponseSink};
 use fencelock_raft::answer::{Acquired, Opened, Proclaimed, Released, Renewal, SessionClosed, SessionKept};
 use fencelock_raft::reply::{Checked, Holding, Listed, Membership, Transferred};
@@ -43,6 +44,9 @@ pub struct ClientHandler {
     pub queued_max: usize,
     /// The backups this node serves ([`crate::backup`]).
     pub backups: Arc<Backups>,
+    /// Where the audit lines go: forced releases, membership changes,
+    /// leader transfers and backups, each with the user who asked.
+    pub logger: Logger,
 }
 
 /// Who this node is, and where every node's clients connect.
@@ -77,6 +81,15 @@ impl Handler for ClientHandler {
     }
 }
 
+/// Who asked, for the audit log: the TLS user; plain TCP authenticates no
+/// one.
+fn audit_user(sink: &ResponseSink) -> String {
+    match sink.user() {
+        Some(user) => user.to_owned(),
+        None => "(plain TCP, no user)".to_owned(),
+    }
+}
+
 /// How a request ends other than with its answer: a driver error, or a
 /// refusal the state machine decided.
 enum Failure {
@@ -107,7 +120,13 @@ impl ClientHandler {
             }
             Parsed::Release { key, token, user } => {
                 let asked = key.clone();
-                let reply = self.responder(sink, move |reply| released(&asked, reply?));
+                let reply = match token {
+                    Some(_) => self.responder(sink, move |reply| released(&asked, reply?)),
+                    None => {
+                        let action = format!("forced release of {key}");
+                        self.audited(sink, action, move |reply| released(&asked, reply?))
+                    }
+                };
                 (ClientRequest::Release { key, token, user }, reply)
             }
             Parsed::Renew { locks, lease_ms, user } => {
@@ -166,6 +185,11 @@ impl ClientHandler {
             }
             Parsed::Status { admin } => return self.status(admin, sink),
             Parsed::Backup(backup) => {
+                if backup.offset == 0 {
+                    // A backup is served in chunks, each asked for: its
+                    // first is the one audited.
+                    info!(self.logger, "audit"; "action" => "backup", "user" => audit_user(&sink));
+                }
                 let identity = Arc::clone(&self.identity);
                 let leader_addr = move |leader: Option<NodeId>| identity.client_addr_of(leader?.0);
                 return self.backups.serve(backup, sink, leader_addr, |reply| {
@@ -177,15 +201,22 @@ impl ClientHandler {
                 if let Some(MemberChange::AddLearner { known, .. }) = &mut change {
                     *known = self.identity.known_members();
                 }
-                let reply = self.membership(sink, None);
+                let action = change.as_ref().map(|change| match change {
+                    MemberChange::AddLearner { id, peer_addr, client_addr, .. } => {
+                        format!("member add {} {peer_addr} {client_addr}", id.0)
+                    }
+                    MemberChange::Promote(id) => format!("member promote {}", id.0),
+                    MemberChange::Remove(id) => format!("member remove {}", id.0),
+                });
+                let reply = self.membership(sink, None, action);
                 (change.map_or(ClientRequest::Read(Query::Members), ClientRequest::ChangeMembers), reply)
             }
             Parsed::Confirm { node, peer_addr, client_addr } => {
-                let reply = self.membership(sink, Some((node, peer_addr, client_addr)));
+                let reply = self.membership(sink, Some((node, peer_addr, client_addr)), None);
                 (ClientRequest::Read(Query::Members), reply)
             }
             Parsed::Transfer(to) => {
-                let reply = self.responder(sink, |reply| {
+                let reply = self.audited(sink, format!("leader transfer to {}", to.0), |reply| {
                     let Transferred { leader } = reply?;
                     Ok(Out::leader_transfer(proto::LeaderTransferResponse {
                         leader_id: leader.0,
@@ -201,9 +232,15 @@ impl ClientHandler {
     /// Answers with the membership. With `confirm` (a node's id and
     /// addresses), only if it holds that node at those addresses (a node's
     /// certificate joining, see [`crate::parse`]).
-    fn membership(&self, sink: ResponseSink, confirm: Option<(u64, String, String)>) -> Responder {
+    /// With `action`, a change, audited.
+    fn membership(
+        &self,
+        sink: ResponseSink,
+        confirm: Option<(u64, String, String)>,
+        action: Option<String>,
+    ) -> Responder {
         let identity = Arc::clone(&self.identity);
-        self.responder(sink, move |reply| {
+        let convert = move |reply: Result<Membership, RequestError>| {
             let Membership { members, index } = reply?;
             if let Some((node, peer_addr, client_addr)) = confirm {
                 let entry = members.iter().find(|member| member.id.0 == node);
@@ -237,6 +274,34 @@ impl ClientHandler {
                 index,
                 ..Default::default()
             }))
+        };
+        match action {
+            Some(action) => self.audited(sink, action, convert),
+            None => self.responder(sink, convert),
+        }
+    }
+
+    /// [`ClientHandler::responder`] for an action the audit log records:
+    /// one line when it is answered, with the user who asked, the action,
+    /// and how it ended (done, or why not).
+    fn audited<A: Answer>(
+        &self,
+        sink: ResponseSink,
+        action: String,
+        convert: impl FnOnce(Result<A, RequestError>) -> Result<Out, Failure> + Send + 'static,
+    ) -> Responder {
+        let (logger, user) = (self.logger.clone(), audit_user(&sink));
+        self.responder(sink, move |reply| {
+            let answer = convert(reply);
+            let outcome = match &answer {
+                Ok(_) => "done".to_owned(),
+                Err(Failure::Driver(err)) => format!("not done: {err}"),
+                Err(Failure::Denied(why) | Failure::Invalid(why) | Failure::NoSession(why)) => {
+                    format!("refused: {why}")
+                }
+            };
+            info!(logger, "audit"; "action" => action, "user" => user, "outcome" => outcome);
+            answer
         })
     }
 

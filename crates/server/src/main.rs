@@ -557,6 +557,7 @@ fn run(config: &ServerConfig, logger: &Logger) -> Result<()> {
         wait_max_ms: config.wait_max_ms,
         queued_max: QUEUED_MAX,
         backups: Arc::new(backup::Backups::new(logger.clone())),
+        logger: logger.clone(),
     });
     let client_config = ClientConfig {
         listen_addr: config.client_addr,

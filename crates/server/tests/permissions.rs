@@ -154,9 +154,16 @@ fn users_act_on_their_own_locks_and_prefixes_and_admins_force() {
     let out = as_user("alice", &["status"]);
     assert!(out.status.success(), "{out:?}");
 
-    // The admin forces bob's lock; alice's token outlives nothing.
+    // The admin forces bob's lock; alice's token outlives nothing. The
+    // node's audit log says who did it, and that it was done.
     let out = as_user("ops", &["release", "jobs/x", "--force"]);
     assert!(out.status.success(), "{out:?}");
+    let log = cluster.log(1);
+    let audit = log.lines().find(|line| line.contains("audit") && line.contains("forced release of jobs/x"));
+    assert!(
+        audit.is_some_and(|line| line.contains("ops") && line.contains("done")),
+        "no audit line for the forced release: {audit:?}"
+    );
     assert_eq!(alice.get(b"jobs/x", true).unwrap(), None);
     assert!(!bob.release(b"jobs/x", bobs.token).unwrap(), "released twice");
     // Tokens went on increasing through every refusal.
