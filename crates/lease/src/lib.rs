@@ -31,8 +31,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::collections::{BTreeSet, HashMap};
 use std::collections::hash_map::RandomState;
+use std::collections::{BTreeSet, HashMap};
 use std::hash::{BuildHasher, Hash};
 
 use fencelock_types::{FencingToken, Key, LeaseMs};
@@ -75,7 +75,6 @@ impl<K: Ord + Clone + Hash> LeaseTracker<K> {
 }
 
 impl<K: Ord + Clone + Hash, S: BuildHasher + Default> LeaseTracker<K, S> {
-
     /// A Grant applied at `now_ms` (a retried Grant by the holder too: its
     /// lease restarts, for the longer of its old and new lease: the state
     /// machine's answer says which, so a stale retry never shortens it).

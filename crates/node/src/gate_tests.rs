@@ -473,7 +473,10 @@ fn snapshots_past_the_builds_level_or_the_token_bound_are_refused() {
     };
     let level = fencelock_types::LEVEL;
     assert_eq!(check(&with(Command::RaiseLevel { level }), &local()), Ok(()));
-    assert_eq!(check(&with(Command::RaiseLevel { level: level + 1 }), &local()), Err(Refusal::AboveBuildLevel));
+    assert_eq!(
+        check(&with(Command::RaiseLevel { level: level + 1 }), &local()),
+        Err(Refusal::AboveBuildLevel)
+    );
     let cluster_id = ClusterId::new([7; 16]);
     let floor = |token_floor| with(Command::Bootstrap { cluster_id, token_floor, level: 1 });
     assert_eq!(check(&floor(super::TOKENS_MAX), &local()), Ok(()));

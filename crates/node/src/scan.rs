@@ -106,7 +106,8 @@ fn walk(bytes: &[u8], schema: Schema, depth: usize, size: &mut Size) -> Result<(
             }
             1 => Some(take(bytes, &mut at, 8)?),
             2 => {
-                let len = usize::try_from(varint(bytes, &mut at)?).map_err(|_| TooLarge::Malformed("a length"))?;
+                let len =
+                    usize::try_from(varint(bytes, &mut at)?).map_err(|_| TooLarge::Malformed("a length"))?;
                 Some(take(bytes, &mut at, len)?)
             }
             5 => Some(take(bytes, &mut at, 4)?),
@@ -187,7 +188,12 @@ mod tests {
         message.term = 3;
         message.set_entries(
             (0..entries)
-                .map(|n| Entry { index: n as u64 + 1, term: 3, data: data.to_vec().into(), ..Default::default() })
+                .map(|n| Entry {
+                    index: n as u64 + 1,
+                    term: 3,
+                    data: data.to_vec().into(),
+                    ..Default::default()
+                })
                 .collect::<Vec<_>>()
                 .into(),
         );

@@ -262,7 +262,11 @@ mod tests {
             ),
             (vec![], vec![rule(&["a"], &[], &[Right::Read])], "at least one"),
             (vec![], vec![rule(&["a"], &["x"], &[])], "at least one"),
-            (vec![], vec![rule(&["a"], &["x"], &[Right::Read, Right::Admin])], "`admin` is not a right on keys"),
+            (
+                vec![],
+                vec![rule(&["a"], &["x"], &[Right::Read, Right::Admin])],
+                "`admin` is not a right on keys",
+            ),
         ] {
             let err = Access::new(admins, rules).unwrap_err();
             assert!(err.contains(needle), "{err}");
@@ -303,7 +307,8 @@ mod tests {
             );
         }
         // Through the rules: a rule on `a` gives nothing under `admin/`.
-        let access = Access::new(vec![], vec![rule(&["alice"], &["a"], &[Right::Lock, Right::Read])]).unwrap();
+        let access =
+            Access::new(vec![], vec![rule(&["alice"], &["a"], &[Right::Lock, Right::Read])]).unwrap();
         assert!(access.allows("alice", Right::Lock, b"a/1"));
         assert!(!access.allows("alice", Right::Lock, b"admin/x"));
         assert!(!access.allows_all_under("alice", Right::Read, b"ad"));

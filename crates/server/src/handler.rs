@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crossbeam_channel::Sender;
-use slog::{info, Logger};
 use fencelock_net::{error_response, Handler, ResponseSink};
 use fencelock_raft::answer::{Acquired, Opened, Proclaimed, Released, Renewal, SessionClosed, SessionKept};
 use fencelock_raft::reply::{Checked, Holding, Listed, Membership, Transferred};
@@ -18,6 +17,7 @@ use fencelock_raft::{
 };
 use fencelock_types::client_pb::{self as proto, ErrorCode, Response_oneof_kind as Out};
 use fencelock_types::{FencingToken, Key, LeaseMs, Share};
+use slog::{info, Logger};
 
 use crate::access::Access;
 use crate::backup::Backups;

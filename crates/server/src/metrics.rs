@@ -26,16 +26,16 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper::header::{HeaderValue, CONTENT_TYPE};
-use hyper::{Method, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
 use crossbeam_channel::{bounded, Sender};
 use fencelock_net::LoopWaker;
 use fencelock_raft::gate::Refusal;
 use fencelock_raft::shell::Request;
 use fencelock_raft::{NodeStatus, Role, Stats};
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::{Method, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus::{Encoder, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 use slog::{debug, warn, Logger};
 
@@ -627,7 +627,11 @@ mod tests {
             stream.set_read_timeout(Some(EXCHANGE_WITHIN * 2)).unwrap();
             let mut rest = Vec::new();
             let _ = stream.read_to_end(&mut rest);
-            assert!(rest.is_empty() || rest.starts_with(b"HTTP/1.1 408"), "{}", String::from_utf8_lossy(&rest));
+            assert!(
+                rest.is_empty() || rest.starts_with(b"HTTP/1.1 408"),
+                "{}",
+                String::from_utf8_lossy(&rest)
+            );
         }
     }
 

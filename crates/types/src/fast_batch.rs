@@ -205,7 +205,13 @@ pub(crate) fn encode(command: &Command, out: &mut Vec<u8>) -> bool {
         ),
         Command::Release { key, token, user: by } => (
             2,
-            [Out::Bytes(key.as_bytes()), Out::Number(token_value(*token)), Out::Bytes(user(by)), Out::None, Out::None],
+            [
+                Out::Bytes(key.as_bytes()),
+                Out::Number(token_value(*token)),
+                Out::Bytes(user(by)),
+                Out::None,
+                Out::None,
+            ],
         ),
         Command::Expire { key, token, delay } => (
             3,

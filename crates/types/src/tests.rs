@@ -4,8 +4,8 @@
 use proptest::prelude::*;
 use protobuf::Message;
 
-use crate::*;
 use crate::pb::Command_oneof_kind as Kind;
+use crate::*;
 
 fn key() -> impl Strategy<Value = Key> {
     proptest::collection::vec(any::<u8>(), 1..=KEY_LEN_MAX).prop_map(|b| Key::new(b).unwrap())
@@ -117,11 +117,23 @@ proptest! {
 /// values (empty keys, zero leases and tokens, oversized owners), so that
 /// the fast path meets the invalid ones too.
 fn raw_hot_command() -> impl Strategy<Value = pb::Command> {
-    let bytes = || prop_oneof![proptest::collection::vec(any::<u8>(), 0..4), proptest::collection::vec(any::<u8>(), 0..300)];
+    let bytes = || {
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..4),
+            proptest::collection::vec(any::<u8>(), 0..300)
+        ]
+    };
     let number = || prop_oneof![Just(0u64), 1..100_000u64, any::<u64>()];
     (0..4u8, bytes(), number(), bytes(), bytes(), number()).prop_map(|(kind, key, a, b, c, d)| {
         let kind = match kind {
-            0 => Kind::grant(pb::Grant { key, lease_ms: a, owner: b, value: c, session: d, ..Default::default() }),
+            0 => Kind::grant(pb::Grant {
+                key,
+                lease_ms: a,
+                owner: b,
+                value: c,
+                session: d,
+                ..Default::default()
+            }),
             1 => Kind::release(pb::Release { key, token: a, user: b, ..Default::default() }),
             2 => Kind::expire(pb::Expire { key, token: a, delay_ms: d, ..Default::default() }),
             _ => Kind::renew(pb::Renew { key, token: a, lease_ms: d, user: b, ..Default::default() }),
@@ -220,7 +232,7 @@ fn fast_path_declines_what_is_not_canonical() {
     assert!(crate::fast_batch::decode(&canonical).is_some());
     for odd in [
         grant(&[0x0a, 1, b'k', 0x0a, 1, b'j', 0x10, 5, 0x1a, 1, b'o']), // key twice: protobuf keeps the last
-        grant(&[0x10, 5, 0x0a, 1, b'k', 0x1a, 1, b'o']),               // out of order
+        grant(&[0x10, 5, 0x0a, 1, b'k', 0x1a, 1, b'o']),                // out of order
         grant(&[0x0a, 1, b'k', 0x10, 5, 0x1a, 1, b'o', 0x30, 1]),       // field 6, unknown
         grant(&[0x0a, 1, b'k', 0x12, 1, 5, 0x1a, 1, b'o']),             // lease as bytes
         raw_batch(vec![Command::Noop.into_pb()]),
