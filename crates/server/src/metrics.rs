@@ -47,6 +47,8 @@ const HEAD_WITHIN: Duration = Duration::from_secs(2);
 const EXCHANGE_WITHIN: Duration = Duration::from_secs(5);
 /// Connections open at once; one more is closed as soon as it is taken.
 const CONNECTIONS_MAX: usize = 2_048;
+/// Threads that make answers (each may wait for the node loop).
+const BLOCKING_THREADS: usize = 4;
 /// How long a scrape or probe waits for the node loop. A loop that takes
 /// longer does not serve: `/health` and `/ready` answer 503.
 const LOOP_ANSWER_WITHIN: Duration = Duration::from_secs(1);
@@ -77,6 +79,10 @@ pub fn spawn(
     listener.set_nonblocking(true).context("cannot make the metrics listener non-blocking")?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        // The answers that ask the node loop wait for it in turn on these:
+        // a flood of requests queues for them, it does not start a
+        // thread each.
+        .max_blocking_threads(BLOCKING_THREADS)
         .thread_name("fencelock-metrics-blocking")
         .build()
         .context("cannot start the metrics runtime")?;

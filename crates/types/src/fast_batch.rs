@@ -31,8 +31,9 @@ const FIELDS_MAX: usize = 5;
 /// `None` means "use protobuf", never "invalid".
 pub(crate) fn decode(bytes: &[u8]) -> Option<Vec<Result<Command, InvalidReason>>> {
     let mut batch = Reader::new(bytes);
-    // Each command takes at least 4 bytes: a good first guess of the count.
-    let mut commands = Vec::with_capacity(bytes.len() / 32);
+    // A command takes 32 bytes or more, as a rule: a first guess of the
+    // count, capped so that a forged entry reserves no more than it fills.
+    let mut commands = Vec::with_capacity((bytes.len() / 32).min(1024));
     while !batch.is_done() {
         if batch.varint()? != BATCH_COMMAND_TAG {
             return None;
