@@ -177,12 +177,7 @@ impl Access {
 /// key is the prefix, or goes on after it at a segment's start (the prefix
 /// ends with `/`, or the key goes on with one). `""` covers every key.
 pub fn covers(rule_prefix: &[u8], key: &[u8]) -> bool {
-    match key.strip_prefix(rule_prefix) {
-        Some(rest) => {
-            rule_prefix.is_empty() || rule_prefix.ends_with(b"/") || rest.is_empty() || rest.starts_with(b"/")
-        }
-        None => false,
-    }
+    key == rule_prefix || covers_all_under(rule_prefix, key)
 }
 
 /// Whether a rule on `rule_prefix` covers every key that starts with

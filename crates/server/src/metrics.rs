@@ -21,7 +21,6 @@
 use std::convert::Infallible;
 use std::fmt;
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -106,7 +105,7 @@ async fn serve_on(listener: TcpListener, serve: Serve, logger: Logger) {
             return;
         }
     };
-    let open = Arc::new(AtomicUsize::new(0));
+    let places = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -116,17 +115,17 @@ async fn serve_on(listener: TcpListener, serve: Serve, logger: Logger) {
                 continue;
             }
         };
-        if open.load(Ordering::Relaxed) >= CONNECTIONS_MAX {
+        // The place goes back when the task ends, however it ends.
+        let Ok(place) = Arc::clone(&places).try_acquire_owned() else {
             debug!(logger, "metrics: too many connections, one closed");
             continue;
-        }
-        open.fetch_add(1, Ordering::Relaxed);
-        let (open, serve, logger) = (Arc::clone(&open), Arc::clone(&serve), logger.clone());
+        };
+        let (serve, logger) = (Arc::clone(&serve), logger.clone());
         tokio::spawn(async move {
             if let Err(err) = connection(stream, serve).await {
                 debug!(logger, "metrics: a connection failed"; "error" => %err);
             }
-            open.fetch_sub(1, Ordering::Relaxed);
+            drop(place);
         });
     }
 }
@@ -283,12 +282,12 @@ enum Path {
 }
 
 impl Path {
-    /// The path a request target names, its query ignored.
-    fn of(target: &str) -> Option<Path> {
-        match target.split('?').next() {
-            Some("/metrics") => Some(Path::Metrics),
-            Some("/health") => Some(Path::Health),
-            Some("/ready") => Some(Path::Ready),
+    /// The path a request's URI path names (hyper leaves the query out).
+    fn of(path: &str) -> Option<Path> {
+        match path {
+            "/metrics" => Some(Path::Metrics),
+            "/health" => Some(Path::Health),
+            "/ready" => Some(Path::Ready),
             _ => None,
         }
     }

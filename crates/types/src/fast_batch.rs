@@ -43,8 +43,20 @@ pub(crate) fn decode(bytes: &[u8]) -> Option<Vec<Result<Command, InvalidReason>>
     Some(commands)
 }
 
-/// One `pb::Command` holding one hot kind, and nothing else.
-fn command(bytes: &[u8]) -> Option<Result<Command, InvalidReason>> {
+/// The wire types of a hot command kind's fields, field 1 first.
+fn wire_types(kind: u64) -> Option<&'static [u64]> {
+    match kind {
+        1 => Some(&[LEN, VARINT, LEN, LEN, VARINT]), // Grant
+        2 => Some(&[LEN, VARINT, LEN]),              // Release
+        3 => Some(&[LEN, VARINT, VARINT]),           // Expire
+        4 => Some(&[LEN, VARINT, VARINT, LEN]),      // Renew
+        _ => None,
+    }
+}
+
+/// One `pb::Command` holding one hot kind in canonical form, and nothing
+/// else: its kind and fields.
+fn hot_command(bytes: &[u8]) -> Option<(u64, [Field<'_>; FIELDS_MAX])> {
     let mut message = Reader::new(bytes);
     let tag = message.varint()?;
     if tag & 7 != LEN {
@@ -54,49 +66,67 @@ fn command(bytes: &[u8]) -> Option<Result<Command, InvalidReason>> {
     if !message.is_done() {
         return None;
     }
-    let kind = match tag >> 3 {
-        1 => {
-            let [key, lease_ms, owner, value, session] = fields(body, &[LEN, VARINT, LEN, LEN, VARINT])?;
-            Kind::grant(pb::Grant {
-                key: key.bytes(),
-                lease_ms: lease_ms.number(),
-                owner: owner.bytes(),
-                value: value.bytes(),
-                session: session.number(),
-                ..Default::default()
-            })
-        }
-        2 => {
-            let [key, token, user, _, _] = fields(body, &[LEN, VARINT, LEN])?;
-            Kind::release(pb::Release {
-                key: key.bytes(),
-                token: token.number(),
-                user: user.bytes(),
-                ..Default::default()
-            })
-        }
-        3 => {
-            let [key, token, delay_ms, _, _] = fields(body, &[LEN, VARINT, VARINT])?;
-            Kind::expire(pb::Expire {
-                key: key.bytes(),
-                token: token.number(),
-                delay_ms: delay_ms.number(),
-                ..Default::default()
-            })
-        }
-        4 => {
-            let [key, token, lease_ms, user, _] = fields(body, &[LEN, VARINT, VARINT, LEN])?;
-            Kind::renew(pb::Renew {
-                key: key.bytes(),
-                token: token.number(),
-                lease_ms: lease_ms.number(),
-                user: user.bytes(),
-                ..Default::default()
-            })
-        }
+    let kind = tag >> 3;
+    Some((kind, fields(body, wire_types(kind)?)?))
+}
+
+/// One hot command, checked as protobuf's would be.
+fn command(bytes: &[u8]) -> Option<Result<Command, InvalidReason>> {
+    let (kind, fields) = hot_command(bytes)?;
+    let kind = match (kind, fields) {
+        (1, [key, lease_ms, owner, value, session]) => Kind::grant(pb::Grant {
+            key: key.bytes(),
+            lease_ms: lease_ms.number(),
+            owner: owner.bytes(),
+            value: value.bytes(),
+            session: session.number(),
+            ..Default::default()
+        }),
+        (2, [key, token, user, ..]) => Kind::release(pb::Release {
+            key: key.bytes(),
+            token: token.number(),
+            user: user.bytes(),
+            ..Default::default()
+        }),
+        (3, [key, token, delay_ms, ..]) => Kind::expire(pb::Expire {
+            key: key.bytes(),
+            token: token.number(),
+            delay_ms: delay_ms.number(),
+            ..Default::default()
+        }),
+        (4, [key, token, lease_ms, user, _]) => Kind::renew(pb::Renew {
+            key: key.bytes(),
+            token: token.number(),
+            lease_ms: lease_ms.number(),
+            user: user.bytes(),
+            ..Default::default()
+        }),
         _ => return None,
     };
     Some(Command::from_pb(pb::Command { kind: Some(kind), ..Default::default() }))
+}
+
+/// Whether every command of the batch `bytes` is one field, of a hot kind:
+/// protobuf then decodes each as that kind, whatever is inside (or fails
+/// the whole batch, which then applies nothing), so none raises a level or
+/// a token floor. Checked without reading the commands' fields.
+fn only_hot_kinds(bytes: &[u8]) -> bool {
+    let mut batch = Reader::new(bytes);
+    while !batch.is_done() {
+        if batch.varint() != Some(BATCH_COMMAND_TAG) {
+            return false;
+        }
+        let Some(command) = batch.slice() else { return false };
+        let mut command = Reader::new(command);
+        let one_hot_field =
+            command.varint().is_some_and(|tag| tag & 7 == LEN && wire_types(tag >> 3).is_some())
+                && command.slice().is_some()
+                && command.is_done();
+        if !one_hot_field {
+            return false;
+        }
+    }
+    true
 }
 
 /// A field's value as read, or absent (its proto3 default).
@@ -306,60 +336,31 @@ fn user(user: &Option<Owner>) -> &[u8] {
     user.as_ref().map_or(&[][..], Owner::as_bytes)
 }
 
-/// What a batch's `RaiseLevel` and `Bootstrap` commands would raise,
-/// read from its bytes without decoding it: the highest command level and
-/// token floor any of them names (0 for none). It errs high, never low:
-/// every occurrence of a field counts, and bytes that stop being a batch
-/// count as far as they go (applying such bytes changes nothing).
+/// What a batch's `RaiseLevel` and `Bootstrap` commands would raise if it
+/// were applied: the highest command level and token floor any of them
+/// names (0 for none).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Raises {
     pub level: u32,
     pub token_floor: u64,
 }
 
-/// See [`Raises`].
+/// See [`Raises`]. A batch of hot commands (the common one) is recognised
+/// from its bytes without decoding it, and raises nothing; any other is
+/// decoded as every replica decodes it to apply it, so that what is read
+/// here is exactly what applying would raise, however the bytes are laid
+/// out.
 pub fn raises(bytes: &[u8]) -> Raises {
-    let mut raises = Raises::default();
-    let mut batch = Reader::new(bytes);
-    while !batch.is_done() {
-        let Some(BATCH_COMMAND_TAG) = batch.varint() else { break };
-        let Some(command) = batch.slice() else { break };
-        let mut command = Reader::new(command);
-        while !command.is_done() {
-            let Some(tag) = command.varint() else { break };
-            let kind = tag >> 3;
-            let body = match tag & 7 {
-                LEN => command.slice(),
-                VARINT => command.varint().map(|_| &[][..]),
-                _ => None,
-            };
-            let Some(body) = body else { break };
-            // Bootstrap (6): token_floor 2, level 3; RaiseLevel (9): level 1.
-            let (floor_field, level_field) = match kind {
-                6 => (2, 3),
-                9 => (0, 1),
-                _ => continue,
-            };
-            let mut fields = Reader::new(body);
-            while !fields.is_done() {
-                let Some(tag) = fields.varint() else { break };
-                let value = match tag & 7 {
-                    VARINT => fields.varint(),
-                    LEN => fields.slice().map(|_| 0),
-                    _ => None,
-                };
-                let Some(value) = value else { break };
-                if tag & 7 != VARINT {
-                    continue;
-                }
-                if tag >> 3 == level_field {
-                    // uint32: protobuf keeps the low 32 bits.
-                    raises.level = raises.level.max(value as u32);
-                } else if tag >> 3 == floor_field {
-                    raises.token_floor = raises.token_floor.max(value);
-                }
-            }
-        }
+    if only_hot_kinds(bytes) {
+        return Raises::default();
     }
-    raises
+    // Bytes that are not a batch change nothing when applied.
+    let commands = crate::command::decode_batch_pb(bytes).unwrap_or_default();
+    commands.iter().flatten().fold(Raises::default(), |raises, command| match command {
+        Command::RaiseLevel { level } => Raises { level: raises.level.max(*level), ..raises },
+        Command::Bootstrap { level, token_floor, .. } => {
+            Raises { level: raises.level.max(*level), token_floor: raises.token_floor.max(*token_floor) }
+        }
+        _ => raises,
+    })
 }

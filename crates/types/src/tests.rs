@@ -216,6 +216,29 @@ proptest! {
     }
 }
 
+/// A forged entry lays its bytes out as protobuf allows, not as our
+/// encoder does: an unknown fixed-width field, then a `RaiseLevel`. Protobuf
+/// skips the one and applies the other, so the level read must be it.
+#[test]
+fn raises_are_read_as_protobuf_reads_them_however_the_bytes_are_laid_out() {
+    let mut command = vec![0xa1, 0x01]; // field 20, fixed64
+    command.extend_from_slice(&[0xff; 8]);
+    command.extend_from_slice(&[0x4a, 0x02, 0x08, 99]); // raise_level { level: 99 }
+    let mut batch = vec![0x0a, command.len() as u8];
+    batch.extend(command);
+    assert_eq!(decode_batch(&batch).unwrap(), vec![Ok(Command::RaiseLevel { level: 99 })]);
+    assert_eq!(raises(&batch), Raises { level: 99, token_floor: 0 });
+    // A Grant's field, then a RaiseLevel's in the same command: protobuf
+    // keeps the last of a oneof.
+    let command = [0x0a, 0x00, 0x4a, 0x02, 0x08, 77];
+    let mut batch = vec![0x0a, command.len() as u8];
+    batch.extend(command);
+    assert_eq!(decode_batch(&batch).unwrap(), vec![Ok(Command::RaiseLevel { level: 77 })]);
+    assert_eq!(raises(&batch).level, 77);
+    // Not a batch: nothing would apply, nothing is raised.
+    assert_eq!(raises(&[0x0a, 0x7f, 0x01]), Raises::default());
+}
+
 /// Batches the fast path must hand to protobuf: a field twice, fields out
 /// of order, an unknown field, another command kind, a wrong wire type.
 #[test]

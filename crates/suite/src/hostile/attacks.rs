@@ -639,13 +639,14 @@ fn decode_bomb(target: &Target, deadline: Instant) -> Result<Outcome> {
             // The node may close the connection before it has read it all.
             let _ = stream.write_all(&frames);
             sent += 1;
-            // Closed by the node soon after it has the whole message.
-            let wait_until = Instant::now() + Duration::from_secs(10);
-            let mut was_closed = raw::peek_closed(&stream).0;
-            while !was_closed && Instant::now() < wait_until {
-                std::thread::sleep(Duration::from_millis(50));
-                was_closed = raw::peek_closed(&stream).0;
-            }
+            // Closed by the node soon after it has the whole message: read
+            // (its hello, if it sent one) to the end, or to the deadline.
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+            let mut answered = Vec::new();
+            let was_closed = match std::io::Read::read_to_end(&mut stream, &mut answered) {
+                Ok(_) => true,
+                Err(err) => raw::is_closed(&err),
+            };
             if was_closed {
                 closed += 1;
             } else {
