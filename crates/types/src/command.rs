@@ -344,3 +344,32 @@ pub(crate) fn decode_batch_pb(bytes: &[u8]) -> Result<Vec<Result<Command, Invali
     let batch = pb::CommandBatch::parse_from_bytes(bytes).map_err(|_| InvalidReason::Undecodable)?;
     Ok(batch.commands.into_iter().map(Command::from_pb).collect())
 }
+
+/// What a batch's `RaiseLevel` and `Bootstrap` commands would raise if it
+/// were applied: the highest command level and token floor any of them
+/// names (0 for none).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Raises {
+    pub level: u32,
+    pub token_floor: u64,
+}
+
+/// See [`Raises`]. A batch of hot commands (the common one) is recognised
+/// from its bytes without decoding it, and raises nothing; any other is
+/// decoded as every replica decodes it to apply it, so that what is read
+/// here is exactly what applying would raise, however the bytes are laid
+/// out.
+pub fn raises(bytes: &[u8]) -> Raises {
+    if crate::fast_batch::only_hot_kinds(bytes) {
+        return Raises::default();
+    }
+    // Bytes that are not a batch change nothing when applied.
+    let commands = decode_batch_pb(bytes).unwrap_or_default();
+    commands.iter().flatten().fold(Raises::default(), |raises, command| match command {
+        Command::RaiseLevel { level } => Raises { level: raises.level.max(*level), ..raises },
+        Command::Bootstrap { level, token_floor, .. } => {
+            Raises { level: raises.level.max(*level), token_floor: raises.token_floor.max(*token_floor) }
+        }
+        _ => raises,
+    })
+}

@@ -110,7 +110,7 @@ fn command(bytes: &[u8]) -> Option<Result<Command, InvalidReason>> {
 /// protobuf then decodes each as that kind, whatever is inside (or fails
 /// the whole batch, which then applies nothing), so none raises a level or
 /// a token floor. Checked without reading the commands' fields.
-fn only_hot_kinds(bytes: &[u8]) -> bool {
+pub(crate) fn only_hot_kinds(bytes: &[u8]) -> bool {
     let mut batch = Reader::new(bytes);
     while !batch.is_done() {
         if batch.varint() != Some(BATCH_COMMAND_TAG) {
@@ -334,33 +334,4 @@ fn write_varint(out: &mut Vec<u8>, mut value: u64) {
 /// A user's bytes, empty for none (how the wire says "no user").
 fn user(user: &Option<Owner>) -> &[u8] {
     user.as_ref().map_or(&[][..], Owner::as_bytes)
-}
-
-/// What a batch's `RaiseLevel` and `Bootstrap` commands would raise if it
-/// were applied: the highest command level and token floor any of them
-/// names (0 for none).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Raises {
-    pub level: u32,
-    pub token_floor: u64,
-}
-
-/// See [`Raises`]. A batch of hot commands (the common one) is recognised
-/// from its bytes without decoding it, and raises nothing; any other is
-/// decoded as every replica decodes it to apply it, so that what is read
-/// here is exactly what applying would raise, however the bytes are laid
-/// out.
-pub fn raises(bytes: &[u8]) -> Raises {
-    if only_hot_kinds(bytes) {
-        return Raises::default();
-    }
-    // Bytes that are not a batch change nothing when applied.
-    let commands = crate::command::decode_batch_pb(bytes).unwrap_or_default();
-    commands.iter().flatten().fold(Raises::default(), |raises, command| match command {
-        Command::RaiseLevel { level } => Raises { level: raises.level.max(*level), ..raises },
-        Command::Bootstrap { level, token_floor, .. } => {
-            Raises { level: raises.level.max(*level), token_floor: raises.token_floor.max(*token_floor) }
-        }
-        _ => raises,
-    })
 }

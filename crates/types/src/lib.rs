@@ -36,8 +36,7 @@ mod fast_batch;
 pub mod hello;
 mod result;
 
-pub use command::{decode_batch, encode_batch, encode_owned_batch, Command};
-pub use fast_batch::{raises, Raises};
+pub use command::{decode_batch, encode_batch, encode_owned_batch, raises, Command, Raises};
 pub use result::ApplyResult;
 
 use std::fmt;
